@@ -1,0 +1,62 @@
+"""What every command shares: one-line errors with exit codes, and printing reports."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable, TypeVar
+
+import click
+
+from bnnexport.errors import BnnExportError
+from bnnexport.reports import Report
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout, no table."
+)
+
+
+def fail(message: str, exit_code: int = 2) -> None:
+    """Print `bnnexport: error: MESSAGE` on stderr and exit."""
+    click.echo(f"bnnexport: error: {message}", err=True)
+    sys.exit(exit_code)
+
+
+def handle_errors(func: F) -> F:
+    """Turn the library's errors (and a few common OS ones) into one line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except BnnExportError as error:
+            fail(str(error), error.exit_code)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except PermissionError as error:
+            fail(f"permission denied: {error.filename or error}", 2)
+        except OSError as error:
+            if error.errno == 28:  # ENOSPC
+                fail(f"no space left on device while writing {error.filename or ''}".strip(), 2)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def emit(report: Report | dict[str, Any], as_json: bool, title: str | None = None) -> None:
+    """Print a report: one JSON object with `--json`, else an aligned table (with a title)."""
+    data = report.to_json() if isinstance(report, Report) else report
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    if title:
+        click.echo(title)
+    if isinstance(report, Report):
+        click.echo(report.to_table())
+    else:
+        width = max((len(k) for k in data), default=0)
+        for key, value in data.items():
+            click.echo(f"{key.ljust(width)}  {value}")

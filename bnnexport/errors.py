@@ -1,0 +1,53 @@
+"""Errors a user can cause, one type per kind.
+
+Each carries the exit code the CLI uses: 1 when a check on the model failed (it is not binary, the
+converted model disagrees with the reference), 2 when the input or the environment is wrong (a
+missing file, an unsupported op, an unreachable device).
+
+Example:
+    >>> from bnnexport.errors import DataError
+    >>> DataError("no such directory: /data/cifar").exit_code
+    2
+"""
+
+from __future__ import annotations
+
+
+class BnnExportError(Exception):
+    """Base class: a problem to report as one line, never as a traceback."""
+
+    exit_code = 2
+
+
+class CheckFailedError(BnnExportError):
+    """A check on the model itself did not pass (exit code 1)."""
+
+    exit_code = 1
+
+
+class NotBinaryError(CheckFailedError):
+    """A kernel that should be strictly ±1 is not."""
+
+
+class FidelityError(CheckFailedError):
+    """An exported or converted model disagrees with its reference beyond the tolerance."""
+
+
+class DataError(BnnExportError):
+    """A data set is missing, malformed or of the wrong shape."""
+
+
+class CheckpointError(BnnExportError):
+    """A checkpoint, packed file or run directory is missing, truncated, foreign or unsafe."""
+
+
+class UnsupportedOpError(BnnExportError):
+    """A model contains an operation the converter cannot translate."""
+
+
+class DependencyError(BnnExportError):
+    """An optional dependency (TensorFlow, LCE, ONNX Runtime) is missing or broken."""
+
+
+class DeviceError(BnnExportError):
+    """A remote device cannot be reached, refused us, or failed to run the benchmark."""
