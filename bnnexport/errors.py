@@ -4,6 +4,9 @@ Each carries the exit code the CLI uses: 1 when a check on the model failed (it 
 converted model disagrees with the reference), 2 when the input or the environment is wrong (a
 missing file, an unsupported op, an unreachable device).
 
+`converters.errors` and `deploy.errors` define their own types (those packages never import
+bnnexport); the CLI treats every exception that carries an integer `exit_code` the same way.
+
 Example:
     >>> from bnnexport.errors import DataError
     >>> DataError("no such directory: /data/cifar").exit_code
@@ -41,13 +44,5 @@ class CheckpointError(BnnExportError):
     """A checkpoint, packed file or run directory is missing, truncated, foreign or unsafe."""
 
 
-class UnsupportedOpError(BnnExportError):
-    """A model contains an operation the converter cannot translate."""
-
-
 class DependencyError(BnnExportError):
     """An optional dependency (TensorFlow, LCE, ONNX Runtime) is missing or broken."""
-
-
-class DeviceError(BnnExportError):
-    """A remote device cannot be reached, refused us, or failed to run the benchmark."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from bnnexport.errors import BnnExportError
 from bnnexport.reports import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,14 +32,16 @@ def handle_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except BnnExportError as error:
-            fail(str(error), error.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", 130)
-        except PermissionError as error:
-            fail(f"permission denied: {error.filename or error}", 2)
-        except OSError as error:
-            if error.errno == 28:  # ENOSPC
+        except Exception as error:
+            # BnnExportError, and converters.errors / deploy.errors, which carry exit_code too
+            code = getattr(error, "exit_code", None)
+            if isinstance(code, int):
+                fail(str(error), code)
+            if isinstance(error, PermissionError):
+                fail(f"permission denied: {error.filename or error}", 2)
+            if isinstance(error, OSError) and error.errno == 28:  # ENOSPC
                 fail(f"no space left on device while writing {error.filename or ''}".strip(), 2)
             raise
 
