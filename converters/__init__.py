@@ -1,0 +1,29 @@
+"""ONNX binarized neural networks -> TensorFlow (NHWC) -> Larq Compute Engine flatbuffers.
+
+Works on any ONNX BNN whose binarization is one of the patterns in `converters.patterns`
+and whose binary kernels are ±1 (or ±1 times a per-channel scale). Never imports bnnexport;
+TensorFlow and LCE are imported only inside the functions that need them.
+
+Example:
+    >>> from converters import convert_onnx, find_binary_layers
+    >>> result = convert_onnx("model.onnx", "model-arm64.tflite")   # doctest: +SKIP
+    >>> result.op_histogram["LceBconv2d"] == result.binary_layers   # doctest: +SKIP
+    True
+"""
+
+from converters.errors import (
+    ConversionMismatchError,
+    ConverterError,
+    InvalidModelError,
+    UnsupportedOpError,
+)
+from converters.patterns import BinaryLayerMatch, find_binary_layers
+
+__all__ = [
+    "BinaryLayerMatch",
+    "ConversionMismatchError",
+    "ConverterError",
+    "InvalidModelError",
+    "UnsupportedOpError",
+    "find_binary_layers",
+]
