@@ -1,0 +1,146 @@
+"""Binary layers whose weight parameter IS the binary kernel: exactly ±1 at every moment.
+
+There are no latent weights: Bop (`bnnexport.optimizers.Bop`) flips entries of `weight` in place.
+For the latent-weight baseline, `set_latent(model, True)` makes the layers binarize a real-valued
+`weight` in the forward pass instead (straight-through estimator).
+
+Padding (`pad_value`):
+- ``"one"`` (default): the binarized input is padded with +1. Every value stays in {-1, +1}, so
+  LCE runs the conv on packed bits end to end: the fastest choice on ARM.
+- ``"zero"``: torch's usual zero padding after the sign; exact through LCE's border correction,
+  but slower.
+
+Example:
+    >>> import torch
+    >>> from bnnexport.layers import BinaryConv2d, binary_parameters
+    >>> conv = BinaryConv2d(32, 64, 3, padding=1)
+    >>> bool(((conv.weight == 1) | (conv.weight == -1)).all())
+    True
+    >>> conv(torch.randn(2, 32, 8, 8)).shape
+    torch.Size([2, 64, 8, 8])
+    >>> len(binary_parameters(torch.nn.Sequential(conv)))
+    1
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bnnexport.quantizers import Quantizer, binarize, get_quantizer
+
+PAD_VALUES = ("one", "zero")
+
+
+def _random_sign(shape: torch.Size) -> torch.Tensor:
+    return binarize(torch.randn(shape))
+
+
+class BinaryLayer(nn.Module):
+    """Mixin marking a layer whose `weight` is a binary kernel (what Bop optimizes)."""
+
+    precision = 1
+    latent: bool
+    input_quantizer: Quantizer | None
+    kernel_quantizer: Quantizer
+
+    def _init_binary(self, input_quantizer: str | Quantizer | None) -> None:
+        self.input_quantizer = get_quantizer(input_quantizer)
+        self.kernel_quantizer = get_quantizer("ste_sign")
+        self.latent = False
+        with torch.no_grad():
+            self.weight.copy_(_random_sign(self.weight.shape))
+
+    def binary_kernel(self) -> torch.Tensor:
+        """The ±1 kernel used in the forward pass (the weight itself unless latent)."""
+        return self.kernel_quantizer(self.weight) if self.latent else self.weight
+
+    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.input_quantizer(x) if self.input_quantizer is not None else x
+
+
+class BinaryConv2d(nn.Conv2d, BinaryLayer):
+    """2-D convolution with a ±1 kernel and (optionally) a binarized input.
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, padding, bias: as `nn.Conv2d`
+            (padding an int or a pair; groups and dilation are not supported by LCE's bconv).
+        pad_value: ``"one"`` or ``"zero"``, see the module docstring.
+        input_quantizer: a quantizer name (``"ste_sign"``, ``"approx_sign"``, ``"swish_sign"``),
+            a `Quantizer`, or None for a layer whose input is real-valued (a first layer).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        bias: bool = False,
+        pad_value: str = "one",
+        input_quantizer: str | Quantizer | None = "ste_sign",
+    ) -> None:
+        if pad_value not in PAD_VALUES:
+            raise ValueError(f"pad_value must be one of {PAD_VALUES}, got {pad_value!r}")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, bias=bias)
+        self.pad_value = pad_value
+        self._init_binary(input_quantizer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quantize_input(x)
+        pad_h, pad_w = self.padding  # type: ignore[misc]
+        if self.pad_value == "one" and (pad_h or pad_w):
+            x = F.pad(x, (pad_w, pad_w, pad_h, pad_h), value=1.0)
+            return F.conv2d(x, self.binary_kernel(), self.bias, self.stride)
+        return F.conv2d(x, self.binary_kernel(), self.bias, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", pad_value={self.pad_value!r}"
+
+
+class BinaryLinear(nn.Linear, BinaryLayer):
+    """Fully connected layer with a ±1 kernel and (optionally) a binarized input.
+
+    LCE has no binary dense op; the converter writes it as a 1x1 binary convolution.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        input_quantizer: str | Quantizer | None = "ste_sign",
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self._init_binary(input_quantizer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.quantize_input(x), self.binary_kernel(), self.bias)
+
+
+def binary_layers(model: nn.Module) -> list[tuple[str, BinaryLayer]]:
+    """(qualified name, layer) for every binary layer of `model`, in definition order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, BinaryLayer)]
+
+
+def binary_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The binary kernels of `model` (what Bop optimizes), found by layer type, never by name."""
+    return [layer.weight for _, layer in binary_layers(model)]
+
+
+def set_latent(
+    model: nn.Module, enabled: bool, kernel_quantizer: str | Quantizer = "ste_sign"
+) -> None:
+    """Switch every binary layer to (or from) latent-weight mode.
+
+    In latent mode the weight is real-valued and binarized in the forward pass by
+    `kernel_quantizer`; leaving latent mode binarizes the weights in place (sign(0) = +1).
+    """
+    for _, layer in binary_layers(model):
+        layer.latent = enabled
+        layer.kernel_quantizer = get_quantizer(kernel_quantizer)
+        if not enabled:
+            with torch.no_grad():
+                layer.weight.copy_(binarize(layer.weight))

@@ -1,0 +1,86 @@
+"""Model registry, timm-style: `@register_model` on a factory, `create_model(name, ...)`.
+
+A factory takes `num_classes` and `input_shape` (C, H, W) keyword arguments (plus its own) and
+returns an `nn.Module`. `create_model` records how the model was built in `model.bnnexport_config`
+so a checkpoint can rebuild it.
+
+Example:
+    >>> from bnnexport.models import create_model, list_models
+    >>> "mnist-bnn" in list_models()
+    True
+    >>> model = create_model("mnist-bnn")
+    >>> model.bnnexport_config["input_shape"]
+    [1, 28, 28]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the registry knows about a model before building it."""
+
+    name: str
+    factory: Callable[..., nn.Module]
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    description: str
+
+
+_MODELS: dict[str, ModelInfo] = {}
+
+
+def register_model(
+    name: str, *, num_classes: int, input_shape: tuple[int, int, int]
+) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model factory with its native number of classes and input shape."""
+
+    def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        doc = (factory.__doc__ or "").strip().splitlines()
+        _MODELS[name] = ModelInfo(
+            name, factory, num_classes, tuple(input_shape), doc[0] if doc else ""
+        )
+        return factory
+
+    return decorate
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Registered model names matching a shell-style pattern."""
+    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+
+
+def model_info(name: str) -> ModelInfo:
+    """The registry entry of `name`; ValueError naming the known models when unknown."""
+    if name not in _MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(list_models())}")
+    return _MODELS[name]
+
+
+def create_model(
+    name: str,
+    num_classes: int | None = None,
+    input_shape: tuple[int, int, int] | list[int] | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build a registered model; defaults are the model's native classes and input shape."""
+    info = model_info(name)
+    num_classes = info.num_classes if num_classes is None else int(num_classes)
+    shape = tuple(int(v) for v in (input_shape or info.input_shape))
+    if len(shape) != 3:
+        raise ValueError(f"input_shape must be (channels, height, width), got {shape}")
+    model = info.factory(num_classes=num_classes, input_shape=shape, **kwargs)
+    model.bnnexport_config = {
+        "name": name,
+        "num_classes": num_classes,
+        "input_shape": list(shape),
+        **kwargs,
+    }
+    return model

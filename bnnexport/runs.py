@@ -1,0 +1,156 @@
+"""The run directory: where one model's artifacts live, and its checkpoint format.
+
+Every command takes a run directory (see docs/ARCHITECTURE.md for what each file is). Checkpoints
+are written atomically (temporary file, fsync, rename), so a crash or a kill during a write leaves
+the previous checkpoint intact, and they load with `torch.load(weights_only=True)`: a checkpoint
+never runs code.
+
+Example:
+    >>> from bnnexport.runs import RunDir
+    >>> RunDir("runs/demo").checkpoint
+    PosixPath('runs/demo/checkpoint.pt')
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bnnexport.errors import CheckpointError
+from bnnexport.reports import write_bytes_atomic, write_json_atomic
+
+CHECKPOINT_FORMAT = "bnnexport-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of the artifacts in one run directory."""
+
+    root: Path
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    checkpoint = property(lambda self: self.root / "checkpoint.pt")
+    config = property(lambda self: self.root / "config.json")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    train_report = property(lambda self: self.root / "train.json")
+    accuracy_plot = property(lambda self: self.root / "accuracy.png")
+    flip_rate_plot = property(lambda self: self.root / "flip_rate.png")
+    samples = property(lambda self: self.root / "samples.npz")
+    onnx = property(lambda self: self.root / "model.onnx")
+
+    def flatbuffer(self, target: str = "arm64") -> Path:
+        """The LCE flatbuffer for `target` (arm64 or arm32)."""
+        return self.root / f"model-{target}.tflite"
+
+    def require(self) -> RunDir:
+        """Raise CheckpointError unless this is a run directory with a checkpoint."""
+        if not self.root.is_dir():
+            raise CheckpointError(f"run directory not found: {self.root}")
+        if not self.checkpoint.is_file():
+            raise CheckpointError(
+                f"{self.root} has no checkpoint.pt: run `bnnexport train --out {self.root}` first"
+            )
+        return self
+
+
+def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """Write a checkpoint atomically; `payload` gets the format marker added."""
+    buffer = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **payload}, buffer)
+    return write_bytes_atomic(path, buffer.getvalue())
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load and check a checkpoint (a file or a run directory) without unpickling any object.
+
+    Raises CheckpointError, one line, for a missing, empty, truncated, foreign or unsafe file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = RunDir(path).require().checkpoint
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if "weights_only" in str(error) or "Unsupported global" in str(error):
+            raise CheckpointError(
+                f"{path} holds pickled Python objects; refusing to load it (it could run code)"
+            ) from None
+        raise CheckpointError(f"{path} is not a readable checkpoint: {first}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{path} is truncated or not a checkpoint ({reason})") from None
+    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a bnnexport checkpoint")
+    for key in ("model_name", "model_kwargs", "model"):
+        if key not in data:
+            raise CheckpointError(
+                f"{path} lacks {key!r}; it is not a complete bnnexport checkpoint"
+            )
+    return data
+
+
+def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:
+    """Rebuild the model a checkpoint describes and load its binary weights (eval mode)."""
+    from bnnexport.models import create_model
+
+    kwargs = dict(checkpoint["model_kwargs"])
+    try:
+        model = create_model(checkpoint["model_name"], **kwargs)
+    except ValueError as error:
+        raise CheckpointError(f"{source}: {error}") from None
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except RuntimeError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise CheckpointError(
+            f"{source} does not match model {checkpoint['model_name']!r}: {detail}"
+        ) from None
+    return model.eval()
+
+
+def load_model(path: str | os.PathLike) -> nn.Module:
+    """The model stored in a checkpoint file or run directory, in eval mode."""
+    return build_model(load_checkpoint(path), path)
+
+
+def append_jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
+    """Append JSON lines; lines are small, so a crash loses at most the lines being written."""
+    with open(path, "a", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read JSON lines, skipping a torn last line left by a crash."""
+    records = []
+    path = Path(path)
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def write_config(run: RunDir, config: dict[str, Any]) -> None:
+    write_json_atomic(run.config, config)
