@@ -1,0 +1,27 @@
+"""The `bnnexport` command line: a thin layer over the library's stage functions.
+
+Each command lives in its own module here and only parses options, calls the library and prints
+the report (a table, or one JSON object with `--json`).
+"""
+
+from __future__ import annotations
+
+import click
+
+from bnnexport import __version__
+from bnnexport.cli.summary import summary_command
+from bnnexport.cli.train import train_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="bnnexport")
+def main() -> None:
+    """Train binarized neural networks in PyTorch with Bop and take them to Larq Compute Engine.
+
+    The pipeline: train -> verify -> pack -> export -> convert -> bench. Every command takes a
+    run directory (RUN_DIR) that holds the artifacts of one model.
+    """
+
+
+main.add_command(train_command)
+main.add_command(summary_command)

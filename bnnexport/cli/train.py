@@ -1,0 +1,80 @@
+"""`bnnexport train`."""
+
+from __future__ import annotations
+
+import click
+
+from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.datasets import list_datasets
+from bnnexport.models import list_models
+from bnnexport.optimizers import OPTIMIZERS
+from bnnexport.train import TrainConfig, default_out, train
+
+DEFAULTS = TrainConfig()
+
+
+@click.command("train")
+@click.option("--model", default=DEFAULTS.model, show_default=True,
+              type=click.Choice(list_models()),
+              help="Model from the registry (`bnnexport zoo list`).")
+@click.option("--dataset", default=DEFAULTS.dataset, show_default=True,
+              type=click.Choice(list_datasets()),
+              help="mnist5k ships inside the package; cifar10 reads a local cifar-10-batches-py.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the data set (cifar10: the cifar-10-batches-py folder).")
+@click.option("--optimizer", default=DEFAULTS.optimizer, show_default=True,
+              type=click.Choice(sorted(OPTIMIZERS)),
+              help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
+                   "real latent weights binarized with the STE (the baseline).")
+@click.option("--gamma", default=str(DEFAULTS.gamma), show_default=True,
+              help="Bop adaptivity rate γ: a number, 'step:G0,FACTOR,EVERY_STEPS' or "
+                   "'linear:START,END,STEPS'.")
+@click.option("--threshold", default=str(DEFAULTS.threshold), show_default=True,
+              help="Bop flip threshold τ: a number or a schedule as for --gamma.")
+@click.option("--lr", default=str(DEFAULTS.lr), show_default=True,
+              help="Adam learning rate for real-valued parameters (and latent weights with "
+                   "adam-latent): a number or a schedule.")
+@click.option("--epochs", type=click.IntRange(min=1), default=DEFAULTS.epochs, show_default=True,
+              help="Epochs to train (with --resume: the total to reach).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULTS.batch_size,
+              show_default=True, help="Images per optimizer step.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
+              help="Seed for initialisation, shuffling and augmentation.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Run directory to write. [default: runs/MODEL-DATASET]")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --out from its last checkpoint.")
+@click.option("--force", is_flag=True,
+              help="Start over in --out even if it already holds a run (its files are replaced).")
+@click.option("--device", default="cpu", show_default=True,
+              help="Torch device to train on (cpu, cuda, cuda:1).")
+@json_option
+@handle_errors
+def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epochs, batch_size,
+                  seed, out, resume, force, device, as_json) -> None:
+    """Train a BNN and write checkpoint, metrics and plots into a run directory.
+
+    Checkpoints are written atomically after every epoch; an interrupted run continues with
+    --resume. Progress bars appear only on a terminal and never with --json.
+    """
+    config = TrainConfig(
+        model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizer,
+        gamma=_number_or_text(gamma), threshold=_number_or_text(threshold), lr=_number_or_text(lr),
+        epochs=epochs, batch_size=batch_size, seed=seed,
+        out=out or default_out(model, dataset), device=device,
+    )
+    report = train(config, resume=resume, force=force, progress=None if not as_json else False)
+    emit(report, as_json, title=f"trained {report.model} on {report.dataset} -> {report.run_dir}")
+
+
+def _number_or_text(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        from bnnexport.schedules import parse_schedule
+
+        try:
+            parse_schedule(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+        return value
