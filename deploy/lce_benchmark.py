@@ -1,0 +1,306 @@
+"""Run `lce_benchmark_model` on a device and parse what it prints.
+
+`lce_benchmark_model` is TFLite's `benchmark_model` with LCE's ops registered (DESIGN §4). Its
+times are microseconds in the summary lines and milliseconds in the op-profiling tables; the
+parsed result is in milliseconds throughout.
+
+Example:
+    >>> text = '''count=50 first=16042 curr=15211 min=15002 max=16310 avg=15408.2 std=245
+    ... Inference timings in us: Init: 5685, First inference: 18525, Warmup (avg): 14461.3
+    ... Overall peak memory footprint (MB) via periodic monitoring: 9.8'''
+    >>> result = parse_benchmark_output(text)
+    >>> result.min_ms, result.mean_ms, result.peak_memory_mb, result.init_ms
+    (15.002, 15.4082, 9.8, 5.685)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from deploy.errors import BenchmarkOutputError, MissingBinaryError, WrongArchitectureError
+
+BINARY_NAME = "lce_benchmark_model"
+
+# ELF e_machine values (System V ABI) of the architectures a device may have.
+_ELF_MACHINES = {0x03: "i386", 0x28: "arm", 0x3E: "x86_64", 0xB7: "aarch64"}
+# `uname -m` spellings -> the ELF architecture a native binary has there.
+_UNAME_TO_ELF = {
+    "x86_64": "x86_64", "amd64": "x86_64", "i386": "i386", "i686": "i386",
+    "aarch64": "aarch64", "arm64": "aarch64",
+    "armv6l": "arm", "armv7l": "arm", "armv8l": "arm",
+}
+
+_COUNT_LINE = re.compile(r"^(?:INFO:\s*)?count=(\d+)\s+(.*)$")
+_TIMINGS_LINE = re.compile(r"Inference timings in us:\s*(.*)$")
+_PEAK_LINE = re.compile(r"Overall peak memory footprint \(MB\) via periodic monitoring:\s*([\d.]+)")
+_DELTA_LINE = re.compile(r"Memory footprint delta .*\(MB\):\s*init=([\d.]+)\s+overall=([\d.]+)")
+_NODES_LINE = re.compile(r"Number of nodes executed:\s*(\d+)")
+_REGULAR_SECTION = "Operator-wise Profiling Info for Regular Benchmark Runs"
+_NUMBER = r"(-?[\d.]+(?:e[-+]?\d+)?)%?"
+
+
+@dataclasses.dataclass
+class OpTime:
+    """One row of the "Run Order" table: one node of the graph, times in ms."""
+
+    node_type: str
+    name: str
+    first_ms: float
+    avg_ms: float
+    percent: float
+    cdf_percent: float
+    mem_kb: float
+    times_called: int
+
+
+@dataclasses.dataclass
+class OpTypeTime:
+    """One row of "Summary by node type": all nodes of one op type together, times in ms."""
+
+    node_type: str
+    count: int
+    avg_ms: float
+    percent: float
+    cdf_percent: float
+    mem_kb: float
+    times_called: int
+
+
+@dataclasses.dataclass
+class BenchmarkResult:
+    """What `lce_benchmark_model` reported. It prints no percentiles, so none are invented."""
+
+    count: int
+    min_ms: float
+    max_ms: float
+    mean_ms: float
+    std_ms: float
+    init_ms: float | None = None
+    first_inference_ms: float | None = None
+    warmup_avg_ms: float | None = None
+    peak_memory_mb: float | None = None
+    nodes_executed: int | None = None
+    ops: list[OpTime] = dataclasses.field(default_factory=list)
+    op_types: list[OpTypeTime] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the result as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def _strip_log_prefix(line: str) -> str:
+    # newer TFLite prefixes its log lines with "INFO: "; tables printed as one message are not
+    return line[6:] if line.startswith("INFO: ") else line
+
+
+def _parse_stat(fields: str) -> dict[str, float]:
+    # "first=16042 curr=15211 min=... std=245", or "curr=15000(all same)" when all runs were equal
+    values = {k: float(v) for k, v in re.findall(r"(\w+)=(-?[\d.]+(?:e[-+]?\d+)?)", fields)}
+    if "min" not in values and "curr" in values:
+        values.update(min=values["curr"], max=values["curr"], avg=values["curr"], std=0.0)
+    return values
+
+
+def _parse_table(lines: list[str], start: int) -> tuple[list[str], list[list[str]], int]:
+    """Read the header at `start` and the rows after it; return headers, rows, next index."""
+    headers = re.findall(r"\[([^\]]+)\]", lines[start])
+    has_name = headers[-1].lower() == "name"
+    numeric = len(headers) - 1 - int(has_name)
+    tail = r"\s+(.*?)\s*$" if has_name else r"\s*$"
+    pattern = re.compile(r"^\s*(.+?)\s+" + r"\s+".join([_NUMBER] * numeric) + tail)
+    rows = []
+    index = start + 1
+    while index < len(lines):
+        match = pattern.match(_strip_log_prefix(lines[index]))
+        if not match:
+            break
+        rows.append(list(match.groups()))
+        index += 1
+    return [h.strip().lower() for h in headers], rows, index
+
+
+def _column(headers: list[str], row: list[str], *names: str) -> str | None:
+    for name in names:
+        if name in headers:
+            return row[headers.index(name)]
+    return None
+
+
+def _parse_profile(lines: list[str]) -> tuple[list[OpTime], list[OpTypeTime], int | None]:
+    """Parse the op-profiling tables of the regular runs (not those of initialisation)."""
+    ops: list[OpTime] = []
+    op_types: list[OpTypeTime] = []
+    nodes = None
+    starts = [i for i, line in enumerate(lines) if _REGULAR_SECTION in line]
+    if not starts:
+        return ops, op_types, nodes
+    index = starts[-1] + 1
+    table = None
+    while index < len(lines):
+        line = _strip_log_prefix(lines[index])
+        if "Run Order" in line:
+            table = "run"
+        elif "Top by Computation Time" in line or "Summary by node type" in line:
+            table = "types" if "Summary" in line else "top"
+        elif match := _NODES_LINE.search(line):
+            nodes = int(match.group(1))
+        elif line.lstrip().startswith("Timings (microseconds)"):
+            break  # end of this section
+        elif "[node type]" in line.lower() and table in ("run", "types"):
+            headers, rows, index = _parse_table(lines, index)
+            for row in rows:
+                col = lambda *n, r=row, h=headers: float(_column(h, r, *n) or "nan")  # noqa: E731
+                if table == "run":
+                    ops.append(OpTime(
+                        node_type=row[0], name=row[-1], first_ms=col("first"),
+                        avg_ms=col("avg ms"), percent=col("%"), cdf_percent=col("cdf%"),
+                        mem_kb=col("mem kb"), times_called=int(col("times called")),
+                    ))
+                else:
+                    op_types.append(OpTypeTime(
+                        node_type=row[0], count=int(col("count")), avg_ms=col("avg ms"),
+                        percent=col("avg %"), cdf_percent=col("cdf %"),
+                        mem_kb=col("mem kb"), times_called=int(col("times called")),
+                    ))
+            table = None
+            continue
+        index += 1
+    return ops, op_types, nodes
+
+
+def parse_benchmark_output(text: str) -> BenchmarkResult:
+    """Parse the text `lce_benchmark_model` prints (stdout and stderr together).
+
+    The latency statistics come from the last `count=... avg=...` line before `Inference timings`
+    (the first such line belongs to the warm-up runs). Raises `BenchmarkOutputError` when there is
+    no such line, e.g. when the binary crashed before benchmarking.
+    """
+    lines = text.splitlines()
+    stat = None
+    timings: dict[str, float] = {}
+    peak = None
+    for raw in lines:
+        line = _strip_log_prefix(raw).strip()
+        if match := _COUNT_LINE.match(line):
+            if not timings:  # count lines after the summary belong to profiling tables
+                stat = (int(match.group(1)), _parse_stat(match.group(2)))
+        elif match := _TIMINGS_LINE.search(line):
+            for key, value in re.findall(r"([A-Za-z ()]+):\s*(-?[\d.]+)", match.group(1)):
+                timings[key.strip().lower()] = float(value) / 1000.0
+        elif match := _PEAK_LINE.search(line):
+            peak = float(match.group(1))
+        elif (match := _DELTA_LINE.search(line)) and peak is None:
+            peak = float(match.group(2))
+    if stat is None:
+        tail = next((line for line in reversed(lines) if line.strip()), "no output")
+        raise BenchmarkOutputError(
+            f"{BINARY_NAME} printed no timing line (last line: {tail.strip()})"
+        )
+    count, values = stat
+    ops, op_types, nodes = _parse_profile(lines)
+    return BenchmarkResult(
+        count=count,
+        min_ms=values["min"] / 1000.0,
+        max_ms=values["max"] / 1000.0,
+        mean_ms=values["avg"] / 1000.0,
+        std_ms=values["std"] / 1000.0,
+        init_ms=timings.get("init"),
+        first_inference_ms=timings.get("first inference"),
+        warmup_avg_ms=timings.get("warmup (avg)"),
+        peak_memory_mb=peak,
+        nodes_executed=nodes,
+        ops=ops,
+        op_types=op_types,
+    )
+
+
+def elf_architecture(header: bytes) -> str | None:
+    """Return the architecture of an ELF file from its first 20 bytes, or None if not ELF."""
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    byteorder = "little" if header[5] == 1 else "big"
+    machine = int.from_bytes(header[18:20], byteorder)
+    return _ELF_MACHINES.get(machine, f"elf-machine-{machine:#x}")
+
+
+def check_architecture(binary: str, binary_arch: str | None, uname_m: str) -> None:
+    """Raise `WrongArchitectureError` when an ELF binary cannot run natively on `uname -m`.
+
+    Scripts (no ELF header) are let through: the device's own shell decides.
+    """
+    if binary_arch is None:
+        return
+    device_arch = _UNAME_TO_ELF.get(uname_m.strip(), uname_m.strip())
+    if binary_arch != device_arch:
+        raise WrongArchitectureError(
+            f"{binary} is built for {binary_arch} but the device is {uname_m.strip()}; "
+            f"use the {BINARY_NAME} build for {device_arch} (see deploy/README.md)"
+        )
+
+
+def benchmark_command(
+    binary: str, graph: str, threads: int = 1, runs: int = 100, warmup_runs: int = 10,
+    op_profiling: bool = True, max_secs: float | None = None,
+    use_indirect_bgemm: bool | None = None,
+) -> list[str]:
+    """Return the argv that benchmarks `graph` for exactly `runs` runs after `warmup_runs`."""
+    argv = [
+        binary, f"--graph={graph}", f"--num_threads={threads}", f"--num_runs={runs}",
+        "--min_secs=0", f"--warmup_runs={warmup_runs}", "--warmup_min_secs=0",
+        f"--enable_op_profiling={str(op_profiling).lower()}",
+        "--report_peak_memory_footprint=true",
+    ]
+    if max_secs is not None:
+        argv.append(f"--max_secs={max_secs:g}")
+    if use_indirect_bgemm is not None:
+        argv.append(f"--use_indirect_bgemm={str(use_indirect_bgemm).lower()}")
+    return argv
+
+
+def run_lce_benchmark(
+    client: Any, flatbuffer: str | Path, threads: int = 1, runs: int = 100, warmup_runs: int = 10,
+    binary: str | Path | None = None, timeout: float = 600.0, op_profiling: bool = True,
+    use_indirect_bgemm: bool | None = None,
+) -> tuple[BenchmarkResult, str]:
+    """Copy `flatbuffer` (and `binary` if given) to the device, benchmark, clean up.
+
+    `client` is a `deploy.ssh.SshClient`. Without `binary`, `lce_benchmark_model` must be on the
+    device's PATH. Returns the parsed result and the raw output.
+    """
+    uname_m = client.run(["uname", "-m"], timeout=60).stdout.strip()
+    if binary is not None:
+        binary = Path(binary)
+        if not binary.is_file():
+            raise MissingBinaryError(f"benchmark binary not found: {binary}")
+        with binary.open("rb") as handle:
+            check_architecture(str(binary), elf_architecture(handle.read(20)), uname_m)
+    with client.workdir() as work:
+        if binary is None:
+            found = client.run(f"command -v {BINARY_NAME}", timeout=60, check=False)
+            remote_binary = found.stdout.strip()
+            if found.returncode != 0 or not remote_binary:
+                raise MissingBinaryError(
+                    f"{BINARY_NAME} is not on the PATH of {client.destination}; "
+                    f"pass --benchmark-binary PATH to upload one (see deploy/README.md)"
+                )
+            header = client.run(
+                f"od -An -tx1 -N20 {shlex.quote(remote_binary)}", timeout=60
+            ).stdout.split()
+            arch = elf_architecture(bytes(int(b, 16) for b in header))
+            check_architecture(f"{client.destination}:{remote_binary}", arch, uname_m)
+        else:
+            remote_binary = f"{work}/{BINARY_NAME}"
+            client.put(binary, remote_binary)
+            client.run(["chmod", "+x", remote_binary], timeout=60)
+        graph = f"{work}/{Path(flatbuffer).name}"
+        client.put(flatbuffer, graph)
+        argv = benchmark_command(
+            remote_binary, graph, threads, runs, warmup_runs, op_profiling,
+            max_secs=timeout, use_indirect_bgemm=use_indirect_bgemm,
+        )
+        done = client.run(argv, timeout=timeout, cwd=work, merge_stderr=True)
+    return parse_benchmark_output(done.stdout), done.stdout
