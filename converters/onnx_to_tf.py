@@ -1,0 +1,202 @@
+"""ONNX -> TensorFlow: a `tf.Module` in NHWC whose binary layers LCE turns into `LceBconv2d`.
+
+The translator walks the ONNX graph backwards from its outputs (so constant chains and
+patterns absorbed into a binary layer are never emitted on their own) and writes each node as
+TensorFlow ops. Binary layers (`converters.patterns`) are emitted in the exact forms of
+DESIGN §2; everything else as plain TensorFlow. The model's input and output keep ONNX's
+layout (NCHW), so the converted model is a drop-in replacement for the ONNX one.
+
+Example:
+    >>> from converters.onnx_to_tf import save_saved_model
+    >>> info = save_saved_model(onnx.load("model.onnx"), "/tmp/saved")  # doctest: +SKIP
+    >>> info.binary_layers                                               # doctest: +SKIP
+    4
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from converters import tf_elementwise, tf_layers
+from converters.errors import InvalidModelError, UnsupportedOpError
+from converters.graph import Graph
+from converters.patterns import (
+    Binarization,
+    BinaryLayerMatch,
+    find_binary_layers_in,
+    match_binarization,
+)
+from converters.tf_ops import Value, binarize, tf
+
+HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
+# op types that are only supported as part of a binarization pattern
+PATTERN_OPS = ("Sign -> Add -> Sign", "GreaterOrEqual -> Where")
+SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])
+
+
+class Translator:
+    """Translates one ONNX graph into TF ops, inside a `tf.function` being traced."""
+
+    def __init__(self, graph: Graph, layers: list[BinaryLayerMatch]):
+        self.graph = graph
+        self.layers = {m.node_name: m for m in layers if m.binary}
+        self.values: dict[str, Value] = {}
+        self.binary_emitted: list[str] = []
+
+    def const(self, name: str) -> np.ndarray | None:
+        """A folded constant input, or None."""
+        return self.graph.const(name) if name else None
+
+    def value(self, name: str) -> Value:
+        """The translated value of ONNX tensor `name` (translating its producer on demand)."""
+        if name in self.values:
+            return self.values[name]
+        const = self.graph.const(name)
+        if const is not None:
+            return Value(tf().constant(const), "plain")
+        node = self.graph.producer.get(name)
+        if node is None:
+            raise InvalidModelError(f"tensor {name!r} has no producer in the ONNX graph")
+        self.values[name] = self.translate(node)
+        return self.values[name]
+
+    def inputs(self, node: onnx.NodeProto) -> list[Value | None]:
+        """A node's inputs: Values for computed tensors, None for constants (use `const`)."""
+        return [
+            None if not n or self.graph.const(n) is not None else self.value(n) for n in node.input
+        ]
+
+    def translate(self, node: onnx.NodeProto) -> Value:
+        name = node.name or node.output[0]
+        match = self.layers.get(name)
+        if match is not None:
+            emitted = tf_layers.binary_layer(self, node, match)
+            if emitted is not None:
+                self.binary_emitted.append(name)
+                return emitted
+        found = match_binarization(self.graph, node.output[0])
+        if found is not None:
+            src = self.binarized_source(found)
+            return Value(binarize(src.t), src.layout, src.perm)
+        handler = HANDLERS.get(node.op_type)
+        if handler is None:
+            raise UnsupportedOpError(name, node.op_type, SUPPORTED)
+        return handler(self, node, self.inputs(node))
+
+    def binarized_source(self, found: Binarization) -> Value:
+        """The float tensor a binarization reads, with exact ties broken the way torch does
+        when it is (a max-pool of) a binary conv's accumulator under a per-channel affine."""
+        pools: list[onnx.NodeProto] = []
+        name = found.source
+        while name not in self.values:
+            node = self.graph.producer.get(name)
+            if node is None or node.op_type != "MaxPool":
+                break
+            pools.append(node)
+            name = node.input[0]
+        base = self.value(name)
+        if not base.is_affine:
+            return self.value(found.source)
+        out = Value(base.nudged(), base.layout, base.perm)
+        for pool in reversed(pools):
+            out = tf_layers.max_pool(self, pool, [out])
+        return out
+
+    def chain(self, match: BinaryLayerMatch) -> list[onnx.NodeProto]:
+        """Nodes between a binary layer's binarization and its data input, in forward order."""
+        nodes, name = [], match.input_name
+        while name != match.binarized:
+            node = self.graph.producer[name]
+            nodes.append(node)
+            name = node.input[0]
+        return nodes[::-1]
+
+    def replay(self, node: onnx.NodeProto, x: Value) -> Value:
+        """Apply a shape-only node (or max-pool) to `x` instead of its ONNX input."""
+        return HANDLERS[node.op_type](self, node, [x, *[None] * (len(node.input) - 1)])
+
+
+@dataclass
+class TranslationInfo:
+    """What the translator saw and emitted."""
+
+    binary_layers: int
+    binary_emitted: list[str]
+    input_names: list[str]
+    input_shapes: list[list[int]]
+    output_names: list[str]
+
+
+def _static_shape(graph: Graph, info: onnx.ValueInfoProto) -> list[int]:
+    dims = info.type.tensor_type.shape.dim
+    shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+    if shape and shape[0] is None:
+        shape[0] = 1  # a dynamic batch: LCE models run one sample at a time anyway
+    if any(d is None for d in shape):
+        raise InvalidModelError(f"input {info.name!r} has a dynamic non-batch dimension: {shape}")
+    return [int(d) for d in shape]
+
+
+def build_module(model: onnx.ModelProto):  # noqa: ANN201 - returns (tf.Module, TranslationInfo)
+    """Build a `tf.Module` whose `serve` tf.function computes the ONNX graph in NHWC."""
+    tensorflow = tf()
+    graph = Graph(model)
+    layers = find_binary_layers_in(graph)
+    shapes = [_static_shape(graph, i) for i in graph.inputs]
+    names = [i.name for i in graph.inputs]
+    outputs = [o.name for o in graph.outputs]
+    emitted: list[str] = []
+    errors: list[BaseException] = []
+
+    def serve(*args):
+        translator = Translator(graph, layers)
+        for name, arg in zip(names, args, strict=True):
+            if len(arg.shape) == 4:  # NCHW in, NHWC inside
+                translator.values[name] = Value(tensorflow.transpose(arg, [0, 2, 3, 1]), "nhwc")
+            else:
+                translator.values[name] = Value(arg, "plain")
+        try:
+            result = {f"output_{k}": translator.value(o).logical() for k, o in enumerate(outputs)}
+        except Exception as error:  # tf.function may wrap it; keep ours to re-raise as is
+            errors.append(error)
+            raise
+        emitted[:] = translator.binary_emitted
+        return result
+
+    specs = [
+        tensorflow.TensorSpec(shape, tensorflow.float32, name=f"input_{k}")
+        for k, shape in enumerate(shapes)
+    ]
+    module = tensorflow.Module()
+    module.serve = tensorflow.function(serve, input_signature=specs, autograph=False)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20000))  # `value` recurses once per node on a path
+    try:
+        concrete = module.serve.get_concrete_function()
+    except Exception:
+        if errors:
+            raise errors[0] from None
+        raise
+    finally:
+        sys.setrecursionlimit(limit)
+    module.concrete = concrete
+    info = TranslationInfo(
+        binary_layers=len(layers),
+        binary_emitted=list(emitted),
+        input_names=names,
+        input_shapes=shapes,
+        output_names=outputs,
+    )
+    return module, info
+
+
+def save_saved_model(model: onnx.ModelProto, directory: str | Path) -> TranslationInfo:
+    """Translate `model` and save it as a TensorFlow SavedModel in `directory`."""
+    module, info = build_module(model)
+    tf().saved_model.save(module, str(directory), signatures={"serving_default": module.concrete})
+    return info

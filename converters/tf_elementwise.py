@@ -1,0 +1,291 @@
+"""Elementwise, activation and shape handlers of the translator.
+
+Per-channel constant arithmetic (Add/Sub/Mul/Div, BatchNorm) on a binary conv's output is
+folded into the pending affine map of its `Value`, so LCE fuses it into the bconv; a spatial
+constant is applied behind a reshape (LCE bug 2, DESIGN §2). Flatten/Reshape of an NHWC
+tensor yields a column-permuted flat tensor that the next dense layer absorbs.
+
+Example:
+    >>> HANDLERS["Relu"]   # (translator, node, inputs) -> Value   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converters.graph import attributes
+from converters.tf_ops import Value, onnx_const_to_layout, pad_constant, per_channel, tf
+
+
+def _unsupported(tr, node, why: str):
+    from converters.tf_layers import _unsupported as make
+
+    return make(tr, node, why)
+
+
+def _channels(x: Value) -> int | None:
+    """Channel count when the stored layout keeps channels on the last axis."""
+    shape = x.shape()
+    if x.layout in ("nhwc", "flat4") or (x.layout == "plain" and len(shape) == 2):
+        return shape[1]
+    return None
+
+
+def channel_affine(tr, node, x: Value, m: np.ndarray, b: np.ndarray) -> Value:
+    """x * m + b with per-channel (logical axis 1) constants."""
+    channels = _channels(x)
+    if x.is_affine and channels is not None:
+        return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b)
+    shape = [1, len(m)] + [1] * (len(x.shape()) - 2)
+    mc = onnx_const_to_layout(m.reshape(shape), x)
+    bc = onnx_const_to_layout(b.reshape(shape), x)
+    return Value(x.t * tf().constant(mc) + tf().constant(bc), x.layout, x.perm)
+
+
+def _same_layout(tr, node, a: Value, b: Value) -> tuple[object, object, str, np.ndarray | None]:
+    if a.layout == b.layout and (a.layout != "perm" or np.array_equal(a.perm, b.perm)):
+        return a.t, b.t, a.layout, a.perm
+    return a.logical(), b.logical(), "plain", None
+
+
+_OPS = {
+    "Add": lambda p, q: p + q,
+    "Sub": lambda p, q: p - q,
+    "Mul": lambda p, q: p * q,
+    "Div": lambda p, q: p / q,
+}
+
+
+def arithmetic(tr, node, inputs) -> Value:
+    a, b = inputs
+    op = _OPS[node.op_type]
+    if a is not None and b is not None:
+        p, q, layout, perm = _same_layout(tr, node, a, b)
+        return Value(op(p, q), layout, perm)
+    x, const_first = (a, False) if a is not None else (b, True)
+    c = tr.const(node.input[0 if const_first else 1]).astype(np.float32)
+    stored = onnx_const_to_layout(c, x)
+    channels = _channels(x)
+    vec = per_channel(stored, channels) if channels is not None else None
+    if vec is not None and x.is_affine:
+        ones, zeros = np.ones_like(vec), np.zeros_like(vec)
+        if node.op_type == "Add":
+            return channel_affine(tr, node, x, ones, vec)
+        if node.op_type == "Sub":
+            return channel_affine(
+                tr, node, x, -ones if const_first else ones, vec if const_first else -vec
+            )
+        if node.op_type == "Mul":
+            return channel_affine(tr, node, x, vec, zeros)
+        if not const_first:
+            return channel_affine(tr, node, x, 1.0 / vec, zeros)
+    t = x.t
+    if x.is_affine and vec is None:
+        # a spatial constant right after a bconv: keep LCE from fusing it (bug 2)
+        shape = [int(d) for d in t.shape]
+        flat = tf().reshape(t, [shape[0], -1])
+        full = np.broadcast_to(stored, shape).reshape(1, -1)
+        flat = op(tf().constant(full), flat) if const_first else op(flat, tf().constant(full))
+        return Value(tf().reshape(flat, shape), x.layout, x.perm)
+    k = tf().constant(stored)
+    return Value(op(k, t) if const_first else op(t, k), x.layout, x.perm)
+
+
+def unary(tr, node, inputs) -> Value:
+    x = inputs[0]
+    attrs = attributes(node)
+    fns = {
+        "Relu": tf().nn.relu,
+        "Sigmoid": tf().sigmoid,
+        "Tanh": tf().tanh,
+        "Neg": lambda t: -t,
+        "Sign": tf().sign,
+        "LeakyRelu": lambda t: tf().nn.leaky_relu(t, alpha=attrs.get("alpha", 0.01)),
+        "Identity": lambda t: t,
+        "Dropout": lambda t: t,
+        "Cast": lambda t: t,
+    }
+    if node.op_type == "Cast" and attrs["to"] != 1:
+        raise _unsupported(tr, node, "only casts to float32")
+    if node.op_type in ("Identity", "Dropout", "Cast"):
+        return x
+    return Value(fns[node.op_type](x.t), x.layout, x.perm)
+
+
+def prelu(tr, node, inputs) -> Value:
+    x = inputs[0]
+    slope = tr.const(node.input[1])
+    if slope is None:
+        raise _unsupported(tr, node, "the slope must be a constant")
+    s = tf().constant(onnx_const_to_layout(slope.astype(np.float32), x))
+    t = x.t
+    return Value(tf().maximum(t, 0.0) + s * tf().minimum(t, 0.0), x.layout, x.perm)
+
+
+def clip(tr, node, inputs) -> Value:
+    x = inputs[0]
+    attrs = attributes(node)
+    low = tr.const(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("min")
+    high = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else attrs.get("max")
+    t = x.t
+    if low is not None:
+        t = tf().maximum(t, np.float32(low))
+    if high is not None:
+        t = tf().minimum(t, np.float32(high))
+    return Value(t, x.layout, x.perm)
+
+
+def softmax(tr, node, inputs) -> Value:
+    x = inputs[0]
+    rank = len(x.shape())
+    axis = attributes(node).get("axis", -1 if tr.graph.model.opset_import[0].version >= 13 else 1)
+    axis = axis % rank
+    fn = tf().nn.softmax if node.op_type == "Softmax" else tf().nn.log_softmax
+    if axis == rank - 1 and x.layout in ("plain", "flat4"):
+        return Value(fn(x.t, axis=-1), x.layout)
+    if x.layout == "nhwc" and axis == 1:
+        return Value(fn(x.t, axis=-1), "nhwc")
+    return Value(fn(x.logical(), axis=axis), "plain")
+
+
+def flatten(tr, node, inputs) -> Value:
+    x = inputs[0]
+    shape = x.shape()
+    axis = attributes(node).get("axis", 1) % max(len(shape), 1)
+    if axis != 1:
+        target = [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))]
+        return Value(tf().reshape(x.logical(), target), "plain")
+    return _to_flat(x)
+
+
+def _to_flat(x: Value) -> Value:
+    shape = x.shape()
+    if len(shape) == 2:
+        return x
+    if x.layout == "nhwc":
+        n, c, h, w = shape
+        t = tf().reshape(x.t, [n, h * w * c])
+        if h * w == 1:
+            return Value(t, "plain")
+        # stored column (i, j, k) of NHWC is logical column k*h*w + i*w + j of NCHW
+        perm = np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
+        return Value(t, "perm", perm)
+    return Value(tf().reshape(x.t, [shape[0], -1]), "plain")
+
+
+def reshape(tr, node, inputs) -> Value:
+    x = inputs[0]
+    shape = x.shape()
+    target = tr.const(node.input[1])
+    if target is None:
+        raise _unsupported(tr, node, "the target shape must be a constant")
+    target = [int(d) if d != 0 else shape[k] for k, d in enumerate(target)]
+    target = list(np.empty(shape, dtype=np.int8).reshape(target).shape)
+    if target == shape:
+        return x
+    if len(target) == 2 and target[0] == shape[0]:
+        return _to_flat(x)
+    if len(target) == 4 and target[2:] == [1, 1] and len(shape) == 2:
+        return Value(tf().reshape(x.logical(), [target[0], 1, 1, target[1]]), "nhwc")
+    return Value(tf().reshape(x.logical(), target), "plain")
+
+
+def squeeze(tr, node, inputs) -> Value:
+    x = inputs[0]
+    axes = tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
+    shape = x.shape()
+    axes = [a % len(shape) for a in (axes if axes is not None else range(len(shape)))]
+    target = [d for k, d in enumerate(shape) if not (k in axes and d == 1)]
+    if x.layout == "nhwc" and target == shape[:2]:
+        return Value(x.t, "flat4")
+    return Value(tf().reshape(x.logical(), target), "plain")
+
+
+def transpose(tr, node, inputs) -> Value:
+    x = inputs[0]
+    perm = attributes(node).get("perm")
+    return Value(tf().transpose(x.logical(), perm), "plain")
+
+
+def concat(tr, node, inputs) -> Value:
+    values = [
+        v if v is not None else Value(tf().constant(tr.const(n)), "plain")
+        for v, n in zip(inputs, node.input, strict=True)
+    ]
+    axis = attributes(node)["axis"] % len(values[0].shape())
+    layouts = {v.layout for v in values}
+    if layouts == {"nhwc"}:
+        return Value(
+            tf().concat([v.t for v in values], axis={1: 3, 2: 1, 3: 2, 0: 0}[axis]), "nhwc"
+        )
+    if layouts == {"flat4"} and axis == 1:
+        return Value(tf().concat([v.t for v in values], axis=3), "flat4")
+    return Value(tf().concat([v.logical() for v in values], axis=axis), "plain")
+
+
+def pad(tr, node, inputs) -> Value:
+    x = inputs[0]
+    attrs = attributes(node)
+    pads = tr.const(node.input[1]) if len(node.input) > 1 else attrs.get("pads")
+    value = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    value = (
+        float(np.asarray(value).reshape(-1)[0]) if value is not None else attrs.get("value", 0.0)
+    )
+    mode = attrs.get("mode", "constant")
+    if pads is None:
+        raise _unsupported(tr, node, "pads must be constant")
+    pads = [int(p) for p in pads]
+    rank = len(pads) // 2
+    if x.layout == "nhwc" and rank == 4 and not any(pads[k] for k in (0, 1, 4, 5)):
+        hw = [(pads[2], pads[6]), (pads[3], pads[7])]
+        if mode == "constant":
+            return Value(pad_constant(x.t, hw, value), "nhwc")
+        if mode == "reflect":
+            return Value(tf().pad(x.t, [[0, 0], *hw, [0, 0]], mode="REFLECT"), "nhwc")
+    if mode != "constant":
+        raise _unsupported(tr, node, f"mode={mode}")
+    pairs = [[pads[k], pads[k + rank]] for k in range(rank)]
+    return Value(tf().pad(x.logical(), pairs, constant_values=value), "plain")
+
+
+def reduce_mean(tr, node, inputs) -> Value:
+    x = inputs[0]
+    attrs = attributes(node)
+    axes = tr.const(node.input[1]) if len(node.input) > 1 else attrs.get("axes")
+    keep = attrs.get("keepdims", 1)
+    rank = len(x.shape())
+    axes = sorted(int(a) % rank for a in axes) if axes is not None else list(range(rank))
+    if x.layout == "nhwc" and axes == [2, 3]:
+        t = tf().reduce_mean(x.t, axis=[1, 2], keepdims=True)
+        return Value(t, "nhwc" if keep else "flat4")
+    return Value(tf().reduce_mean(x.logical(), axis=axes, keepdims=bool(keep)), "plain")
+
+
+HANDLERS = {
+    **{op: arithmetic for op in _OPS},
+    **{
+        op: unary
+        for op in (
+            "Relu",
+            "Sigmoid",
+            "Tanh",
+            "Neg",
+            "Sign",
+            "LeakyRelu",
+            "Identity",
+            "Dropout",
+            "Cast",
+        )
+    },
+    "PRelu": prelu,
+    "Clip": clip,
+    "Softmax": softmax,
+    "LogSoftmax": softmax,
+    "Flatten": flatten,
+    "Reshape": reshape,
+    "Squeeze": squeeze,
+    "Transpose": transpose,
+    "Concat": concat,
+    "Pad": pad,
+    "ReduceMean": reduce_mean,
+}

@@ -1,0 +1,331 @@
+"""Layer handlers of the translator: convolutions, dense layers, pooling, BatchNorm.
+
+Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (DESIGN §2):
+
+- no padding: binarize -> VALID conv;
+- one-padding equal to TF's SAME: binarize -> `tf.pad(..., 1)` -> VALID conv (pad_values=1);
+- zero-padding equal to TF's SAME: binarize -> SAME conv (LCE's exact border correction);
+- any other padding (stride 2 on an even size, asymmetric, mixed): the float tensor is padded
+  with +1 BEFORE binarizing, then a VALID binary conv, then a constant correction map for the
+  zero-padded positions, subtracted behind a reshape. This sidesteps LCE bug 1 (Pad + strided
+  VALID conv rewritten to SAME) and bug 2 (spatial constant fused into the bias);
+- dense (MatMul/Gemm): reshape to [N, 1, 1, C], binarize, 1x1 conv.
+
+The kernel is emitted as exact ±1; a per-channel scale, the bias and a following BatchNorm stay
+a pending affine map on the `Value` (LCE fuses them into the bconv's post-multiplier and bias).
+
+Example:
+    >>> HANDLERS["Conv"]   # (translator, node, inputs) -> Value   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converters.errors import UnsupportedOpError
+from converters.graph import attributes
+from converters.tf_ops import (
+    Value,
+    binarize,
+    correction_map,
+    is_same,
+    pad_constant,
+    pool_pads,
+    subtract_spatial,
+    tf,
+)
+
+
+def _unsupported(tr, node, why: str) -> UnsupportedOpError:
+    from converters.onnx_to_tf import SUPPORTED
+
+    return UnsupportedOpError(node.name or node.output[0], node.op_type, SUPPORTED, why)
+
+
+def _nhwc(tr, node, x: Value) -> Value:
+    """`x` as an NHWC 4-D value."""
+    if x.layout == "nhwc":
+        return x
+    if len(x.shape()) == 4:
+        return Value(tf().transpose(x.logical(), [0, 2, 3, 1]), "nhwc")
+    raise _unsupported(tr, node, f"expects a 4-D NCHW input, got shape {x.shape()}")
+
+
+def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
+    attrs = attributes(node)
+    if kernel.ndim != 4:
+        raise _unsupported(tr, node, "only 2-D convolutions")
+    kh, kw = kernel.shape[2:]
+    strides = list(attrs.get("strides", [1, 1]))
+    dilations = list(attrs.get("dilations", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    h, w = x.shape()[2:]
+    if auto_pad == "SAME_UPPER":
+        from converters.tf_ops import same_pads
+
+        (t, b), (left, r) = (
+            same_pads(h, kh, strides[0], dilations[0]),
+            same_pads(w, kw, strides[1], dilations[1]),
+        )
+        pads = [t, left, b, r]
+    elif auto_pad not in ("NOTSET", "VALID"):
+        raise _unsupported(tr, node, f"auto_pad={auto_pad}")
+    elif auto_pad == "VALID":
+        pads = [0, 0, 0, 0]
+    return (kh, kw), strides, dilations, pads, int(attrs.get("group", 1))
+
+
+def _padding_mode(x, ksize, strides, dilations, pads) -> str | None:
+    """ "VALID", "SAME", or None when an explicit pad is needed."""
+    if not any(pads):
+        return "VALID"
+    h, w = int(x.shape[1]), int(x.shape[2])
+    if is_same(h, ksize[0], strides[0], dilations[0], pads[0], pads[2]) and is_same(
+        w, ksize[1], strides[1], dilations[1], pads[1], pads[3]
+    ):
+        return "SAME"
+    return None
+
+
+def conv(tr, node, inputs) -> Value:
+    """Float Conv (group 1 or depthwise)."""
+    kernel = tr.const(node.input[1])
+    if kernel is None:
+        raise _unsupported(tr, node, "the kernel must be a constant")
+    x = _nhwc(tr, node, inputs[0])
+    ksize, strides, dilations, pads, group = _conv_attrs(tr, node, kernel, x)
+    t = x.t
+    mode = _padding_mode(t, ksize, strides, dilations, pads)
+    if mode is None:
+        t = pad_constant(t, [(pads[0], pads[2]), (pads[1], pads[3])], 0.0)
+        mode = "VALID"
+    cin = int(t.shape[3])
+    if group == 1:
+        k = tf().constant(np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32))
+        y = tf().nn.conv2d(t, k, [1, *strides, 1], mode, dilations=[1, *dilations, 1])
+    elif group == cin and kernel.shape[1] == 1:
+        mult = kernel.shape[0] // cin
+        k = kernel.reshape(cin, mult, *ksize).transpose(2, 3, 0, 1).astype(np.float32)
+        y = tf().nn.depthwise_conv2d(t, k, [1, *strides, 1], mode, dilations=dilations)
+    else:
+        raise _unsupported(tr, node, f"grouped convolution with group={group}")
+    bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if bias is not None:
+        y = y + tf().constant(bias.astype(np.float32))
+    return Value(y, "nhwc")
+
+
+def binary_layer(tr, node, match) -> Value | None:
+    """Emit a binary Conv/MatMul/Gemm as LceBconv2d patterns; None to fall back to float."""
+    chain = tr.chain(match)
+    src = tr.binarized_source(_binarization(tr, match))
+    if node.op_type == "Conv":
+        return _binary_conv(tr, node, match, chain, src)
+    return _binary_dense(tr, node, match, chain, src)
+
+
+def _binarization(tr, match):
+    from converters.patterns import match_binarization
+
+    return match_binarization(tr.graph, match.binarized)
+
+
+def _sign_and_scale(match, kernel: np.ndarray, out_axis: int):
+    signs = np.where(kernel >= 0, 1.0, -1.0).astype(np.float32)
+    scale = match.scale if match.scale is not None else np.ones(kernel.shape[out_axis])
+    return signs, scale.astype(np.float32)
+
+
+def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
+    inner = [0, 0, 0, 0]
+    inner_value = 0.0
+    for step in chain:
+        if step.op_type == "Pad":
+            if any(inner):
+                return None
+            pads = tr.const(step.input[1]) if len(step.input) > 1 else attributes(step)["pads"]
+            if pads is None or len(pads) != 8 or any(pads[k] for k in (0, 1, 4, 5)):
+                return None
+            inner = [int(pads[2]), int(pads[3]), int(pads[6]), int(pads[7])]
+            value = tr.const(step.input[2]) if len(step.input) > 2 and step.input[2] else None
+            inner_value = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
+        elif step.op_type in ("MaxPool", "Identity") and not any(inner):
+            src = tr.replay(step, src)
+        else:
+            return None
+    if src.layout != "nhwc":
+        return None
+    kernel = match.kernel
+    ksize, strides, dilations, outer, group = _conv_attrs(tr, node, kernel, src)
+    if group != 1:
+        return None
+    signs, scale = _sign_and_scale(match, kernel, 0)
+    k_hwio = np.transpose(signs, (2, 3, 1, 0))
+    x = src.t
+    conv2d = lambda t, mode: tf().nn.conv2d(  # noqa: E731
+        t, tf().constant(k_hwio), [1, *strides, 1], mode, dilations=[1, *dilations, 1]
+    )
+    ones = inner_value == 1.0 and any(inner)
+    if not any(inner) and not any(outer):
+        y = conv2d(binarize(x), "VALID")
+    elif ones and not any(outer) and _padding_mode(x, ksize, strides, dilations, inner) == "SAME":
+        padded = tf().pad(
+            binarize(x), [[0, 0], inner[0::2], inner[1::2], [0, 0]], constant_values=1.0
+        )
+        y = conv2d(padded, "VALID")
+    elif (not any(inner) or inner_value == 0.0) and _padding_mode(
+        x, ksize, strides, dilations, [a + b for a, b in zip(inner, outer, strict=True)]
+    ) == "SAME":
+        y = conv2d(binarize(x), "SAME")
+    else:
+        y = _padded_binary_conv(x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d)
+    bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    bias = np.zeros(len(scale), np.float32) if bias is None else bias.astype(np.float32)
+    return Value(None, "nhwc", acc=y, m=scale, b=bias)
+
+
+def _padded_binary_conv(x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d):
+    """Pad the float tensor (+1 for one- and zero-padding, -1 for minus-one padding), binarize,
+    VALID binary conv, then subtract what the +1s contributed where torch had zeros."""
+    h, w = int(x.shape[1]), int(x.shape[2])
+    fill = -1.0 if inner_value == -1.0 else 1.0
+    padded = pad_constant(x, [(inner[0], inner[2]), (inner[1], inner[3])], fill)
+    padded = pad_constant(padded, [(outer[0], outer[2]), (outer[1], outer[3])], 1.0)
+    zero = np.zeros((h, w))
+    if inner_value == 0.0:  # the inner pad is zero padding too
+        zero = np.pad(zero, [(inner[0], inner[2]), (inner[1], inner[3])], constant_values=1.0)
+    else:
+        zero = np.pad(zero, [(inner[0], inner[2]), (inner[1], inner[3])], constant_values=0.0)
+    zero = np.pad(zero, [(outer[0], outer[2]), (outer[1], outer[3])], constant_values=1.0)
+    y = conv2d(binarize(padded), "VALID")
+    correction = correction_map(zero, k_hwio.astype(np.float64), strides, dilations)
+    if np.any(correction):
+        y = subtract_spatial(y, correction)
+    return y
+
+
+def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
+    for step in chain:
+        if step.op_type not in ("Flatten", "Reshape", "Identity", "Squeeze"):
+            return None
+        src = tr.replay(step, src)
+    if len(src.shape()) != 2:
+        return None
+    kernel = match.kernel
+    attrs = attributes(node)
+    if node.op_type == "Gemm" and attrs.get("transB", 0):
+        kernel = kernel.T
+    signs, scale = _sign_and_scale(match, kernel, 1)
+    if src.layout == "perm":
+        signs = signs[src.perm]
+    n, features = src.shape()
+    x4 = src.t if src.layout == "flat4" else tf().reshape(src.t, [n, 1, 1, features])
+    k = tf().constant(signs.reshape(1, 1, *signs.shape))
+    y = tf().nn.conv2d(binarize(x4), k, [1, 1, 1, 1], "VALID")
+    bias = np.zeros(len(scale), np.float32)
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+        c = tr.const(node.input[2])
+        if c is None or c.size not in (1, len(scale)):
+            return None
+        bias = np.broadcast_to(c.reshape(-1) * attrs.get("beta", 1.0), bias.shape).astype(
+            np.float32
+        )
+    return Value(None, "flat4", acc=y, m=scale, b=bias)
+
+
+def dense(tr, node, inputs) -> Value:
+    """Float MatMul / Gemm with a constant right-hand side."""
+    attrs = attributes(node)
+    kernel = tr.const(node.input[1])
+    x = inputs[0]
+    if kernel is None or x is None or kernel.ndim != 2 or len(x.shape()) != 2:
+        raise _unsupported(tr, node, "only [N, F] x constant [F, O] products")
+    if node.op_type == "Gemm":
+        if attrs.get("transA", 0):
+            raise _unsupported(tr, node, "transA=1")
+        if attrs.get("transB", 0):
+            kernel = kernel.T
+        kernel = kernel * np.float32(attrs.get("alpha", 1.0))
+    if x.layout == "perm":
+        kernel = kernel[x.perm]
+    t = tf().reshape(x.t, [x.shape()[0], -1]) if x.layout == "flat4" else x.t
+    y = tf().matmul(t, tf().constant(kernel.astype(np.float32)))
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+        c = tr.const(node.input[2])
+        if c is None:
+            raise _unsupported(tr, node, "the bias must be a constant")
+        y = y + tf().constant((c * np.float32(attrs.get("beta", 1.0))).astype(np.float32))
+    return Value(y, "plain")
+
+
+def _pool_attrs(tr, node, x: Value):
+    attrs = attributes(node)
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    if len(kernel) != 2 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        raise _unsupported(tr, node, "only 2-D pooling without dilation")
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise _unsupported(tr, node, f"auto_pad={attrs['auto_pad']}")
+    if attrs.get("ceil_mode", 0):
+        h, w = x.shape()[2:]
+        for size, k, s, b, a in (
+            (h, kernel[0], strides[0], pads[0], pads[2]),
+            (w, kernel[1], strides[1], pads[1], pads[3]),
+        ):
+            if (size + b + a - k) % s:
+                raise _unsupported(tr, node, "ceil_mode=1 where it changes the output size")
+    return kernel, strides, pads, attrs
+
+
+def max_pool(tr, node, inputs) -> Value:
+    x = _nhwc(tr, node, inputs[0])
+    kernel, strides, pads, _ = _pool_attrs(tr, node, x)
+    t, mode = pool_pads(x.t, kernel, strides, pads, float(np.finfo(np.float32).min))
+    return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
+
+
+def average_pool(tr, node, inputs) -> Value:
+    x = _nhwc(tr, node, inputs[0])
+    kernel, strides, pads, attrs = _pool_attrs(tr, node, x)
+    t = x.t
+    if any(pads) and attrs.get("count_include_pad", 0):
+        t = pad_constant(t, [(pads[0], pads[2]), (pads[1], pads[3])], 0.0)
+        mode = "VALID"
+    else:
+        mode = _padding_mode(t, kernel, strides, [1, 1], pads)
+        if mode is None:
+            raise _unsupported(tr, node, "padding that excludes the border but is not SAME")
+    return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
+
+
+def global_pool(tr, node, inputs) -> Value:
+    x = _nhwc(tr, node, inputs[0])
+    reduce = tf().reduce_mean if node.op_type == "GlobalAveragePool" else tf().reduce_max
+    return Value(reduce(x.t, axis=[1, 2], keepdims=True), "nhwc")
+
+
+def batch_norm(tr, node, inputs) -> Value:
+    x = inputs[0]
+    gamma, beta, mean, var = (tr.const(n) for n in node.input[1:5])
+    if any(c is None for c in (gamma, beta, mean, var)):
+        raise _unsupported(tr, node, "statistics must be constants (inference mode)")
+    eps = attributes(node).get("epsilon", 1e-5)
+    m = (gamma / np.sqrt(var.astype(np.float64) + eps)).astype(np.float32)
+    b = (beta - mean * m).astype(np.float32)
+    from converters.tf_elementwise import channel_affine
+
+    return channel_affine(tr, node, x, m, b)
+
+
+HANDLERS = {
+    "Conv": conv,
+    "MatMul": dense,
+    "Gemm": dense,
+    "MaxPool": max_pool,
+    "AveragePool": average_pool,
+    "GlobalAveragePool": global_pool,
+    "GlobalMaxPool": global_pool,
+    "BatchNormalization": batch_norm,
+}

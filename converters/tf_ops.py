@@ -1,0 +1,247 @@
+"""TensorFlow building blocks the translator emits, written in the exact forms LCE recognises.
+
+Layouts: ONNX is NCHW, LCE wants NHWC. A translated tensor is a `Value` that remembers how its
+stored TensorFlow tensor maps to the logical ONNX tensor:
+
+- ``"nhwc"``: logical [N, C, H, W] stored as [N, H, W, C];
+- ``"plain"``: stored exactly as the logical tensor;
+- ``"flat4"``: logical [N, C] stored as [N, 1, 1, C] (outputs of dense layers emitted as 1x1
+  convs, so the next binary dense needs no reshape);
+- ``"perm"``: logical [N, F] stored as [N, F] with columns permuted (`perm[j]` is the logical
+  column of stored column j): the result of flattening NHWC, which the next dense layer
+  absorbs by permuting its kernel rows instead of transposing activations.
+
+A `Value` may also hold a pending per-channel affine map `acc * m + b` over the integer
+accumulator of a binary conv: BatchNorm, biases and channel scales fold into it, and a
+binarization of it can break exact ties the way torch does (sign(0) = +1, see `nudged`).
+
+Example:
+    >>> import tensorflow as tf                                   # doctest: +SKIP
+    >>> binarize(tf.constant([-0.5, 0.0, 2.0])).numpy()           # doctest: +SKIP
+    array([-1.,  1.,  1.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+LAYOUTS = ("nhwc", "plain", "flat4", "perm")
+
+
+def tf():  # noqa: ANN201 - TensorFlow is imported lazily, only by conversions
+    """The tensorflow module, imported on first use (training never pays for it)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
+    import tensorflow
+
+    return tensorflow
+
+
+@dataclass
+class Value:
+    """A translated tensor: the stored TF tensor plus how it maps to the ONNX tensor."""
+
+    stored: Any
+    layout: str = "plain"
+    perm: np.ndarray | None = None
+    # pending per-channel affine over a binary conv's integer accumulator (see module doc)
+    acc: Any = None
+    m: np.ndarray | None = None
+    b: np.ndarray | None = None
+
+    @property
+    def t(self) -> Any:
+        """The stored tensor, materialising a pending affine map."""
+        if self.stored is None:
+            self.stored = affine(self.acc, self.m, self.b)
+        return self.stored
+
+    @property
+    def is_affine(self) -> bool:
+        return self.acc is not None
+
+    def nudged(self) -> Any:
+        """`acc * m + b'` with `b'` moved half an accumulator step so no value is exactly 0.
+
+        The accumulator is an integer; torch maps an exact 0 to +1, LCE's kernels may not
+        (DESIGN §4), so the threshold is moved to the half-integer that keeps every
+        integer's sign as torch computes it.
+        """
+        return affine(self.acc, self.m, tie_break_bias(self.m, self.b))
+
+    def logical(self) -> Any:
+        """The tensor in ONNX's logical layout (NCHW for 4-D)."""
+        t = self.t
+        if self.layout == "nhwc":
+            return tf().transpose(t, [0, 3, 1, 2])
+        if self.layout == "flat4":
+            return tf().reshape(t, [t.shape[0], t.shape[3]])
+        if self.layout == "perm":
+            return tf().gather(t, np.argsort(self.perm), axis=1)
+        return t
+
+    def shape(self) -> list[int]:
+        """The logical (ONNX) shape."""
+        s = list(self.t.shape) if self.stored is not None else list(self.acc.shape)
+        if self.layout == "nhwc":
+            return [s[0], s[3], s[1], s[2]]
+        if self.layout == "flat4":
+            return [s[0], s[3]]
+        return s
+
+
+def affine(acc: Any, m: np.ndarray, b: np.ndarray) -> Any:
+    """`acc * m + b` with per-channel (last axis) constants, skipping no-op parts."""
+    out = acc
+    if not np.all(m == 1.0):
+        out = out * tf().constant(m.astype(np.float32))
+    if np.any(b != 0.0):
+        out = out + tf().constant(b.astype(np.float32))
+    return out
+
+
+def tie_break_bias(m: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Bias b' such that sign(a*m + b') == sign(a*m + b) (sign(0)=+1) for every integer a,
+    and a*m + b' is never 0."""
+    m64, b64 = m.astype(np.float64), b.astype(np.float64)
+    out = b64.copy()
+    for c in range(len(m64)):
+        if m64[c] == 0.0:
+            out[c] = 1.0 if b64[c] >= 0 else -1.0  # only its sign matters to a binarization
+            continue
+        t = -b64[c] / m64[c]  # a*m + b >= 0  <=>  a >= t (m > 0)  or  a <= t (m < 0)
+        near = round(t)
+        if abs(t - near) <= 1e-6 * max(1.0, abs(t)):
+            t = float(near)  # an exact tie in torch: a == t gives +1
+        k = math.ceil(t) - 0.5 if m64[c] > 0 else math.floor(t) + 0.5
+        out[c] = -k * m64[c]
+    return out.astype(np.float32)
+
+
+def binarize(x: Any) -> Any:
+    """sign(x) with sign(0) = +1, in the form LCE turns into `LceQuantize` (DESIGN §2)."""
+    return tf().sign(tf().sign(x) + 0.1)
+
+
+def same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
+    """TensorFlow's SAME padding (before, after) for one spatial axis."""
+    extent = (kernel - 1) * dilation + 1
+    out = -(-size // stride)
+    total = max((out - 1) * stride + extent - size, 0)
+    return total // 2, total - total // 2
+
+
+def effective_pads(
+    size: int, kernel: int, stride: int, dilation: int, before: int, after: int
+) -> tuple[int, int, int]:
+    """(before, after, out) where `after` drops trailing padding torch never reads."""
+    extent = (kernel - 1) * dilation + 1
+    out = (size + before + after - extent) // stride + 1
+    used_after = (out - 1) * stride + extent - size - before
+    return before, max(min(after, used_after), 0), out
+
+
+def is_same(size: int, kernel: int, stride: int, dilation: int, before: int, after: int) -> bool:
+    """True when ONNX pads (before, after) give exactly TensorFlow's SAME padding."""
+    b, a, out = effective_pads(size, kernel, stride, dilation, before, after)
+    return (b, a) == same_pads(size, kernel, stride, dilation) and out == -(-size // stride)
+
+
+def pad_constant(x: Any, pads: list[tuple[int, int]], value: float) -> Any:
+    """Pad an NHWC tensor with `value`.
+
+    Zero uses the plain Pad op; another value is built with concat, because a PadV2 right
+    before a float Conv2D is rewritten by LCE to SAME zero padding (DESIGN §2, bug 1).
+    """
+    if value == 0.0:
+        return tf().pad(x, [[0, 0], *pads, [0, 0]])
+    for axis, (before, after) in zip((1, 2), pads, strict=True):
+        parts = []
+        shape = list(x.shape)
+        if before:
+            shape[axis] = before
+            parts.append(tf().fill(shape, np.float32(value)))
+        parts.append(x)
+        if after:
+            shape[axis] = after
+            parts.append(tf().fill(shape, np.float32(value)))
+        if len(parts) > 1:
+            x = tf().concat(parts, axis=axis)
+    return x
+
+
+def pool_pads(x: Any, kernel, strides, pads, value: float) -> tuple[Any, str]:
+    """Pad an NHWC tensor for pooling: returns (tensor, padding) using SAME when exact."""
+    h, w = int(x.shape[1]), int(x.shape[2])
+    (top, left, bottom, right) = pads
+    if not any(pads):
+        return x, "VALID"
+    if is_same(h, kernel[0], strides[0], 1, top, bottom) and is_same(
+        w, kernel[1], strides[1], 1, left, right
+    ):
+        return x, "SAME"
+    b_h = effective_pads(h, kernel[0], strides[0], 1, top, bottom)
+    b_w = effective_pads(w, kernel[1], strides[1], 1, left, right)
+    return pad_constant(x, [(b_h[0], b_h[1]), (b_w[0], b_w[1])], value), "VALID"
+
+
+def correction_map(mask: np.ndarray, kernel_hwio: np.ndarray, strides, dilations) -> np.ndarray:
+    """VALID conv of a [H, W] 0/1 mask (broadcast over input channels) with a HWIO kernel.
+
+    The difference between convolving a one-padded and a zero-padded binary input: the sum of
+    the kernel taps that land on padding, per output position and channel.
+    """
+    kh, kw, _, cout = kernel_hwio.shape
+    taps = kernel_hwio.sum(axis=2)  # [kh, kw, O]: the mask is the same for every input channel
+    sh, sw = strides
+    dh, dw = dilations
+    out_h = (mask.shape[0] - ((kh - 1) * dh + 1)) // sh + 1
+    out_w = (mask.shape[1] - ((kw - 1) * dw + 1)) // sw + 1
+    out = np.zeros((out_h, out_w, cout), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            window = mask[i * dh : i * dh + sh * (out_h - 1) + 1 : sh]
+            window = window[:, j * dw : j * dw + sw * (out_w - 1) + 1 : sw]
+            out += window[:, :, None] * taps[i, j][None, None, :]
+    return out
+
+
+def subtract_spatial(y: Any, const: np.ndarray) -> Any:
+    """y - const for a spatial (not per-channel) constant, reshaped so LCE cannot fuse it.
+
+    LCE folds a constant Add/Sub right after a bconv into the per-channel bias without a
+    shape check (DESIGN §2, bug 2); a reshape in between prevents that fusion.
+    """
+    shape = [int(d) for d in y.shape]
+    flat = tf().reshape(y, [shape[0], -1])
+    flat = flat - tf().constant(const.reshape(1, -1).astype(np.float32))
+    return tf().reshape(flat, shape)
+
+
+def onnx_const_to_layout(value: np.ndarray, target: Value) -> np.ndarray:
+    """Broadcast-compatible form of an ONNX constant for an operand in `target`'s layout."""
+    rank = len(target.shape())
+    c = np.asarray(value, dtype=np.float32)
+    if c.ndim == 0:
+        return c
+    c = c.reshape((1,) * (rank - c.ndim) + c.shape)
+    if target.layout == "nhwc":
+        return np.transpose(c, (0, 2, 3, 1))
+    if target.layout == "flat4":
+        return c.reshape(c.shape[0], 1, 1, c.shape[1])
+    if target.layout == "perm":
+        return c if c.shape[1] == 1 else c[:, target.perm]
+    return c
+
+
+def per_channel(c: np.ndarray, channels: int) -> np.ndarray | None:
+    """The [C] vector of a constant in stored layout that only varies along the last axis."""
+    if c.ndim == 0 or c.size == 1:
+        return np.full(channels, c.reshape(-1)[0], dtype=np.float32)
+    if all(d == 1 for d in c.shape[:-1]) and c.shape[-1] in (1, channels):
+        return np.broadcast_to(c.reshape(-1), (channels,)).astype(np.float32)
+    return None

@@ -1,0 +1,243 @@
+"""Run the three runtimes on the same inputs and compare them: the converter's fidelity gate.
+
+- `run_onnx`: ONNX Runtime (the reference the converted model must match);
+- `run_lce`: Larq Compute Engine's interpreter, with its fastest x86 setting (DESIGN §4);
+- `run_tflite`: the stock TFLite interpreter, for the float model;
+- `op_histogram`: which ops a flatbuffer holds (LCE's custom ops by name, e.g. LceBconv2d);
+- `validate_outputs`: argmax agreement and max |diff| relative to the logit range, raising
+  `ConversionMismatchError` with the worst difference when they fall short.
+
+All take and return NCHW float32 batches, the ONNX model's own layout.
+
+Example:
+    >>> x = np.random.default_rng(0).normal(size=(8, 1, 28, 28)).astype(np.float32)
+    >>> ref = run_onnx("model.onnx", x)                                 # doctest: +SKIP
+    >>> validate_outputs(ref, run_lce("model-arm64.tflite", x))         # doctest: +SKIP
+    Agreement(max_abs_diff=3.8e-05, argmax_agreement=1.0, ...)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from converters.errors import ConversionMismatchError, InvalidModelError
+
+
+def _batched(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch: int | None):
+    """Run `run` over `inputs` in chunks of the model's fixed batch size (last one padded)."""
+    inputs = np.ascontiguousarray(inputs, dtype=np.float32)
+    if batch is None or batch <= 0:
+        return run(inputs)
+    outputs = []
+    for start in range(0, len(inputs), batch):
+        chunk = inputs[start : start + batch]
+        real = len(chunk)
+        if real < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - real, axis=0)])
+        outputs.append(np.asarray(run(chunk))[:real])
+    return np.concatenate(outputs)
+
+
+def run_onnx(path: str | Path, inputs: np.ndarray, optimize: bool = False) -> np.ndarray:
+    """Outputs of ONNX Runtime (CPU) for an NCHW float32 batch.
+
+    Graph optimizations are off by default: ORT's Conv+BatchNorm fusion scales ±1 kernels,
+    and the rounding of the scaled sums turns exact zeros of a binary conv into tiny signed
+    values, flipping sign(0) = +1 where torch does not.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as error:
+        raise InvalidModelError(f"ONNX Runtime cannot load {path}: {error}") from None
+    name = session.get_inputs()[0].name
+    batch = session.get_inputs()[0].shape[0]
+    batch = batch if isinstance(batch, int) else None
+    return _batched(lambda x: session.run(None, {name: x})[0], inputs, batch)
+
+
+def _read(path_or_bytes: str | Path | bytes) -> bytes:
+    if isinstance(path_or_bytes, bytes):
+        data = path_or_bytes
+    else:
+        path = Path(path_or_bytes)
+        if not path.is_file():
+            raise InvalidModelError(f"no such flatbuffer: {path}")
+        data = path.read_bytes()
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise InvalidModelError("not a TFLite flatbuffer (no TFL3 identifier)")
+    return data
+
+
+def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
+    """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch."""
+    from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+    data = _read(flatbuffer_path)
+    try:
+        interpreter = Interpreter(data, num_threads=num_threads, use_indirect_bgemm=True)
+    except Exception as error:
+        raise InvalidModelError(f"LCE cannot load the flatbuffer: {error}") from None
+    batch = interpreter.input_shapes[0][0]
+    return _batched(lambda x: interpreter.interpreter.predict([x])[0], inputs, batch)
+
+
+def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
+    """Outputs of the stock TFLite interpreter (float model) for an NCHW batch."""
+    from converters.tf_ops import tf
+
+    data = _read(path)
+    interpreter = tf().lite.Interpreter(model_content=data, num_threads=num_threads)
+    interpreter.allocate_tensors()
+    source = interpreter.get_input_details()[0]
+    target = interpreter.get_output_details()[0]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        interpreter.set_tensor(source["index"], x)
+        interpreter.invoke()
+        return interpreter.get_tensor(target["index"]).copy()
+
+    return _batched(run, inputs, int(source["shape"][0]))
+
+
+# --- a minimal flatbuffer reader: enough to list a TFLite model's operators ----------------
+
+
+def _table(buf: bytes, pos: int) -> tuple[int, list[int]]:
+    vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+    size = struct.unpack_from("<H", buf, vtable)[0]
+    fields = [struct.unpack_from("<H", buf, vtable + 4 + 2 * k)[0] for k in range((size - 4) // 2)]
+    return pos, fields
+
+
+def _field(buf: bytes, table: tuple[int, list[int]], index: int) -> int | None:
+    pos, fields = table
+    return pos + fields[index] if index < len(fields) and fields[index] else None
+
+
+def _vector(buf: bytes, at: int) -> list[int]:
+    start = at + struct.unpack_from("<I", buf, at)[0]
+    count = struct.unpack_from("<I", buf, start)[0]
+    return [start + 4 + 4 * k for k in range(count)]
+
+
+def _deref(buf: bytes, at: int) -> int:
+    return at + struct.unpack_from("<I", buf, at)[0]
+
+
+def _builtin_names() -> dict[int, str]:
+    """BuiltinOperator names from TF's generated schema, loaded without importing TensorFlow."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec and spec.submodule_search_locations:
+        path = (
+            Path(next(iter(spec.submodule_search_locations))) / "lite/python/schema_py_generated.py"
+        )
+        if path.is_file():
+            module_spec = importlib.util.spec_from_file_location("_tflite_schema", path)
+            module = importlib.util.module_from_spec(module_spec)
+            try:
+                module_spec.loader.exec_module(module)
+                ops = module.BuiltinOperator
+                return {v: k for k, v in vars(ops).items() if isinstance(v, int)}
+            except Exception:
+                pass
+    return {0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D",
+            4: "DEPTHWISE_CONV_2D", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL",
+            22: "RESHAPE", 25: "SOFTMAX", 32: "CUSTOM", 34: "PAD", 39: "TRANSPOSE",
+            41: "SUB", 42: "DIV", 60: "PADV2"}  # fmt: skip
+
+
+def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
+    """How many times each operator occurs in a TFLite flatbuffer (all subgraphs).
+
+    Builtin ops by their schema name (CONV_2D, FULLY_CONNECTED...), custom ops by their
+    custom code (LceQuantize, LceBconv2d, LceBMaxPool2d, LceDequantize).
+    """
+    buf = _read(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        names = _builtin_names()
+        codes = []
+        for at in _vector(buf, _field(buf, model, 1)):
+            code = _table(buf, _deref(buf, at))
+            deprecated = _field(buf, code, 0)
+            custom = _field(buf, code, 1)
+            builtin = _field(buf, code, 3)
+            number = struct.unpack_from("<i", buf, builtin)[0] if builtin else 0
+            if deprecated is not None and not builtin:
+                number = struct.unpack_from("<b", buf, deprecated)[0]
+            if custom is not None:
+                s = _deref(buf, custom)
+                length = struct.unpack_from("<I", buf, s)[0]
+                codes.append(buf[s + 4 : s + 4 + length].decode())
+            else:
+                codes.append(names.get(number, f"BUILTIN_{number}"))
+        counts: Counter[str] = Counter()
+        for at in _vector(buf, _field(buf, model, 2)):
+            subgraph = _table(buf, _deref(buf, at))
+            operators = _field(buf, subgraph, 3)
+            for op_at in _vector(buf, operators) if operators else []:
+                op = _table(buf, _deref(buf, op_at))
+                index = _field(buf, op, 0)
+                counts[codes[struct.unpack_from("<I", buf, index)[0] if index else 0]] += 1
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return dict(sorted(counts.items()))
+
+
+@dataclass
+class Agreement:
+    """How closely a candidate's outputs follow the reference's."""
+
+    max_abs_diff: float
+    argmax_agreement: float
+    logit_range: float
+    tolerance: float
+    samples: int
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray, rtol: float = 1e-4) -> Agreement:
+    """Max |diff| and argmax agreement; tolerance = rtol x the reference's value range."""
+    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    out = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    if ref.shape != out.shape:
+        raise ConversionMismatchError(f"output shapes differ: {ref.shape} vs {out.shape}")
+    diff = np.abs(ref - out)
+    worst = float(diff.max()) if diff.size else 0.0
+    if not np.isfinite(out).all():
+        worst = float("inf")
+    agreement = float(np.mean(ref.argmax(axis=1) == out.argmax(axis=1))) if ref.size else 1.0
+    span = float(ref.max() - ref.min()) if ref.size else 0.0
+    return Agreement(worst, agreement, span, rtol * max(span, 1.0), len(ref))
+
+
+def validate_outputs(
+    reference: np.ndarray, candidate: np.ndarray, rtol: float = 1e-4, what: str = "converted model"
+) -> Agreement:
+    """`compare`, raising `ConversionMismatchError` when argmax agreement < 100 % or the worst
+    |diff| exceeds the tolerance; the message names the worst sample and output."""
+    result = compare(reference, candidate, rtol)
+    if result.argmax_agreement < 1.0 or not result.max_abs_diff <= result.tolerance:
+        ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+        out = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+        sample, index = np.unravel_index(np.nanargmax(np.abs(ref - out)), ref.shape)
+        raise ConversionMismatchError(
+            f"{what} disagrees with the reference: argmax agreement "
+            f"{result.argmax_agreement:.2%} on {result.samples} samples, max |diff| "
+            f"{result.max_abs_diff:.3g} (tolerance {result.tolerance:.3g}; worst at sample "
+            f"{sample}, output {index}: {ref[sample, index]:.6g} vs {out[sample, index]:.6g})"
+        )
+    return result
