@@ -37,6 +37,8 @@ HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
 # op types that are only supported as part of a binarization pattern
 PATTERN_OPS = ("Sign -> Add -> Sign", "GreaterOrEqual -> Where")
 SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])
+# ops between a binary conv's affine output and a binarization that keep sign(x) elementwise
+NUDGE_THROUGH = ("MaxPool", "Flatten", "Reshape", "Identity", "Squeeze")
 
 
 class Translator:
@@ -90,21 +92,22 @@ class Translator:
 
     def binarized_source(self, found: Binarization) -> Value:
         """The float tensor a binarization reads, with exact ties broken the way torch does
-        when it is (a max-pool of) a binary conv's accumulator under a per-channel affine."""
-        pools: list[onnx.NodeProto] = []
+        when it is a binary conv's accumulator under a per-channel affine map (possibly
+        max-pooled or flattened: both commute with sign)."""
+        steps: list[onnx.NodeProto] = []
         name = found.source
-        while name not in self.values:
+        while True:
             node = self.graph.producer.get(name)
-            if node is None or node.op_type != "MaxPool":
+            if node is None or node.op_type not in NUDGE_THROUGH:
                 break
-            pools.append(node)
+            steps.append(node)
             name = node.input[0]
         base = self.value(name)
         if not base.is_affine:
             return self.value(found.source)
         out = Value(base.nudged(), base.layout, base.perm)
-        for pool in reversed(pools):
-            out = tf_layers.max_pool(self, pool, [out])
+        for step in reversed(steps):
+            out = self.replay(step, out)
         return out
 
     def chain(self, match: BinaryLayerMatch) -> list[onnx.NodeProto]:

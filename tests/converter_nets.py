@@ -1,0 +1,89 @@
+"""Small BNNs written with plain torch ops (no bnnexport layers), for the converter tests.
+
+`convert_net` exports one with the legacy exporter, converts it with `converters.lce`, and
+returns the result together with the torch outputs on the same inputs, so a test can check
+the flatbuffer against PyTorch as well as against ONNX Runtime (which the gate already does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def sign(x: torch.Tensor) -> torch.Tensor:
+    """Binarization with sign(0) = +1, as the torch exporter writes Sign -> Add -> Sign."""
+    return torch.sign(torch.sign(x) + 0.1)
+
+
+def binary_conv(cin: int, cout: int, kernel: int = 3, **kwargs) -> nn.Conv2d:
+    """A Conv2d whose kernel is exactly ±1."""
+    conv = nn.Conv2d(cin, cout, kernel, bias=kwargs.pop("bias", False), **kwargs)
+    with torch.no_grad():
+        conv.weight.copy_(torch.where(torch.randn_like(conv.weight) >= 0, 1.0, -1.0))
+    return conv
+
+
+def binary_linear(fin: int, fout: int, bias: bool = False) -> nn.Linear:
+    """A Linear whose kernel is exactly ±1."""
+    fc = nn.Linear(fin, fout, bias=bias)
+    with torch.no_grad():
+        fc.weight.copy_(torch.where(torch.randn_like(fc.weight) >= 0, 1.0, -1.0))
+    return fc
+
+
+def trained_bn(bn: nn.BatchNorm2d | nn.BatchNorm1d, seed: int = 0) -> nn.Module:
+    """Give a BatchNorm non-trivial statistics, as after training (ties become unlikely)."""
+    g = torch.Generator().manual_seed(seed)
+    n = bn.num_features
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(n, generator=g) * 3 + 0.37)
+        bn.running_var.copy_(torch.rand(n, generator=g) * 20 + 1)
+        bn.weight.copy_(torch.rand(n, generator=g) + 0.5)
+        bn.bias.copy_(torch.randn(n, generator=g) * 0.3)
+    return bn
+
+
+class BinaryBlock(nn.Module):
+    """binarize -> (pad) -> ±1 conv -> BatchNorm, with one- or zero-padding."""
+
+    def __init__(self, cin, cout, stride=1, padding="one", pool=False, kernel=3):
+        super().__init__()
+        self.padding = padding
+        pad = kernel // 2 if padding == "zero" else 0
+        self.conv = binary_conv(cin, cout, kernel, stride=stride, padding=pad)
+        self.bn = trained_bn(nn.BatchNorm2d(cout), seed=cout + stride)
+        self.pool = pool
+        self.k = kernel // 2
+
+    def forward(self, x):
+        x = sign(x)
+        if self.padding == "one":
+            x = F.pad(x, (self.k,) * 4, value=1.0)
+        x = self.bn(self.conv(x))
+        return F.max_pool2d(x, 2) if self.pool else x
+
+
+def export(net: nn.Module, shape: tuple[int, ...], path: Path, **kwargs) -> Path:
+    net.eval()
+    torch.onnx.export(net, torch.randn(*shape), str(path), dynamo=False, **kwargs)
+    return path
+
+
+def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples: int = 16, **kw):
+    """Export, convert (gate on), and return (result, max |diff| vs torch, torch argmax
+    agreement) on the same random inputs."""
+    from converters.lce import convert_onnx
+    from converters.validate import compare, run_lce
+
+    onnx_path = export(net, shape, tmp_path / "net.onnx", **kw)
+    x = np.random.default_rng(1).standard_normal((samples, *shape[1:])).astype(np.float32)
+    result = convert_onnx(onnx_path, tmp_path / "net.tflite", inputs=x)
+    with torch.no_grad():
+        expected = net(torch.from_numpy(x)).numpy()
+    versus_torch = compare(expected, run_lce(result.output, x))
+    return result, versus_torch
