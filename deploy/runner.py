@@ -3,7 +3,8 @@
 
 Standalone on purpose: it is copied to the device and run there, so it imports only the standard
 library, numpy and larq_compute_engine. Inputs in the samples file are NCHW float32 (`inputs`) with
-int64 `labels`; the flatbuffer takes NHWC, so each sample is transposed.
+int64 `labels`; a flatbuffer that takes NHWC gets them transposed (bnnexport's own converter keeps
+the NCHW interface, so they go in as they are).
 
 Example (on the device):
     python3 runner.py --model model-arm64.tflite --samples samples.npz --runs 100 --threads 1 \
@@ -55,10 +56,17 @@ def load_interpreter(model_path: str, threads: int):
     return Interpreter(flatbuffer, num_threads=threads, use_indirect_bgemm=True)
 
 
-def to_nhwc(batch: np.ndarray) -> np.ndarray:
-    """NCHW -> NHWC for 4-d inputs; other ranks are passed through."""
+def match_layout(batch: np.ndarray, model_shape: list) -> np.ndarray:
+    """Give NCHW samples the model's layout: as they are, or transposed to NHWC."""
     batch = np.asarray(batch, dtype=np.float32)
-    return np.ascontiguousarray(batch.transpose(0, 2, 3, 1)) if batch.ndim == 4 else batch
+    if list(batch.shape[1:]) == list(model_shape[1:]):
+        return np.ascontiguousarray(batch)
+    if batch.ndim == 4:
+        nhwc = batch.transpose(0, 2, 3, 1)
+        if list(nhwc.shape[1:]) == list(model_shape[1:]):
+            return np.ascontiguousarray(nhwc)
+    raise SystemExit(f"runner: samples have shape {list(batch.shape[1:])} per sample but "
+                     f"the model takes {list(model_shape[1:])}")
 
 
 def run(model: str, samples: str | None, runs: int, threads: int, warmup: int) -> tuple:
@@ -68,11 +76,8 @@ def run(model: str, samples: str | None, runs: int, threads: int, warmup: int) -
     inputs = labels = None
     if samples:
         with np.load(samples) as data:
-            inputs = to_nhwc(data["inputs"])
+            inputs = match_layout(data["inputs"], shape)
             labels = np.asarray(data["labels"], dtype=np.int64) if "labels" in data else None
-    if inputs is not None and list(inputs.shape[1:]) != shape[1:]:
-        raise SystemExit(f"runner: samples have shape {list(inputs.shape[1:])} per sample but "
-                         f"the model takes {shape[1:]}")
     # timing input: a real sample when there is one (binary nets may branch on data), else noise
     probe = inputs[:1] if inputs is not None else np.random.default_rng(0).standard_normal(
         [1, *shape[1:]]).astype(np.float32)

@@ -1,0 +1,352 @@
+"""The bench stage: accuracy, agreement with PyTorch and latency of every backend of one run.
+
+On the host, on the same test samples (`RUN_DIR/samples.npz`) and in one call: PyTorch, ONNX
+Runtime, the float TFLite model and the LCE flatbuffer (LCE's interpreter with indirect BGEMM,
+DESIGN §4). With `device="user@host"` the LCE flatbuffer also runs on that device over SSH,
+through `lce_benchmark_model` or bnnexport's own device-side runner (`deploy/runner.py`).
+Latency is batch 1 after warm-up; all times are milliseconds.
+
+Example:
+    >>> from bnnexport.bench import bench
+    >>> report = bench("runs/demo", runs=100, threads=1)                # doctest: +SKIP
+    >>> [(b.name, b.top1, b.latency_ms["median"]) for b in report.backends]  # doctest: +SKIP
+    [('pytorch', 0.91, 0.41), ('onnxruntime', 0.91, 0.05), ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bnnexport.errors import CheckpointError
+from bnnexport.reports import Report, write_json_atomic
+from bnnexport.runs import RunDir, load_model
+
+CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
+EXPORT_HINT = "run `bnnexport export {run}` first"
+RUNNERS = ("auto", "python", "lce_benchmark_model")
+
+
+@dataclasses.dataclass
+class BackendResult:
+    """One backend on one machine: accuracy, agreement with PyTorch, latency, model size."""
+
+    name: str
+    where: str
+    model: str | None
+    size_bytes: int | None
+    samples: int
+    top1: float | None
+    top5: float | None
+    argmax_agreement: float | None
+    max_abs_diff: float | None
+    latency_ms: dict[str, float | None]
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class BenchReport(Report):
+    """What `bench` measured; saved as RUN_DIR/bench.json, summarised in RUN_DIR/report.md."""
+
+    run_dir: str
+    samples: int
+    runs: int
+    threads: int
+    num_classes: int
+    host: dict[str, Any]
+    backends: list[BackendResult]
+    files: dict[str, int] = dataclasses.field(default_factory=dict)
+    device: dict[str, Any] | None = None
+    report_md: str | None = None
+
+    def to_table(self) -> str:
+        """One line per backend: accuracy, agreement, latency, size."""
+        head = ["backend", "where", "top1", "top5", "agree", "max|diff|", "median ms", "p90 ms",
+                "mean ms", "std ms", "min ms", "size KB"]
+        rows = [head]
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        for b in self.backends:
+            lat = b.latency_ms
+            rows.append([
+                b.name, b.where, fmt(b.top1, ".4f"), fmt(b.top5, ".4f"),
+                fmt(b.argmax_agreement, ".4f"), fmt(b.max_abs_diff, ".2g"),
+                fmt(lat.get("median"), ".3f"), fmt(lat.get("p90"), ".3f"),
+                fmt(lat.get("mean"), ".3f"), fmt(lat.get("std"), ".3f"),
+                fmt(lat.get("min"), ".3f"),
+                fmt(None if b.size_bytes is None else b.size_bytes / 1024, ".1f"),
+            ])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                 for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        footer = [f"{self.samples} samples, {self.runs} timed runs at batch 1, "
+                  f"{self.threads} thread(s)"]
+        if self.device:
+            footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
+        if self.report_md:
+            footer.append(f"report: {self.report_md}")
+        return "\n".join(lines + [""] + footer)
+
+
+def _require(path: Path, hint: str) -> Path:
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found: {hint}")
+    return path
+
+
+def load_samples(run: RunDir, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The export stage's test samples (NCHW float32, int64 labels), the first `limit` of them."""
+    path = _require(run.samples, EXPORT_HINT.format(run=run.root))
+    with np.load(path) as data:
+        if "inputs" not in data or "labels" not in data:
+            hint = EXPORT_HINT.format(run=run.root)
+            raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
+        inputs = np.asarray(data["inputs"], np.float32)
+        labels = np.asarray(data["labels"], np.int64)
+    if limit is not None:
+        inputs, labels = inputs[:limit], labels[:limit]
+    if len(inputs) == 0:
+        raise CheckpointError(f"{path} holds no samples")
+    return inputs, labels
+
+
+def topk(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
+    """Fraction of samples whose label is among the k largest outputs."""
+    top = np.argsort(-logits.reshape(len(logits), -1), axis=1)[:, :k]
+    return float(np.mean(np.any(top == labels[:, None], axis=1)))
+
+
+def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, float]:
+    """Call `call` `warmup` times untimed, then `runs` times timed; latency stats in ms."""
+    from deploy.runner import latency_stats  # the same statistics as on the device
+
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return latency_stats(times)
+
+
+def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Path | None, Any]]:
+    """(name, model file, factory) per host backend; a factory returns (predict_all, call_one)."""
+    import torch
+
+    from converters.validate import run_lce, run_onnx, run_tflite
+
+    hint = CONVERT_HINT.format(run=run.root, target=target)
+    onnx_path = _require(run.onnx, EXPORT_HINT.format(run=run.root))
+    float_path = _require(run.root / "model-float.tflite", hint)
+    lce_path = _require(run.flatbuffer(target), hint)
+    run.require()
+
+    def pytorch(x1: np.ndarray):
+        torch.set_num_threads(threads)  # restored by bench() once every backend has run
+        model = load_model(run.root)
+        one = torch.from_numpy(x1)
+
+        def predict(x: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                return np.concatenate([model(torch.from_numpy(x[i:i + 100])).numpy()
+                                       for i in range(0, len(x), 100)])
+
+        def call() -> None:
+            with torch.inference_mode():
+                model(one)
+
+        return predict, call
+
+    def onnxruntime(x1: np.ndarray):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return (lambda x: run_onnx(onnx_path, x)), (lambda: session.run(None, {name: x1}))
+
+    def tflite_float(x1: np.ndarray):
+        from converters.tf_ops import tf
+
+        interpreter = tf().lite.Interpreter(model_path=str(float_path), num_threads=threads)
+        interpreter.allocate_tensors()
+        source = interpreter.get_input_details()[0]["index"]
+        target_index = interpreter.get_output_details()[0]["index"]
+
+        def call() -> None:
+            interpreter.set_tensor(source, x1)
+            interpreter.invoke()
+            interpreter.get_tensor(target_index)
+
+        return (lambda x: run_tflite(float_path, x, num_threads=threads)), call
+
+    def lce(x1: np.ndarray):
+        from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+        interpreter = Interpreter(lce_path.read_bytes(), num_threads=threads,
+                                  use_indirect_bgemm=True)
+        raw = interpreter.interpreter
+        return (lambda x: run_lce(lce_path, x, num_threads=threads)), (lambda: raw.predict([x1]))
+
+    return [("pytorch", run.checkpoint, pytorch), ("onnxruntime", onnx_path, onnxruntime),
+            ("tflite-float", float_path, tflite_float), ("lce", lce_path, lce)]
+
+
+def _score(name: str, where: str, model: Path | None, outputs: np.ndarray | None,
+           labels: np.ndarray, reference: np.ndarray | None, latency: dict[str, Any],
+           extra: dict[str, Any] | None = None) -> BackendResult:
+    from converters.validate import compare
+
+    top1 = top5 = agree = diff = None
+    if outputs is not None:
+        outputs = outputs.reshape(len(outputs), -1)
+        top1 = topk(outputs, labels, 1)
+        top5 = topk(outputs, labels, 5) if outputs.shape[1] > 5 else None
+        if reference is not None:
+            agreement = compare(reference, outputs)
+            agree, diff = agreement.argmax_agreement, agreement.max_abs_diff
+    return BackendResult(
+        name=name, where=where, model=str(model) if model else None,
+        size_bytes=model.stat().st_size if model and model.is_file() else None,
+        samples=len(labels), top1=top1, top5=top5, argmax_agreement=agree, max_abs_diff=diff,
+        latency_ms=latency, extra=extra or {},
+    )
+
+
+def _device_backend(
+    device: str, run: RunDir, target: str, inputs: np.ndarray, labels: np.ndarray,
+    reference: np.ndarray, runs: int, threads: int, warmup: int, runner: str,
+    port: int | None, ssh_key: str | None, ssh_options: Sequence[str], benchmark_binary: str | None,
+    remote_python: str, remote_tmp: str, timeout: float,
+) -> tuple[BackendResult, dict[str, Any], str | None]:
+    """Run the LCE flatbuffer on `device`; return its result, identity and raw tool output."""
+    from deploy.lce_benchmark import run_lce_benchmark
+    from deploy.remote_runner import has_lce_python, run_remote_runner
+    from deploy.ssh import SshClient
+
+    flatbuffer = _require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
+    client = SshClient(device, port=port, identity_file=ssh_key, options=ssh_options,
+                       remote_tmp=remote_tmp)
+    identity = {"destination": device, **client.identity().to_json()}
+    if runner == "auto":
+        runner = "python" if has_lce_python(client, remote_python) else "lce_benchmark_model"
+    if runner == "python":
+        with tempfile.TemporaryDirectory(prefix="bnnexport-bench-") as tmp:
+            samples = Path(tmp) / "samples.npz"
+            np.savez(samples, inputs=inputs, labels=labels)  # exactly the host's samples
+            result, outputs = run_remote_runner(
+                client, flatbuffer, samples=samples, runs=runs, threads=threads, warmup=warmup,
+                python=remote_python, timeout=timeout)
+        latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
+        extra = {"runner": "python", "lce_version": result.get("lce_version"),
+                 "device_accuracy": result.get("accuracy")}
+        return (_score("lce", device, flatbuffer, outputs, labels, reference, latency, extra),
+                identity, None)
+    parsed, raw = run_lce_benchmark(client, flatbuffer, threads=threads, runs=runs,
+                                    warmup_runs=warmup, binary=benchmark_binary, timeout=timeout)
+    # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
+    latency = {"min": parsed.min_ms, "median": None, "p90": None, "mean": parsed.mean_ms,
+               "std": parsed.std_ms}
+    extra = {"runner": "lce_benchmark_model", "max_ms": parsed.max_ms, "init_ms": parsed.init_ms,
+             "peak_memory_mb": parsed.peak_memory_mb,
+             "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
+             "ops": [dataclasses.asdict(o) for o in parsed.ops]}
+    return (_score("lce", device, flatbuffer, None, labels, None, latency, extra), identity, raw)
+
+
+def bench(
+    run_dir: str | Path, runs: int = 100, threads: int = 1, samples: int | None = 1000,
+    device: str | None = None, target: str = "arm64", warmup: int = 10, port: int | None = None,
+    ssh_key: str | None = None, ssh_options: Sequence[str] = (),
+    benchmark_binary: str | None = None, runner: str = "auto", remote_python: str = "python3",
+    remote_tmp: str = "/tmp", timeout: float = 600.0, write_report: bool = True,
+) -> BenchReport:
+    """Measure every backend of `run_dir` on the host (and the LCE model on `device`).
+
+    Args:
+        run_dir: a run directory with checkpoint.pt, samples.npz, model.onnx, model-float.tflite
+            and model-<target>.tflite.
+        runs, warmup: timed and untimed batch-1 runs per backend.
+        threads: threads for every runtime (PyTorch, ONNX Runtime, TFLite, LCE).
+        samples: how many test samples to score (the first ones of samples.npz; None = all).
+        device: `user@host` (or an ~/.ssh/config alias) to run the LCE flatbuffer on.
+        runner: on the device, `python` (deploy/runner.py, needs python3 + larq_compute_engine
+            there; also measures accuracy), `lce_benchmark_model` (op profile, peak memory) or
+            `auto` (python when the device can, else lce_benchmark_model).
+        port, ssh_key, ssh_options: for ssh (`-p`, `-i`, `-o KEY=VALUE`).
+        benchmark_binary: a local lce_benchmark_model to upload instead of the device's own.
+        remote_python, remote_tmp: the device's interpreter and where working directories go.
+        timeout: seconds one device command may run before it is stopped.
+    Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
+    """
+    if runs < 1 or threads < 1 or (samples is not None and samples < 1):
+        raise ValueError("runs, threads and samples must be at least 1")
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
+    run = RunDir(run_dir).require()
+    inputs, labels = load_samples(run, samples)
+    backends = _host_backends(run, target, threads)
+    x1 = np.ascontiguousarray(inputs[:1])
+    results: list[BackendResult] = []
+    reference = None
+    import torch
+
+    torch_threads = torch.get_num_threads()
+    try:
+        for name, path, factory in backends:
+            predict, call = factory(x1)
+            outputs = np.asarray(predict(inputs), np.float32).reshape(len(inputs), -1)
+            if reference is None:  # PyTorch comes first: the reference for every other backend
+                reference = outputs
+            latency = time_calls(call, runs, warmup)
+            results.append(_score(name, "host", path, outputs, labels, reference, latency))
+    finally:
+        torch.set_num_threads(torch_threads)
+    identity = raw = None
+    if device:
+        result, identity, raw = _device_backend(
+            device, run, target, inputs, labels, reference, runs, threads, warmup, runner,
+            port, ssh_key, ssh_options, benchmark_binary, remote_python, remote_tmp, timeout)
+        results.append(result)
+    report = BenchReport(
+        run_dir=str(run.root), samples=len(inputs), runs=runs, threads=threads,
+        num_classes=int(reference.shape[1]),
+        host={"uname": " ".join(platform.uname()), "machine": platform.machine(),
+              "cpu_model": _host_cpu(), "python": platform.python_version()},
+        backends=results, device=identity, files=_file_sizes(run, target),
+    )
+    if raw is not None:
+        (run.root / "bench_device.log").write_text(raw)
+    if write_report:
+        from bnnexport.report import write_report as render
+
+        report.report_md = str(render(report, run.root))
+    write_json_atomic(run.root / "bench.json", report.to_json())
+    return report
+
+
+def _file_sizes(run: RunDir, target: str) -> dict[str, int]:
+    """Bytes of each model file present (checkpoint.pt also holds optimizer state)."""
+    names = ["checkpoint.pt", "model.safetensors", "model.onnx", "model-float.tflite",
+             run.flatbuffer(target).name]
+    return {n: (run.root / n).stat().st_size for n in names if (run.root / n).is_file()}
+
+
+def _host_cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
