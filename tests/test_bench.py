@@ -1,0 +1,193 @@
+"""bnnexport bench: host backends on a real trained run, and the device path over a real sshd.
+
+The run is the shared 1-epoch mnist5k training run, exported and converted by the real stages.
+The device is this machine reached through sshd on 127.0.0.1, running deploy/runner.py with
+this interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from bnnexport.bench import bench
+from bnnexport.cli.bench import bench_command
+from bnnexport.errors import CheckpointError
+
+pytest_plugins = ["sshd_fixture"]
+
+HOST_BACKENDS = ["pytorch", "onnxruntime", "tflite-float", "lce"]
+SAMPLES = 200
+
+
+@pytest.fixture(scope="module")
+def _converted_template(_trained_run_template, tmp_path_factory):
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+
+    run = tmp_path_factory.mktemp("bench") / "run"
+    shutil.copytree(_trained_run_template, run)
+    export_onnx(run, samples=SAMPLES)
+    convert_run(run, target="arm64", fmt="tflite")
+    return run
+
+
+@pytest.fixture
+def converted_run(_converted_template, tmp_path):
+    """A fresh copy of a trained, exported and converted run (safe to modify)."""
+    target = tmp_path / "run"
+    shutil.copytree(_converted_template, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def host_report(_converted_template):
+    return bench(_converted_template, runs=5, warmup=2, samples=SAMPLES)
+
+
+def _device_args(sshd) -> list[str]:
+    args = ["--device", sshd.destination, "--port", str(sshd.port), "--ssh-key", str(sshd.key),
+            "--remote-tmp", str(sshd.remote_tmp)]
+    for option in sshd.options:
+        args += ["--ssh-option", option]
+    return args
+
+
+def _cli(run, *args):
+    return CliRunner().invoke(bench_command, [str(run), "--runs", "3", "--warmup", "1",
+                                              "--samples", "50", *args])
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr
+    return lines[0]
+
+
+def test_every_host_backend_is_measured(host_report):
+    assert [b.name for b in host_report.backends] == HOST_BACKENDS
+    for backend in host_report.backends:
+        lat = backend.latency_ms
+        assert 0 < lat["min"] <= lat["median"] <= lat["p90"], backend.name
+        assert lat["std"] >= 0 and lat["runs"] == 5
+        assert backend.size_bytes > 0 and backend.samples == SAMPLES
+
+
+def test_lce_matches_pytorch_accuracy_and_argmax(host_report):
+    by_name = {b.name: b for b in host_report.backends}
+    torch_result = by_name["pytorch"]
+    assert torch_result.top1 > 0.5  # a trained model, not chance
+    for name in HOST_BACKENDS[1:]:
+        assert by_name[name].top1 == torch_result.top1, name
+        assert by_name[name].argmax_agreement == 1.0, name
+        assert by_name[name].max_abs_diff < 1e-3, name
+    assert torch_result.top5 is not None  # 10 classes > 5
+
+
+def test_lce_flatbuffer_is_much_smaller_than_the_float_model(host_report):
+    files = host_report.files
+    assert files["model-arm64.tflite"] * 5 < files["model-float.tflite"]
+
+
+def test_bench_json_has_one_entry_per_backend(host_report, _converted_template):
+    saved = json.loads((_converted_template / "bench.json").read_text())
+    assert [b["name"] for b in saved["backends"]] == HOST_BACKENDS
+    for entry in saved["backends"]:
+        assert {"top1", "argmax_agreement", "max_abs_diff"} <= set(entry)
+        assert {"min", "median", "p90", "mean", "std"} <= set(entry["latency_ms"])
+
+
+def test_report_md_links_plots_that_exist(host_report, _converted_template):
+    text = (_converted_template / "report.md").read_text()
+    for name in ("bench_latency.png", "bench_size.png", "bench_accuracy.png", "accuracy.png"):
+        assert f"]({name})" in text
+        assert (_converted_template / name).stat().st_size > 1000
+    assert "| lce | host |" in text
+
+
+@pytest.mark.parametrize(("missing", "command"), [
+    ("model-arm64.tflite", "bnnexport convert"), ("model-float.tflite", "bnnexport convert"),
+    ("model.onnx", "bnnexport export"), ("samples.npz", "bnnexport export"),
+])
+def test_missing_artifact_names_the_command_that_makes_it(converted_run, missing, command):
+    (converted_run / missing).unlink()
+    with pytest.raises(CheckpointError, match=command):
+        bench(converted_run, runs=1, samples=5, write_report=False)
+    line = _one_line_error(_cli(converted_run))
+    assert missing in line and command in line
+
+
+def test_cli_json_prints_one_object(converted_run):
+    result = _cli(converted_run, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [b["name"] for b in data["backends"]] == HOST_BACKENDS and data["samples"] == 50
+
+
+def test_cli_table(converted_run):
+    result = _cli(converted_run)
+    assert result.exit_code == 0, result.output
+    assert "median ms" in result.stdout and "report.md" in result.stdout
+
+
+def test_device_runner_end_to_end_over_ssh(converted_run, sshd):
+    result = _cli(converted_run, *_device_args(sshd), "--runner", "python",
+                  "--remote-python", sys.executable, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    device = data["backends"][-1]
+    pytorch = data["backends"][0]
+    assert (device["name"], device["where"]) == ("lce", sshd.destination)
+    assert device["argmax_agreement"] == 1.0 and device["top1"] == pytorch["top1"]
+    assert device["extra"]["device_accuracy"]["top1"] == pytorch["top1"]
+    assert 0 < device["latency_ms"]["min"] <= device["latency_ms"]["median"]
+    assert data["device"]["destination"] == sshd.destination and data["device"]["cores"] >= 1
+    saved = json.loads((converted_run / "bench.json").read_text())
+    assert saved["device"] == data["device"] and len(saved["backends"]) == 5
+    assert f"lce | {sshd.destination}" in (converted_run / "report.md").read_text()
+    assert list(sshd.remote_tmp.iterdir()) == []
+
+
+def test_auto_runner_picks_lce_benchmark_model_without_python_lce(converted_run, sshd):
+    line = _one_line_error(_cli(converted_run, *_device_args(sshd), "--remote-python",
+                                "/nonexistent/python3"))
+    assert "lce_benchmark_model is not on the PATH" in line
+    assert list(sshd.remote_tmp.iterdir()) == []
+
+
+def test_unreachable_device(converted_run, sshd):
+    args = _device_args(sshd)
+    args[args.index("--port") + 1] = str(sshd.closed_port())
+    assert "Connection refused" in _one_line_error(_cli(converted_run, *args))
+
+
+def test_refused_key(converted_run, sshd):
+    args = _device_args(sshd)
+    args[args.index("--ssh-key") + 1] = str(sshd.other_key)
+    assert "Permission denied" in _one_line_error(_cli(converted_run, *args))
+
+
+def test_wrong_architecture_binary(converted_run, sshd, tmp_path):
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("needs this machine (the device) to be x86_64")
+    fake = tmp_path / "lce_benchmark_model_aarch64"
+    fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + b"\xb7\x00" + bytes(100))
+    line = _one_line_error(_cli(converted_run, *_device_args(sshd), "--runner",
+                                "lce_benchmark_model", "--benchmark-binary", str(fake)))
+    assert "built for aarch64 but the device is x86_64" in line
+    assert list(sshd.remote_tmp.iterdir()) == []
+
+
+def test_device_timeout(converted_run, sshd):
+    # the runner needs seconds to import LCE alone: a 1 s limit always stops it
+    line = _one_line_error(_cli(converted_run, *_device_args(sshd), "--runner", "python",
+                                "--remote-python", sys.executable, "--timeout", "1"))
+    assert "ran past 1 s and was stopped" in line
+    assert list(sshd.remote_tmp.iterdir()) == []
