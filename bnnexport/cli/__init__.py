@@ -9,6 +9,8 @@ from __future__ import annotations
 import click
 
 from bnnexport import __version__
+from bnnexport.cli.convert import convert_command
+from bnnexport.cli.export import export_command
 from bnnexport.cli.summary import summary_command
 from bnnexport.cli.train import train_command
 
@@ -25,3 +27,5 @@ def main() -> None:
 
 main.add_command(train_command)
 main.add_command(summary_command)
+main.add_command(export_command)
+main.add_command(convert_command)

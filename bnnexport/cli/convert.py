@@ -1,0 +1,37 @@
+"""`bnnexport convert`."""
+
+from __future__ import annotations
+
+import click
+
+from bnnexport.cli.common import emit, handle_errors, json_option
+
+
+@click.command("convert")
+@click.argument("source", metavar="RUN_DIR|MODEL.onnx", type=click.Path())
+@click.option("--target", type=click.Choice(["arm64", "arm32"]), default="arm64",
+              show_default=True,
+              help="Device the flatbuffer is for. Both use LCE's target \"arm\"; the file is "
+                   "named model-arm64.tflite or model-arm32.tflite.")
+@click.option("--format", "fmt", type=click.Choice(["lce", "tflite"]), default="lce",
+              show_default=True,
+              help="lce: the LCE flatbuffer only. tflite: also a plain float TFLite model "
+                   "(model-float.tflite) that the stock TFLite interpreter runs, for comparison.")
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]")
+@json_option
+@handle_errors
+def convert_command(source: str, target: str, fmt: str, samples: int | None,
+                    as_json: bool) -> None:
+    """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
+
+    Every binary layer (a Conv/MatMul/Gemm fed by a binarization) becomes an LceBconv2d. The
+    flatbuffer then runs in LCE's interpreter on the run's test samples (random inputs for a raw
+    MODEL.onnx) and is compared with ONNX Runtime and PyTorch: exit 1, keeping no flatbuffer, when
+    argmax agreement is below 100 % or max |diff| exceeds 1e-4 of the logit range. An
+    unsupported ONNX op exits 2, naming the node and its op type.
+    """
+    from bnnexport.convert import convert_run
+
+    report = convert_run(source, target=target, fmt=fmt, samples=samples)
+    emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

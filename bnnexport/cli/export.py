@@ -1,0 +1,28 @@
+"""`bnnexport export`."""
+
+from __future__ import annotations
+
+import click
+
+from bnnexport.cli.common import emit, handle_errors, json_option
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path())
+@click.option("--opset", type=click.IntRange(13, 18), default=17, show_default=True,
+              help="ONNX opset to write (the legacy exporter honours 13-18).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch dimension written into model.onnx (LCE runs batch 1).")
+@click.option("--samples", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Test samples written to RUN_DIR/samples.npz and checked in ONNX Runtime.")
+@json_option
+@handle_errors
+def export_command(run_dir: str, opset: int, batch: int, samples: int, as_json: bool) -> None:
+    """Export the model of RUN_DIR to RUN_DIR/model.onnx and check it in ONNX Runtime.
+
+    The binary kernels are verified first; the test samples go to RUN_DIR/samples.npz. Exits 1
+    (leaving any previous model.onnx untouched) when ONNX Runtime disagrees with PyTorch.
+    """
+    from bnnexport.export import export_onnx
+
+    emit(export_onnx(run_dir, opset=opset, batch=batch, samples=samples), as_json)

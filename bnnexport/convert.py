@@ -1,0 +1,152 @@
+"""`bnnexport convert`: model.onnx -> Larq Compute Engine flatbuffer, checked three ways.
+
+A thin stage over `converters.lce.convert_onnx` (which never imports bnnexport): it finds the
+files of a run directory, feeds the export stage's test samples to the fidelity gate (LCE's
+interpreter vs ONNX Runtime), compares the flatbuffer with PyTorch as well, and writes
+RUN_DIR/convert.json. A raw MODEL.onnx is converted next to itself (MODEL-arm64.tflite) and
+checked on random inputs.
+
+Example:
+    >>> from bnnexport.convert import convert_run
+    >>> report = convert_run("runs/demo", target="arm64")        # doctest: +SKIP
+    >>> report.lce_bconv2d == report.binary_layers               # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bnnexport.errors import CheckpointError, FidelityError
+from bnnexport.reports import Report
+from bnnexport.runs import RunDir
+
+TARGETS = ("arm64", "arm32")
+FORMATS = ("lce", "tflite")
+RTOL = 1e-4  # max |diff| allowed, as a fraction of the logit range
+
+
+@dataclass
+class ConvertReport(Report):
+    """What `bnnexport convert` prints and writes to RUN_DIR/convert.json."""
+
+    output: str
+    target: str
+    format: str
+    binary_layers: int
+    lce_bconv2d: int
+    float_conv2d: int
+    fully_connected: int
+    argmax_agreement: float
+    max_abs_diff: float
+    torch_argmax_agreement: float | None
+    torch_max_abs_diff: float | None
+    samples: int
+    random_inputs: bool
+    onnx_bytes: int
+    lce_bytes: int
+    tflite_float_bytes: int | None
+    float_output: str | None
+    seconds: float
+    op_histogram: dict[str, int] = field(default_factory=dict)
+
+
+def _locate(path: Path, target: str) -> tuple[Path, Path, Path, RunDir | None]:
+    """(onnx, flatbuffer, float tflite, run dir or None) for a run directory or an .onnx file."""
+    if path.is_dir():
+        run = RunDir(path)
+        if not run.onnx.is_file():
+            raise CheckpointError(f"{path} has no model.onnx: run `bnnexport export {path}` first")
+        return run.onnx, run.flatbuffer(target), run.root / "model-float.tflite", run
+    if not path.is_file():
+        raise CheckpointError(f"no such run directory or ONNX file: {path}")
+    stem = path.with_suffix("")
+    return path, Path(f"{stem}-{target}.tflite"), Path(f"{stem}-float.tflite"), None
+
+
+def _samples(run: RunDir | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if run is None or not run.samples.is_file():
+        return None, None
+    try:
+        with np.load(run.samples) as data:
+            return data["inputs"].astype(np.float32), data["labels"]
+    except (OSError, KeyError, ValueError) as error:
+        raise CheckpointError(f"{run.samples} is not a readable samples file ({error})") from None
+
+
+def convert_run(
+    path: str | Path, target: str = "arm64", fmt: str = "lce", samples: int | None = None
+) -> ConvertReport:
+    """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
+
+    Args:
+        path: a run directory (after `bnnexport export`) or an ONNX file.
+        target: "arm64" or "arm32" (the same LCE target "arm"; only the file name differs).
+        fmt: "lce", or "tflite" to also write a float TFLite model (model-float.tflite).
+        samples: check on only the first N samples of samples.npz (None = all).
+
+    Raises:
+        ConversionMismatchError / FidelityError (exit 1) when the flatbuffer disagrees with
+        ONNX Runtime or PyTorch; UnsupportedOpError, InvalidModelError, CheckpointError (exit 2).
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    start = time.perf_counter()
+    onnx_path, output, float_output, run = _locate(Path(path), target)
+    inputs, _labels = _samples(run)
+    if inputs is not None and samples is not None:
+        inputs = inputs[:samples]
+
+    from converters.lce import convert_onnx
+    from converters.validate import compare, run_lce
+
+    result = convert_onnx(
+        onnx_path, output, target=target, inputs=inputs,
+        write_float_tflite=float_output if fmt == "tflite" else None, rtol=RTOL,
+    )  # fmt: skip
+    torch_agreement = torch_diff = None
+    if run is not None and inputs is not None and run.checkpoint.is_file():
+        from bnnexport.export import torch_outputs
+        from bnnexport.runs import load_model
+
+        versus = compare(torch_outputs(load_model(run.root), inputs), run_lce(output, inputs), RTOL)
+        torch_agreement, torch_diff = versus.argmax_agreement, versus.max_abs_diff
+        if versus.argmax_agreement < 1.0 or not versus.max_abs_diff <= versus.tolerance:
+            for written in (output, result.float_output):
+                if written is not None:
+                    Path(written).unlink(missing_ok=True)
+            raise FidelityError(
+                f"the LCE flatbuffer disagrees with PyTorch on {len(inputs)} samples: argmax "
+                f"agreement {versus.argmax_agreement:.2%}, max |diff| {versus.max_abs_diff:.3g} "
+                f"(tolerance {versus.tolerance:.3g}); no flatbuffer kept"
+            )
+    report = ConvertReport(
+        output=str(result.output),
+        target=target,
+        format=fmt,
+        binary_layers=result.binary_layers,
+        lce_bconv2d=result.lce_bconv2d,
+        float_conv2d=result.float_conv2d,
+        fully_connected=result.fully_connected,
+        argmax_agreement=result.argmax_agreement,
+        max_abs_diff=result.max_abs_diff,
+        torch_argmax_agreement=torch_agreement,
+        torch_max_abs_diff=torch_diff,
+        samples=result.samples,
+        random_inputs=result.random_inputs,
+        onnx_bytes=result.onnx_bytes,
+        lce_bytes=result.lce_bytes,
+        tflite_float_bytes=result.tflite_float_bytes,
+        float_output=str(result.float_output) if result.float_output else None,
+        seconds=time.perf_counter() - start,
+        op_histogram=result.op_histogram,
+    )
+    if run is not None:
+        report.save(run.root / "convert.json")
+    return report

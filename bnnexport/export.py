@@ -1,0 +1,172 @@
+"""`bnnexport export`: the trained model -> RUN_DIR/model.onnx, checked in ONNX Runtime.
+
+The model is exported with the legacy TorchScript exporter (`dynamo=False`), so every
+binarization is written as `Sign -> Add -> Sign` (DESIGN §3). Constant folding is off: it would
+fold BatchNorm into the binary kernels (±1 times a scale), and the rounding of those scaled sums
+turns a binary conv's exact zeros into tiny signed values, so ONNX Runtime would no longer agree
+with PyTorch's sign(0) = +1. Kept separate, kernels stay exactly ±1 and the ONNX model computes
+exactly what PyTorch does; the converter folds BatchNorm itself.
+
+The test samples every later fidelity check uses are written to RUN_DIR/samples.npz first.
+model.onnx is written through a temporary file and replaced only when ONNX Runtime agrees with
+PyTorch, so a failed export leaves any previous model.onnx untouched.
+
+Example:
+    >>> from bnnexport.export import export_onnx
+    >>> report = export_onnx("runs/demo")                        # doctest: +SKIP
+    >>> report.argmax_agreement, report.binary_layers            # doctest: +SKIP
+    (1.0, 3)
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bnnexport.errors import FidelityError, NotBinaryError
+from bnnexport.reports import Report, write_bytes_atomic
+from bnnexport.runs import RunDir, load_checkpoint
+
+RTOL = 1e-4  # max |diff| allowed, as a fraction of the logit range
+
+
+@dataclass
+class ExportReport(Report):
+    """What `bnnexport export` prints and writes to RUN_DIR/export.json."""
+
+    onnx: str
+    opset: int
+    batch: int
+    samples: int
+    binary_layers: int
+    argmax_agreement: float
+    max_abs_diff: float
+    tolerance: float
+    torch_accuracy: float
+    onnx_accuracy: float
+    onnx_bytes: int
+    seconds: float
+
+
+def _check_binary(run: RunDir, model: torch.nn.Module) -> None:
+    """The verify stage when it exists; else every binary kernel must be exactly ±1."""
+    try:
+        from bnnexport.verify import verify_run
+    except ImportError:
+        verify_run = None
+    if verify_run is not None:
+        report = verify_run(run.root)
+        if getattr(report, "strict", True) is False:
+            raise NotBinaryError(f"{run.root} does not verify: run `bnnexport verify` for details")
+        return
+    from bnnexport.layers import binary_parameters
+
+    for index, weight in enumerate(binary_parameters(model)):
+        off = int((weight.detach().abs() != 1).sum())
+        if off:
+            raise NotBinaryError(f"binary kernel #{index} has {off} values that are not ±1")
+
+
+def write_samples(run: RunDir, checkpoint: dict, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `samples` test images of the run's data set -> RUN_DIR/samples.npz."""
+    from bnnexport.datasets import load_dataset
+
+    config = checkpoint.get("config") or {}
+    data = load_dataset(
+        config.get("dataset", "mnist5k"), config.get("data_dir"), augment=False
+    )
+    count = min(samples, len(data.test))
+    pairs = [data.test[k] for k in range(count)]
+    inputs = torch.stack([x for x, _ in pairs]).numpy().astype(np.float32)
+    labels = np.asarray([int(y) for _, y in pairs], dtype=np.int64)
+    buffer = io.BytesIO()
+    np.savez(buffer, inputs=inputs, labels=labels)
+    write_bytes_atomic(run.samples, buffer.getvalue())
+    return inputs, labels
+
+
+def torch_outputs(model: torch.nn.Module, inputs: np.ndarray, batch: int = 250) -> np.ndarray:
+    """The model's outputs on NCHW inputs, in eval mode without gradients."""
+    outs = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch):
+            outs.append(model(torch.from_numpy(inputs[start : start + batch])).numpy())
+    return np.concatenate(outs)
+
+
+def export_onnx(
+    run_dir: str | Path, opset: int = 17, batch: int = 1, samples: int = 1000
+) -> ExportReport:
+    """Export a run's model to RUN_DIR/model.onnx and check it in ONNX Runtime.
+
+    Args:
+        run_dir: the run directory (with checkpoint.pt).
+        opset: ONNX opset, 13-18 (what the legacy exporter honours).
+        batch: the batch dimension written into the model (LCE runs batch 1).
+        samples: how many test samples to write to samples.npz and check on.
+
+    Raises:
+        CheckpointError / DataError (exit 2), NotBinaryError or FidelityError (exit 1).
+    """
+    from bnnexport.runs import build_model
+
+    if not 13 <= opset <= 18:
+        raise ValueError(f"opset must be between 13 and 18, got {opset}")
+    if batch < 1 or samples < 1:
+        raise ValueError("batch and samples must be at least 1")
+    start = time.perf_counter()
+    run = RunDir(run_dir).require()
+    checkpoint = load_checkpoint(run.root)
+    model = build_model(checkpoint, run.root)
+    _check_binary(run, model)
+    inputs, labels = write_samples(run, checkpoint, samples)
+
+    from converters.patterns import find_binary_layers
+    from converters.validate import compare, run_onnx
+
+    with tempfile.TemporaryDirectory(prefix="bnnexport-export-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        dummy = torch.from_numpy(np.repeat(inputs[:1], batch, axis=0))
+        with warnings.catch_warnings():  # the legacy exporter's deprecation and folding notes
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model, dummy, str(path), dynamo=False, opset_version=opset,
+                do_constant_folding=False, input_names=["input"], output_names=["logits"],
+            )  # fmt: skip
+        reference = torch_outputs(model, inputs)
+        candidate = run_onnx(path, inputs)
+        agreement = compare(reference, candidate, RTOL)
+        if agreement.argmax_agreement < 1.0 or not agreement.max_abs_diff <= agreement.tolerance:
+            raise FidelityError(
+                f"ONNX Runtime disagrees with PyTorch on {len(inputs)} samples: argmax agreement "
+                f"{agreement.argmax_agreement:.2%}, max |diff| {agreement.max_abs_diff:.3g} "
+                f"(tolerance {agreement.tolerance:.3g}); {run.onnx} left unchanged"
+            )
+        import onnx
+
+        binary = len(find_binary_layers(onnx.load(str(path))))
+        payload = path.read_bytes()
+    write_bytes_atomic(run.onnx, payload)
+    report = ExportReport(
+        onnx=str(run.onnx),
+        opset=opset,
+        batch=batch,
+        samples=len(inputs),
+        binary_layers=binary,
+        argmax_agreement=agreement.argmax_agreement,
+        max_abs_diff=agreement.max_abs_diff,
+        tolerance=agreement.tolerance,
+        torch_accuracy=float(np.mean(reference.argmax(axis=1) == labels)),
+        onnx_accuracy=float(np.mean(candidate.argmax(axis=1) == labels)),
+        onnx_bytes=len(payload),
+        seconds=time.perf_counter() - start,
+    )
+    report.save(run.root / "export.json")
+    return report
