@@ -7,7 +7,7 @@ TORCH_PIN := torch==2.13.0
 STACK := "numpy<2" "ml-dtypes==0.5.4" tensorflow-cpu==2.21.0 larq-compute-engine==0.16.0
 DEMO_RUN ?= runs/demo
 
-.PHONY: install install-dev demo test lint clean
+.PHONY: install install-dev demo test lint clean ssh-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,19 @@ demo: install
 	$(BIN)/bnnexport train --out $(DEMO_RUN) --epochs 5
 	$(BIN)/bnnexport summary $(DEMO_RUN)
 
-test: install
+# The device tests start a real sshd on 127.0.0.1. CI starts as root on a bare Debian machine, so
+# install OpenSSH from the Debian packages when it is missing (idempotent: nothing to do after).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ssh-tools:
+	@if ! command -v ssh >/dev/null 2>&1 || { ! command -v sshd >/dev/null 2>&1 && \
+	    ! test -x /usr/sbin/sshd; }; then \
+		echo "installing openssh-server and openssh-client for the device tests"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq openssh-server openssh-client >/dev/null \
+		|| echo "could not install OpenSSH: the SSH device tests will be skipped"; \
+	fi
+
+test: install ssh-tools
 	$(BIN)/python -m pytest -q
 
 lint: install
