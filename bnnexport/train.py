@@ -44,6 +44,8 @@ from bnnexport.runs import (
     save_checkpoint,
 )
 
+DEFAULT_EPOCHS = 5
+
 
 @dataclass
 class TrainConfig:
@@ -60,7 +62,7 @@ class TrainConfig:
     gamma: float | str = 1e-3
     threshold: float | str = 1e-6
     lr: float | str = 1e-2
-    epochs: int = 5
+    epochs: int | None = DEFAULT_EPOCHS  # None: 5 for a new run, the saved value on resume
     batch_size: int = 50
     seed: int = 0
     out: str = "runs/mnist-bnn"
@@ -155,8 +157,9 @@ def train(
     run, checkpoint = _prepare_run(config, resume, force)
     if checkpoint is not None:
         saved = TrainConfig(**checkpoint["config"])
-        saved.epochs = max(config.epochs, saved.epochs) if config.epochs else saved.epochs
+        saved.epochs = config.epochs or saved.epochs
         config = saved
+    config.epochs = config.epochs or DEFAULT_EPOCHS
     torch.manual_seed(config.seed)
     data = load_dataset(config.dataset, config.data_dir)
     if checkpoint is not None:

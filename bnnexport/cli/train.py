@@ -34,8 +34,9 @@ DEFAULTS = TrainConfig()
 @click.option("--lr", default=str(DEFAULTS.lr), show_default=True,
               help="Adam learning rate for real-valued parameters (and latent weights with "
                    "adam-latent): a number or a schedule.")
-@click.option("--epochs", type=click.IntRange(min=1), default=DEFAULTS.epochs, show_default=True,
-              help="Epochs to train (with --resume: the total to reach).")
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Epochs to train [default: 5]; with --resume, the total to reach "
+                   "[default: the run's own].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULTS.batch_size,
               show_default=True, help="Images per optimizer step.")
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
