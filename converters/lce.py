@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,7 +114,6 @@ def convert_onnx(
     if inputs is None:
         inputs = random_inputs(info.input_shapes[0])
     reference = run_onnx(onnx_path, inputs)
-    warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated.*")
     temp = _write_temp(output_path.parent, flatbuffer, ".tflite")
     float_temp = None
     try:

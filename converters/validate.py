@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import struct
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +101,9 @@ def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 
     from converters.tf_ops import tf
 
     data = _read(path)
-    interpreter = tf().lite.Interpreter(model_content=data, num_threads=num_threads)
+    with warnings.catch_warnings():  # "tf.lite.Interpreter is deprecated": still the stock one
+        warnings.simplefilter("ignore")
+        interpreter = tf().lite.Interpreter(model_content=data, num_threads=num_threads)
     interpreter.allocate_tensors()
     source = interpreter.get_input_details()[0]
     target = interpreter.get_output_details()[0]

@@ -1,0 +1,153 @@
+"""bnnexport convert: run directory or raw MODEL.onnx -> LCE flatbuffer, with its fidelity gate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from click.testing import CliRunner
+from converter_nets import binary_conv, export, sign
+from fresh_run import fresh_run
+
+from bnnexport.cli import main
+from bnnexport.export import export_onnx
+
+pytestmark = pytest.mark.slow  # TensorFlow and LCE conversions
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """An untrained mnist-bnn run (fresh BatchNorm: exact-zero ties), exported and converted
+    with --format tflite; returns (run dir, the --json report)."""
+    run = fresh_run(tmp_path_factory.mktemp("convert") / "run")
+    export_onnx(run, samples=300)
+    result = invoke("convert", run, "--target", "arm64", "--format", "tflite", "--json")
+    assert result.exit_code == 0, result.output
+    return run, json.loads(result.stdout)
+
+
+def test_every_binary_layer_of_mnist_bnn_becomes_an_lce_bconv2d(converted):
+    _, report = converted
+    assert report["binary_layers"] == 3
+    assert report["lce_bconv2d"] == report["binary_layers"]
+    assert report["op_histogram"]["LceBconv2d"] == 3
+    assert report["fully_connected"] == 1  # only the float classifier head
+
+
+def test_flatbuffer_agrees_with_onnx_runtime_and_pytorch_on_the_samples(converted):
+    _, report = converted
+    assert report["samples"] == 300 and not report["random_inputs"]
+    assert report["argmax_agreement"] == 1.0 and report["torch_argmax_agreement"] == 1.0
+    assert report["max_abs_diff"] < 1e-3 and report["torch_max_abs_diff"] < 1e-3
+
+
+def test_report_is_written_to_convert_json_with_file_sizes(converted):
+    run, report = converted
+    saved = json.loads((run / "convert.json").read_text())
+    assert saved["output"] == str(run / "model-arm64.tflite")
+    assert saved["lce_bytes"] == (run / "model-arm64.tflite").stat().st_size
+    assert saved["tflite_float_bytes"] == (run / "model-float.tflite").stat().st_size
+    assert saved["lce_bytes"] * 10 < saved["tflite_float_bytes"]
+
+
+def test_float_tflite_runs_in_the_stock_interpreter(converted):
+    from converters.validate import compare, run_onnx, run_tflite
+
+    run, _ = converted
+    with np.load(run / "samples.npz") as data:
+        x = data["inputs"][:20]
+    check = compare(run_onnx(run / "model.onnx", x), run_tflite(run / "model-float.tflite", x))
+    assert check.argmax_agreement == 1.0 and check.max_abs_diff < 1e-3
+
+
+def test_raw_onnx_without_dataset_is_checked_on_random_inputs(tmp_path):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(2, 8, 3)
+            self.conv = binary_conv(8, 4)
+
+        def forward(self, x):
+            return self.conv(sign(self.first(x))).flatten(1)
+
+    path = export(Net(), (1, 2, 7, 7), tmp_path / "plain.onnx")
+    result = invoke("convert", path, "--target", "arm32", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["random_inputs"] and report["lce_bconv2d"] == 1
+    assert report["output"] == str(tmp_path / "plain-arm32.tflite")
+    assert (tmp_path / "plain-arm32.tflite").is_file()
+
+
+def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
+    class Net(nn.Module):
+        def forward(self, x):
+            return torch.erf(x).flatten(1)
+
+    path = export(Net(), (1, 2, 3, 3), tmp_path / "erf.onnx")
+    result = invoke("convert", path)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "op type Erf" in lines[0] and "/Erf" in lines[0]
+    assert "Conv" in lines[0]  # it lists what is supported
+    assert not (tmp_path / "erf-arm64.tflite").exists()
+
+
+def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
+    import converters.lce
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = binary_conv(4, 8)
+
+        def forward(self, x):
+            return self.conv(sign(x)).flatten(1)
+
+    path = export(Net(), (1, 4, 5, 5), tmp_path / "net.onnx")
+    real = converters.lce.run_lce
+    monkeypatch.setattr(converters.lce, "run_lce", lambda p, x: real(p, x) * -1.0)
+    result = invoke("convert", path)
+    assert result.exit_code == 1
+    assert "LCE flatbuffer disagrees with the reference" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]
+
+
+def test_truncated_onnx_exits_2_with_one_line(tmp_path):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(b"\x08\x07\x12\x05torch\x1a")
+    result = invoke("convert", path)
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_without_model_onnx_exits_2_pointing_at_export(tmp_path):
+    run = fresh_run(tmp_path / "run")
+    result = invoke("convert", run)
+    assert result.exit_code == 2 and "bnnexport export" in result.stderr
+
+
+def test_op_histogram_rejects_a_truncated_flatbuffer(converted):
+    from converters.errors import InvalidModelError
+    from converters.validate import op_histogram
+
+    run, _ = converted
+    data = (run / "model-arm64.tflite").read_bytes()
+    with pytest.raises(InvalidModelError):
+        op_histogram(data[: len(data) // 50])
+
+
+def test_training_modules_do_not_import_tensorflow():
+    code = (
+        "import sys, bnnexport.cli, bnnexport.export, bnnexport.convert, converters.lce, "
+        "converters.patterns; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
