@@ -13,6 +13,7 @@ from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
 from bnnexport.cli.summary import summary_command
 from bnnexport.cli.train import train_command
+from bnnexport.cli.verify import verify_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -27,5 +28,6 @@ def main() -> None:
 
 main.add_command(train_command)
 main.add_command(summary_command)
+main.add_command(verify_command)
 main.add_command(export_command)
 main.add_command(convert_command)
