@@ -302,5 +302,5 @@ def run_lce_benchmark(
             remote_binary, graph, threads, runs, warmup_runs, op_profiling,
             max_secs=timeout, use_indirect_bgemm=use_indirect_bgemm,
         )
-        done = client.run(argv, timeout=timeout, cwd=work, merge_stderr=True)
+        done = client.run(argv, timeout=timeout, cwd=work, merge_stderr=True, limit_remote=True)
     return parse_benchmark_output(done.stdout), done.stdout

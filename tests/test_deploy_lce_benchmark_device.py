@@ -8,9 +8,16 @@ parse, clean-up); the parser itself is tested on full outputs in test_deploy_lce
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from deploy.errors import MissingBinaryError, RemoteCommandError, WrongArchitectureError
+from deploy.errors import (
+    DeviceTimeoutError,
+    MissingBinaryError,
+    RemoteCommandError,
+    WrongArchitectureError,
+)
 from deploy.lce_benchmark import run_lce_benchmark
 
 pytest_plugins = ["sshd_fixture"]
@@ -94,3 +101,14 @@ def test_failing_binary_is_a_one_line_error(sshd, tmp_path, stand_in_bin):
         run_lce_benchmark(sshd.client(), missing_graph, binary=script)
     assert "\n" not in str(info.value)
     assert _leftovers(sshd) == []
+
+
+def test_binary_past_the_timeout_is_stopped_on_the_device(sshd, tiny_flatbuffer, stand_in_bin):
+    script = stand_in_bin / "lce_benchmark_model"
+    script.write_text("#!/bin/sh\nsleep 300\n")
+    with pytest.raises(DeviceTimeoutError, match="ran past 2 s") as info:
+        run_lce_benchmark(sshd.client(), tiny_flatbuffer, binary=script, timeout=2)
+    assert info.value.exit_code == 2
+    assert _leftovers(sshd) == []
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(sshd.remote_tmp) not in listing
