@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from bnnexport import __version__
+from bnnexport.cli.bench import bench_command
 from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
 from bnnexport.cli.summary import summary_command
@@ -31,3 +32,4 @@ main.add_command(summary_command)
 main.add_command(verify_command)
 main.add_command(export_command)
 main.add_command(convert_command)
+main.add_command(bench_command)
