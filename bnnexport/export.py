@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bnnexport.errors import FidelityError, NotBinaryError
+from bnnexport.errors import FidelityError
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, load_checkpoint
 
@@ -55,23 +55,11 @@ class ExportReport(Report):
     seconds: float
 
 
-def _check_binary(run: RunDir, model: torch.nn.Module) -> None:
-    """The verify stage when it exists; else every binary kernel must be exactly ±1."""
-    try:
-        from bnnexport.verify import verify_run
-    except ImportError:
-        verify_run = None
-    if verify_run is not None:
-        report = verify_run(run.root)
-        if getattr(report, "strict", True) is False:
-            raise NotBinaryError(f"{run.root} does not verify: run `bnnexport verify` for details")
-        return
-    from bnnexport.layers import binary_parameters
+def _check_binary(run: RunDir) -> None:
+    """The verify stage: no kernel that is not strictly ±1 leaves the pipeline (exit 1)."""
+    from bnnexport.verify import require_strict, verify_run
 
-    for index, weight in enumerate(binary_parameters(model)):
-        off = int((weight.detach().abs() != 1).sum())
-        if off:
-            raise NotBinaryError(f"binary kernel #{index} has {off} values that are not ±1")
+    require_strict(verify_run(run.root))
 
 
 def write_samples(run: RunDir, checkpoint: dict, samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,7 +113,7 @@ def export_onnx(
     run = RunDir(run_dir).require()
     checkpoint = load_checkpoint(run.root)
     model = build_model(checkpoint, run.root)
-    _check_binary(run, model)
+    _check_binary(run)
     inputs, labels = write_samples(run, checkpoint, samples)
 
     from converters.patterns import find_binary_layers

@@ -194,3 +194,26 @@ def test_where_binarization_converts_like_sign(tmp_path):
 
     result, torch_check = convert_net(Net(), (1, 3, 8, 8), tmp_path)
     _assert_exact_binary(result, torch_check, 1)
+
+
+@pytest.mark.parametrize(
+    "pads, value, stride",
+    [
+        ((1, 1, 1, 1), 0.0, 2),  # explicit zero F.pad before a strided conv
+        ((1, 1, 1, 1), -1.0, 1),  # minus-one padding
+        ((1, 0, 1, 0), 1.0, 1),  # asymmetric one-padding (not TF's SAME)
+    ],
+)
+def test_explicit_pads_before_a_binary_conv_are_exact(tmp_path, pads, value, stride):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(3, 32, 3)
+            self.conv = binary_conv(32, 8, 2 if pads == (1, 0, 1, 0) else 3, stride=stride)
+
+        def forward(self, x):
+            x = F.pad(sign(self.first(x)), pads, value=value)
+            return self.conv(x).flatten(1)
+
+    result, torch_check = convert_net(Net(), (1, 3, 10, 10), tmp_path)
+    _assert_exact_binary(result, torch_check, 1)
