@@ -17,13 +17,30 @@ from converters.errors import (
     InvalidModelError,
     UnsupportedOpError,
 )
+from converters.lce import ConversionResult, convert_onnx
 from converters.patterns import BinaryLayerMatch, find_binary_layers
+from converters.validate import (
+    compare,
+    op_histogram,
+    run_lce,
+    run_onnx,
+    run_tflite,
+    validate_outputs,
+)
 
 __all__ = [
     "BinaryLayerMatch",
     "ConversionMismatchError",
+    "ConversionResult",
     "ConverterError",
     "InvalidModelError",
     "UnsupportedOpError",
+    "compare",
+    "convert_onnx",
     "find_binary_layers",
+    "op_histogram",
+    "run_lce",
+    "run_onnx",
+    "run_tflite",
+    "validate_outputs",
 ]
