@@ -26,12 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from bnnexport.datasets import load_dataset
+from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, DataError
-from bnnexport.layers import set_latent
+from bnnexport.layers import binary_parameters, set_latent
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter, flip_rate
 from bnnexport.reports import Report, write_json_atomic
@@ -70,6 +71,7 @@ class TrainConfig:
     device: str = "cpu"
     num_workers: int = 0
     log_every: int = 0  # steps between step records; 0 = about 100 records per epoch
+    amp: bool = False  # bf16 autocast for activations; binary weights and Bop state stay float32
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,6 +94,9 @@ class TrainReport(Report):
     binary_parameters: int
     flip_rate: dict[str, float]  # π_t of the last logged interval per binary layer
     resumed_from_epoch: int = 0
+    world_size: int = 1  # processes that trained (torchrun); the effective batch is batch x this
+    rank_mismatched_weights: int = 0  # binary weights differing from rank 0's; must stay 0
+    strict: bool = False  # the saved checkpoint verified strictly binary (bnnexport.verify)
 
 
 @torch.no_grad()
@@ -129,7 +134,9 @@ def _binary_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def _prepare_run(config: TrainConfig, resume: bool, force: bool) -> tuple[RunDir, dict | None]:
+def _prepare_run(
+    config: TrainConfig, resume: bool, force: bool, context: DistributedContext
+) -> tuple[RunDir, dict | None]:
     run = RunDir(config.out)
     if resume:
         if not run.checkpoint.is_file():
@@ -140,10 +147,156 @@ def _prepare_run(config: TrainConfig, resume: bool, force: bool) -> tuple[RunDir
             f"{run.root} already holds a trained run: use --resume to continue it, "
             "--force to start over, or another --out"
         )
-    if force and run.root.is_dir():
-        shutil.rmtree(run.root)
-    run.root.mkdir(parents=True, exist_ok=True)
+    context.barrier()  # every rank has checked before rank 0 changes anything
+    if context.is_main:
+        if force and run.root.is_dir():
+            shutil.rmtree(run.root)
+        run.root.mkdir(parents=True, exist_ok=True)
+    context.barrier()
     return run, None
+
+
+@dataclass
+class _EpochResult:
+    loss: float
+    accuracy: float
+    flip_rate: dict[str, float]
+    step: int
+
+
+class _Trainer:
+    """One training job: model, optimizer and data of one process (of possibly several)."""
+
+    def __init__(
+        self, config: TrainConfig, run: RunDir, checkpoint: dict | None, context: DistributedContext
+    ) -> None:
+        self.config, self.run, self.context = config, run, context
+        torch.manual_seed(config.seed)
+        self.data = load_dataset(config.dataset, config.data_dir)
+        if checkpoint is not None:
+            model = build_model(checkpoint, run.checkpoint).train()
+        else:
+            model = create_model(
+                config.model,
+                num_classes=self.data.num_classes,
+                input_shape=self.data.input_shape,
+                **config.model_kwargs,
+            )
+        self.model = model.to(context.device)
+        self.optimizer = _make_optimizer(self.model, config)
+        self.start_epoch = self.step = 0
+        if checkpoint is not None:
+            if checkpoint.get("latent") is not None:
+                self.model.load_state_dict(checkpoint["latent"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.start_epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
+        # DDP all-reduces gradients before the step, so every rank's Bop flips the same weights.
+        self.forward: nn.Module = (
+            nn.parallel.DistributedDataParallel(self.model) if context.enabled else self.model
+        )
+        self.counter = FlipCounter(self.model)
+        per_rank = -(-len(self.data.train) // context.world_size)
+        self.steps_per_epoch = max(1, -(-per_rank // config.batch_size))
+        self.log_every = config.log_every or max(1, self.steps_per_epoch // 100)
+
+    def loader(self, epoch: int) -> DataLoader:
+        # Seeded per epoch, so a resumed run sees the same batches as an uninterrupted one.
+        np.random.seed(self.config.seed + epoch + 1000 * self.context.rank)
+        if self.context.enabled:
+            sampler = DistributedSampler(
+                self.data.train,
+                num_replicas=self.context.world_size,
+                rank=self.context.rank,
+                shuffle=True,
+                seed=self.config.seed,
+            )
+            sampler.set_epoch(epoch)
+            return DataLoader(
+                self.data.train,
+                batch_size=self.config.batch_size,
+                sampler=sampler,
+                num_workers=self.config.num_workers,
+            )
+        return DataLoader(
+            self.data.train,
+            batch_size=self.config.batch_size,
+            shuffle=True,
+            num_workers=self.config.num_workers,
+            generator=torch.Generator().manual_seed(self.config.seed + epoch),
+        )
+
+    def train_epoch(self, epoch: int, show: bool) -> _EpochResult:
+        config, device = self.config, self.context.device
+        self.model.train()
+        loss_sum, correct, seen = 0.0, 0, 0
+        interval: dict[str, list[int]] = {}
+        last_rates: dict[str, float] = {}
+        bar = tqdm(
+            self.loader(epoch),
+            desc=f"epoch {epoch + 1}/{config.epochs}",
+            disable=not show,
+            leave=False,
+        )
+        for inputs, labels in bar:
+            inputs, labels = inputs.to(device), labels.to(device)
+            # Autocast computes in bf16 on copies; the ±1 parameters themselves stay float32.
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=config.amp):
+                logits = self.forward(inputs)
+                loss = F.cross_entropy(logits.float(), labels)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.counter.before_step()
+            self.optimizer.step()
+            self.step += 1
+            for name, (flips, total) in self.counter.after_step().items():
+                acc = interval.setdefault(name, [0, 0])
+                acc[0] += flips
+                acc[1] += total
+            batch_correct = int((logits.argmax(1) == labels).sum())
+            loss_sum += loss.item() * len(labels)
+            correct += batch_correct
+            seen += len(labels)
+            if self.step % self.log_every == 0:
+                last_rates = {n: flip_rate(f, t) for n, (f, t) in interval.items()}
+                if self.context.is_main:
+                    record = {
+                        "kind": "step",
+                        "step": self.step,
+                        "epoch": epoch + 1,
+                        "loss": loss.item(),
+                        "accuracy": batch_correct / len(labels),
+                        "flips": {n: f for n, (f, _) in interval.items()},
+                        "flip_rate": last_rates,
+                        **self.optimizer.hyperparameters(),
+                    }
+                    append_jsonl(self.run.metrics, [record])
+                interval = {}
+                mean_rate = sum(last_rates.values()) / max(len(last_rates), 1)
+                bar.set_postfix(
+                    loss=f"{loss_sum / seen:.3f}",
+                    acc=f"{correct / seen:.3f}",
+                    pi=f"{mean_rate:.2f}",
+                )
+        loss_sum, correct, seen = self.context.all_reduce_sum([loss_sum, correct, seen])
+        return _EpochResult(loss_sum / max(seen, 1), correct / max(seen, 1), last_rates, self.step)
+
+    def save(self, epoch: int) -> None:
+        config = self.config
+        save_checkpoint(
+            self.run.checkpoint,
+            {
+                "model_name": config.model,
+                "model_kwargs": {
+                    k: v for k, v in self.model.bnnexport_config.items() if k != "name"
+                },
+                "model": _binary_state(self.model),
+                "latent": self.model.state_dict() if config.optimizer == "adam-latent" else None,
+                "optimizer": self.optimizer.state_dict(),
+                "epoch": epoch,
+                "step": self.step,
+                "config": config.to_json(),
+            },
+        )
 
 
 def train(
@@ -152,136 +305,70 @@ def train(
     """Train, checkpointing every epoch; with `resume`, continue from the run's checkpoint.
 
     On resume the saved configuration is used, except `epochs`, which may be raised.
-    `progress=None` shows progress bars only when stderr is a terminal.
+    `progress=None` shows progress bars only when stderr is a terminal. Under `torchrun`, every
+    process trains on its share of each batch (`batch_size` is per process) and only rank 0
+    writes files and reports.
     """
-    run, checkpoint = _prepare_run(config, resume, force)
+    context = setup(config.device)
+    try:
+        return _train(config, resume, force, progress, context)
+    finally:
+        context.shutdown()
+
+
+def _train(
+    config: TrainConfig,
+    resume: bool,
+    force: bool,
+    progress: bool | None,
+    context: DistributedContext,
+) -> TrainReport:
+    run, checkpoint = _prepare_run(config, resume, force, context)
     if checkpoint is not None:
         saved = TrainConfig(**checkpoint["config"])
         saved.epochs = config.epochs or saved.epochs
+        saved.device = config.device
         config = saved
     config.epochs = config.epochs or DEFAULT_EPOCHS
-    torch.manual_seed(config.seed)
-    data = load_dataset(config.dataset, config.data_dir)
-    if checkpoint is not None:
-        model = build_model(checkpoint, run.checkpoint).train()
-    else:
-        model = create_model(
-            config.model,
-            num_classes=data.num_classes,
-            input_shape=data.input_shape,
-            **config.model_kwargs,
-        )
-    model.to(config.device)
-    optimizer = _make_optimizer(model, config)
-    start_epoch, step = 0, 0
-    if checkpoint is not None:
-        if checkpoint.get("latent") is not None:
-            model.load_state_dict(checkpoint["latent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_epoch, step = int(checkpoint["epoch"]), int(checkpoint["step"])
-        # Work after the last checkpoint is redone: drop its metrics so curves do not double.
-        kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= step]
-        run.metrics.write_text("".join(_json_line(r) for r in kept))
-    write_json_atomic(run.config, config.to_json())
+    trainer = _Trainer(config, run, checkpoint, context)
+    if context.is_main:
+        if checkpoint is not None:
+            # Work after the last checkpoint is redone: drop its metrics so curves do not double.
+            kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= trainer.step]
+            run.metrics.write_text("".join(_json_line(r) for r in kept))
+        write_json_atomic(run.config, config.to_json())
 
-    show = sys.stderr.isatty() if progress is None else progress
-    counter = FlipCounter(model)
-    steps_per_epoch = max(1, -(-len(data.train) // config.batch_size))
-    log_every = config.log_every or max(1, steps_per_epoch // 100)
+    show = context.is_main and (sys.stderr.isatty() if progress is None else progress)
     started = time.perf_counter()
     epoch_seconds: list[float] = []
-    last_rates: dict[str, float] = {}
-    train_loss = train_acc = test_acc = float("nan")
-
-    for epoch in range(start_epoch, config.epochs):
+    result = _EpochResult(float("nan"), float("nan"), {}, trainer.step)
+    test_acc = float("nan")
+    for epoch in range(trainer.start_epoch, config.epochs):
         epoch_start = time.perf_counter()
-        # Seeded per epoch, so a resumed run sees the same batches as an uninterrupted one.
-        np.random.seed(config.seed + epoch)
-        loader = DataLoader(
-            data.train,
-            batch_size=config.batch_size,
-            shuffle=True,
-            num_workers=config.num_workers,
-            generator=torch.Generator().manual_seed(config.seed + epoch),
-        )
-        model.train()
-        totals = {"loss": 0.0, "correct": 0, "seen": 0}
-        interval: dict[str, list[int]] = {}
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not show, leave=False)
-        for inputs, labels in bar:
-            inputs, labels = inputs.to(config.device), labels.to(config.device)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits, labels)
-            optimizer.zero_grad()
-            loss.backward()
-            counter.before_step()
-            optimizer.step()
-            step += 1
-            for name, (flips, total) in counter.after_step().items():
-                acc = interval.setdefault(name, [0, 0])
-                acc[0] += flips
-                acc[1] += total
-            batch_correct = int((logits.argmax(1) == labels).sum())
-            totals["loss"] += loss.item() * len(labels)
-            totals["correct"] += batch_correct
-            totals["seen"] += len(labels)
-            if step % log_every == 0:
-                last_rates = {n: flip_rate(f, t) for n, (f, t) in interval.items()}
-                record = {
-                    "kind": "step",
-                    "step": step,
-                    "epoch": epoch + 1,
-                    "loss": loss.item(),
-                    "accuracy": batch_correct / len(labels),
-                    "flips": {n: f for n, (f, _) in interval.items()},
-                    "flip_rate": last_rates,
-                    **optimizer.hyperparameters(),
-                }
-                append_jsonl(run.metrics, [record])
-                interval = {}
-                mean_rate = sum(last_rates.values()) / max(len(last_rates), 1)
-                bar.set_postfix(
-                    loss=f"{totals['loss'] / totals['seen']:.3f}",
-                    acc=f"{totals['correct'] / totals['seen']:.3f}",
-                    pi=f"{mean_rate:.2f}",
-                )
-        train_loss = totals["loss"] / max(totals["seen"], 1)
-        train_acc = totals["correct"] / max(totals["seen"], 1)
-        test_acc = evaluate(model, data.test, device=config.device)
+        result = trainer.train_epoch(epoch, show)
         epoch_seconds.append(time.perf_counter() - epoch_start)
-        append_jsonl(
-            run.metrics,
-            [
-                {
-                    "kind": "epoch",
-                    "step": step,
-                    "epoch": epoch + 1,
-                    "train_loss": train_loss,
-                    "train_accuracy": train_acc,
-                    "test_accuracy": test_acc,
-                    "seconds": epoch_seconds[-1],
-                }
-            ],
-        )
-        save_checkpoint(
-            run.checkpoint,
-            {
-                "model_name": config.model,
-                "model_kwargs": {
-                    k: v for k, v in model.bnnexport_config.items() if k != "name"
-                },
-                "model": _binary_state(model),
-                "latent": model.state_dict() if config.optimizer == "adam-latent" else None,
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch + 1,
-                "step": step,
-                "config": config.to_json(),
-            },
-        )
+        if context.is_main:
+            test_acc = evaluate(trainer.model, trainer.data.test, device=context.device)
+            append_jsonl(
+                run.metrics,
+                [
+                    {
+                        "kind": "epoch",
+                        "step": trainer.step,
+                        "epoch": epoch + 1,
+                        "train_loss": result.loss,
+                        "train_accuracy": result.accuracy,
+                        "test_accuracy": test_acc,
+                        "seconds": epoch_seconds[-1],
+                    }
+                ],
+            )
+            trainer.save(epoch + 1)
+        context.barrier()
         if show:
             tqdm.write(
-                f"epoch {epoch + 1}/{config.epochs}: loss {train_loss:.4f} "
-                f"train {train_acc:.4f} test {test_acc:.4f} ({epoch_seconds[-1]:.1f} s)",
+                f"epoch {epoch + 1}/{config.epochs}: loss {result.loss:.4f} "
+                f"train {result.accuracy:.4f} test {test_acc:.4f} ({epoch_seconds[-1]:.1f} s)",
                 file=sys.stderr,
             )
 
@@ -289,31 +376,39 @@ def train(
         # Nothing left to train: report the stored state.
         last = [r for r in read_jsonl(run.metrics) if r.get("kind") == "epoch"]
         if last:
-            train_loss = last[-1]["train_loss"]
-            train_acc = last[-1]["train_accuracy"]
+            result.loss, result.accuracy = last[-1]["train_loss"], last[-1]["train_accuracy"]
             test_acc = last[-1]["test_accuracy"]
     if config.optimizer == "adam-latent":
-        set_latent(model, False)
+        set_latent(trainer.model, False)
+    mismatched = context.count_mismatches(binary_parameters(trainer.model))
 
-    from bnnexport.plots import plot_training
-
-    plot_training(run)
     report = TrainReport(
         run_dir=str(run.root),
         model=config.model,
         dataset=config.dataset,
         optimizer=config.optimizer,
         epochs=config.epochs,
-        train_accuracy=train_acc,
+        train_accuracy=result.accuracy,
         test_accuracy=test_acc,
-        train_loss=train_loss,
+        train_loss=result.loss,
         seconds=time.perf_counter() - started,
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
-        binary_parameters=sum(layer.weight.numel() for _, layer in counter.layers),
-        flip_rate=last_rates,
-        resumed_from_epoch=start_epoch,
+        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
+        flip_rate=result.flip_rate,
+        resumed_from_epoch=trainer.start_epoch,
+        world_size=context.world_size,
+        rank_mismatched_weights=mismatched,
     )
-    report.save(run.train_report)
+    if context.is_main:
+        from bnnexport.plots import plot_training
+        from bnnexport.verify import require_strict, verify_run
+
+        # no non-binary model leaves training silently: recorded in train.json, then raised
+        verified = verify_run(run.root)
+        report.strict = verified.strict
+        plot_training(run)
+        report.save(run.train_report)
+        require_strict(verified)
     return report
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from bnnexport.cli.common import emit, handle_errors, json_option
@@ -48,12 +50,19 @@ DEFAULTS = TrainConfig()
 @click.option("--force", is_flag=True,
               help="Start over in --out even if it already holds a run (its files are replaced).")
 @click.option("--device", default="cpu", show_default=True,
-              help="Torch device to train on (cpu, cuda, cuda:1).")
+              help="Torch device to train on (cpu, cuda). Under torchrun each process takes the "
+                   "GPU of its LOCAL_RANK.")
+@click.option("--amp", is_flag=True,
+              help="Mixed precision: bf16 autocast for activations; binary weights and Bop's "
+                   "state stay float32.")
 @json_option
 @handle_errors
 def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epochs, batch_size,
-                  seed, out, resume, force, device, as_json) -> None:
+                  seed, out, resume, force, device, amp, as_json) -> None:
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
+
+    Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
+    GPUs); --batch-size is per process, so the effective batch is N times larger.
 
     Checkpoints are written atomically after every epoch; an interrupted run continues with
     --resume. Progress bars appear only on a terminal and never with --json.
@@ -62,10 +71,12 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
         model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizer,
         gamma=_number_or_text(gamma), threshold=_number_or_text(threshold), lr=_number_or_text(lr),
         epochs=epochs, batch_size=batch_size, seed=seed,
-        out=out or default_out(model, dataset), device=device,
+        out=out or default_out(model, dataset), device=device, amp=amp,
     )
     report = train(config, resume=resume, force=force, progress=None if not as_json else False)
-    emit(report, as_json, title=f"trained {report.model} on {report.dataset} -> {report.run_dir}")
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
+        title = f"trained {report.model} on {report.dataset} -> {report.run_dir}"
+        emit(report, as_json, title=title)
 
 
 def _number_or_text(value: str) -> float | str:
