@@ -11,6 +11,7 @@ Example:
 from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_layers, binary_parameters
 from bnnexport.models import create_model, list_models, register_model
 from bnnexport.optimizers import Bop, CaseOptimizer, bop_with_adam, flip_rate, latent_adam
+from bnnexport.pack import load_packed
 from bnnexport.quantizers import get_quantizer, list_quantizers
 from bnnexport.runs import load_checkpoint, load_model
 
@@ -32,5 +33,6 @@ __all__ = [
     "list_quantizers",
     "load_checkpoint",
     "load_model",
+    "load_packed",
     "register_model",
 ]

@@ -127,7 +127,11 @@ def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpo
 
 
 def load_model(path: str | os.PathLike) -> nn.Module:
-    """The model stored in a checkpoint file or run directory, in eval mode."""
+    """The model in a checkpoint file, run directory or packed `.safetensors`, in eval mode."""
+    if Path(path).suffix.lower() == ".safetensors":
+        from bnnexport.pack import load_packed  # lazily: pack imports this module
+
+        return load_packed(path)
     return build_model(load_checkpoint(path), path)
 
 

@@ -166,3 +166,8 @@ def test_unregistered_input_quantizer_is_not_supported():
     assert report.strict is False
     assert report.layers[0].input.startswith("unsupported")
     assert "0 (BinaryConv2d): input unsupported" in report.offending[0]["message"]
+
+
+def test_training_ends_with_a_strict_verify(trained_run):
+    assert json.loads((trained_run / "train.json").read_text())["strict"] is True
+    assert json.loads((trained_run / "verify.json").read_text())["strict"] is True

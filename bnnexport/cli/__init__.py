@@ -12,6 +12,7 @@ from bnnexport import __version__
 from bnnexport.cli.bench import bench_command
 from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
+from bnnexport.cli.pack import pack_command
 from bnnexport.cli.summary import summary_command
 from bnnexport.cli.train import train_command
 from bnnexport.cli.verify import verify_command
@@ -30,6 +31,7 @@ def main() -> None:
 main.add_command(train_command)
 main.add_command(summary_command)
 main.add_command(verify_command)
+main.add_command(pack_command)
 main.add_command(export_command)
 main.add_command(convert_command)
 main.add_command(bench_command)

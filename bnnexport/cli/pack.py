@@ -1,0 +1,27 @@
+"""`bnnexport pack`."""
+
+from __future__ import annotations
+
+import click
+
+from bnnexport.cli.common import emit, handle_errors, json_option
+
+
+@click.command("pack")
+@click.argument("run_dir", type=click.Path())
+@json_option
+@handle_errors
+def pack_command(run_dir: str, as_json: bool) -> None:
+    """Write RUN_DIR/model.safetensors: binary kernels at 1 bit per weight, the rest as is.
+
+    The model is verified first (RUN_DIR/verify.json); a model whose binary kernels are not
+    strictly ±1 is refused with exit 1 and nothing is written. Bits are 1 where the weight is -1
+    (LCE's convention). The file is safetensors (never unpickled) with the model name, arguments,
+    config, shapes and a content hash as metadata; `bnnexport.load_packed` and every command that
+    takes a checkpoint read it back. Prints float32 vs packed bytes and their ratio, and writes
+    RUN_DIR/pack.json.
+    """
+    from bnnexport.pack import pack
+
+    report = pack(run_dir)
+    emit(report, as_json, title=f"packed {report.model} -> {report.packed}")
