@@ -8,8 +8,9 @@ from bnnexport.cli.common import emit, handle_errors, json_option
 
 
 @click.command("verify")
-@click.argument("path", metavar="RUN_DIR|CHECKPOINT.pt|MODEL.onnx|PACKED.safetensors",
-                type=click.Path())
+@click.argument(
+    "path", metavar="RUN_DIR|CHECKPOINT.pt|MODEL.onnx|PACKED.safetensors", type=click.Path()
+)
 @json_option
 @handle_errors
 def verify_command(path: str, as_json: bool) -> None:
