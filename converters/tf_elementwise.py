@@ -11,13 +11,20 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from converters.graph import attributes
+
+if TYPE_CHECKING:  # the translator imports this module
+    from onnx import NodeProto
+
+    from converters.onnx_to_tf import Translator
 from converters.tf_ops import Value, onnx_const_to_layout, pad_constant, per_channel, tf
 
 
-def _unsupported(tr, node, why: str):
+def _unsupported(tr: Translator, node: NodeProto, why: str) -> Exception:
     from converters.tf_layers import _unsupported as make
 
     return make(tr, node, why)
@@ -31,7 +38,9 @@ def _channels(x: Value) -> int | None:
     return None
 
 
-def channel_affine(tr, node, x: Value, m: np.ndarray, b: np.ndarray) -> Value:
+def channel_affine(
+    tr: Translator, node: NodeProto, x: Value, m: np.ndarray, b: np.ndarray
+) -> Value:
     """x * m + b with per-channel (logical axis 1) constants."""
     channels = _channels(x)
     if x.is_affine and channels is not None:
@@ -56,7 +65,7 @@ _OPS = {
 }
 
 
-def arithmetic(tr, node, inputs) -> Value:
+def arithmetic(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     a, b = inputs
     op = _OPS[node.op_type]
     if a is not None and b is not None:
@@ -91,7 +100,7 @@ def arithmetic(tr, node, inputs) -> Value:
     return Value(op(k, t) if const_first else op(t, k), x.layout, x.perm)
 
 
-def unary(tr, node, inputs) -> Value:
+def unary(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     fns = {
@@ -112,7 +121,7 @@ def unary(tr, node, inputs) -> Value:
     return Value(fns[node.op_type](x.t), x.layout, x.perm)
 
 
-def prelu(tr, node, inputs) -> Value:
+def prelu(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     slope = tr.const(node.input[1])
     if slope is None:
@@ -122,7 +131,7 @@ def prelu(tr, node, inputs) -> Value:
     return Value(tf().maximum(t, 0.0) + s * tf().minimum(t, 0.0), x.layout, x.perm)
 
 
-def clip(tr, node, inputs) -> Value:
+def clip(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     low = tr.const(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("min")
@@ -135,7 +144,7 @@ def clip(tr, node, inputs) -> Value:
     return Value(t, x.layout, x.perm)
 
 
-def softmax(tr, node, inputs) -> Value:
+def softmax(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     rank = len(x.shape())
     axis = attributes(node).get("axis", -1 if tr.graph.model.opset_import[0].version >= 13 else 1)
@@ -148,7 +157,7 @@ def softmax(tr, node, inputs) -> Value:
     return Value(fn(x.logical(), axis=axis), "plain")
 
 
-def flatten(tr, node, inputs) -> Value:
+def flatten(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     shape = x.shape()
     axis = attributes(node).get("axis", 1) % max(len(shape), 1)
@@ -173,7 +182,7 @@ def _to_flat(x: Value) -> Value:
     return Value(tf().reshape(x.t, [shape[0], -1]), "plain")
 
 
-def reshape(tr, node, inputs) -> Value:
+def reshape(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     shape = x.shape()
     target = tr.const(node.input[1])
@@ -190,7 +199,7 @@ def reshape(tr, node, inputs) -> Value:
     return Value(tf().reshape(x.logical(), target), "plain")
 
 
-def squeeze(tr, node, inputs) -> Value:
+def squeeze(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     axes = tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
     shape = x.shape()
@@ -201,13 +210,13 @@ def squeeze(tr, node, inputs) -> Value:
     return Value(tf().reshape(x.logical(), target), "plain")
 
 
-def transpose(tr, node, inputs) -> Value:
+def transpose(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     perm = attributes(node).get("perm")
     return Value(tf().transpose(x.logical(), perm), "plain")
 
 
-def concat(tr, node, inputs) -> Value:
+def concat(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     values = [
         v if v is not None else Value(tf().constant(tr.const(n)), "plain")
         for v, n in zip(inputs, node.input, strict=True)
@@ -223,7 +232,7 @@ def concat(tr, node, inputs) -> Value:
     return Value(tf().concat([v.logical() for v in values], axis=axis), "plain")
 
 
-def pad(tr, node, inputs) -> Value:
+def pad(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     pads = tr.const(node.input[1]) if len(node.input) > 1 else attrs.get("pads")
@@ -248,7 +257,7 @@ def pad(tr, node, inputs) -> Value:
     return Value(tf().pad(x.logical(), pairs, constant_values=value), "plain")
 
 
-def reduce_mean(tr, node, inputs) -> Value:
+def reduce_mean(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     axes = tr.const(node.input[1]) if len(node.input) > 1 else attrs.get("axes")

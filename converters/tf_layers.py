@@ -20,10 +20,18 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from converters.errors import UnsupportedOpError
 from converters.graph import attributes
+
+if TYPE_CHECKING:  # the translator imports this module
+    from onnx import NodeProto
+
+    from converters.onnx_to_tf import Translator
+    from converters.patterns import BinaryLayerMatch
 from converters.tf_ops import (
     Value,
     binarize,
@@ -36,7 +44,7 @@ from converters.tf_ops import (
 )
 
 
-def _unsupported(tr, node, why: str) -> UnsupportedOpError:
+def _unsupported(tr: Translator, node: NodeProto, why: str) -> UnsupportedOpError:
     from converters.onnx_to_tf import SUPPORTED
 
     return UnsupportedOpError(node.name or node.output[0], node.op_type, SUPPORTED, why)
@@ -88,7 +96,7 @@ def _padding_mode(x, ksize, strides, dilations, pads) -> str | None:
     return None
 
 
-def conv(tr, node, inputs) -> Value:
+def conv(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     """Float Conv (group 1 or depthwise)."""
     kernel = tr.const(node.input[1])
     if kernel is None:
@@ -116,7 +124,7 @@ def conv(tr, node, inputs) -> Value:
     return Value(y, "nhwc")
 
 
-def binary_layer(tr, node, match) -> Value | None:
+def binary_layer(tr: Translator, node: NodeProto, match: BinaryLayerMatch) -> Value | None:
     """Emit a binary Conv/MatMul/Gemm as LceBconv2d patterns; None to fall back to float."""
     chain = tr.chain(match)
     src = tr.binarized_source(_binarization(tr, match))
@@ -234,7 +242,7 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
     return Value(None, "flat4", acc=y, m=scale, b=bias)
 
 
-def dense(tr, node, inputs) -> Value:
+def dense(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     """Float MatMul / Gemm with a constant right-hand side."""
     attrs = attributes(node)
     kernel = tr.const(node.input[1])
@@ -279,14 +287,14 @@ def _pool_attrs(tr, node, x: Value):
     return kernel, strides, pads, attrs
 
 
-def max_pool(tr, node, inputs) -> Value:
+def max_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     kernel, strides, pads, _ = _pool_attrs(tr, node, x)
     t, mode = pool_pads(x.t, kernel, strides, pads, float(np.finfo(np.float32).min))
     return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
 
 
-def average_pool(tr, node, inputs) -> Value:
+def average_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     kernel, strides, pads, attrs = _pool_attrs(tr, node, x)
     t = x.t
@@ -300,13 +308,13 @@ def average_pool(tr, node, inputs) -> Value:
     return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
 
 
-def global_pool(tr, node, inputs) -> Value:
+def global_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     reduce = tf().reduce_mean if node.op_type == "GlobalAveragePool" else tf().reduce_max
     return Value(reduce(x.t, axis=[1, 2], keepdims=True), "nhwc")
 
 
-def batch_norm(tr, node, inputs) -> Value:
+def batch_norm(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     gamma, beta, mean, var = (tr.const(n) for n in node.input[1:5])
     if any(c is None for c in (gamma, beta, mean, var)):
