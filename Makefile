@@ -23,9 +23,10 @@ install: $(VENV)/.installed
 
 install-dev: install
 
+# train -> verify -> pack -> export -> convert --target arm64 -> bench on the host; ends with the
+# bench table and the path of report.md. --force: every `make demo` starts the run afresh.
 demo: install
-	$(BIN)/bnnexport train --out $(DEMO_RUN) --epochs 5
-	$(BIN)/bnnexport summary $(DEMO_RUN)
+	$(BIN)/bnnexport pipeline --out $(DEMO_RUN) --force
 
 # The device tests start a real sshd on 127.0.0.1. CI starts as root on a bare Debian machine, so
 # install OpenSSH from the Debian packages when it is missing (idempotent: nothing to do after).

@@ -13,6 +13,7 @@ from bnnexport.cli.bench import bench_command
 from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
 from bnnexport.cli.pack import pack_command
+from bnnexport.cli.pipeline import pipeline_command
 from bnnexport.cli.summary import summary_command
 from bnnexport.cli.train import train_command
 from bnnexport.cli.verify import verify_command
@@ -35,3 +36,4 @@ main.add_command(pack_command)
 main.add_command(export_command)
 main.add_command(convert_command)
 main.add_command(bench_command)
+main.add_command(pipeline_command)

@@ -1,0 +1,70 @@
+"""`bnnexport pipeline`: train -> verify -> pack -> export -> convert -> bench in one command.
+
+The options are those of `bnnexport train` (except its --device, here --train-device) and of
+`bnnexport bench` (whose --device is the SSH device), taken from those commands themselves so
+they never drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from bnnexport.cli.bench import bench_command
+from bnnexport.cli.common import emit, handle_errors
+from bnnexport.cli.train import _number_or_text, train_command
+
+_TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
+_BENCH = [p for p in bench_command.params
+          if isinstance(p, click.Option) and p.name != "as_json"]
+
+
+@handle_errors
+def _pipeline(**options: Any) -> None:
+    """Train a BNN and take it all the way: verify, pack, export to ONNX, convert to an LCE
+    flatbuffer (and a float TFLite model), and bench every backend on the host (and, with
+    --device, the LCE flatbuffer on that device).
+
+    Ends by printing the bench table and the path of RUN_DIR/report.md. The first stage that
+    fails stops the chain with its own one-line error and exit code.
+    """
+    from bnnexport.pipeline import pipeline
+    from bnnexport.train import TrainConfig, default_out
+
+    as_json = options.pop("as_json")
+    config = TrainConfig(
+        model=options["model"], dataset=options["dataset"], data_dir=options["data_dir"],
+        optimizer=options["optimizer"], gamma=_number_or_text(options["gamma"]),
+        threshold=_number_or_text(options["threshold"]), lr=_number_or_text(options["lr"]),
+        epochs=options["epochs"], batch_size=options["batch_size"], seed=options["seed"],
+        out=options["out"] or default_out(options["model"], options["dataset"]),
+        device=options["train_device"],
+    )
+    report = pipeline(
+        config, target=options["target"], runs=options["runs"], threads=options["threads"],
+        samples=options["samples"], warmup=options["warmup"], resume=options["resume"],
+        force=options["force"], progress=None if not as_json else False,
+        log=lambda line: click.echo(line, err=True), device=options["device"],
+        port=options["port"], ssh_key=options["ssh_key"], ssh_options=options["ssh_options"],
+        benchmark_binary=options["benchmark_binary"], runner=options["runner"],
+        remote_python=options["remote_python"], remote_tmp=options["remote_tmp"],
+        timeout=options["timeout"],
+    )
+    emit(report, as_json)
+
+
+pipeline_command = click.Command(
+    "pipeline",
+    callback=_pipeline,
+    help=_pipeline.__doc__,
+    short_help="Train -> verify -> pack -> export -> convert -> bench, in one command.",
+    params=[
+        *_TRAIN,
+        click.Option(["--train-device"], default="cpu", show_default=True,
+                     help="Torch device to train on (cpu, cuda, cuda:1)."),
+        *_BENCH,
+        click.Option(["--json", "as_json"], is_flag=True,
+                     help="Print exactly one JSON object on stdout (every stage's report)."),
+    ],
+)

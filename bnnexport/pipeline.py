@@ -1,0 +1,108 @@
+"""The whole chain in one call: train -> verify -> pack -> export -> convert -> bench.
+
+Each stage is the same library function its own command calls; the run directory is the
+hand-off between them, so a pipeline run leaves exactly what running the commands one by one
+would. The first stage that fails stops the chain with its own one-line error.
+
+Example:
+    >>> from bnnexport.pipeline import pipeline
+    >>> from bnnexport.train import TrainConfig
+    >>> report = pipeline(TrainConfig(epochs=5, out="runs/demo"))       # doctest: +SKIP
+    >>> print(report.bench.to_table())                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bnnexport.bench import BenchReport, bench
+from bnnexport.reports import Report
+from bnnexport.train import TrainConfig, train
+
+
+@dataclasses.dataclass
+class PipelineReport(Report):
+    """Every stage's report, and the bench results with the path of report.md."""
+
+    run_dir: str
+    stages: dict[str, dict[str, Any]]
+    seconds: dict[str, float]
+    bench: BenchReport
+    report_md: str | None
+
+    def to_table(self) -> str:
+        """One line per stage, then the bench table (ending with the report's path)."""
+        lines = [f"run directory: {self.run_dir}"]
+        for name, seconds in self.seconds.items():
+            lines.append(f"  {name:<8} done in {seconds:7.1f} s{_highlight(name, self.stages)}")
+        return "\n".join(lines + ["", self.bench.to_table()])
+
+
+def _highlight(name: str, stages: dict[str, dict[str, Any]]) -> str:
+    """A few telling numbers of a stage's report, for the summary line."""
+    keys = {"train": ("test_accuracy",), "verify": ("strict", "binary_parameters"),
+            "pack": ("packed_bytes", "ratio"), "export": ("onnx_accuracy", "argmax_agreement"),
+            "convert": ("lce_bconv2d", "argmax_agreement", "lce_bytes")}.get(name, ())
+    data = stages.get(name, {})
+    parts = [f"{k}={data[k]:.4g}" if isinstance(data[k], float) else f"{k}={data[k]}"
+             for k in keys if k in data]
+    return f"  ({', '.join(parts)})" if parts else ""
+
+
+def pipeline(
+    config: TrainConfig, target: str = "arm64", runs: int = 100, threads: int = 1,
+    samples: int = 1000, warmup: int = 10, resume: bool = False, force: bool = False,
+    progress: bool | None = None, log: Callable[[str], None] | None = None,
+    device: str | None = None, port: int | None = None, ssh_key: str | None = None,
+    ssh_options: Sequence[str] = (), benchmark_binary: str | None = None, runner: str = "auto",
+    remote_python: str = "python3", remote_tmp: str = "/tmp", timeout: float = 600.0,
+) -> PipelineReport:
+    """Run every stage on `config.out`; return their reports.
+
+    Args:
+        config: the training configuration (`config.out` is the run directory).
+        target: the LCE flatbuffer's target (arm64 or arm32); the float TFLite model is
+            always written too, so bench can compare all four backends.
+        runs, threads, samples, warmup: as for `bench`; `samples` also sets how many test samples
+            export writes to samples.npz.
+        resume, force, progress: as for `train`.
+        log: called with one line as each stage starts (e.g. `click.echo` to stderr).
+        device and the rest: as for `bench`, to include a device.
+    """
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+    from bnnexport.pack import pack
+    from bnnexport.verify import require_strict, verify_run
+
+    say = log or (lambda line: None)
+    run_dir = config.out
+    stages: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {}
+
+    def stage(name: str, call: Callable[[], Report]) -> Any:
+        say(f"[{len(seconds) + 1}/{len(STAGES)}] {name} {run_dir}")
+        start = time.perf_counter()
+        report = call()
+        seconds[name] = time.perf_counter() - start
+        stages[name] = report.to_json()
+        return report
+
+    stage("train", lambda: train(config, resume=resume, force=force, progress=progress))
+    # a model that is not strictly binary stops here (exit 1), before anything is exported
+    stage("verify", lambda: require_strict(verify_run(run_dir)))
+    stage("pack", lambda: pack(run_dir))
+    stage("export", lambda: export_onnx(run_dir, samples=samples))
+    stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite"))
+    result = stage("bench", lambda: bench(
+        run_dir, runs=runs, threads=threads, samples=samples, warmup=warmup, target=target,
+        device=device,
+        port=port, ssh_key=ssh_key, ssh_options=ssh_options, benchmark_binary=benchmark_binary,
+        runner=runner, remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout))
+    return PipelineReport(run_dir=str(run_dir), stages=stages, seconds=seconds, bench=result,
+                          report_md=result.report_md)
+
+
+STAGES = ("train", "verify", "pack", "export", "convert", "bench")
