@@ -7,7 +7,8 @@ import click
 from bnnexport.cli.common import emit, handle_errors, json_option
 
 
-@click.command("bench")
+@click.command(
+    "bench", short_help="Accuracy, agreement with PyTorch and latency of every backend.")
 @click.argument("run_dir", type=click.Path())
 @click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True,
               help="Timed runs at batch 1 per backend, after --warmup untimed ones.")
