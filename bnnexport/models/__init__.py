@@ -5,7 +5,14 @@ Example:
     >>> model = create_model("mnist-bnn", num_classes=10)
 """
 
-from bnnexport.models import mnist  # noqa: F401  (registers its models)
+from bnnexport.models import (  # noqa: F401  (each registers its models)
+    binary_alexnet,
+    binarynet,
+    birealnet,
+    mnist,
+    quicknet,
+    xnornet,
+)
 from bnnexport.models.registry import (
     ModelInfo,
     create_model,

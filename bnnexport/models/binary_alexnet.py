@@ -1,0 +1,95 @@
+"""BinaryAlexNet: AlexNet with binary kernels and activations (Hubara et al., "Binarized Neural
+Networks", NIPS 2016), as larq-zoo builds it and Helwegen et al. 2019 train it with Bop.
+
+Layout (native input 3x224x224, sizes in brackets):
+    binary-kernel conv 11x11/4, 3->64, real-valued input  [56] + BN + max-pool 3/2 [27]
+    binary conv 5x5 64->192 + BN + max-pool 3/2           [13]
+    binary conv 3x3 192->384 + BN, 384->384 + BN, 384->256 + BN + max-pool 3/2 [6]
+    flatten, binary dense 9216->4096 + BN, 4096->4096 + BN, 4096->K + BN (the logits)
+
+All kernels are binary (Bop trains them all); the first conv's input is the image, so LCE runs it
+as a float conv with a ±1 kernel. No float layers, no shortcuts, no biases; BatchNorm without a
+trainable scale (larq-zoo's `scale=False`). The 11x11/4 conv pads exactly as Keras' "same"
+(`same_conv`: (3, 4) at 224), which also keeps it clear of an LCE converter bug.
+
+Where LCE's guidance changed larq-zoo's layout (DESIGN §2): BatchNorm sits before each max-pool
+(conv -> BN -> pool -> sign, which LCE runs as a bconv writing packed bits and a binary max-pool);
+with γ = 1 the two orders are the same function. "same" binary convs pad with +1 (`pad_value`).
+
+Reduced inputs work down to 3x64x64 (the last pool then sees 3x3); smaller ones raise ValueError.
+
+Example:
+    >>> import torch
+    >>> from bnnexport.models import create_model
+    >>> create_model("binary-alexnet", num_classes=10, input_shape=(3, 64, 64))(
+    ...     torch.zeros(2, 3, 64, 64)).shape
+    torch.Size([2, 10])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bnnexport.layers import BinaryConv2d, BinaryLinear
+from bnnexport.models.blocks import conv_out, require_size, same_conv, scale_free_bn
+from bnnexport.models.registry import register_model
+
+
+class BinaryAlexNet(nn.Module):
+    def __init__(
+        self,
+        num_classes: int = 1000,
+        input_shape: tuple[int, int, int] = (3, 224, 224),
+        hidden: int = 4096,
+        pad_value: str = "one",
+        input_quantizer: str = "ste_sign",
+    ) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        first, hw = same_conv(
+            BinaryConv2d(channels, 64, 11, stride=4, input_quantizer=None), height, width
+        )
+        size = list(hw)
+
+        def pool() -> nn.Module:
+            require_size("binary-alexnet", min(size), 3, "a 3x3 max-pool")
+            size[:] = [conv_out(s, 3, 2) for s in size]
+            return nn.MaxPool2d(3, 2)
+
+        def block(cin: int, cout: int, kernel: int) -> list[nn.Module]:
+            conv = BinaryConv2d(
+                cin, cout, kernel, padding=kernel // 2, pad_value=pad_value,
+                input_quantizer=input_quantizer,
+            )  # fmt: skip
+            return [conv, scale_free_bn(cout)]
+
+        self.features = nn.Sequential(
+            first,
+            scale_free_bn(64),
+            pool(),
+            *block(64, 192, 5),
+            pool(),
+            *block(192, 384, 3),
+            *block(384, 384, 3),
+            *block(384, 256, 3),
+            pool(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            BinaryLinear(256 * size[0] * size[1], hidden, input_quantizer=input_quantizer),
+            scale_free_bn(hidden, dims=1),
+            BinaryLinear(hidden, hidden, input_quantizer=input_quantizer),
+            scale_free_bn(hidden, dims=1),
+            BinaryLinear(hidden, num_classes, input_quantizer=input_quantizer),
+            scale_free_bn(num_classes, dims=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+@register_model("binary-alexnet", num_classes=1000, input_shape=(3, 224, 224))
+def binary_alexnet(**kwargs) -> nn.Module:
+    """BinaryAlexNet (Hubara et al. 2016): 5 binary convs, 3 binary dense layers."""
+    return BinaryAlexNet(**kwargs)

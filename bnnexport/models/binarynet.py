@@ -1,0 +1,85 @@
+"""BinaryNet, the CIFAR-10 VGG of Helwegen et al. 2019 (DESIGN §5) and Courbariaux et al. 2016.
+
+Layout (native input 3x32x32, sizes in brackets):
+    binary-kernel conv 3x3 3->128, VALID, real-valued input   [30]  + BN
+    binary conv 3x3 128->128 + BN + max-pool 2                [15]
+    binary conv 3x3 128->256 + BN, 256->256 + BN + max-pool 2 [7]
+    binary conv 3x3 256->512 + BN, 512->512 + BN + max-pool 2 [3]
+    flatten, binary dense 4608->1024 + BN, 1024->1024 + BN, 1024->K + BN (the logits)
+
+Every kernel is binary and trained by Bop, the first conv's too (its input is the image, not
+binarized, so LCE runs it as a float conv with a ±1 kernel); there are no float layers, no
+shortcuts and no biases. BatchNorm has no trainable scale (the paper's `scale=False`, see
+`scale_free_bn`).
+
+Where LCE's guidance changed the paper's code (DESIGN §2):
+- the paper pools before BatchNorm; here BatchNorm comes first (conv -> BN -> max-pool -> sign),
+  the order LCE turns into `LceBconv2d -> LceBMaxPool2d` on packed bits. With γ = 1 BatchNorm is
+  increasing per channel, so both orders compute the same function.
+- "same" convs pad the binarized input with +1 (`pad_value="one"`) instead of 0: every value
+  stays ±1 and LCE keeps the tensors bit-packed. Pass `pad_value="zero"` for the paper's padding.
+
+Example:
+    >>> import torch
+    >>> from bnnexport.models import create_model
+    >>> create_model("binarynet")(torch.zeros(2, 3, 32, 32)).shape
+    torch.Size([2, 10])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bnnexport.layers import BinaryConv2d, BinaryLinear
+from bnnexport.models.blocks import conv_out, require_size, scale_free_bn
+from bnnexport.models.registry import register_model
+
+
+class BinaryNet(nn.Module):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        input_shape: tuple[int, int, int] = (3, 32, 32),
+        widths: tuple[int, ...] = (128, 128, 256, 256, 512, 512),
+        hidden: int = 1024,
+        pad_value: str = "one",
+        input_quantizer: str = "ste_sign",
+    ) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        layers: list[nn.Module] = [
+            BinaryConv2d(channels, widths[0], 3, input_quantizer=None),
+            scale_free_bn(widths[0]),
+        ]
+        h, w = conv_out(height, 3), conv_out(width, 3)
+        for index, (cin, cout) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+            layers += [
+                BinaryConv2d(
+                    cin, cout, 3, padding=1, pad_value=pad_value, input_quantizer=input_quantizer
+                ),
+                scale_free_bn(cout),
+            ]
+            if index % 2 == 0:  # after the 2nd, 4th and 6th conv
+                layers.append(nn.MaxPool2d(2))
+                h, w = h // 2, w // 2
+        require_size("binarynet", min(h, w), 1, "the classifier")
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            BinaryLinear(widths[-1] * h * w, hidden, input_quantizer=input_quantizer),
+            scale_free_bn(hidden, dims=1),
+            BinaryLinear(hidden, hidden, input_quantizer=input_quantizer),
+            scale_free_bn(hidden, dims=1),
+            BinaryLinear(hidden, num_classes, input_quantizer=input_quantizer),
+            scale_free_bn(num_classes, dims=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+@register_model("binarynet", num_classes=10, input_shape=(3, 32, 32))
+def binarynet(**kwargs) -> nn.Module:
+    """The paper's CIFAR-10 BinaryNet: 6 binary convs, 3 binary dense layers, no float layer."""
+    return BinaryNet(**kwargs)

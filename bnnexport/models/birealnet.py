@@ -1,0 +1,105 @@
+"""Bi-Real Net 18 (Liu et al., "Bi-Real Net", ECCV 2018), as larq-zoo builds it and Helwegen et
+al. 2019 train it with Bop.
+
+Layout (native input 3x224x224, sizes in brackets):
+    float conv 7x7/2 3->64 [112] + BN + max-pool 3/2 (padding 1) [56]
+    16 blocks, each   y = BN(binary conv 3x3(approx_sign(x))) + shortcut(x)
+        4 blocks at 64 channels [56]; then 3 stages of 4 blocks at 128 [28], 256 [14], 512 [7];
+        the first block of a stage has stride 2 and doubles the channels
+    global average pool, float dense 512->K
+
+Shortcuts surround every binary conv (the "bi-real" connections keep the real-valued activations
+flowing). A shortcut that changes shape is float: 2x2/2 average pool, 1x1 float conv, BN, as in
+the paper. The stem, the downsampling shortcuts and the classifier are float (trained by Adam);
+the 16 3x3 convs are binary. Activations use approx_sign (Bi-Real's polynomial estimator);
+BatchNorm momentum 0.2 (Keras 0.8), with a trainable scale.
+
+Scaling: Bi-Real scales each kernel by its mean |w| (magnitude-aware sign). Bop keeps kernels
+strictly ±1; a positive per-channel factor before BatchNorm is normalised away by it.
+
+Where LCE's guidance changed larq-zoo's layout (DESIGN §2): binary convs pad with +1
+(`pad_value="one"`, LCE keeps the bits packed) instead of 0; pass `pad_value="zero"` for
+the original. The float 7x7/2 stem pads as Keras' "same" (`same_conv`: (2, 3) at 224), which
+keeps it clear of an LCE converter bug with strided padded convs. Reduced inputs work (3x32x32
+ends at 1x1).
+
+Example:
+    >>> import torch
+    >>> from bnnexport.models import create_model
+    >>> create_model("birealnet18", num_classes=10, input_shape=(3, 32, 32))(
+    ...     torch.zeros(2, 3, 32, 32)).shape
+    torch.Size([2, 10])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bnnexport.layers import BinaryConv2d
+from bnnexport.models.blocks import same_conv
+from bnnexport.models.registry import register_model
+
+BN_MOMENTUM = 0.2  # torch's momentum is 1 - Keras' (0.8)
+
+
+class BiRealBlock(nn.Module):
+    """approx_sign -> binary conv 3x3 -> BN, plus the (float when reshaping) shortcut."""
+
+    def __init__(self, cin: int, cout: int, pad_value: str, input_quantizer: str) -> None:
+        super().__init__()
+        stride = 1 if cin == cout else 2
+        self.conv = BinaryConv2d(
+            cin, cout, 3, stride=stride, padding=1, pad_value=pad_value,
+            input_quantizer=input_quantizer,
+        )  # fmt: skip
+        self.bn = nn.BatchNorm2d(cout, momentum=BN_MOMENTUM)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1:
+            # ceil_mode keeps odd sizes in step with the stride-2 conv (both give ceil(n / 2))
+            self.shortcut = nn.Sequential(
+                nn.AvgPool2d(2, 2, ceil_mode=True),
+                nn.Conv2d(cin, cout, 1, bias=False),
+                nn.BatchNorm2d(cout, momentum=BN_MOMENTUM),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x)) + self.shortcut(x)
+
+
+class BiRealNet(nn.Module):
+    def __init__(
+        self,
+        num_classes: int = 1000,
+        input_shape: tuple[int, int, int] = (3, 224, 224),
+        filters: int = 64,
+        pad_value: str = "one",
+        input_quantizer: str = "approx_sign",
+    ) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        stem, _ = same_conv(nn.Conv2d(channels, filters, 7, stride=2, bias=False), height, width)
+        self.stem = nn.Sequential(
+            stem,
+            nn.BatchNorm2d(filters, momentum=BN_MOMENTUM),
+            nn.MaxPool2d(3, 2, padding=1),
+        )
+        widths = [filters] * 4 + [w for k in (2, 4, 8) for w in [filters * k] * 4]
+        blocks = []
+        cin = filters
+        for cout in widths:
+            blocks.append(BiRealBlock(cin, cout, pad_value, input_quantizer))
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+@register_model("birealnet18", num_classes=1000, input_shape=(3, 224, 224))
+def birealnet18(**kwargs) -> nn.Module:
+    """Bi-Real Net 18: float stem, 16 binary 3x3 convs each with a shortcut, float head."""
+    return BiRealNet(**kwargs)
