@@ -175,6 +175,7 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
         t, tf().constant(k_hwio), [1, *strides, 1], mode, dilations=[1, *dilations, 1]
     )
     ones = inner_value == 1.0 and any(inner)
+    correction = None
     if not any(inner) and not any(outer):
         y = conv2d(binarize(x), "VALID")
     elif ones and not any(outer) and _padding_mode(x, ksize, strides, dilations, inner) == "SAME":
@@ -182,20 +183,37 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
             binarize(x), [[0, 0], inner[0::2], inner[1::2], [0, 0]], constant_values=1.0
         )
         y = conv2d(padded, "VALID")
-    elif (not any(inner) or inner_value == 0.0) and _padding_mode(
-        x, ksize, strides, dilations, [a + b for a, b in zip(inner, outer, strict=True)]
-    ) == "SAME":
+    elif (
+        (not any(inner) or inner_value == 0.0)
+        and _padding_mode(
+            x, ksize, strides, dilations, [a + b for a, b in zip(inner, outer, strict=True)]
+        )
+        == "SAME"
+        # LCE 0.16's border correction for zero-padded SAME bconvs is wrong when the kernel
+        # is larger than the input (measured: 1x1 and 2x2 inputs with a 3x3 kernel)
+        and all(int(x.shape[1 + k]) >= (ksize[k] - 1) * dilations[k] + 1 for k in (0, 1))
+    ):
         y = conv2d(binarize(x), "SAME")
     else:
-        y = _padded_binary_conv(x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d)
+        y, correction = _padded_binary_conv(
+            x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d
+        )
     bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     bias = np.zeros(len(scale), np.float32) if bias is None else bias.astype(np.float32)
+    if correction is not None:
+        if np.all(correction == correction[:1, :1]):
+            # the same at every position (e.g. a 1x1 output): it is per channel, so it folds
+            # into the bias; a reshaped Sub would be moved back and fused with a 2-D bias
+            bias = (bias - correction[0, 0] * scale).astype(np.float32)
+        else:
+            y = subtract_spatial(y, correction)
     return Value(None, "nhwc", acc=y, m=scale, b=bias)
 
 
 def _padded_binary_conv(x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d):
     """Pad the float tensor (+1 for one- and zero-padding, -1 for minus-one padding), binarize,
-    VALID binary conv, then subtract what the +1s contributed where torch had zeros."""
+    VALID binary conv. Returns it with the [H, W, O] correction map (what the +1s contributed
+    where torch had zeros, to subtract), or None when there is none."""
     h, w = int(x.shape[1]), int(x.shape[2])
     fill = -1.0 if inner_value == -1.0 else 1.0
     padded = pad_constant(x, [(inner[0], inner[2]), (inner[1], inner[3])], fill)
@@ -208,9 +226,7 @@ def _padded_binary_conv(x, inner, inner_value, outer, k_hwio, strides, dilations
     zero = np.pad(zero, [(outer[0], outer[2]), (outer[1], outer[3])], constant_values=1.0)
     y = conv2d(binarize(padded), "VALID")
     correction = correction_map(zero, k_hwio.astype(np.float64), strides, dilations)
-    if np.any(correction):
-        y = subtract_spatial(y, correction)
-    return y
+    return y, (correction if np.any(correction) else None)
 
 
 def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:

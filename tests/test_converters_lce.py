@@ -217,3 +217,19 @@ def test_explicit_pads_before_a_binary_conv_are_exact(tmp_path, pads, value, str
 
     result, torch_check = convert_net(Net(), (1, 3, 10, 10), tmp_path)
     _assert_exact_binary(result, torch_check, 1)
+
+
+@pytest.mark.parametrize("size, stride", [(1, 1), (2, 1), (2, 2)])
+def test_zero_padded_binary_conv_on_inputs_smaller_than_the_kernel(tmp_path, size, stride):
+    # LCE's own SAME zero-padding correction is wrong here; the converter must not use it
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(3, 32, 1)
+            self.block = BinaryBlock(32, 16, stride=stride, padding="zero")
+
+        def forward(self, x):
+            return self.block(self.first(x)).flatten(1)
+
+    result, torch_check = convert_net(Net(), (1, 3, size, size), tmp_path)
+    _assert_exact_binary(result, torch_check, 1)
