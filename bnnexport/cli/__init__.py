@@ -12,11 +12,13 @@ from bnnexport import __version__
 from bnnexport.cli.bench import bench_command
 from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
+from bnnexport.cli.init import init_command
 from bnnexport.cli.pack import pack_command
 from bnnexport.cli.pipeline import pipeline_command
 from bnnexport.cli.summary import summary_command
 from bnnexport.cli.train import train_command
 from bnnexport.cli.verify import verify_command
+from bnnexport.cli.zoo import zoo_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -37,3 +39,5 @@ main.add_command(export_command)
 main.add_command(convert_command)
 main.add_command(bench_command)
 main.add_command(pipeline_command)
+main.add_command(zoo_command)
+main.add_command(init_command)
