@@ -109,10 +109,16 @@ class Bop(_Scheduled, torch.optim.Optimizer):
                 if "momentum" not in state:
                     state["momentum"] = torch.zeros_like(weight)
                 momentum = state["momentum"]
-                momentum.mul_(1.0 - gamma).add_(weight.grad * gamma)
-                flip = (weight * momentum) > threshold
-                weight.copy_(torch.where(flip, -weight, weight))
-                state["flips"] = flip.sum()
+                # One scratch tensor, all in place: bit-identical to m·(1-γ) + g·γ,
+                # flip = w·m > τ, w = where(flip, -w, w), and 3-4x faster than that on CPU
+                # (bool masks and `where` are slow there; benchmarks/optimizer.py).
+                scratch = torch.mul(weight.grad, gamma)
+                momentum.mul_(1.0 - gamma).add_(scratch)
+                flip = torch.mul(weight, momentum, out=scratch).gt_(threshold)  # 1.0 / 0.0
+                weight.addcmul_(weight, flip, value=-2.0)  # w - 2w: exactly -w where flipped
+                # a float32 sum of 0/1 is exact up to 2^24 entries
+                count = flip.sum() if flip.numel() <= 1 << 24 else torch.count_nonzero(flip)
+                state["flips"] = count.to(torch.int64)
         self.steps += 1
         return loss
 

@@ -1,0 +1,246 @@
+"""Helpers shared by the benchmark scripts: side-by-side timing, tables, machine identity, output.
+
+Timings on a shared machine are noisy, so every script measures its contenders interleaved in one
+process: `interleaved(calls, rounds, runs)` times each contender `runs` times per round (through
+`bnnexport.bench.time_calls`, the latency measurement the bench stage uses), rotates the order of
+the contenders every round, and reports the median over rounds of each round's median. Ratios
+taken from those medians are what docs/BENCHMARKS.md reports.
+
+Example:
+    >>> from _common import interleaved
+    >>> times = interleaved({"a": lambda: None, "b": lambda: None}, rounds=3, runs=5, warmup=1)
+    >>> sorted(times)
+    ['a', 'b']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from a checkout
+    sys.path.insert(0, str(ROOT))
+
+
+def interleaved(
+    calls: dict[str, Callable[[], Any]], rounds: int, runs: int, warmup: int = 2
+) -> dict[str, dict[str, float]]:
+    """Time every contender side by side; {name: {"median": ms, "min": ms, "rounds": n}}.
+
+    Each round calls every contender `runs` times (after `warmup` untimed calls in the first
+    round only) in an order rotated by one every round, so no contender always runs first.
+    """
+    from bnnexport.bench import time_calls
+
+    names = list(calls)
+    medians: dict[str, list[float]] = {n: [] for n in names}
+    minima: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            stats = time_calls(calls[name], runs, warmup if r == 0 else 0)
+            medians[name].append(stats["median"])
+            minima[name].append(stats["min"])
+    return {
+        n: {"median": statistics.median(medians[n]), "min": min(minima[n]), "rounds": rounds,
+            "runs_per_round": runs}
+        for n in names
+    }
+
+
+def machine() -> dict[str, Any]:
+    """Where the numbers came from: uname, CPU model, cores, load average at the time."""
+    from bnnexport.bench import _host_cpu
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "uname": " ".join(platform.uname()),
+        "cpu_model": _host_cpu(),
+        "cores": os.cpu_count(),
+        "load_average": [round(v, 2) for v in load] if load else None,
+        "python": platform.python_version(),
+    }
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain text table; floats with 4 significant digits, None as '-'."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    text = [[str(h) for h in head]] + [[cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in text) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in text]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with `--json`; the description is the script's docstring."""
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    return p
+
+
+def emit(result: dict[str, Any], text: str, as_json: bool) -> None:
+    """Print the JSON object (and nothing else on stdout) or the human table."""
+    if as_json:
+        print(json.dumps(result, indent=None, sort_keys=False, default=float))
+    else:
+        print(text)
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so `--json` keeps stdout to one object."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- the larq side: its own virtual environment -----------------------------------------------
+
+LARQ_VENV = ROOT / "benchmarks" / ".venv-larq"
+# DESIGN §1: the stack of the main venv (minus torch), plus larq; tf-keras without its deps.
+LARQ_STACK = ["numpy<2", "ml-dtypes==0.5.4", "tensorflow-cpu==2.21.0",
+              "larq-compute-engine==0.16.0", "larq==0.14.0"]
+LARQ_NO_DEPS = ["tf-keras==2.21.0"]
+
+
+def larq_python(create: bool = True) -> Path:
+    """benchmarks/.venv-larq/bin/python, created on first use (python3 -m venv + pip).
+
+    Raises RuntimeError with pip's last lines when the installation fails.
+    """
+    import subprocess
+
+    python = LARQ_VENV / "bin" / "python"
+    if python.is_file() or not create:
+        return python
+    log(f"creating {LARQ_VENV} (first use; a few minutes)")
+    steps = [
+        [sys.executable, "-m", "venv", str(LARQ_VENV)],
+        [str(python), "-m", "pip", "install", "-q", *LARQ_STACK],
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", *LARQ_NO_DEPS],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+            raise RuntimeError(f"`{' '.join(step)}` failed:\n{tail}")
+    return python
+
+
+def larq_env() -> dict[str, str]:
+    """Environment for the larq subprocess: legacy Keras (tf-keras), quiet TensorFlow."""
+    env = dict(os.environ)
+    env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+def larq_json(args: Sequence[str], timeout: float = 900) -> dict[str, Any]:
+    """Run `larq_side.py ARGS` in the larq venv; its last stdout line, parsed."""
+    import subprocess
+
+    done = subprocess.run([str(larq_python()), str(ROOT / "benchmarks" / "larq_side.py"), *args],
+                          capture_output=True, text=True, env=larq_env(), timeout=timeout)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"larq side failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+# --- the bnnexport side: init -> export -> convert through the library ------------------------
+
+
+def synthetic_dataset(input_shape: Sequence[int], num_classes: int, samples: int = 64) -> str:
+    """Register (once) a data set of uniform [-1, 1] images for `input_shape`; its name.
+
+    Export writes its test samples from the run's data set; zoo models at CIFAR or ImageNet
+    shape have no shipped one, and latency, size and conversion do not depend on the pixels.
+    """
+    import torch
+
+    from bnnexport.datasets import DatasetSplits, list_datasets, register_dataset
+
+    shape = tuple(int(v) for v in input_shape)
+    name = f"synthetic-{'x'.join(map(str, shape))}-{num_classes}"
+    if name in list_datasets():
+        return name
+
+    def loader(data_dir: Any = None, augment: bool = True) -> DatasetSplits:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.rand((samples, *shape), generator=generator) * 2 - 1
+        y = torch.randint(0, num_classes, (samples,), generator=generator)
+        data = torch.utils.data.TensorDataset(x, y)
+        return DatasetSplits(name, data, data, num_classes, shape)
+
+    register_dataset(name, loader)
+    return name
+
+
+def register_binarynet_convs() -> str:
+    """`binarynet-convs`: BinaryNet's six convs (BN, max-pools) and flatten, no dense layers."""
+    from torch import nn
+
+    from bnnexport.models import list_models, register_model
+    from bnnexport.models.binarynet import BinaryNet
+
+    name = "binarynet-convs"
+    if name not in list_models():
+
+        @register_model(name, num_classes=4608, input_shape=(3, 32, 32))
+        def binarynet_convs(num_classes: int = 4608, **kwargs: Any) -> nn.Module:
+            """BinaryNet without its classifier (benchmarks only)."""
+            return nn.Sequential(BinaryNet(**kwargs).features, nn.Flatten())
+
+    return name
+
+
+def torch_pipeline(model: str, out: Path, input_shape: Sequence[int] | None = None,
+                   samples: int = 16, fmt: str = "lce") -> dict[str, Any]:
+    """init -> export -> convert of an initialised `model` in `out`; reports and seconds."""
+    import time
+
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+    from bnnexport.init import init_run
+    from bnnexport.models import model_info
+
+    info = model_info(model)
+    shape = tuple(input_shape) if input_shape else info.input_shape
+    dataset = synthetic_dataset(shape, info.num_classes, samples)
+    start = time.perf_counter()
+    init = init_run(model, input_shape=shape, out=out, force=True, dataset=dataset)
+    t_init = time.perf_counter()
+    export = export_onnx(out, samples=samples)
+    t_export = time.perf_counter()
+    convert = convert_run(out, target="arm64", fmt=fmt)
+    t_convert = time.perf_counter()
+    return {"init": init, "export": export, "convert": convert,
+            "seconds": {"init": t_init - start, "export": t_export - t_init,
+                        "convert": t_convert - t_export}}
+
+
+def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
+    """One batch-1 inference in LCE's interpreter (indirect BGEMM, DESIGN §4), random input."""
+    import numpy as np
+    from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+    interpreter = Interpreter(Path(flatbuffer).read_bytes(), num_threads=threads,
+                              use_indirect_bgemm=True)
+    shape = interpreter.input_shapes[0]
+    x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
+    raw = interpreter.interpreter
+    return lambda: raw.predict([x])
