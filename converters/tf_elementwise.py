@@ -45,9 +45,14 @@ def channel_affine(
     channels = _channels(x)
     if x.is_affine and channels is not None:
         return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b)
-    shape = [1, len(m)] + [1] * (len(x.shape()) - 2)
-    mc = onnx_const_to_layout(m.reshape(shape), x)
-    bc = onnx_const_to_layout(b.reshape(shape), x)
+    if channels is not None:
+        # 1-D constants: LCE folds a Mul/Add after a bconv into its [C] multiplier and bias,
+        # and a 4-D [1, 1, 1, C] constant there makes the flatbuffer fail to load
+        mc, bc = m.astype(np.float32), b.astype(np.float32)
+    else:
+        shape = [1, len(m)] + [1] * (len(x.shape()) - 2)
+        mc = onnx_const_to_layout(m.reshape(shape), x)
+        bc = onnx_const_to_layout(b.reshape(shape), x)
     return Value(x.t * tf().constant(mc) + tf().constant(bc), x.layout, x.perm)
 
 
@@ -89,8 +94,10 @@ def arithmetic(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> V
         if not const_first:
             return channel_affine(tr, node, x, 1.0 / vec, zeros)
     t = x.t
-    if x.is_affine and vec is None:
-        # a spatial constant right after a bconv: keep LCE from fusing it (bug 2)
+    if vec is not None:
+        stored = vec  # 1-D, see channel_affine
+    elif x.layout == "nhwc":
+        # a spatial constant, possibly right after a bconv: keep LCE from fusing it (bug 2)
         shape = [int(d) for d in t.shape]
         flat = tf().reshape(t, [shape[0], -1])
         full = np.broadcast_to(stored, shape).reshape(1, -1)

@@ -233,3 +233,21 @@ def test_zero_padded_binary_conv_on_inputs_smaller_than_the_kernel(tmp_path, siz
 
     result, torch_check = convert_net(Net(), (1, 3, size, size), tmp_path)
     _assert_exact_binary(result, torch_check, 1)
+
+
+def test_relu_then_batchnorm_after_a_binary_conv_quicknet_style(tmp_path):
+    # LCE fuses the ReLU into the bconv, then folds the BatchNorm into its multiplier and bias
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(3, 32, 3, padding=1)
+            self.conv = binary_conv(32, 32)
+            self.bn = trained_bn(nn.BatchNorm2d(32))
+
+        def forward(self, x):
+            x = self.first(x)
+            y = self.conv(F.pad(sign(x), (1, 1, 1, 1), value=1.0))
+            return (x + self.bn(F.relu(y))).mean((2, 3))
+
+    result, torch_check = convert_net(Net(), (1, 3, 8, 8), tmp_path)
+    _assert_exact_binary(result, torch_check, 1)
