@@ -15,6 +15,7 @@ from bnnexport.cli.export import export_command
 from bnnexport.cli.init import init_command
 from bnnexport.cli.pack import pack_command
 from bnnexport.cli.pipeline import pipeline_command
+from bnnexport.cli.recipes import recipes_command
 from bnnexport.cli.summary import summary_command
 from bnnexport.cli.train import train_command
 from bnnexport.cli.verify import verify_command
@@ -41,3 +42,4 @@ main.add_command(bench_command)
 main.add_command(pipeline_command)
 main.add_command(zoo_command)
 main.add_command(init_command)
+main.add_command(recipes_command)

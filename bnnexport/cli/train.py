@@ -13,6 +13,8 @@ from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.train import TrainConfig, default_out, train
 
 DEFAULTS = TrainConfig()
+RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "threshold", "lr",
+                      "epochs", "batch_size", "seed")  # fmt: skip
 
 
 @click.command("train")
@@ -55,10 +57,13 @@ DEFAULTS = TrainConfig()
 @click.option("--amp", is_flag=True,
               help="Mixed precision: bf16 autocast for activations; binary weights and Bop's "
                    "state stay float32.")
+@click.option("--recipe", default=None, metavar="NAME",
+              help="Start from one of the paper's recipes (`bnnexport recipes`); flags given "
+                   "explicitly override it, and a different --epochs rescales its schedules.")
 @json_option
 @handle_errors
 def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epochs, batch_size,
-                  seed, out, resume, force, device, amp, as_json) -> None:
+                  seed, out, resume, force, device, amp, recipe, as_json) -> None:
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
 
     Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
@@ -73,6 +78,15 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
         epochs=epochs, batch_size=batch_size, seed=seed,
         out=out or default_out(model, dataset), device=device, amp=amp,
     )
+    if recipe is not None:
+        from bnnexport.recipes import recipe_config
+
+        ctx = click.get_current_context()
+        given = {  # only what the user typed overrides the recipe, never a flag's default
+            name: getattr(config, name) for name in RECIPE_OVERRIDABLE
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        }  # fmt: skip
+        config = recipe_config(recipe, **given, out=out, device=device, amp=amp)
     report = train(config, resume=resume, force=force, progress=None if not as_json else False)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
         title = f"trained {report.model} on {report.dataset} -> {report.run_dir}"

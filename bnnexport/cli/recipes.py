@@ -1,0 +1,32 @@
+"""`bnnexport recipes`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from bnnexport.cli.common import handle_errors, json_option
+
+
+@click.command("recipes")
+@json_option
+@handle_errors
+def recipes_command(as_json: bool) -> None:
+    """The paper's training recipes that `bnnexport train --recipe NAME` loads.
+
+    Schedules are listed in epochs ('step:G0,FACTOR,EVERY_EPOCHS', 'linear:START,END,EPOCHS');
+    train resolves them to optimizer steps for the data set and batch size it runs with.
+    """
+    from bnnexport.recipes import RECIPES
+
+    if as_json:
+        click.echo(json.dumps({"recipes": [r.to_json() for r in RECIPES.values()]}))
+        return
+    for recipe in RECIPES.values():
+        click.echo(f"{recipe.name}: {recipe.description}")
+        click.echo(
+            f"    {recipe.model} on {recipe.dataset}, {recipe.optimizer}, {recipe.epochs} epochs, "
+            f"batch {recipe.batch_size}; γ {recipe.gamma}, τ {recipe.threshold}, lr {recipe.lr}"
+        )
+        click.echo(f"    {recipe.reference}")

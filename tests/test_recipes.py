@@ -1,0 +1,87 @@
+"""Recipes resolve to the schedules the paper documents (DESIGN §5), in optimizer steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bnnexport.cli import main
+from bnnexport.errors import DataError
+from bnnexport.recipes import recipe_config
+from bnnexport.schedules import parse_schedule
+
+
+def test_cifar10_bop_is_the_papers_recipe():
+    config = recipe_config("paper-cifar10-bop", steps_per_epoch=1000)  # 50,000 / 50
+    assert (config.model, config.dataset, config.optimizer) == ("binarynet", "cifar10", "bop")
+    assert (config.epochs, config.batch_size) == (500, 50)
+    assert config.threshold == 1e-8 and config.lr == 1e-2
+    gamma = parse_schedule(config.gamma)
+    assert gamma(0) == 1e-4 and gamma(99_999) == 1e-4
+    assert gamma(100_000) == pytest.approx(1e-5) and gamma(499_999) == pytest.approx(1e-8)
+
+
+def test_cifar10_latent_is_adam_on_latent_weights_with_the_same_net():
+    config = recipe_config("paper-cifar10-latent", steps_per_epoch=1000)
+    assert (config.model, config.optimizer, config.epochs, config.batch_size) == (
+        "binarynet", "adam-latent", 500, 50,
+    )  # fmt: skip
+    assert config.lr == 1e-2
+
+
+def test_imagenet_bop_decays_gamma_and_lr_linearly_over_the_run():
+    config = recipe_config("paper-imagenet-bop", steps_per_epoch=1252)  # 1,281,167 / 1024
+    assert (config.model, config.batch_size, config.epochs) == ("binary-alexnet", 1024, 150)
+    gamma, lr = parse_schedule(config.gamma), parse_schedule(config.lr)
+    total = 150 * 1252
+    assert gamma(0) == 1e-4 and gamma(total) == pytest.approx(1e-6)
+    assert gamma(total // 2) == pytest.approx((1e-4 + 1e-6) / 2, rel=1e-3)
+    assert lr(0) == 2.5e-3 and lr(total) == pytest.approx(5e-6)
+
+
+def test_shorter_epochs_scale_every_schedule_proportionally():
+    config = recipe_config("paper-cifar10-bop", steps_per_epoch=1000, epochs=50)
+    gamma = parse_schedule(config.gamma)
+    assert gamma(9_999) == 1e-4 and gamma(10_000) == pytest.approx(1e-5)  # every 10 epochs
+    short = recipe_config("paper-imagenet-bop", steps_per_epoch=10, epochs=15)
+    assert parse_schedule(short.lr)(150) == pytest.approx(5e-6)
+
+
+def test_explicit_values_override_the_recipe_and_are_not_rescaled():
+    config = recipe_config(
+        "paper-cifar10-bop", steps_per_epoch=1000, epochs=5, gamma=1e-3, batch_size=100
+    )
+    assert config.gamma == 1e-3 and config.batch_size == 100 and config.epochs == 5
+    assert config.threshold == 1e-8
+
+
+def test_steps_per_epoch_come_from_the_data_set_and_batch_size():
+    config = recipe_config("paper-cifar10-bop", dataset="mnist5k", batch_size=100, epochs=500)
+    assert parse_schedule(config.gamma).every == 100 * 40  # 4,000 images / 100 = 40 steps
+
+
+def test_unknown_recipe_is_a_data_error():
+    with pytest.raises(DataError, match="known: paper-cifar10-bop"):
+        recipe_config("paper-mnist")
+
+
+def test_recipes_command_lists_them_as_json():
+    result = CliRunner().invoke(main, ["recipes", "--json"])
+    assert result.exit_code == 0, result.output
+    names = [r["name"] for r in json.loads(result.output)["recipes"]]
+    assert names == ["paper-cifar10-bop", "paper-cifar10-latent", "paper-imagenet-bop"]
+
+
+@pytest.mark.slow
+def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--recipe", "paper-cifar10-bop", "--dataset", "mnist5k", "--model",
+            "mnist-bnn", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["threshold"] == 1e-8 and config["batch_size"] == 200 and config["epochs"] == 1
+    # 500-epoch recipe run for 1 epoch: x0.1 every 100/500 epochs = every 4 of 20 steps
+    assert config["gamma"] == "step:0.0001,0.1,4"
