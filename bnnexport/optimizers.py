@@ -249,9 +249,132 @@ def latent_adam(model: nn.Module, lr: float | str | Schedule = 1e-2) -> CaseOpti
     )
 
 
+class Bop2ndOrder(Bop):
+    """Bop with a second-moment estimate ("Bop and Beyond", Suarez-Ramirez et al. 2021):
+
+        m <- (1 - γ) m + γ g,   v <- v + σ (g² - v)   (both start at 0)
+        w <- -w   iff   w · m / (sqrt(v) + ε) > τ
+
+    Normalising m by the gradient's running RMS makes τ comparable across layers and over
+    training. Args as `Bop`, plus `sigma` (σ, a number or a schedule) and `eps` (ε = 1e-10).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        gamma: float | str | Schedule = 1e-4,
+        threshold: float | str | Schedule = 1e-8,
+        sigma: float | str | Schedule = 1e-2,
+        eps: float = 1e-10,
+    ) -> None:
+        super().__init__(params, gamma, threshold)
+        self.schedules["sigma"] = as_schedule(sigma)
+        self.eps = eps
+        for group in self.param_groups:
+            group.setdefault("sigma", self.schedules["sigma"](0))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._apply_schedules()
+        for group in self.param_groups:
+            gamma, threshold, sigma = group["gamma"], group["threshold"], group["sigma"]
+            for weight in group["params"]:
+                if weight.grad is None:
+                    continue
+                state = self.state[weight]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(weight)
+                    state["second_moment"] = torch.zeros_like(weight)
+                m, v, g = state["momentum"], state["second_moment"], weight.grad
+                m.mul_(1.0 - gamma).add_(g, alpha=gamma)
+                v.add_(g * g - v, alpha=sigma)
+                flip = weight * m / (v.sqrt() + self.eps) > threshold
+                weight.copy_(torch.where(flip, -weight, weight))
+                state["flips"] = flip.sum()
+        self.steps += 1
+        return loss
+
+
+class BopNormalized(Bop):
+    """Bop with a layer-wise normalised threshold (Helwegen et al. 2019, discussion section):
+
+        m <- (1 - γ) m + γ g
+        w <- -w   iff   w · m > τ · mean(|m|)   (the mean over the layer's kernel)
+
+    τ is then dimensionless (e.g. 1-3): the same τ suits layers whose gradients differ by
+    orders of magnitude, where Bop's absolute τ flips some layers constantly and others never.
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._apply_schedules()
+        for group in self.param_groups:
+            gamma, threshold = group["gamma"], group["threshold"]
+            for weight in group["params"]:
+                if weight.grad is None:
+                    continue
+                state = self.state[weight]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(weight)
+                m = state["momentum"]
+                m.mul_(1.0 - gamma).add_(weight.grad, alpha=gamma)
+                flip = weight * m > threshold * m.abs().mean()
+                weight.copy_(torch.where(flip, -weight, weight))
+                state["flips"] = flip.sum()
+        self.steps += 1
+        return loss
+
+
+def _binary_optimizer_with_adam(
+    model: nn.Module, lr: float | str | Schedule, make: Factory
+) -> CaseOptimizer:
+    binary = _binary_ids(model)
+    return CaseOptimizer(
+        model,
+        [
+            ("bop", lambda _, p: id(p) in binary, make),
+            ("adam", lambda _, p: id(p) not in binary, lambda ps: ScheduledAdam(ps, lr)),
+        ],
+    )
+
+
+def bop2_with_adam(
+    model: nn.Module,
+    gamma: float | str | Schedule = 1e-4,
+    threshold: float | str | Schedule = 1e-8,
+    lr: float | str | Schedule = 1e-2,
+    sigma: float | str | Schedule = 1e-2,
+) -> CaseOptimizer:
+    """`Bop2ndOrder` for the binary kernels, Adam for every real-valued parameter."""
+    return _binary_optimizer_with_adam(
+        model, lr, lambda ps: Bop2ndOrder(ps, gamma, threshold, sigma)
+    )
+
+
+def bop_normalized_with_adam(
+    model: nn.Module,
+    gamma: float | str | Schedule = 1e-4,
+    threshold: float | str | Schedule = 1.0,
+    lr: float | str | Schedule = 1e-2,
+) -> CaseOptimizer:
+    """`BopNormalized` (τ relative to each layer's mean |m|) for the binary kernels, Adam for
+    every real-valued parameter."""
+    return _binary_optimizer_with_adam(model, lr, lambda ps: BopNormalized(ps, gamma, threshold))
+
+
 OPTIMIZERS: dict[str, Callable[..., CaseOptimizer]] = {
     "bop": bop_with_adam,
     "adam-latent": latent_adam,
+    "bop2": bop2_with_adam,
+    "bop-normalized": bop_normalized_with_adam,
 }
 
 
