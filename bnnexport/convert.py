@@ -49,10 +49,25 @@ class ConvertReport(Report):
     random_inputs: bool
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int | None
+    tflite_float_bytes: int
     float_output: str | None
     seconds: float
     op_histogram: dict[str, int] = field(default_factory=dict)
+
+    def to_table(self) -> str:
+        """The fields, then the flatbuffer's op histogram one op per line (never truncated)."""
+        data = self.to_json()
+        histogram = data.pop("op_histogram")
+        width = max(len(k) for k in data)
+        lines = [f"{k.ljust(width)}  {_format(v)}" for k, v in data.items()]
+        lines.append("op_histogram")
+        op_width = max((len(op) for op in histogram), default=0)
+        lines += [f"  {op.ljust(op_width)}  {count}" for op, count in histogram.items()]
+        return "\n".join(lines)
+
+
+def _format(value: object) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _locate(path: Path, target: str) -> tuple[Path, Path, Path, RunDir | None]:

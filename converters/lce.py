@@ -50,7 +50,7 @@ class ConversionResult:
     random_inputs: bool
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int | None = None
+    tflite_float_bytes: int = 0
     float_output: Path | None = None
     float_max_abs_diff: float | None = None
     seconds: float = 0.0
@@ -85,7 +85,8 @@ def convert_onnx(
         onnx_path: the ONNX model (NCHW input, as torch exports it).
         output_path: where the LCE flatbuffer goes (only if the gate passes).
         target: "arm64" or "arm32"; both use LCE's target "arm".
-        write_float_tflite: also write a float TFLite model there (stock interpreter).
+        write_float_tflite: also write the float TFLite model there (stock interpreter) and
+            check it; it is always built in memory, for its size.
         inputs: NCHW float32 samples for the gate; random normal ones when None. The float
             TFLite model, a side product, is checked on the first 100 of them.
         rtol: tolerance on max |diff| as a fraction of the reference output range.
@@ -107,10 +108,9 @@ def convert_onnx(
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         info = save_saved_model(model, Path(tmp) / "saved")
         flatbuffer = lce.convert_saved_model(str(Path(tmp) / "saved"), target="arm")
-        float_flatbuffer = None
-        if write_float_tflite is not None:
-            converter = tf().lite.TFLiteConverter.from_saved_model(str(Path(tmp) / "saved"))
-            float_flatbuffer = converter.convert()
+        # the float model is always built: its size is what the LCE file is compared with
+        converter = tf().lite.TFLiteConverter.from_saved_model(str(Path(tmp) / "saved"))
+        float_flatbuffer = converter.convert()
 
     is_random = inputs is None
     if inputs is None:
@@ -121,7 +121,7 @@ def convert_onnx(
     try:
         agreement = validate_outputs(reference, run_lce(temp, inputs), rtol, "LCE flatbuffer")
         float_diff = None
-        if float_flatbuffer is not None:
+        if write_float_tflite is not None:
             float_temp = _write_temp(Path(write_float_tflite).parent, float_flatbuffer, ".tflite")
             few = slice(0, FLOAT_CHECK_SAMPLES)
             float_check = validate_outputs(
@@ -151,8 +151,8 @@ def convert_onnx(
         random_inputs=is_random,
         onnx_bytes=onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
-        tflite_float_bytes=len(float_flatbuffer) if float_flatbuffer is not None else None,
-        float_output=Path(write_float_tflite) if float_flatbuffer is not None else None,
+        tflite_float_bytes=len(float_flatbuffer),
+        float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
         float_max_abs_diff=float_diff,
         seconds=time.perf_counter() - start,
         binary_emitted=info.binary_emitted,

@@ -86,6 +86,8 @@ def test_raw_onnx_without_dataset_is_checked_on_random_inputs(tmp_path):
     assert report["random_inputs"] and report["lce_bconv2d"] == 1
     assert report["output"] == str(tmp_path / "plain-arm32.tflite")
     assert (tmp_path / "plain-arm32.tflite").is_file()
+    # the float model's size is reported, but only --format tflite writes it
+    assert report["tflite_float_bytes"] > 0 and not (tmp_path / "plain-float.tflite").exists()
 
 
 def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
