@@ -1,0 +1,158 @@
+"""The larq (Keras) side of the side-by-side benchmarks; runs inside benchmarks/.venv-larq.
+
+Never imports bnnexport or torch: it is started as a subprocess by `train_throughput.py` and
+`native_vs_torch.py` with the larq venv's Python (created by `_common.larq_python()`, DESIGN §1:
+larq 0.14.0 + `pip install --no-deps tf-keras==2.21.0`, `TF_USE_LEGACY_KERAS=1`). Every answer
+is one JSON object per line on stdout.
+
+BinaryNet here is bnnexport's layout (bnnexport/models/binarynet.py) written with larq layers:
+a 3x3 VALID conv with a ste_sign kernel on the real-valued image, five 3x3 "same" binary convs
+padded with +1 (`pad_values=1.0`), BatchNorm(scale=False) after every layer and before each
+max-pool, then three binary dense layers 4608-1024-1024-10, each followed by BatchNorm.
+
+Commands:
+    python benchmarks/larq_side.py serve-train --batch 50 --threads 1
+        prints {"ready": ...}; then reads a number N per line from stdin, runs N training steps
+        (`train_on_batch`, Bop for binary kernels + Adam for the rest) and prints {"seconds": s}
+    python benchmarks/larq_side.py convert --out model.tflite [--conv-only]
+        builds the model, converts it with `larq_compute_engine.convert_keras_model`, writes it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def say(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def build_binarynet(conv_only: bool = False, input_shape: tuple[int, int, int] = (32, 32, 3),
+                    num_classes: int = 10):  # noqa: ANN201 - a tf.keras.Model
+    """bnnexport's BinaryNet in larq; `conv_only` stops after the last max-pool (flattened)."""
+    import larq as lq
+    import tensorflow as tf
+
+    widths, hidden = (128, 128, 256, 256, 512, 512), 1024
+    binary = {"input_quantizer": "ste_sign", "kernel_quantizer": "ste_sign",
+              "kernel_constraint": "weight_clip", "use_bias": False}
+
+    def bn(x):  # noqa: ANN001, ANN202
+        return tf.keras.layers.BatchNormalization(scale=False, momentum=0.9, epsilon=1e-5)(x)
+
+    inputs = tf.keras.Input(input_shape)
+    x = lq.layers.QuantConv2D(widths[0], 3, kernel_quantizer="ste_sign",
+                              kernel_constraint="weight_clip", use_bias=False)(inputs)
+    x = bn(x)
+    for index, cout in enumerate(widths[1:]):
+        x = bn(lq.layers.QuantConv2D(cout, 3, padding="same", pad_values=1.0, **binary)(x))
+        if index % 2 == 0:
+            x = tf.keras.layers.MaxPool2D(2)(x)
+    x = tf.keras.layers.Flatten()(x)
+    if not conv_only:
+        x = bn(lq.layers.QuantDense(hidden, **binary)(x))
+        x = bn(lq.layers.QuantDense(hidden, **binary)(x))
+        x = bn(lq.layers.QuantDense(num_classes, **binary)(x))
+    return tf.keras.Model(inputs, x)
+
+
+def randomize_batchnorm(model, seed: int = 0) -> None:  # noqa: ANN001
+    """Non-trivial BatchNorm statistics, as `bnnexport.init.randomize_batchnorm` draws them."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.standard_normal(n).astype("float32") * 0.5)
+            layer.moving_variance.assign((rng.random(n) * 1.5 + 0.5).astype("float32"))
+            layer.beta.assign(rng.standard_normal(n).astype("float32") * 0.1)
+
+
+def set_threads(threads: int) -> None:
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def serve_train(batch: int, threads: int, gamma: float, threshold: float, lr: float) -> None:
+    set_threads(threads)
+    import larq as lq
+    import numpy as np
+    import tensorflow as tf
+
+    model = build_binarynet()
+    optimizer = lq.optimizers.CaseOptimizer(
+        (lq.optimizers.Bop.is_binary_variable, lq.optimizers.Bop(threshold=threshold, gamma=gamma)),
+        default_optimizer=tf.keras.optimizers.legacy.Adam(lr),
+    )
+    model.compile(optimizer=optimizer,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.uniform(-1, 1, (batch, 32, 32, 3)).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, batch).astype("int64"))
+    binary = sum(int(np.prod(v.shape)) for v in model.trainable_variables
+                 if lq.optimizers.Bop.is_binary_variable(v))
+    say({"ready": True, "tensorflow": tf.__version__, "larq": lq.__version__,
+         "parameters": int(model.count_params()), "binary_parameters": binary,
+         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()})
+    for line in sys.stdin:
+        line = line.strip()
+        if not line or line == "quit":
+            break
+        steps = int(line)
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            model.train_on_batch(x, y)
+        say({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+             "steps": steps})
+
+
+def convert(out: str, conv_only: bool, threads: int) -> None:
+    set_threads(threads)
+    import larq_compute_engine as lce
+
+    model = build_binarynet(conv_only=conv_only)
+    randomize_batchnorm(model)
+    start = time.perf_counter()
+    flatbuffer = lce.convert_keras_model(model)
+    seconds = time.perf_counter() - start
+    with open(out, "wb") as handle:
+        handle.write(flatbuffer)
+    say({"output": out, "bytes": len(flatbuffer), "seconds": seconds,
+         "parameters": int(model.count_params()), "lce": lce.__version__})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("serve-train", help="train BinaryNet steps on request")
+    t.add_argument("--batch", type=int, default=50)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--gamma", type=float, default=1e-4)
+    t.add_argument("--threshold", type=float, default=1e-8)
+    t.add_argument("--lr", type=float, default=1e-2)
+    c = sub.add_parser("convert", help="BinaryNet -> convert_keras_model -> flatbuffer")
+    c.add_argument("--out", required=True)
+    c.add_argument("--conv-only", action="store_true")
+    c.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    if args.command == "serve-train":
+        serve_train(args.batch, args.threads, args.gamma, args.threshold, args.lr)
+    else:
+        convert(args.out, args.conv_only, args.threads)
+
+
+if __name__ == "__main__":
+    main()
