@@ -321,8 +321,9 @@ def bench(
     report = BenchReport(
         run_dir=str(run.root), samples=len(inputs), runs=runs, threads=threads,
         num_classes=int(reference.shape[1]),
-        host={"uname": " ".join(platform.uname()), "machine": platform.machine(),
-              "cpu_model": _host_cpu(), "python": platform.python_version()},
+        host={"uname": " ".join(part for part in platform.uname() if part),
+              "machine": platform.machine(), "cpu_model": _host_cpu(),
+              "python": platform.python_version()},
         backends=results, device=identity, files=_file_sizes(run, target),
     )
     if raw is not None:
