@@ -191,3 +191,27 @@ def test_device_timeout(converted_run, sshd):
                                 "--remote-python", sys.executable, "--timeout", "1"))
     assert "ran past 1 s and was stopped" in line
     assert list(sshd.remote_tmp.iterdir()) == []
+
+
+def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd, tmp_path):
+    """The uploaded binary here is a shell script standing in for lce_benchmark_model (no x86
+    build of it exists): it prints output in the documented format, op-profiling tables
+    included, so what is tested is parse -> bench.json -> report.md."""
+    from test_deploy_lce_benchmark import TAB_OUTPUT
+
+    (tmp_path / "output.txt").write_text(TAB_OUTPUT)
+    stand_in = tmp_path / "lce_benchmark_model"
+    stand_in.write_text(f"#!/bin/sh\ncat {tmp_path / 'output.txt'}\n")
+    result = _cli(converted_run, *_device_args(sshd), "--runner", "lce_benchmark_model",
+                  "--benchmark-binary", str(stand_in), "--json")
+    assert result.exit_code == 0, result.output
+    device = json.loads(result.stdout)["backends"][-1]
+    assert device["latency_ms"] == {"min": 15.002, "median": None, "p90": None,
+                                    "mean": pytest.approx(15.4082), "std": 0.245}
+    assert device["top1"] is None  # accuracy on the device needs --runner python
+    assert device["extra"]["peak_memory_mb"] == 9.8
+    assert [t["node_type"] for t in device["extra"]["op_types"]][0] == "LceBconv2d"
+    report = (converted_run / "report.md").read_text()
+    assert "| LceBconv2d | 1 | 11.900 | 79.3 |" in report
+    assert (converted_run / "bench_device.log").read_text() == TAB_OUTPUT
+    assert list(sshd.remote_tmp.iterdir()) == []
