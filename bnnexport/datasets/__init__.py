@@ -156,3 +156,9 @@ def load_dataset(
     if name not in _LOADERS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}")
     return _LOADERS[name](data_dir, augment=augment)
+
+
+# Registered last: the module builds on DatasetSplits and register_dataset above.
+from bnnexport.datasets.imagefolder import load_imagefolder  # noqa: E402
+
+register_dataset("imagefolder", load_imagefolder)
