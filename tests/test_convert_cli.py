@@ -20,6 +20,12 @@ from bnnexport.export import export_onnx
 pytestmark = pytest.mark.slow  # TensorFlow and LCE conversions
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Random ±1 kernels and BatchNorm statistics, the same on every run."""
+    torch.manual_seed(0)
+
+
 def invoke(*args: str):
     return CliRunner().invoke(main, [str(a) for a in args])
 

@@ -18,6 +18,13 @@ from converter_nets import (
 
 pytestmark = pytest.mark.slow  # each test runs TensorFlow's and LCE's converters
 
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Random ±1 kernels and BatchNorm statistics, the same on every run."""
+    torch.manual_seed(0)
+
+
 TIGHT = 1e-4  # max |diff| vs torch; logits here are O(10-100)
 
 
