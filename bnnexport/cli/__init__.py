@@ -17,6 +17,7 @@ from bnnexport.cli.pack import pack_command
 from bnnexport.cli.pipeline import pipeline_command
 from bnnexport.cli.recipes import recipes_command
 from bnnexport.cli.summary import summary_command
+from bnnexport.cli.sweep import sweep_command
 from bnnexport.cli.train import train_command
 from bnnexport.cli.verify import verify_command
 from bnnexport.cli.zoo import zoo_command
@@ -43,3 +44,4 @@ main.add_command(pipeline_command)
 main.add_command(zoo_command)
 main.add_command(init_command)
 main.add_command(recipes_command)
+main.add_command(sweep_command)
