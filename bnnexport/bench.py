@@ -141,12 +141,18 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
     """(name, model file, factory) per host backend; a factory returns (predict_all, call_one)."""
     import torch
 
-    from converters.validate import run_lce, run_onnx, run_tflite
+    from converters.errors import InvalidModelError
+    from converters.validate import read_flatbuffer, run_lce, run_onnx, run_tflite
 
     hint = CONVERT_HINT.format(run=run.root, target=target)
     onnx_path = _require(run.onnx, EXPORT_HINT.format(run=run.root))
     float_path = _require(run.root / "model-float.tflite", hint)
     lce_path = _require(run.flatbuffer(target), hint)
+    for flatbuffer in (float_path, lce_path):
+        try:
+            read_flatbuffer(flatbuffer)
+        except InvalidModelError as error:
+            raise InvalidModelError(f"{flatbuffer}: {error}") from None
     run.require()
 
     def pytorch(x1: np.ndarray):
@@ -191,6 +197,9 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
         return (lambda x: run_tflite(float_path, x, num_threads=threads)), call
 
     def lce(x1: np.ndarray):
+        from converters.tf_ops import tf
+
+        tf()  # first, so TensorFlow's start-up log lines are discarded
         from larq_compute_engine.tflite.python.interpreter import Interpreter
 
         interpreter = Interpreter(lce_path.read_bytes(), num_threads=threads,

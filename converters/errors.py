@@ -41,3 +41,7 @@ class ConversionMismatchError(ConverterError):
     """The converted model disagrees with its reference beyond the tolerance (the fidelity gate)."""
 
     exit_code = 1
+
+
+class InputShapeError(ConverterError):
+    """Inputs given to a model do not have the shape the model takes."""

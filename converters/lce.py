@@ -100,10 +100,11 @@ def convert_onnx(
     onnx_path, output_path = Path(onnx_path), Path(output_path)
     model = load_onnx(onnx_path)
 
-    import larq_compute_engine as lce
-
     from converters.onnx_to_tf import save_saved_model
     from converters.tf_ops import tf
+
+    tf()  # first, so TensorFlow's start-up log lines are discarded
+    import larq_compute_engine as lce
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         info = save_saved_model(model, Path(tmp) / "saved")

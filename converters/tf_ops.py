@@ -34,10 +34,27 @@ LAYOUTS = ("nhwc", "plain", "flat4", "perm")
 
 
 def tf():  # noqa: ANN201 - TensorFlow is imported lazily, only by conversions
-    """The tensorflow module, imported on first use (training never pays for it)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
-    import tensorflow
+    """The tensorflow module, imported on first use (training never pays for it).
 
+    Call it before importing larq_compute_engine: TF's native libraries print start-up log lines
+    straight to file descriptor 2 (TF_CPP_MIN_LOG_LEVEL no longer silences them), which would
+    break the CLI's promise of one line per error. They are discarded during the first import.
+    """
+    import sys
+
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
     return tensorflow
 
 

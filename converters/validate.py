@@ -22,13 +22,26 @@ import importlib.util
 import struct
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from converters.errors import ConversionMismatchError, InvalidModelError
+from converters.errors import ConversionMismatchError, InputShapeError, InvalidModelError
+
+
+def check_input_shape(expected: Sequence[Any], inputs: np.ndarray, model: str) -> None:
+    """InputShapeError unless `inputs` (a batch) fits the model's input shape (batch free)."""
+    fixed = [d if isinstance(d, (int, np.integer)) and d > 0 else None for d in expected[1:]]
+    if inputs.ndim != len(expected) or any(
+        d is not None and d != actual for d, actual in zip(fixed, inputs.shape[1:], strict=True)
+    ):
+        want = ", ".join("N" if d is None else str(d) for d in ["N", *fixed][1:])
+        raise InputShapeError(
+            f"inputs of shape {tuple(inputs.shape)} do not fit {model}, which takes (N, {want})"
+        )
 
 
 def _batched(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch: int | None):
@@ -70,12 +83,14 @@ def run_onnx(path: str | Path, inputs: np.ndarray, optimize: bool = True) -> np.
     except Exception as error:
         raise InvalidModelError(f"ONNX Runtime cannot load {path}: {error}") from None
     name = session.get_inputs()[0].name
+    check_input_shape(session.get_inputs()[0].shape, np.asarray(inputs), f"ONNX model {path}")
     batch = session.get_inputs()[0].shape[0]
     batch = batch if isinstance(batch, int) else None
     return _batched(lambda x: session.run(None, {name: x})[0], inputs, batch)
 
 
-def _read(path_or_bytes: str | Path | bytes) -> bytes:
+def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:
+    """The bytes of a TFLite flatbuffer; InvalidModelError when missing or not a flatbuffer."""
     if isinstance(path_or_bytes, bytes):
         data = path_or_bytes
     else:
@@ -90,13 +105,17 @@ def _read(path_or_bytes: str | Path | bytes) -> bytes:
 
 def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
     """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch."""
+    from converters.tf_ops import tf
+
+    tf()  # first, so TensorFlow's start-up log lines are discarded
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
-    data = _read(flatbuffer_path)
+    data = read_flatbuffer(flatbuffer_path)
     try:
         interpreter = Interpreter(data, num_threads=num_threads, use_indirect_bgemm=True)
     except Exception as error:
         raise InvalidModelError(f"LCE cannot load the flatbuffer: {error}") from None
+    check_input_shape(list(interpreter.input_shapes[0]), np.asarray(inputs), "the LCE flatbuffer")
     batch = interpreter.input_shapes[0][0]
     return _batched(lambda x: interpreter.interpreter.predict([x])[0], inputs, batch)
 
@@ -105,12 +124,16 @@ def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 
     """Outputs of the stock TFLite interpreter (float model) for an NCHW batch."""
     from converters.tf_ops import tf
 
-    data = _read(path)
+    data = read_flatbuffer(path)
     with warnings.catch_warnings():  # "tf.lite.Interpreter is deprecated": still the stock one
         warnings.simplefilter("ignore")
-        interpreter = tf().lite.Interpreter(model_content=data, num_threads=num_threads)
-    interpreter.allocate_tensors()
+        try:
+            interpreter = tf().lite.Interpreter(model_content=data, num_threads=num_threads)
+            interpreter.allocate_tensors()
+        except Exception as error:
+            raise InvalidModelError(f"TFLite cannot load the flatbuffer: {error}") from None
     source = interpreter.get_input_details()[0]
+    check_input_shape(list(source["shape"]), np.asarray(inputs), "the TFLite flatbuffer")
     target = interpreter.get_output_details()[0]
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -174,7 +197,7 @@ def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     Builtin ops by their schema name (CONV_2D, FULLY_CONNECTED...), custom ops by their
     custom code (LceQuantize, LceBconv2d, LceBMaxPool2d, LceDequantize).
     """
-    buf = _read(flatbuffer_bytes)
+    buf = read_flatbuffer(flatbuffer_bytes)
     try:
         model = _table(buf, _deref(buf, 0))
         names = _builtin_names()
