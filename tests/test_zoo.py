@@ -136,23 +136,8 @@ def test_zoo_list_json_names_every_model_with_its_binary_share():
     assert 0.9 < rows["xnornet"]["binary_share"] < 1.0
 
 
-_QUICKNET_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "converter: BatchNorm after a ReLU after a binary conv (QuickNet's bconv -> relu -> BN) "
-        "is emitted as x * const[1,1,1,C] + const[1,1,1,C]; LCE fuses that Mul into "
-        "LceBconv2d's post_activation_multiplier with 4 dims and the interpreter refuses it "
-        "(bconv2d.cc:221 NumDimensions(post_activation_multiplier) != 1). Emitting 1-D [C] "
-        "constants in converters.tf_elementwise.channel_affine converts it fully (16/16)."
-    ),
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [n if not n.startswith("quicknet") else pytest.param(n, marks=_QUICKNET_XFAIL) for n in ZOO],
-)
+@pytest.mark.parametrize("name", ZOO)
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
     from converters.lce import convert_onnx
     from converters.validate import compare, run_lce
