@@ -144,3 +144,19 @@ def set_latent(
         if not enabled:
             with torch.no_grad():
                 layer.weight.copy_(binarize(layer.weight))
+
+
+@torch.no_grad()
+def init_latent_weights(model: nn.Module, generator: torch.Generator | None = None) -> None:
+    """Glorot-uniform latent weights for every binary layer (larq's default kernel initializer).
+
+    Latent weights that start at exactly ±1 sit at the clipping bound, as far from a sign
+    change as they can be: with Adam's ~lr-sized steps none flips for the first 1/lr steps.
+    """
+    for _, layer in binary_layers(model):
+        fan_out, fan_in = layer.weight.shape[0], layer.weight[0].numel()
+        receptive = layer.weight[0, 0].numel()
+        bound = (6.0 / (fan_in + fan_out * receptive)) ** 0.5
+        layer.weight.copy_(
+            torch.empty_like(layer.weight).uniform_(-bound, bound, generator=generator)
+        )

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from bnnexport.datasets import load_dataset
 from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, DataError
-from bnnexport.layers import binary_parameters, set_latent
+from bnnexport.layers import binary_parameters, init_latent_weights, set_latent
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter, flip_rate
 from bnnexport.reports import Report, write_json_atomic
@@ -223,6 +223,8 @@ class _Trainer:
         )
         self.model = model.to(context.device, memory_format=self.memory_format)
         self.optimizer = _make_optimizer(self.model, config)
+        if config.optimizer == "adam-latent" and checkpoint is None:
+            init_latent_weights(self.model)
         self.start_epoch = self.step = 0
         if checkpoint is not None:
             if checkpoint.get("latent") is not None:

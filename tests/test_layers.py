@@ -54,3 +54,13 @@ def test_leaving_latent_mode_binarizes_weights_in_place():
     for p in binary_parameters(model):
         assert is_strictly_binary(p)
         assert p.view(-1)[0] == 1.0  # sign(0) = +1
+
+
+def test_latent_weights_start_small_so_they_can_flip():
+    from bnnexport.layers import init_latent_weights
+
+    model = create_model("mnist-bnn")
+    init_latent_weights(model)
+    for p in binary_parameters(model):
+        assert 0 < p.abs().max() < 0.5
+        assert (p > 0).any() and (p < 0).any()
