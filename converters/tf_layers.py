@@ -36,6 +36,7 @@ from converters.tf_ops import (
     Value,
     binarize,
     correction_map,
+    effective_pads,
     is_same,
     pad_constant,
     pool_pads,
@@ -96,6 +97,25 @@ def _padding_mode(x, ksize, strides, dilations, pads) -> str | None:
     return None
 
 
+def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
+    """The [(top, bottom), (left, right)] zero padding the strided conv actually reads.
+
+    LCE 0.16 turns Pad + VALID conv into SAME whenever the output is ceil(size / stride) and
+    the pads split like SAME's (before = total // 2, after = total - before), without checking
+    the total (DESIGN §2, bug 1): torch's (1, 1) for a 3x3/2 conv on an even size became SAME's
+    (0, 1). Trailing rows/columns no window reaches are dropped (the leading ones are always
+    read by the first window): what is left has SAME's total whenever the output size is
+    SAME's, so LCE's rewrite then only fires when the pads are exactly SAME's (`_padding_mode`
+    already emits those as SAME), and the VALID conv's output size is unchanged.
+    """
+    out = []
+    for axis, (before, after) in enumerate(((pads[0], pads[2]), (pads[1], pads[3]))):
+        size = int(x.shape[1 + axis])
+        b, a, _ = effective_pads(size, ksize[axis], strides[axis], dilations[axis], before, after)
+        out.append((b, a))
+    return out
+
+
 def conv(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     """Float Conv (group 1 or depthwise)."""
     kernel = tr.const(node.input[1])
@@ -106,7 +126,7 @@ def conv(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     t = x.t
     mode = _padding_mode(t, ksize, strides, dilations, pads)
     if mode is None:
-        t = pad_constant(t, [(pads[0], pads[2]), (pads[1], pads[3])], 0.0)
+        t = pad_constant(t, _read_pads(t, ksize, strides, dilations, pads), 0.0)
         mode = "VALID"
     cin = int(t.shape[3])
     if group == 1:
@@ -315,7 +335,8 @@ def average_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) ->
     kernel, strides, pads, attrs = _pool_attrs(tr, node, x)
     t = x.t
     if any(pads) and attrs.get("count_include_pad", 0):
-        t = pad_constant(t, [(pads[0], pads[2]), (pads[1], pads[3])], 0.0)
+        # only the pads the pool reads, so no Pad + VALID can be mistaken for SAME (bug 1)
+        t = pad_constant(t, _read_pads(t, kernel, strides, [1, 1], pads), 0.0)
         mode = "VALID"
     else:
         mode = _padding_mode(t, kernel, strides, [1, 1], pads)
