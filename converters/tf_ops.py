@@ -98,7 +98,7 @@ class Value:
         if self.layout == "flat4":
             return tf().reshape(t, [t.shape[0], t.shape[3]])
         if self.layout == "perm":
-            return tf().gather(t, np.argsort(self.perm), axis=1)
+            return _unpermute(t, self.perm)
         return t
 
     def shape(self) -> list[int]:
@@ -109,6 +109,24 @@ class Value:
         if self.layout == "flat4":
             return [s[0], s[3]]
         return s
+
+
+def _unpermute(t: Any, perm: np.ndarray) -> Any:
+    """Columns of a "perm" [N, F] tensor back in logical order.
+
+    A flattened NHWC tensor ([N, hw * c] holding logical column k*hw + p at p*c + k) goes back
+    through reshape [N, hw, c] -> transpose -> reshape: a few shape constants, where a GATHER
+    would store F int indices (37 KB for BinaryNet's 4608 features). Any other permutation
+    falls back to a gather with int32 indices.
+    """
+    n, features = (int(d) for d in t.shape)
+    hw = int(perm[1]) if features > 1 else 1
+    if hw > 0 and features % hw == 0:
+        c = features // hw
+        if np.array_equal(perm, np.arange(features).reshape(c, hw).T.reshape(-1)):
+            t3 = tf().reshape(t, [n, hw, c])
+            return tf().reshape(tf().transpose(t3, [0, 2, 1]), [n, features])
+    return tf().gather(t, np.argsort(perm).astype(np.int32), axis=1)
 
 
 def affine(acc: Any, m: np.ndarray, b: np.ndarray) -> Any:

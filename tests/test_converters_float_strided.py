@@ -75,3 +75,19 @@ def test_float_conv_padding_wider_than_read(tmp_path, size):
     result, versus_torch = convert_net(net, (1, 3, *size), tmp_path)
     _check(result, versus_torch, 1)
 
+
+def test_flattened_nhwc_output_is_reordered_without_gather(tmp_path):
+    # a flattened feature map as the model output: torch's NCHW column order is restored by
+    # transpose + reshape, not a GATHER with one index per feature
+    class Features(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.binary = binary_conv(8, 16, 3, padding=1)
+
+        def forward(self, x):
+            return torch.flatten(self.binary(sign(self.first(x))), 1)
+
+    result, versus_torch = convert_net(Features(), (1, 3, 16, 16), tmp_path)
+    _check(result, versus_torch, 1)
+    assert "GATHER" not in result.op_histogram, result.op_histogram
