@@ -29,20 +29,25 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
 @click.option("--threshold", "thresholds", required=True, callback=_numbers,
               help="Thresholds τ, comma-separated (e.g. 1e-6,0).")
 @click.option("--model", default=DEFAULTS.model, show_default=True,
-              type=click.Choice(list_models()))
+              type=click.Choice(list_models()), help="Model from the registry, for every run.")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True,
-              type=click.Choice(list_datasets()))
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+              type=click.Choice(list_datasets()),
+              help="Data set for every run (mnist5k ships inside the package).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the data set (cifar10: the cifar-10-batches-py folder).")
 @click.option("--optimizer", default=DEFAULTS.optimizer, show_default=True,
               type=click.Choice(sorted(k for k in OPTIMIZERS if k != "adam-latent")),
               help="A Bop variant (γ and τ are its hyperparameters).")
 @click.option("--lr", type=float, default=DEFAULTS.lr, show_default=True,
               help="Adam learning rate for the real-valued parameters.")
-@click.option("--epochs", type=click.IntRange(min=1), default=DEFAULTS.epochs, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=DEFAULTS.epochs, show_default=True,
+              help="Epochs per run.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULTS.batch_size,
-              show_default=True)
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+              show_default=True, help="Images per optimizer step.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
+              help="Seed shared by every run, so runs differ only in γ and τ.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Torch device to train on (cpu, cuda).")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/sweep", show_default=True,
               help="Directory for the runs (OUT/gamma=G,threshold=T), sweep.png, sweep.json.")
 @click.option("--force", is_flag=True, help="Replace runs already in OUT.")
