@@ -120,6 +120,8 @@ def load_samples(run: RunDir, limit: int | None) -> tuple[np.ndarray, np.ndarray
 def topk(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
     """Fraction of samples whose label is among the k largest outputs."""
     top = np.argsort(-logits.reshape(len(logits), -1), axis=1)[:, :k]
+    if (labels < 0).any():  # random samples of an untrained `init` run: no ground truth
+        return float("nan")
     return float(np.mean(np.any(top == labels[:, None], axis=1)))
 
 

@@ -63,17 +63,27 @@ def _check_binary(run: RunDir) -> None:
 
 
 def write_samples(run: RunDir, checkpoint: dict, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `samples` test images of the run's data set -> RUN_DIR/samples.npz."""
+    """The first `samples` test images of the run's data set -> RUN_DIR/samples.npz.
+
+    A run without a data set (`bnnexport init` without --dataset) gets seeded random inputs of
+    the model's shape instead, on a 1/64 grid in [-1, 1] (so float sums are exact in every
+    runtime and no pre-activation sits a rounding error away from a sign change), with label -1:
+    agreement between backends is checked, accuracy means nothing there.
+    """
     from bnnexport.datasets import load_dataset
 
     config = checkpoint.get("config") or {}
-    data = load_dataset(
-        config.get("dataset", "mnist5k"), config.get("data_dir"), augment=False
-    )
-    count = min(samples, len(data.test))
-    pairs = [data.test[k] for k in range(count)]
-    inputs = torch.stack([x for x, _ in pairs]).numpy().astype(np.float32)
-    labels = np.asarray([int(y) for _, y in pairs], dtype=np.int64)
+    if "dataset" not in config:
+        shape = [int(v) for v in checkpoint["model_kwargs"]["input_shape"]]
+        grid = np.random.default_rng(0).integers(-64, 65, size=(samples, *shape))
+        inputs = (grid / 64.0).astype(np.float32)
+        labels = np.full(samples, -1, dtype=np.int64)
+    else:
+        data = load_dataset(config["dataset"], config.get("data_dir"), augment=False)
+        count = min(samples, len(data.test))
+        pairs = [data.test[k] for k in range(count)]
+        inputs = torch.stack([x for x, _ in pairs]).numpy().astype(np.float32)
+        labels = np.asarray([int(y) for _, y in pairs], dtype=np.int64)
     buffer = io.BytesIO()
     np.savez(buffer, inputs=inputs, labels=labels)
     write_bytes_atomic(run.samples, buffer.getvalue())

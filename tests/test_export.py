@@ -84,3 +84,22 @@ def test_export_of_a_missing_run_exits_2_with_one_line(tmp_path):
     result = CliRunner().invoke(main, ["export", str(tmp_path / "nowhere")])
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_init_run_without_a_dataset_exports_on_random_grid_samples(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    out = tmp_path / "init"
+    cli = [sys.executable, "-m", "bnnexport"]
+    assert subprocess.run([*cli, "init", "--model", "mnist-bnn", "--input-shape", "1,20,20",
+                           "--out", str(out)], capture_output=True).returncode == 0
+    result = subprocess.run([*cli, "export", str(out), "--samples", "20"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr[-1500:]
+    samples = np.load(out / "samples.npz")
+    assert samples["inputs"].shape == (20, 1, 20, 20)
+    assert (samples["labels"] == -1).all()  # no ground truth: accuracy is not claimed
+    assert np.array_equal(samples["inputs"] * 64, np.round(samples["inputs"] * 64))
