@@ -5,8 +5,7 @@ from __future__ import annotations
 import click
 
 from bnnexport.cli.common import emit, handle_errors, json_option
-from bnnexport.datasets import list_datasets
-from bnnexport.models import list_models
+from bnnexport.cli.train import train_command
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.train import TrainConfig
 
@@ -28,13 +27,6 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
               help="Adaptivity rates γ, comma-separated (e.g. 1e-2,1e-3,1e-4).")
 @click.option("--threshold", "thresholds", required=True, callback=_numbers,
               help="Thresholds τ, comma-separated (e.g. 1e-6,0).")
-@click.option("--model", default=DEFAULTS.model, show_default=True,
-              type=click.Choice(list_models()), help="Model from the registry, for every run.")
-@click.option("--dataset", default=DEFAULTS.dataset, show_default=True,
-              type=click.Choice(list_datasets()),
-              help="Data set for every run (mnist5k ships inside the package).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Directory of the data set (cifar10: the cifar-10-batches-py folder).")
 @click.option("--optimizer", default=DEFAULTS.optimizer, show_default=True,
               type=click.Choice(sorted(k for k in OPTIMIZERS if k != "adam-latent")),
               help="A Bop variant (γ and τ are its hyperparameters).")
@@ -42,12 +34,6 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
               help="Adam learning rate for the real-valued parameters.")
 @click.option("--epochs", type=click.IntRange(min=1), default=DEFAULTS.epochs, show_default=True,
               help="Epochs per run.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULTS.batch_size,
-              show_default=True, help="Images per optimizer step.")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
-              help="Seed shared by every run, so runs differ only in γ and τ.")
-@click.option("--device", default="cpu", show_default=True,
-              help="Torch device to train on (cpu, cuda).")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/sweep", show_default=True,
               help="Directory for the runs (OUT/gamma=G,threshold=T), sweep.png, sweep.json.")
 @click.option("--force", is_flag=True, help="Replace runs already in OUT.")
@@ -83,3 +69,9 @@ def sweep_command(gammas, thresholds, model, dataset, data_dir, optimizer, lr, e
     verdict = "agrees" if report.ordering["agrees"] else "does NOT agree"
     click.echo(f"flip-rate ordering (higher γ, lower τ -> more flips) {verdict} with the paper; "
                f"figure: {report.figure}")  # fmt: skip
+
+
+# The options a sweep shares with `bnnexport train` come from that command itself, so the two
+# never drift apart (as in `bnnexport pipeline`).
+_SHARED = ("model", "dataset", "data_dir", "batch_size", "seed", "device")
+sweep_command.params[2:2] = [p for p in train_command.params if p.name in _SHARED]
