@@ -4,7 +4,8 @@ A thin stage over `converters.lce.convert_onnx` (which never imports bnnexport):
 files of a run directory, feeds the export stage's test samples to the fidelity gate (LCE's
 interpreter vs ONNX Runtime), compares the flatbuffer with PyTorch as well, and writes
 RUN_DIR/convert.json. A raw MODEL.onnx is converted next to itself (MODEL-arm64.tflite) and
-checked on random inputs.
+checked on random inputs. Samples on which a runtime parts from ONNX Runtime only at a sign tie
+(`converters.ties`) are listed in `sign_ties` and left out of the comparison with PyTorch.
 
 Example:
     >>> from bnnexport.convert import convert_run
@@ -18,12 +19,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bnnexport.errors import CheckpointError, FidelityError
 from bnnexport.reports import Report
 from bnnexport.runs import RunDir
+
+if TYPE_CHECKING:
+    from converters.validate import Agreement
 
 TARGETS = ("arm64", "arm32")
 FORMATS = ("lce", "tflite")
@@ -45,6 +50,7 @@ class ConvertReport(Report):
     max_abs_diff: float
     torch_argmax_agreement: float | None
     torch_max_abs_diff: float | None
+    torch_samples: int | None  # samples compared with PyTorch: those without a sign tie
     samples: int
     random_inputs: bool
     onnx_bytes: int
@@ -53,6 +59,8 @@ class ConvertReport(Report):
     float_output: str | None
     seconds: float
     op_histogram: dict[str, int] = field(default_factory=dict)
+    sign_ties: list[int] = field(default_factory=list)
+    sign_tie_largest: float = 0.0
 
     def to_table(self) -> str:
         """The fields, then the flatbuffer's op histogram one op per line (never truncated)."""
@@ -93,6 +101,31 @@ def _samples(run: RunDir | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         raise CheckpointError(f"{run.samples} is not a readable samples file ({error})") from None
 
 
+def _versus_torch(
+    run: RunDir, onnx_path: Path, flatbuffer: Path, inputs: np.ndarray, ties: list[int]
+) -> tuple[Agreement, list[int]]:
+    """LCE vs PyTorch on the samples where neither parts from ONNX Runtime at a sign tie.
+
+    The gate has already explained the LCE side's ties (`ties`); PyTorch's own, against ONNX
+    Runtime, are found the same way. A sample tied on either side is left out of the
+    comparison, and every other one must agree. Returns (agreement, all tied samples).
+    """
+    from bnnexport.export import torch_outputs
+    from bnnexport.runs import load_model
+    from converters.ties import explain_by_ties
+    from converters.validate import compare, run_lce, run_onnx
+
+    reference = torch_outputs(load_model(run.root), inputs)
+    candidate = run_lce(flatbuffer, inputs)
+    versus = compare(reference, candidate, RTOL)
+    if versus.argmax_agreement == 1.0 and versus.max_abs_diff <= versus.tolerance:
+        return versus, ties
+    _, torch_ties = explain_by_ties(onnx_path, inputs, run_onnx(onnx_path, inputs), reference, RTOL)
+    tied = sorted(set(ties) | set(torch_ties.rows))
+    keep = [row for row in range(len(inputs)) if row not in set(tied)]
+    return compare(reference[keep], candidate[keep], RTOL), tied
+
+
 def convert_run(
     path: str | Path, target: str = "arm64", fmt: str = "lce", samples: int | None = None
 ) -> ConvertReport:
@@ -119,27 +152,25 @@ def convert_run(
         inputs = inputs[:samples]
 
     from converters.lce import convert_onnx
-    from converters.validate import compare, run_lce
 
     result = convert_onnx(
         onnx_path, output, target=target, inputs=inputs,
         write_float_tflite=float_output if fmt == "tflite" else None, rtol=RTOL,
     )  # fmt: skip
-    torch_agreement = torch_diff = None
+    torch_agreement = torch_diff = torch_samples = None
+    ties = list(result.sign_ties)
     if run is not None and inputs is not None and run.checkpoint.is_file():
-        from bnnexport.export import torch_outputs
-        from bnnexport.runs import load_model
-
-        versus = compare(torch_outputs(load_model(run.root), inputs), run_lce(output, inputs), RTOL)
+        versus, ties = _versus_torch(run, onnx_path, output, inputs, ties)
         torch_agreement, torch_diff = versus.argmax_agreement, versus.max_abs_diff
+        torch_samples = versus.samples
         if versus.argmax_agreement < 1.0 or not versus.max_abs_diff <= versus.tolerance:
             for written in (output, result.float_output):
                 if written is not None:
                     Path(written).unlink(missing_ok=True)
             raise FidelityError(
-                f"the LCE flatbuffer disagrees with PyTorch on {len(inputs)} samples: argmax "
-                f"agreement {versus.argmax_agreement:.2%}, max |diff| {versus.max_abs_diff:.3g} "
-                f"(tolerance {versus.tolerance:.3g}); no flatbuffer kept"
+                f"the LCE flatbuffer disagrees with PyTorch on {versus.samples} samples without "
+                f"a sign tie: argmax agreement {versus.argmax_agreement:.2%}, max |diff| "
+                f"{versus.max_abs_diff:.3g} (tolerance {versus.tolerance:.3g}); no flatbuffer kept"
             )
     report = ConvertReport(
         output=str(result.output),
@@ -153,6 +184,7 @@ def convert_run(
         max_abs_diff=result.max_abs_diff,
         torch_argmax_agreement=torch_agreement,
         torch_max_abs_diff=torch_diff,
+        torch_samples=torch_samples,
         samples=result.samples,
         random_inputs=result.random_inputs,
         onnx_bytes=result.onnx_bytes,
@@ -161,6 +193,8 @@ def convert_run(
         float_output=str(result.float_output) if result.float_output else None,
         seconds=time.perf_counter() - start,
         op_histogram=result.op_histogram,
+        sign_ties=ties,
+        sign_tie_largest=result.sign_tie_largest,
     )
     if run is not None:
         report.save(run.root / "convert.json")

@@ -4,7 +4,9 @@
 converts it with LCE's converter (target "arm" for both arm64 and arm32: they differ only in the
 file name), then runs the flatbuffer in LCE's interpreter and ONNX Runtime on the same inputs.
 The flatbuffer is written to a temporary file and renamed into place only when the gate passes,
-so a failed conversion never leaves a flatbuffer behind.
+so a failed conversion never leaves a flatbuffer behind. A sample on which the runtimes part
+at a float-rounding tie of a binarization's input passes when choosing that sign the other way
+in ONNX Runtime reproduces the flatbuffer's output (`converters.ties`); such samples are listed.
 
 Example:
     >>> from converters.lce import convert_onnx
@@ -25,7 +27,8 @@ import numpy as np
 
 from converters.errors import ConverterError
 from converters.graph import load_onnx
-from converters.validate import op_histogram, run_lce, run_onnx, run_tflite, validate_outputs
+from converters.ties import validate_with_ties
+from converters.validate import op_histogram, run_lce, run_onnx, run_tflite
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -55,6 +58,8 @@ class ConversionResult:
     float_max_abs_diff: float | None = None
     seconds: float = 0.0
     binary_emitted: list[str] = field(default_factory=list)
+    sign_ties: list[int] = field(default_factory=list)  # samples a sign tie explains
+    sign_tie_largest: float = 0.0  # largest |x| / max |x| at a tie whose sign was chosen
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -120,14 +125,17 @@ def convert_onnx(
     temp = _write_temp(output_path.parent, flatbuffer, ".tflite")
     float_temp = None
     try:
-        agreement = validate_outputs(reference, run_lce(temp, inputs), rtol, "LCE flatbuffer")
+        agreement, ties = validate_with_ties(
+            onnx_path, inputs, reference, run_lce(temp, inputs), rtol, "LCE flatbuffer"
+        )
         float_diff = None
         if write_float_tflite is not None:
             float_temp = _write_temp(Path(write_float_tflite).parent, float_flatbuffer, ".tflite")
             few = slice(0, FLOAT_CHECK_SAMPLES)
-            float_check = validate_outputs(
-                reference[few], run_tflite(float_temp, inputs[few]), rtol, "float TFLite model"
-            )
+            float_check, _ = validate_with_ties(
+                onnx_path, inputs[few], reference[few], run_tflite(float_temp, inputs[few]),
+                rtol, "float TFLite model",
+            )  # fmt: skip
             float_diff = float_check.max_abs_diff
             os.replace(float_temp, write_float_tflite)
         os.replace(temp, output_path)
@@ -157,4 +165,6 @@ def convert_onnx(
         float_max_abs_diff=float_diff,
         seconds=time.perf_counter() - start,
         binary_emitted=info.binary_emitted,
+        sign_ties=ties.rows,
+        sign_tie_largest=ties.largest_tie,
     )
