@@ -1,8 +1,9 @@
 """How do conversion time and memory grow with the model? ONNX -> LCE, per model size.
 
-Question (issue 8, item 5): for models of growing size -- the default `mnist-bnn` (1x28x28),
-BinaryNet (3x32x32) and Bi-Real-Net-18 (3x224x224) -- how long does `bnnexport convert
---target arm64` take, and how much memory does it need at its peak?
+Question (issue 8, item 5; issue 6 asks it of every zoo model at its native size): for models
+of growing size -- the default `mnist-bnn` (1x28x28), BinaryNet (3x32x32) and Bi-Real-Net-18
+(3x224x224) -- how long does `bnnexport convert --target arm64` take, and how much memory does
+it need at its peak?
 
 Each model is initialised and exported in this process (`init`, `export`), then every conversion
 runs in its own child process (`python -m bnnexport convert RUN --target arm64 --json`), so its
@@ -20,6 +21,12 @@ Run:
     .venv/bin/python benchmarks/convert_scaling.py                   # ~3-5 minutes
     .venv/bin/python benchmarks/convert_scaling.py --repeat 3 --json
     .venv/bin/python benchmarks/convert_scaling.py --models mnist-bnn,binarynet,quicknet@224
+    .venv/bin/python benchmarks/convert_scaling.py --samples 50 --models \
+        mnist-bnn,binarynet,binary-alexnet,xnornet,birealnet18,quicknet,quicknet-small  # native
+
+"agree" is the LCE flatbuffer's argmax agreement with ONNX Runtime; "ties" counts the samples a
+sign tie explains (`converters.ties`) at the export gate (PyTorch vs ONNX Runtime) and at the
+convert gate (LCE vs ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -56,21 +63,21 @@ def parse_models(spec: str) -> list[tuple[str, tuple[int, int, int]]]:
     return out
 
 
-def prepare(name: str, shape: tuple[int, int, int], out: Path) -> dict[str, Any]:
+def prepare(name: str, shape: tuple[int, int, int], out: Path, samples: int = 16) -> dict[str, Any]:
     """init + export in this process; returns what describes the model's size."""
     dataset = None if name == "mnist-bnn" else synthetic_dataset(shape,
                                                                  model_info(name).num_classes)
     init = init_run(name, input_shape=shape, out=out, force=True, dataset=dataset)
-    gate = None
+    gate, ties = None, None
     try:
-        export_onnx(out, samples=16)
+        ties = len(export_onnx(out, samples=samples).sign_ties)
     except FidelityError as error:  # keep measuring the conversion; say so in the table
         gate = str(error)
         log(f"{name}: export gate failed, exporting without it: {gate[:200]}")
         raw_export(out)
     return {"parameters": init.parameters, "binary_parameters": init.binary_parameters,
             "binary_layers": init.binary_layers, "onnx_bytes": (out / "model.onnx").stat().st_size,
-            "export_gate_error": gate}
+            "export_gate_error": gate, "export_sign_ties": ties}
 
 
 def raw_export(run: Path) -> None:
@@ -117,7 +124,10 @@ def convert_child(run: Path) -> dict[str, Any]:
     return {"wall_seconds": wall, "convert_seconds": report.get("seconds"),
             "peak_rss_mib": usage.ru_maxrss / 1024, "lce_bytes": report.get("lce_bytes"),
             "lce_bconv2d": report.get("lce_bconv2d"), "binary_layers": report.get("binary_layers"),
-            "exit_code": child.returncode, "error": error}
+            "argmax_agreement": report.get("argmax_agreement"),
+            "torch_argmax_agreement": report.get("torch_argmax_agreement"),
+            "sign_ties": len(report["sign_ties"]) if "sign_ties" in report else None,
+            "samples": report.get("samples"), "exit_code": child.returncode, "error": error}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -125,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--models", default=DEFAULT,
                    help=f"comma-separated name[@size] (default {DEFAULT})")
     p.add_argument("--repeat", type=int, default=1, help="conversions per model (default 1)")
+    p.add_argument("--samples", type=int, default=16,
+                   help="samples the export and convert gates check (default 16)")
     args = p.parse_args(argv)
     models = parse_models(args.models)
     result: dict[str, Any] = {"machine": machine(), "repeat": args.repeat, "models": {}}
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             log(f"{key}: init + export")
             runs[key] = (Path(tmp) / key, shape)
             result["models"][key] = {"input_shape": list(shape),
-                                     **prepare(name, shape, runs[key][0])}
+                                     **prepare(name, shape, runs[key][0], args.samples)}
         samples: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
         for r in range(args.repeat):
             for key, (run, _) in runs.items():
@@ -147,12 +159,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for field in ("wall_seconds", "convert_seconds", "peak_rss_mib"):
             values = [m[field] for m in measured if m[field] is not None]
             entry[field] = statistics.median(values) if values else None
-        entry.update({k: measured[-1][k] for k in ("lce_bytes", "lce_bconv2d", "error")})
+        last = ("lce_bytes", "lce_bconv2d", "error", "argmax_agreement", "torch_argmax_agreement",
+                "sign_ties", "samples")
+        entry.update({k: measured[-1][k] for k in last})
         entry["all"] = measured
         lce_mb = entry["lce_bytes"] / 1e6 if entry["lce_bytes"] else None
         bconv = f"{entry['lce_bconv2d']}/{entry['binary_layers']}" if lce_mb else "-"
         rows.append([key, "x".join(map(str, entry["input_shape"])), entry["parameters"],
-                     entry["onnx_bytes"] / 1e6, lce_mb, bconv, entry["convert_seconds"],
+                     entry["onnx_bytes"] / 1e6, lce_mb, bconv, entry["argmax_agreement"],
+                     f"{entry['export_sign_ties']}/{entry['sign_ties']}/{entry['samples']}",
+                     entry["convert_seconds"],
                      entry["wall_seconds"], entry["peak_rss_mib"],
                      "ok" if not entry["error"] else "refused by gate" if "FidelityError" in
                      str(entry["error"]) or "disagree" in str(entry["error"]) else "failed"])
@@ -160,7 +176,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             notes.append(f"{key}: export gate: {entry['export_gate_error'] or 'passed'}; "
                          f"convert: {entry['error'] or 'passed'}")
     text = table(["model", "input", "parameters", "onnx MB", "lce MB", "bconv/binary",
-                  "convert s", "child wall s", "peak RSS MiB", "gate"], rows)
+                  "agree", "ties export/convert/samples", "convert s", "child wall s",
+                  "peak RSS MiB", "gate"], rows)
     text += "".join(f"\n{n}" for n in notes)
     text += (f"\n\none child process per conversion (medians of {args.repeat}); "
              f"load {result['machine']['load_average']}")

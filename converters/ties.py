@@ -50,7 +50,7 @@ from converters.validate import (
 TIE_RTOL = 1e-5  # a near-tie: |x| <= TIE_RTOL x max |x| of that binarization's input tensor
 FLOAT = onnx.TensorProto.FLOAT
 MAX_CANDIDATES = 16  # near-ties tried per step of the search, the closest first
-MAX_STEPS = 4  # signs chosen per sample at most
+MAX_STEPS = 6  # greedy steps per search
 
 
 @dataclass
@@ -192,10 +192,11 @@ def search_ties(
     """Look for tie signs that make ONNX Runtime's logits on `x` match `target`.
 
     Greedy: each step tries the other sign at each of the `MAX_CANDIDATES` closest near-ties
-    not chosen yet, one at a time on top of the signs chosen so far, and keeps the one that
-    brings the logits closest to `target` (squared distance); it stops when one matches, or
-    when no choice brings them closer. A choice counts only if every chosen activation is still
-    a near-tie in the run that matches (a sign chosen upstream moves the values downstream).
+    not chosen yet, one at a time on top of the signs chosen so far, then all of those that
+    brought the logits closer to `target` (squared distance) together, and keeps the best; it
+    stops when one matches, or when nothing brings them closer. A choice counts only if every
+    chosen activation is still a near-tie in the run that matches (a sign chosen upstream moves
+    the values downstream).
     Returns (matching logits or None, activations chosen, largest |x| / max |x| among them,
     runs).
     """
@@ -207,10 +208,14 @@ def search_ties(
     best = _distance(logits, target)
     for _ in range(max_steps):
         step_best = None
+        helpful: dict[tuple[int, int], tuple[float, float]] = {}
         candidates = [c for c in _near_ties(sources, tie_rtol) if (c[1], c[2]) not in chosen]
+        trials, union_tried = [], False
         for ratio, k, index in candidates[:MAX_CANDIDATES]:
             own = 1.0 if sources[k].reshape(-1)[index] >= 0 else -1.0
-            trial = {**chosen, (k, index): (-own, ratio)}
+            trials.append({**chosen, (k, index): (-own, ratio)})
+        while trials:
+            trial = trials.pop(0)
             logits, seen = probe.run(x, _by_binarization(trial))
             runs += 1
             if not _still_ties(trial, seen, tie_rtol):
@@ -218,8 +223,13 @@ def search_ties(
             if _matches(logits, target, tolerance):
                 return logits, len(trial), max(r for _, r in trial.values()), runs
             distance = _distance(logits, target)
+            if distance < best:
+                helpful.update(trial)
             if step_best is None or distance < step_best[0]:
                 step_best = (distance, trial, seen)
+            if not trials and not union_tried and len(helpful) > len(chosen) + 1:
+                trials.append(dict(helpful))  # ties far apart are independent: all at once
+                union_tried = True
         if step_best is None or step_best[0] >= best:
             break
         best, chosen, sources = step_best

@@ -138,7 +138,7 @@ def test_a_broken_model_costs_one_sample_search(setup):
     _, path, x, ort, _ = setup
     _, report = explain_by_ties(path, x, ort, ort + 1.0)
     assert report.failing == len(x) and report.explained == 0
-    assert report.runs <= 2 * (1 + MAX_STEPS * MAX_CANDIDATES)  # two searches, one sample
+    assert report.runs <= 2 * (1 + MAX_STEPS * (MAX_CANDIDATES + 1))  # two searches, one sample
 
 
 def test_matching_outputs_need_no_search(setup):
