@@ -28,8 +28,10 @@ def convert_command(source: str, target: str, fmt: str, samples: int | None,
     Every binary layer (a Conv/MatMul/Gemm fed by a binarization) becomes an LceBconv2d. The
     flatbuffer then runs in LCE's interpreter on the run's test samples (random inputs for a raw
     MODEL.onnx) and is compared with ONNX Runtime and PyTorch: exit 1, keeping no flatbuffer, when
-    argmax agreement is below 100 % or max |diff| exceeds 1e-4 of the logit range. An
-    unsupported ONNX op exits 2, naming the node and its op type.
+    argmax agreement is below 100 % or max |diff| exceeds 1e-4 of the logit range on a sample
+    that no sign tie explains (a pre-sign value within float rounding of zero that the runtimes
+    decide differently; such samples are listed under sign_ties). An unsupported ONNX op exits
+    2, naming the node and its op type.
     """
     from bnnexport.convert import convert_run
 

@@ -21,7 +21,9 @@ def export_command(run_dir: str, opset: int, batch: int, samples: int, as_json: 
     """Export the model of RUN_DIR to RUN_DIR/model.onnx and check it in ONNX Runtime.
 
     The binary kernels are verified first; the test samples go to RUN_DIR/samples.npz. Exits 1
-    (leaving any previous model.onnx untouched) when ONNX Runtime disagrees with PyTorch.
+    (leaving any previous model.onnx untouched) when ONNX Runtime disagrees with PyTorch on a
+    sample that a sign tie does not explain (a pre-sign value within float rounding of zero,
+    decided the other way; such samples are listed under sign_ties).
     """
     from bnnexport.export import export_onnx
 
