@@ -177,3 +177,58 @@ def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
     assert converted.argmax_agreement == 1.0 and converted.torch_argmax_agreement == 1.0
     assert converted.sign_tie_largest <= 1e-5
     assert len(converted.sign_ties) < converted.samples  # most samples are compared plainly
+
+
+def on_exact_grids(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every float parameter on a power-of-two grid and BatchNorm with ε = 0 and variance 1.
+
+    With inputs on the 1/64 grid every sum a runtime computes is then exact in float32 whatever
+    its order, so no runtime can decide a sign tie differently from another: any difference
+    left between ONNX Runtime and LCE is a conversion fault (only the head's average, after the
+    last binarization, rounds).
+    """
+    from bnnexport.layers import BinaryConv2d
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) and not isinstance(
+                m, BinaryConv2d
+            ):
+                m.weight.copy_(torch.randint(-1, 2, m.weight.shape, generator=g) / 8.0)
+                if m.bias is not None:
+                    m.bias.copy_(torch.randint(-8, 9, m.bias.shape, generator=g) / 8.0)
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.eps = 0.0
+                m.running_var.fill_(1.0)
+                m.running_mean.copy_(torch.randint(-64, 65, (m.num_features,), generator=g))
+                if m.affine:
+                    m.weight.fill_(2.0**-5)
+                    m.bias.copy_(torch.randint(-16, 17, (m.num_features,), generator=g) / 32.0)
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_path):
+    """QuickNet at 224 with randomised BatchNorm meets more LCE sign ties per sample than the
+    gate's search resolves (docs/BENCHMARKS.md §5). On exact grids there are none to meet: the
+    conversion itself must then be exact, at the native size."""
+    from converters.lce import convert_onnx
+    from converters.validate import compare, run_lce
+
+    model = on_exact_grids(init_model("quicknet"))
+    rng = np.random.default_rng(0)
+    inputs = (rng.integers(-64, 65, size=(8, 3, 224, 224)) / 64.0).astype(np.float32)
+    onnx_path = tmp_path / "model.onnx"
+    torch.onnx.export(
+        model, torch.from_numpy(inputs[:1]), str(onnx_path), dynamo=False,
+        do_constant_folding=False,
+    )  # fmt: skip
+    result = convert_onnx(onnx_path, tmp_path / "model.tflite", inputs=inputs)
+    assert result.lce_bconv2d == result.binary_layers == 16, result.op_histogram
+    assert result.argmax_agreement == 1.0 and result.sign_ties == []
+    with torch.no_grad():
+        expected = model(torch.from_numpy(inputs)).numpy()
+    versus_torch = compare(expected, run_lce(result.output, inputs))
+    assert versus_torch.argmax_agreement == 1.0
+    assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
