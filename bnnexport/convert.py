@@ -28,6 +28,7 @@ from bnnexport.reports import Report
 from bnnexport.runs import RunDir
 
 if TYPE_CHECKING:
+    from converters.lce import ConversionResult
     from converters.validate import Agreement
 
 TARGETS = ("arm64", "arm32")
@@ -102,28 +103,28 @@ def _samples(run: RunDir | None) -> tuple[np.ndarray | None, np.ndarray | None]:
 
 
 def _versus_torch(
-    run: RunDir, onnx_path: Path, flatbuffer: Path, inputs: np.ndarray, ties: list[int]
+    run: RunDir, onnx_path: Path, result: ConversionResult, inputs: np.ndarray
 ) -> tuple[Agreement, list[int]]:
     """LCE vs PyTorch on the samples where neither parts from ONNX Runtime at a sign tie.
 
-    The gate has already explained the LCE side's ties (`ties`); PyTorch's own, against ONNX
-    Runtime, are found the same way. A sample tied on either side is left out of the
+    The gate has already explained the LCE side's ties (`result.sign_ties`); PyTorch's own,
+    against ONNX Runtime, are found the same way. A sample tied on either side is left out of the
     comparison, and every other one must agree. Returns (agreement, all tied samples).
     """
     from bnnexport.export import torch_outputs
     from bnnexport.runs import load_model
     from converters.ties import explain_by_ties
-    from converters.validate import compare, run_lce, run_onnx
+    from converters.validate import compare
 
     reference = torch_outputs(load_model(run.root), inputs)
-    candidate = run_lce(flatbuffer, inputs)
+    candidate = result.lce_outputs
     versus = compare(reference, candidate, RTOL)
     if versus.argmax_agreement == 1.0 and versus.max_abs_diff <= versus.tolerance:
-        return versus, ties
-    _, torch_ties = explain_by_ties(onnx_path, inputs, run_onnx(onnx_path, inputs), reference, RTOL)
-    tied = sorted(set(ties) | set(torch_ties.rows))
-    keep = [row for row in range(len(inputs)) if row not in set(tied)]
-    return compare(reference[keep], candidate[keep], RTOL), tied
+        return versus, list(result.sign_ties)
+    _, torch_ties = explain_by_ties(onnx_path, inputs, result.onnx_outputs, reference, RTOL)
+    tied = set(result.sign_ties) | set(torch_ties.rows)
+    keep = [row for row in range(len(inputs)) if row not in tied]
+    return compare(reference[keep], candidate[keep], RTOL), sorted(tied)
 
 
 def convert_run(
@@ -160,7 +161,7 @@ def convert_run(
     torch_agreement = torch_diff = torch_samples = None
     ties = list(result.sign_ties)
     if run is not None and inputs is not None and run.checkpoint.is_file():
-        versus, ties = _versus_torch(run, onnx_path, output, inputs, ties)
+        versus, ties = _versus_torch(run, onnx_path, result, inputs)
         torch_agreement, torch_diff = versus.argmax_agreement, versus.max_abs_diff
         torch_samples = versus.samples
         if versus.argmax_agreement < 1.0 or not versus.max_abs_diff <= versus.tolerance:

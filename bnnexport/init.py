@@ -68,6 +68,23 @@ def randomize_batchnorm(model: nn.Module, seed: int = 0) -> None:
                 module.bias.copy_(torch.randn(n, generator=generator) * 0.1)
 
 
+def save_untrained_checkpoint(path: str | Path, name: str, model: nn.Module, config: dict) -> None:
+    """Write `model` as a checkpoint of epoch 0 in the format `bnnexport train` writes."""
+    save_checkpoint(
+        path,
+        {
+            "model_name": name,
+            "model_kwargs": {k: v for k, v in model.bnnexport_config.items() if k != "name"},
+            "model": model.state_dict(),
+            "latent": None,
+            "optimizer": {},
+            "epoch": 0,
+            "step": 0,
+            "config": config,
+        },
+    )
+
+
 def init_model(
     name: str,
     input_shape: tuple[int, int, int] | None = None,
@@ -120,19 +137,7 @@ def init_run(
     }
     if dataset is not None:
         config.update(dataset=dataset, data_dir=data_dir)
-    save_checkpoint(
-        run.checkpoint,
-        {
-            "model_name": name,
-            "model_kwargs": kwargs,
-            "model": model.state_dict(),
-            "latent": None,
-            "optimizer": {},
-            "epoch": 0,
-            "step": 0,
-            "config": config,
-        },
-    )
+    save_untrained_checkpoint(run.checkpoint, name, model, config)
     write_json_atomic(run.config, config)
     layers = binary_layers(model)
     report = InitReport(

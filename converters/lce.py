@@ -60,6 +60,9 @@ class ConversionResult:
     binary_emitted: list[str] = field(default_factory=list)
     sign_ties: list[int] = field(default_factory=list)  # samples a sign tie explains
     sign_tie_largest: float = 0.0  # largest |x| / max |x| at a tie whose sign was chosen
+    # the gate's own outputs on `inputs`, for callers that compare further (no second run)
+    onnx_outputs: np.ndarray | None = field(default=None, repr=False)
+    lce_outputs: np.ndarray | None = field(default=None, repr=False)
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -125,8 +128,9 @@ def convert_onnx(
     temp = _write_temp(output_path.parent, flatbuffer, ".tflite")
     float_temp = None
     try:
+        lce_outputs = run_lce(temp, inputs)
         agreement, ties = validate_with_ties(
-            onnx_path, inputs, reference, run_lce(temp, inputs), rtol, "LCE flatbuffer"
+            onnx_path, inputs, reference, lce_outputs, rtol, "LCE flatbuffer"
         )
         float_diff = None
         if write_float_tflite is not None:
@@ -167,4 +171,6 @@ def convert_onnx(
         binary_emitted=info.binary_emitted,
         sign_ties=ties.rows,
         sign_tie_largest=ties.largest_tie,
+        onnx_outputs=reference,
+        lce_outputs=lce_outputs,
     )

@@ -130,7 +130,7 @@ class TieProbe:
             disabled_optimizers=SCALING_FUSIONS,
         )  # fmt: skip
         self.input = self.session.get_inputs()[0]
-        self.shapes: list[tuple[int, ...]] | None = None
+        self.shapes: list[tuple[int, ...]] = []  # of the binarization inputs, after a run
 
     def run(
         self, x: np.ndarray, chosen: dict[int, tuple[np.ndarray, np.ndarray]]
@@ -139,23 +139,18 @@ class TieProbe:
         binarization to (flat indices, signs ±1) of the activations whose sign is imposed."""
         batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
         feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
-        if self.shapes is None:  # the first run learns the shapes, with nothing imposed
-            for k in range(len(self.sources)):
-                feed[f"tie_mask_{k}"] = np.zeros(1, dtype=bool)
-                feed[f"tie_value_{k}"] = np.zeros(1, dtype=np.float32)
-            outputs = self.session.run(None, feed)
-            self.shapes = [o.shape for o in outputs[1:]]
-            if not chosen:
-                return outputs[0][0], [o[0] for o in outputs[1:]]
-        for k, shape in enumerate(self.shapes):
-            mask = np.zeros(shape, dtype=bool)
-            value = np.zeros(shape, dtype=np.float32)
-            if k in chosen:
+        for k in range(len(self.sources)):
+            # nothing imposed: a one-element mask, which Where broadcasts
+            mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
+            if k in chosen:  # chosen from an earlier run's outputs, so `shapes` is known
                 indices, signs = chosen[k]
+                mask = np.zeros(self.shapes[k], dtype=bool)
+                value = np.zeros(self.shapes[k], dtype=np.float32)
                 mask[0].flat[indices] = True
                 value[0].flat[indices] = signs
             feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
         outputs = self.session.run(None, feed)
+        self.shapes = [o.shape for o in outputs[1:]]
         return outputs[0][0], [o[0] for o in outputs[1:]]
 
 

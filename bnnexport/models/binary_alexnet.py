@@ -31,8 +31,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear
-from bnnexport.models.blocks import conv_out, require_size, same_conv, scale_free_bn
+from bnnexport.layers import BinaryConv2d
+from bnnexport.models.blocks import (
+    FeatureSize,
+    binary_classifier,
+    binary_conv_bn,
+    same_conv,
+    scale_free_bn,
+)
 from bnnexport.models.registry import register_model
 
 
@@ -50,39 +56,24 @@ class BinaryAlexNet(nn.Module):
         first, hw = same_conv(
             BinaryConv2d(channels, 64, 11, stride=4, input_quantizer=None), height, width
         )
-        size = list(hw)
-
-        def pool() -> nn.Module:
-            require_size("binary-alexnet", min(size), 3, "a 3x3 max-pool")
-            size[:] = [conv_out(s, 3, 2) for s in size]
-            return nn.MaxPool2d(3, 2)
+        size = FeatureSize("binary-alexnet", *hw)
 
         def block(cin: int, cout: int, kernel: int) -> list[nn.Module]:
-            conv = BinaryConv2d(
-                cin, cout, kernel, padding=kernel // 2, pad_value=pad_value,
-                input_quantizer=input_quantizer,
-            )  # fmt: skip
-            return [conv, scale_free_bn(cout)]
+            return binary_conv_bn(cin, cout, kernel, kernel // 2, pad_value, input_quantizer)
 
         self.features = nn.Sequential(
             first,
             scale_free_bn(64),
-            pool(),
+            size.max_pool(),
             *block(64, 192, 5),
-            pool(),
+            size.max_pool(),
             *block(192, 384, 3),
             *block(384, 384, 3),
             *block(384, 256, 3),
-            pool(),
+            size.max_pool(),
         )
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            BinaryLinear(256 * size[0] * size[1], hidden, input_quantizer=input_quantizer),
-            scale_free_bn(hidden, dims=1),
-            BinaryLinear(hidden, hidden, input_quantizer=input_quantizer),
-            scale_free_bn(hidden, dims=1),
-            BinaryLinear(hidden, num_classes, input_quantizer=input_quantizer),
-            scale_free_bn(num_classes, dims=1),
+        self.classifier = binary_classifier(
+            256 * size.height * size.width, hidden, num_classes, input_quantizer
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

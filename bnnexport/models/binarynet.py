@@ -31,8 +31,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear
-from bnnexport.models.blocks import conv_out, require_size, scale_free_bn
+from bnnexport.layers import BinaryConv2d
+from bnnexport.models.blocks import (
+    binary_classifier,
+    binary_conv_bn,
+    conv_out,
+    require_size,
+    scale_free_bn,
+)
 from bnnexport.models.registry import register_model
 
 
@@ -54,26 +60,14 @@ class BinaryNet(nn.Module):
         ]
         h, w = conv_out(height, 3), conv_out(width, 3)
         for index, (cin, cout) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
-            layers += [
-                BinaryConv2d(
-                    cin, cout, 3, padding=1, pad_value=pad_value, input_quantizer=input_quantizer
-                ),
-                scale_free_bn(cout),
-            ]
+            layers += binary_conv_bn(cin, cout, 3, 1, pad_value, input_quantizer)
             if index % 2 == 0:  # after the 2nd, 4th and 6th conv
                 layers.append(nn.MaxPool2d(2))
                 h, w = h // 2, w // 2
         require_size("binarynet", min(h, w), 1, "the classifier")
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            BinaryLinear(widths[-1] * h * w, hidden, input_quantizer=input_quantizer),
-            scale_free_bn(hidden, dims=1),
-            BinaryLinear(hidden, hidden, input_quantizer=input_quantizer),
-            scale_free_bn(hidden, dims=1),
-            BinaryLinear(hidden, num_classes, input_quantizer=input_quantizer),
-            scale_free_bn(num_classes, dims=1),
-        )
+        features = widths[-1] * h * w
+        self.classifier = binary_classifier(features, hidden, num_classes, input_quantizer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

@@ -1,4 +1,5 @@
-"""Building blocks shared by the zoo models: scale-free BatchNorm and output-size arithmetic.
+"""Building blocks shared by the zoo models: scale-free BatchNorm, binary conv + BatchNorm pairs,
+BinaryNet's binary classifier, and output-size arithmetic.
 
 Example:
     >>> from bnnexport.models.blocks import conv_out, scale_free_bn
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from bnnexport.layers import BinaryConv2d, BinaryLinear
+
 
 def scale_free_bn(channels: int, dims: int = 2, momentum: float = 0.1) -> nn.Module:
     """BatchNorm without a trainable scale (Keras `BatchNormalization(scale=False)`).
@@ -25,6 +28,57 @@ def scale_free_bn(channels: int, dims: int = 2, momentum: float = 0.1) -> nn.Mod
     bn = (nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d)(channels, momentum=momentum)
     bn.weight.requires_grad_(False)
     return bn
+
+
+def binary_conv_bn(
+    cin: int,
+    cout: int,
+    kernel: int | tuple[int, int],
+    padding: int,
+    pad_value: str = "one",
+    input_quantizer: str = "ste_sign",
+) -> list[nn.Module]:
+    """A binary conv and its scale-free BatchNorm: the pair LCE runs as one `LceBconv2d`."""
+    conv = BinaryConv2d(
+        cin, cout, kernel, padding=padding, pad_value=pad_value, input_quantizer=input_quantizer
+    )
+    return [conv, scale_free_bn(cout)]
+
+
+def binary_classifier(
+    features: int, hidden: int, num_classes: int, input_quantizer: str = "ste_sign"
+) -> nn.Sequential:
+    """Flatten, then three binary dense layers, each followed by a scale-free BatchNorm."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    for fin, fout in ((features, hidden), (hidden, hidden), (hidden, num_classes)):
+        layers += [
+            BinaryLinear(fin, fout, input_quantizer=input_quantizer),
+            scale_free_bn(fout, dims=1),
+        ]
+    return nn.Sequential(*layers)
+
+
+class FeatureSize:
+    """The feature map's (height, width) while a model is built; `max_pool` checks and moves it.
+
+    Example:
+        >>> size = FeatureSize("xnornet", 13, 13)
+        >>> pool = size.max_pool()
+        >>> size.height, size.width
+        (6, 6)
+    """
+
+    def __init__(self, model: str, height: int, width: int) -> None:
+        self.model, self.height, self.width = model, height, width
+
+    def max_pool(self, kernel: int = 3, stride: int = 2) -> nn.MaxPool2d:
+        """A max-pool; ValueError naming the model when the map is smaller than its window."""
+        require_size(
+            self.model, min(self.height, self.width), kernel, f"a {kernel}x{kernel} max-pool"
+        )
+        self.height = conv_out(self.height, kernel, stride)
+        self.width = conv_out(self.width, kernel, stride)
+        return nn.MaxPool2d(kernel, stride)
 
 
 def conv_out(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:

@@ -37,8 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d
-from bnnexport.models.blocks import conv_out, require_size, same_conv, scale_free_bn
+from bnnexport.models.blocks import FeatureSize, binary_conv_bn, same_conv, scale_free_bn
 from bnnexport.models.registry import register_model
 
 
@@ -54,33 +53,24 @@ class XnorNet(nn.Module):
         super().__init__()
         channels, height, width = input_shape
         first, hw = same_conv(nn.Conv2d(channels, 96, 11, stride=4, bias=False), height, width)
-        size = list(hw)
-
-        def pool() -> nn.Module:
-            require_size("xnornet", min(size), 3, "a 3x3 max-pool")
-            size[:] = [conv_out(s, 3, 2) for s in size]
-            return nn.MaxPool2d(3, 2)
+        size = FeatureSize("xnornet", *hw)
 
         def block(cin: int, cout: int, kernel: int | tuple[int, int], padding: int) -> list:
-            conv = BinaryConv2d(
-                cin, cout, kernel, padding=padding, pad_value=pad_value,
-                input_quantizer=input_quantizer,
-            )  # fmt: skip
-            return [conv, scale_free_bn(cout)]
+            return binary_conv_bn(cin, cout, kernel, padding, pad_value, input_quantizer)
 
         self.features = nn.Sequential(
             first,
             scale_free_bn(96),
             nn.ReLU(),
-            pool(),
+            size.max_pool(),
             scale_free_bn(96),
             *block(96, 256, 5, 2),
-            pool(),
+            size.max_pool(),
             *block(256, 384, 3, 1),
             *block(384, 384, 3, 1),
             *block(384, 256, 3, 1),
-            pool(),
-            *block(256, hidden, (size[0], size[1]), 0),
+            size.max_pool(),
+            *block(256, hidden, (size.height, size.width), 0),
             *block(hidden, hidden, 1, 0),
             nn.ReLU(),
         )
