@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from converters.errors import ConverterError
 from converters.graph import load_onnx
 from converters.ties import validate_with_ties
-from converters.validate import op_histogram, run_lce, run_onnx, run_tflite
+from converters.validate import op_histogram, run_lce, run_onnx, run_tflite, signature_outputs
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -63,6 +64,40 @@ class ConversionResult:
     # the gate's own outputs on `inputs`, for callers that compare further (no second run)
     onnx_outputs: np.ndarray | None = field(default=None, repr=False)
     lce_outputs: np.ndarray | None = field(default=None, repr=False)
+
+
+class LceWitness:
+    """The model converted again with every binarization's input as an extra output, run in
+    LCE's interpreter: a `converters.ties.Witness` of what the flatbuffer binarizes.
+
+    The extra outputs can stop LCE fusing a bconv with the binarization after it, so the
+    witness is not the shipped flatbuffer; `explain_by_ties` uses it only on samples where
+    its logits match the shipped flatbuffer's.
+    """
+
+    def __init__(self, model: onnx.ModelProto):
+        from converters.onnx_to_tf import save_saved_model
+        from converters.tf_ops import tf
+
+        tf()
+        import larq_compute_engine as lce
+        from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+        with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
+            info = save_saved_model(model, Path(tmp) / "saved", witness=True)
+            flatbuffer = lce.convert_saved_model(str(Path(tmp) / "saved"), target="arm")
+        self.interpreter = Interpreter(flatbuffer, num_threads=1, use_indirect_bgemm=True)
+        order = signature_outputs(flatbuffer)
+        self.logits_at = order.index("output_0")
+        self.sources = {
+            order.index(f"witness_{k:03d}"): source for k, source in enumerate(info.witness_sources)
+        }
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(logits, binarization inputs by ONNX source) for one sample (C, H, W)."""
+        outputs = self.interpreter.interpreter.predict([x[None].astype(np.float32)])
+        witnessed = {source: outputs[at][0] for at, source in self.sources.items()}
+        return outputs[self.logits_at][0], witnessed
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -130,8 +165,9 @@ def convert_onnx(
     try:
         lce_outputs = run_lce(temp, inputs)
         agreement, ties = validate_with_ties(
-            onnx_path, inputs, reference, lce_outputs, rtol, "LCE flatbuffer"
-        )
+            onnx_path, inputs, reference, lce_outputs, rtol, "LCE flatbuffer",
+            witness=lambda: LceWitness(model),
+        )  # fmt: skip
         float_diff = None
         if write_float_tflite is not None:
             float_temp = _write_temp(Path(write_float_tflite).parent, float_flatbuffer, ".tflite")

@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,9 @@ class Translator:
         self.layers = {m.node_name: m for m in layers if m.binary}
         self.values: dict[str, Value] = {}
         self.binary_emitted: list[str] = []
+        # ONNX source -> the Value its binarizations read (what `build_module(witness=True)`
+        # also outputs, so a runtime's signs can be replayed in ONNX Runtime)
+        self.witnessed: dict[str, Value] = {}
 
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""
@@ -104,11 +107,12 @@ class Translator:
             name = node.input[0]
         base = self.value(name)
         if not base.is_affine:
-            return self.value(found.source)
-        out = Value(base.nudged(), base.layout, base.perm)
-        for step in reversed(steps):
-            out = self.replay(step, out)
-        return out
+            out = self.value(found.source)
+        else:
+            out = Value(base.nudged(), base.layout, base.perm)
+            for step in reversed(steps):
+                out = self.replay(step, out)
+        return self.witnessed.setdefault(found.source, out)
 
     def chain(self, match: BinaryLayerMatch) -> list[onnx.NodeProto]:
         """Nodes between a binary layer's binarization and its data input, in forward order."""
@@ -133,6 +137,8 @@ class TranslationInfo:
     input_names: list[str]
     input_shapes: list[list[int]]
     output_names: list[str]
+    # with `witness`: the ONNX binarization sources behind outputs witness_000, witness_001, ...
+    witness_sources: list[str] = field(default_factory=list)
 
 
 def _static_shape(graph: Graph, info: onnx.ValueInfoProto) -> list[int]:
@@ -145,8 +151,14 @@ def _static_shape(graph: Graph, info: onnx.ValueInfoProto) -> list[int]:
     return [int(d) for d in shape]
 
 
-def build_module(model: onnx.ModelProto):  # noqa: ANN201 - returns (tf.Module, TranslationInfo)
-    """Build a `tf.Module` whose `serve` tf.function computes the ONNX graph in NHWC."""
+def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
+    """Build a `tf.Module` whose `serve` tf.function computes the ONNX graph in NHWC.
+
+    Returns (module, TranslationInfo). With `witness`, `serve` also outputs every binarization's
+    input (in ONNX's logical layout) as `witness_NNN`, after the model's outputs: a diagnostic
+    model for `converters.ties`, whose extra outputs may stop LCE fusing a bconv with the
+    binarization after it.
+    """
     tensorflow = tf()
     graph = Graph(model)
     layers = find_binary_layers_in(graph)
@@ -154,6 +166,7 @@ def build_module(model: onnx.ModelProto):  # noqa: ANN201 - returns (tf.Module, 
     names = [i.name for i in graph.inputs]
     outputs = [o.name for o in graph.outputs]
     emitted: list[str] = []
+    witnessed: list[str] = []
     errors: list[BaseException] = []
 
     def serve(*args):
@@ -165,6 +178,10 @@ def build_module(model: onnx.ModelProto):  # noqa: ANN201 - returns (tf.Module, 
                 translator.values[name] = Value(arg, "plain")
         try:
             result = {f"output_{k}": translator.value(o).logical() for k, o in enumerate(outputs)}
+            if witness:
+                for k, value in enumerate(translator.witnessed.values()):
+                    result[f"witness_{k:03d}"] = value.logical()
+                witnessed[:] = translator.witnessed
         except Exception as error:  # tf.function may wrap it; keep ours to re-raise as is
             errors.append(error)
             raise
@@ -194,12 +211,15 @@ def build_module(model: onnx.ModelProto):  # noqa: ANN201 - returns (tf.Module, 
         input_names=names,
         input_shapes=shapes,
         output_names=outputs,
+        witness_sources=list(witnessed),
     )
     return module, info
 
 
-def save_saved_model(model: onnx.ModelProto, directory: str | Path) -> TranslationInfo:
+def save_saved_model(
+    model: onnx.ModelProto, directory: str | Path, witness: bool = False
+) -> TranslationInfo:
     """Translate `model` and save it as a TensorFlow SavedModel in `directory`."""
-    module, info = build_module(model)
+    module, info = build_module(model, witness)
     tf().saved_model.save(module, str(directory), signatures={"serving_default": module.concrete})
     return info

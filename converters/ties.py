@@ -18,9 +18,17 @@ which way its ties fell. (The rewired model needs the first check: its extra out
 Runtime's fusions, hence its rounding, so it can land on the other side of a tie from the plain
 session too, and a fault in the plain session must not pass for a tie.) A bug shows up as a
 sample no choice of tie signs explains. Only the signs are chosen: real-valued values (the
-shortcut a Bi-Real block adds) stay as computed. The search is greedy (`search_ties`); one to
-three ties per failing sample is what we meet, and a sample that needs more than `MAX_STEPS`
-is reported as a mismatch.
+shortcut a Bi-Real block adds) stay as computed.
+
+The other runtime's signs are found one of two ways:
+- replayed (`replay_signs`) when it has a witness: a copy that also outputs every
+  binarization's input (`converters.lce.LceWitness` for LCE). All its signs are imposed at once,
+  and every one that differs from what ONNX Runtime computes from the same upstream signs must
+  sit at a near-tie. One run per sample, however many ties: QuickNet at 224x224 meets two to six
+  per sample between ONNX Runtime and LCE, spread over its 16 binarizations.
+- searched for (`search_ties`, greedy) otherwise: PyTorch, the float TFLite model, and ONNX
+  Runtime's own outputs. One to three ties per failing sample is what we meet there, and a
+  sample that needs more than `MAX_STEPS` is reported as a mismatch.
 
 Example:
     >>> from converters.ties import explain_by_ties
@@ -31,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,10 +81,13 @@ def validate_with_ties(
     other_outputs: np.ndarray,
     rtol: float = 1e-4,
     what: str = "converted model",
+    witness: Callable[[], Witness] | None = None,
 ) -> tuple[Agreement, TieReport]:
     """`validate_outputs(ONNX Runtime, other)` after `explain_by_ties`: raises
     `ConversionMismatchError` for any sample that a choice of tie signs does not explain."""
-    resolved, ties = explain_by_ties(onnx_path, inputs, onnx_outputs, other_outputs, rtol)
+    resolved, ties = explain_by_ties(
+        onnx_path, inputs, onnx_outputs, other_outputs, rtol, witness=witness
+    )
     return validate_outputs(resolved, other_outputs, rtol, what), ties
 
 
@@ -133,16 +145,24 @@ class TieProbe:
         self.shapes: list[tuple[int, ...]] = []  # of the binarization inputs, after a run
 
     def run(
-        self, x: np.ndarray, chosen: dict[int, tuple[np.ndarray, np.ndarray]]
+        self,
+        x: np.ndarray,
+        chosen: dict[int, tuple[np.ndarray, np.ndarray]],
+        imposed: dict[int, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """(logits, binarization inputs) for one sample `x` (C, H, W); `chosen` maps a
-        binarization to (flat indices, signs ±1) of the activations whose sign is imposed."""
+        binarization to (flat indices, signs ±1) of the activations whose sign is imposed;
+        `imposed` maps a binarization to the signs of all its activations (an array of its
+        input's shape without the batch axis)."""
         batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
         feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
         for k in range(len(self.sources)):
             # nothing imposed: a one-element mask, which Where broadcasts
             mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
-            if k in chosen:  # chosen from an earlier run's outputs, so `shapes` is known
+            if imposed is not None and k in imposed:  # broadcast over the batch axis
+                value = np.asarray(imposed[k], np.float32)[None]
+                mask = np.ones(value.shape, dtype=bool)
+            elif k in chosen:  # chosen from an earlier run's outputs, so `shapes` is known
                 indices, signs = chosen[k]
                 mask = np.zeros(self.shapes[k], dtype=bool)
                 value = np.zeros(self.shapes[k], dtype=np.float32)
@@ -254,6 +274,50 @@ def _still_ties(
     )
 
 
+def replay_signs(
+    probe: TieProbe,
+    x: np.ndarray,
+    witnessed: dict[str, np.ndarray],
+    target: np.ndarray,
+    tolerance: float,
+    tie_rtol: float = TIE_RTOL,
+) -> tuple[np.ndarray | None, int, float, int]:
+    """Impose another runtime's signs at every binarization at once and check them.
+
+    `witnessed` holds, by ONNX source name, the values the other runtime binarized on `x` (a
+    witness: see `converters.lce.LceWitness`); its signs follow the float sign bit, as LCE's
+    quantizer does. The runtimes are then the same model up to ties when, given the same signs
+    upstream, ONNX Runtime would have taken the other sign only at near-ties, and the logits
+    match `target`. Unlike `search_ties` this needs no guessing, so it copes with the many
+    ties of a deep real-valued path (QuickNet at 224x224 meets several per sample).
+    Returns what `search_ties` returns; no logits when the witness lacks a binarization.
+    """
+    if any(source not in witnessed for source in probe.sources):
+        return None, 0, 0.0, 0
+    theirs = [np.signbit(np.asarray(witnessed[source])) for source in probe.sources]
+    imposed = {k: np.where(negative, -1.0, 1.0) for k, negative in enumerate(theirs)}
+    logits, sources = probe.run(x, {}, imposed)
+    changed, largest = 0, 0.0
+    for negative, values in zip(theirs, sources, strict=True):
+        if negative.size != values.size:
+            return None, 0, 0.0, 1
+        differ = negative.reshape(values.shape) != (values < 0)
+        if not differ.any():
+            continue
+        ratio = float(np.abs(values[differ]).max()) / float(np.abs(values).max())
+        if not ratio <= tie_rtol:
+            return None, 0, 0.0, 1
+        changed += int(differ.sum())
+        largest = max(largest, ratio)
+    if not _matches(logits, target, tolerance):
+        return None, 0, 0.0, 1
+    return logits, changed, largest, 1
+
+
+# a sample (C, H, W) -> (the other runtime's logits, its binarization inputs by ONNX source)
+Witness = Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]]
+
+
 def explain_by_ties(
     onnx_path: str | Path,
     inputs: np.ndarray,
@@ -261,6 +325,7 @@ def explain_by_ties(
     other_outputs: np.ndarray,
     rtol: float = 1e-4,
     tie_rtol: float = TIE_RTOL,
+    witness: Callable[[], Witness] | None = None,
 ) -> tuple[np.ndarray, TieReport]:
     """ONNX Runtime's outputs with the samples that fail the comparison re-run at other tie
     signs where that explains them, and what the search found.
@@ -268,6 +333,9 @@ def explain_by_ties(
     `compare(resolved, other_outputs, rtol)` then holds the verdict: a sample no choice of tie
     signs explains keeps ONNX Runtime's own outputs and still fails. The search stops at the
     first such sample, so a broken model costs one sample's search, not one per sample.
+    `witness` (called once, on the first failing sample) builds a `Witness` of the other
+    runtime: its signs are then replayed (`replay_signs`) instead of searched for, on every
+    sample where the witness's logits are the other runtime's own.
     """
     reference = np.asarray(onnx_outputs, np.float64).reshape(len(onnx_outputs), -1)
     other = np.asarray(other_outputs, np.float64).reshape(len(other_outputs), -1)
@@ -282,11 +350,26 @@ def explain_by_ties(
         return resolved, report
     probe = TieProbe(onnx_path)
     check_input_shape(probe.input.shape, np.asarray(inputs), f"ONNX model {onnx_path}")
+    witnessing = witness() if witness is not None else None
     for row in failing:
         sample = np.asarray(inputs[row], np.float32)
         found = []
-        for target in (reference[row], other[row]):  # ONNX Runtime itself first, then the other
-            logits, changed, largest, runs = search_ties(probe, sample, target, tolerance, tie_rtol)
+        for side, target in enumerate((reference[row], other[row])):  # ONNX Runtime first
+            replayed = False
+            if witnessing is not None and side == 1:
+                their_logits, witnessed = witnessing(sample)
+                # a witness whose logits differ did not compute what was shipped: search then
+                replayed = _matches(their_logits, target, tolerance) and all(
+                    source in witnessed for source in probe.sources
+                )
+            if replayed:
+                logits, changed, largest, runs = replay_signs(
+                    probe, sample, witnessed, target, tolerance, tie_rtol
+                )
+            else:
+                logits, changed, largest, runs = search_ties(
+                    probe, sample, target, tolerance, tie_rtol
+                )
             report.runs += runs
             if logits is None:
                 break

@@ -229,6 +229,37 @@ def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _string(buf: bytes, at: int) -> str:
+    start = _deref(buf, at)
+    length = struct.unpack_from("<I", buf, start)[0]
+    return buf[start + 4 : start + 4 + length].decode()
+
+
+def signature_outputs(flatbuffer_bytes: bytes | str | Path) -> list[str]:
+    """The serving signature's output names, in the order the interpreter returns outputs.
+
+    The converter orders a flatbuffer's outputs its own way (not by name); the signature maps
+    each name to a tensor, and the main subgraph lists its output tensors in output order.
+    """
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        at = _deref(buf, _field(buf, subgraph, 2))
+        order = struct.unpack_from(f"<{struct.unpack_from('<I', buf, at)[0]}i", buf, at + 4)
+        signature = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 7))[0]))
+        names = {}
+        for entry in _vector(buf, _field(buf, signature, 1)):
+            tensor_map = _table(buf, _deref(buf, entry))
+            index = _field(buf, tensor_map, 1)
+            names[struct.unpack_from("<I", buf, index)[0] if index else 0] = _string(
+                buf, _field(buf, tensor_map, 0)
+            )
+        return [names[k] for k in order]
+    except (struct.error, IndexError, KeyError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"flatbuffer without a readable signature ({error})") from None
+
+
 @dataclass
 class Agreement:
     """How closely a candidate's outputs follow the reference's."""

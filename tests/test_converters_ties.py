@@ -146,3 +146,82 @@ def test_matching_outputs_need_no_search(setup):
     resolved, report = explain_by_ties(path, x, ort, ort.copy())
     assert report.failing == 0 and report.runs == 0
     np.testing.assert_array_equal(resolved, ort)
+
+
+def _torch_witness(net, probe_sources, layer=None, index=None, sign=None, logits_shift=0.0):
+    """A `Witness` factory in torch: the net's logits and what each binarization reads (after an
+    optional forced decision), keyed by the ONNX sources in graph order."""
+
+    def witness(sample):
+        captured = []
+        hooks = [s.register_forward_pre_hook(lambda m, a: captured.append(a[0])) for s in net.signs]
+        if layer is not None:
+            net.signs[layer].force = (index, sign)
+        try:
+            with torch.no_grad():
+                logits = net(torch.from_numpy(sample[None])).numpy()[0]
+        finally:
+            net.signs[layer if layer is not None else 0].force = None
+            for hook in hooks:
+                hook.remove()
+        read = [c[0].numpy().copy() for c in captured]
+        if layer is not None:  # what the forced decision binarized
+            read[layer].reshape(-1)[index] = sign
+        return logits + logits_shift, dict(zip(probe_sources, read, strict=True))
+
+    return lambda: witness
+
+
+def test_a_witness_replays_the_tie_in_one_run(setup):
+    net, path, x, ort, tie = setup
+    probe = TieProbe(path)
+    _, sources = probe.run(x[0], {})
+    own = 1.0 if sources[1].reshape(-1)[tie] >= 0 else -1.0
+    other = _with_forced(net, x, 1, tie, -own)
+    witness = _torch_witness(net, probe.sources, 1, tie, -own)
+    resolved, report = explain_by_ties(path, x, ort, other, witness=witness)
+    assert report.explained == 1 and report.rows == [0] and report.positions == 1
+    assert report.runs == 2  # ONNX Runtime's own output (no search step), then one replay
+    after = compare(resolved, other)
+    assert after.argmax_agreement == 1.0 and after.max_abs_diff <= after.tolerance
+
+
+def test_a_witness_flipping_a_far_activation_is_not_explained(setup):
+    net, path, x, ort, _ = setup
+    probe = TieProbe(path)
+    _, sources = probe.run(x[0], {})
+    far = int(np.abs(sources[1]).argmax())
+    own = 1.0 if sources[1].reshape(-1)[far] >= 0 else -1.0
+    other = _with_forced(net, x, 1, far, -own)
+    witness = _torch_witness(net, probe.sources, 1, far, -own)
+    _, report = explain_by_ties(path, x, ort, other, witness=witness)
+    assert report.failing == 1 and report.explained == 0 and report.runs == 2  # no search
+
+
+def test_a_witness_that_computed_something_else_is_not_trusted(setup):
+    """Its logits differ from the other runtime's: the search decides, as without a witness."""
+    net, path, x, ort, tie = setup
+    probe = TieProbe(path)
+    _, sources = probe.run(x[0], {})
+    own = 1.0 if sources[1].reshape(-1)[tie] >= 0 else -1.0
+    other = _with_forced(net, x, 1, tie, -own)
+    witness = _torch_witness(net, probe.sources, 1, tie, -own, logits_shift=1.0)
+    _, report = explain_by_ties(path, x, ort, other, witness=witness)
+    assert report.explained == 1 and report.runs > 2
+
+
+@pytest.mark.slow
+def test_the_lce_witness_reads_what_onnx_runtime_binarizes(setup):
+    """Each witness output is the same binarization input as the probe's, in ONNX's layout."""
+    from converters.graph import load_onnx
+    from converters.lce import LceWitness
+
+    _, path, x, _, _ = setup
+    probe = TieProbe(path)
+    _, sources = probe.run(x[1], {})
+    logits, witnessed = LceWitness(load_onnx(path))(x[1])
+    assert sorted(witnessed) == sorted(probe.sources)
+    for source, values in zip(probe.sources, sources, strict=True):
+        assert witnessed[source].shape == values.shape
+        np.testing.assert_allclose(witnessed[source], values, atol=1e-5 * np.abs(values).max())
+    np.testing.assert_allclose(logits, run_onnx(path, x[1:2])[0], atol=1e-3)
