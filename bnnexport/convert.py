@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bnnexport.errors import CheckpointError, FidelityError
-from bnnexport.reports import Report
+from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir
 
 if TYPE_CHECKING:
@@ -68,15 +68,11 @@ class ConvertReport(Report):
         data = self.to_json()
         histogram = data.pop("op_histogram")
         width = max(len(k) for k in data)
-        lines = [f"{k.ljust(width)}  {_format(v)}" for k, v in data.items()]
+        lines = [f"{k.ljust(width)}  {format_value(v)}" for k, v in data.items()]
         lines.append("op_histogram")
         op_width = max((len(op) for op in histogram), default=0)
         lines += [f"  {op.ljust(op_width)}  {count}" for op, count in histogram.items()]
         return "\n".join(lines)
-
-
-def _format(value: object) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _locate(path: Path, target: str) -> tuple[Path, Path, Path, RunDir | None]:

@@ -40,12 +40,16 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _format_value(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """One table cell: floats to 6 digits, a long list cut short with its length."""
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, (list, tuple, dict)):
         text = json.dumps(_jsonable(value))
-        return text if len(text) <= 70 else text[:67] + "..."
+        if len(text) <= 70:
+            return text
+        count = f" ({len(value)} items)" if isinstance(value, (list, tuple)) else ""
+        return text[: 67 - len(count)] + "..." + count
     return str(value)
 
 
@@ -61,7 +65,7 @@ class Report:
         """Return the report as aligned `key  value` lines, for people."""
         data = self.to_json()
         width = max((len(k) for k in data), default=0)
-        return "\n".join(f"{k.ljust(width)}  {_format_value(v)}" for k, v in data.items())
+        return "\n".join(f"{k.ljust(width)}  {format_value(v)}" for k, v in data.items())
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the report as pretty JSON, atomically."""
