@@ -179,6 +179,24 @@ def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
     assert len(converted.sign_ties) < converted.samples  # most samples are compared plainly
 
 
+@pytest.mark.slow
+def test_quicknet_at_native_224_passes_both_gates(tmp_path):
+    """QuickNet's real-valued residual stream meets several rounding ties per sample at 224x224
+    between ONNX Runtime and LCE: the convert gate replays LCE's own signs (`LceWitness`) and
+    accepts a sample only when every sign LCE took differently sits at a near-tie."""
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+
+    run = tmp_path / "run"
+    init_run("quicknet", out=run)
+    exported = export_onnx(run, samples=12)
+    assert exported.argmax_agreement == 1.0 and exported.max_abs_diff <= exported.tolerance
+    converted = convert_run(run, target="arm64")
+    assert converted.lce_bconv2d == converted.binary_layers == 16, converted.op_histogram
+    assert converted.argmax_agreement == 1.0 and converted.torch_argmax_agreement == 1.0
+    assert converted.sign_ties and converted.sign_tie_largest <= 1e-5  # the gate ran with ties
+
+
 def on_exact_grids(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every float parameter on a power-of-two grid and BatchNorm with ε = 0 and variance 1.
 
