@@ -7,8 +7,9 @@ it need at its peak?
 
 Each model is initialised and exported in this process (`init`, `export`), then every conversion
 runs in its own child process (`python -m bnnexport convert RUN --target arm64 --json`), so its
-peak resident memory is the child's own `ru_maxrss` (from `os.wait4`) and nothing is left over
-from an earlier conversion. Time is the child's wall-clock time (TensorFlow's import included)
+peak resident memory is the child's own high-water mark (VmHWM, reported as it exits; its
+`ru_maxrss` from `os.wait4` would include this process's size at the fork) and nothing is left
+over from an earlier conversion. Time is the child's wall-clock time (TensorFlow's import included)
 and, from the ConvertReport, the conversion itself (translation, LCE converter, fidelity gate).
 When a model's export gate refuses it (PyTorch and ONNX Runtime disagree on the synthetic
 samples), the ONNX model is written with the same exporter settings without the gate and the
@@ -99,6 +100,27 @@ def raw_export(run: Path) -> None:
                           output_names=["logits"])
 
 
+# Linux carries a forked child's resident set over into its ru_maxrss when it execs, so a child
+# of this (large) process would report at least this process's size. The child reports its own
+# high-water mark (VmHWM, which starts afresh at exec) as it exits instead.
+PEAK_MARK = "bnnexport-peak-kib"
+RUN_AND_REPORT_PEAK = f"""
+import atexit, runpy, sys
+def report_peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            sys.stderr.write("{PEAK_MARK} " + line.split()[1] + "\\n")
+atexit.register(report_peak)
+sys.argv = ["bnnexport", *sys.argv[1:]]
+runpy.run_module("bnnexport", run_name="__main__")
+"""
+
+
+def _reported_peak_mib(stderr: str) -> float | None:
+    marks = [ln.split()[1] for ln in stderr.splitlines() if ln.startswith(PEAK_MARK)]
+    return int(marks[-1]) / 1024 if marks else None
+
+
 def convert_child(run: Path) -> dict[str, Any]:
     """`bnnexport convert` in a child process: wall seconds, peak RSS (MiB), its report."""
     for stale in run.glob("model-*.tflite"):
@@ -106,7 +128,7 @@ def convert_child(run: Path) -> dict[str, Any]:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         child = subprocess.Popen(
-            [sys.executable, "-m", "bnnexport", "convert", str(run), "--target", "arm64",
+            [sys.executable, "-c", RUN_AND_REPORT_PEAK, "convert", str(run), "--target", "arm64",
              "--json"], stdout=out, stderr=err, cwd=ROOT,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
@@ -122,7 +144,8 @@ def convert_child(run: Path) -> dict[str, Any]:
         error = (stderr.strip().splitlines() or ["?"])[-1][:300]
         log(f"convert {run.name} exited {child.returncode}: {error}")
     return {"wall_seconds": wall, "convert_seconds": report.get("seconds"),
-            "peak_rss_mib": usage.ru_maxrss / 1024, "lce_bytes": report.get("lce_bytes"),
+            "peak_rss_mib": _reported_peak_mib(stderr) or usage.ru_maxrss / 1024,
+            "lce_bytes": report.get("lce_bytes"),
             "lce_bconv2d": report.get("lce_bconv2d"), "binary_layers": report.get("binary_layers"),
             "argmax_agreement": report.get("argmax_agreement"),
             "torch_argmax_agreement": report.get("torch_argmax_agreement"),
