@@ -273,8 +273,8 @@ class Agreement:
 
 def compare(reference: np.ndarray, candidate: np.ndarray, rtol: float = 1e-4) -> Agreement:
     """Max |diff| and argmax agreement; tolerance = rtol x the reference's value range."""
-    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
-    out = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    ref, out = (np.asarray(a, np.float64) for a in (reference, candidate))
+    ref, out = (a.reshape(len(a), -1 if len(a) else 0) for a in (ref, out))  # 0 samples: 0 x 0
     if ref.shape != out.shape:
         raise ConversionMismatchError(f"output shapes differ: {ref.shape} vs {out.shape}")
     diff = np.abs(ref - out)

@@ -159,3 +159,31 @@ def test_training_modules_do_not_import_tensorflow():
         "converters.patterns; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_samples_where_lce_took_a_tie_still_tie_the_flatbuffer_to_pytorch(converted):
+    """Where LCE took a tie on every sample (QuickNet at 224 comes close), PyTorch is compared
+    with ONNX Runtime there: a model.onnx that no longer matches the checkpoint still fails."""
+    from types import SimpleNamespace
+
+    from bnnexport.convert import _versus_torch
+    from bnnexport.runs import RunDir
+    from converters.validate import run_onnx
+
+    run, _ = converted
+    inputs = np.load(run / "samples.npz")["inputs"][:20].astype(np.float32)
+    onnx_outputs = run_onnx(run / "model.onnx", inputs)
+    every_row = list(range(len(inputs)))
+    lce_at_other_ties = onnx_outputs + 100.0  # whatever LCE gave: the gate explained it
+    result = SimpleNamespace(
+        lce_outputs=lce_at_other_ties, onnx_outputs=onnx_outputs, sign_ties=every_row
+    )
+    versus, tied = _versus_torch(RunDir(run), run / "model.onnx", result, inputs)
+    assert versus.samples == 20 and versus.argmax_agreement == 1.0
+    assert versus.max_abs_diff <= versus.tolerance and tied == every_row
+
+    stale = SimpleNamespace(
+        lce_outputs=lce_at_other_ties, onnx_outputs=onnx_outputs + 5.0, sign_ties=every_row
+    )
+    versus, _ = _versus_torch(RunDir(run), run / "model.onnx", stale, inputs)
+    assert versus.max_abs_diff > versus.tolerance
