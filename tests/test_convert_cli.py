@@ -153,6 +153,18 @@ def test_op_histogram_rejects_a_truncated_flatbuffer(converted):
         op_histogram(data[: len(data) // 50])
 
 
+def test_signature_outputs_names_the_flatbuffer_outputs_in_order(converted):
+    from converters.errors import InvalidModelError
+    from converters.validate import signature_outputs
+
+    run, _ = converted
+    data = (run / "model-arm64.tflite").read_bytes()
+    assert signature_outputs(data) == ["output_0"]
+    for broken in (data[:16], bytes(64)):  # the tables sit at the front: cut into them
+        with pytest.raises(InvalidModelError):
+            signature_outputs(broken)
+
+
 def test_training_modules_do_not_import_tensorflow():
     code = (
         "import sys, bnnexport.cli, bnnexport.export, bnnexport.convert, converters.lce, "
