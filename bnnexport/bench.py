@@ -144,7 +144,7 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
     import torch
 
     from converters.errors import InvalidModelError
-    from converters.validate import read_flatbuffer, run_lce, run_onnx, run_tflite
+    from converters.validate import lce_interpreter, read_flatbuffer, run_lce, run_onnx, run_tflite
 
     hint = CONVERT_HINT.format(run=run.root, target=target)
     onnx_path = _require(run.onnx, EXPORT_HINT.format(run=run.root))
@@ -199,14 +199,7 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
         return (lambda x: run_tflite(float_path, x, num_threads=threads)), call
 
     def lce(x1: np.ndarray):
-        from converters.tf_ops import tf
-
-        tf()  # first, so TensorFlow's start-up log lines are discarded
-        from larq_compute_engine.tflite.python.interpreter import Interpreter
-
-        interpreter = Interpreter(lce_path.read_bytes(), num_threads=threads,
-                                  use_indirect_bgemm=True)
-        raw = interpreter.interpreter
+        raw = lce_interpreter(lce_path, threads).interpreter
         return (lambda x: run_lce(lce_path, x, num_threads=threads)), (lambda: raw.predict([x1]))
 
     return [("pytorch", run.checkpoint, pytorch), ("onnxruntime", onnx_path, onnxruntime),

@@ -123,9 +123,8 @@ def _versus_torch(
     if versus.argmax_agreement == 1.0 and versus.max_abs_diff <= versus.tolerance:
         return versus, lce_tied
     _, torch_ties = explain_by_ties(onnx_path, inputs, result.onnx_outputs, reference, RTOL)
-    tied = set(lce_tied) | set(torch_ties.rows)
-    keep = [row for row in range(len(inputs)) if row not in set(torch_ties.rows)]
-    return compare(reference[keep], candidate[keep], RTOL), sorted(tied)
+    keep = [row for row in range(len(inputs)) if row not in torch_ties.rows]
+    return compare(reference[keep], candidate[keep], RTOL), sorted({*lce_tied, *torch_ties.rows})
 
 
 def convert_run(

@@ -6,7 +6,8 @@ file name), then runs the flatbuffer in LCE's interpreter and ONNX Runtime on th
 The flatbuffer is written to a temporary file and renamed into place only when the gate passes,
 so a failed conversion never leaves a flatbuffer behind. A sample on which the runtimes part
 at a float-rounding tie of a binarization's input passes when choosing that sign the other way
-in ONNX Runtime reproduces the flatbuffer's output (`converters.ties`); such samples are listed.
+in ONNX Runtime reproduces the flatbuffer's output (`converters.ties`, which reads LCE's own
+signs from an `LceWitness`); such samples are listed.
 
 Example:
     >>> from converters.lce import convert_onnx
@@ -29,7 +30,14 @@ import onnx
 from converters.errors import ConverterError
 from converters.graph import load_onnx
 from converters.ties import validate_with_ties
-from converters.validate import op_histogram, run_lce, run_onnx, run_tflite, signature_outputs
+from converters.validate import (
+    lce_interpreter,
+    op_histogram,
+    run_lce,
+    run_onnx,
+    run_tflite,
+    signature_outputs,
+)
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -81,12 +89,11 @@ class LceWitness:
 
         tf()
         import larq_compute_engine as lce
-        from larq_compute_engine.tflite.python.interpreter import Interpreter
 
         with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
             info = save_saved_model(model, Path(tmp) / "saved", witness=True)
             flatbuffer = lce.convert_saved_model(str(Path(tmp) / "saved"), target="arm")
-        self.interpreter = Interpreter(flatbuffer, num_threads=1, use_indirect_bgemm=True)
+        self.interpreter = lce_interpreter(flatbuffer)
         order = signature_outputs(flatbuffer)
         self.logits_at = order.index("output_0")
         self.sources = {

@@ -290,10 +290,8 @@ def replay_signs(
     upstream, ONNX Runtime would have taken the other sign only at near-ties, and the logits
     match `target`. Unlike `search_ties` this needs no guessing, so it copes with the many
     ties of a deep real-valued path (QuickNet at 224x224 meets several per sample).
-    Returns what `search_ties` returns; no logits when the witness lacks a binarization.
+    `witnessed` must hold every one of `probe.sources`. Returns what `search_ties` returns.
     """
-    if any(source not in witnessed for source in probe.sources):
-        return None, 0, 0.0, 0
     theirs = [np.signbit(np.asarray(witnessed[source])) for source in probe.sources]
     imposed = {k: np.where(negative, -1.0, 1.0) for k, negative in enumerate(theirs)}
     logits, sources = probe.run(x, {}, imposed)

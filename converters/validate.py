@@ -103,18 +103,23 @@ def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:
     return data
 
 
-def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
-    """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch."""
+def lce_interpreter(flatbuffer: str | Path | bytes, num_threads: int = 1):  # noqa: ANN201
+    """LCE's Python interpreter for a flatbuffer (indirect BGEMM, the fast x86 kernels)."""
     from converters.tf_ops import tf
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
-    data = read_flatbuffer(flatbuffer_path)
+    data = read_flatbuffer(flatbuffer)
     try:
-        interpreter = Interpreter(data, num_threads=num_threads, use_indirect_bgemm=True)
+        return Interpreter(data, num_threads=num_threads, use_indirect_bgemm=True)
     except Exception as error:
         raise InvalidModelError(f"LCE cannot load the flatbuffer: {error}") from None
+
+
+def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
+    """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch."""
+    interpreter = lce_interpreter(flatbuffer_path, num_threads)
     check_input_shape(list(interpreter.input_shapes[0]), np.asarray(inputs), "the LCE flatbuffer")
     batch = interpreter.input_shapes[0][0]
     return _batched(lambda x: interpreter.interpreter.predict([x])[0], inputs, batch)

@@ -172,13 +172,21 @@ def _torch_witness(net, probe_sources, layer=None, index=None, sign=None, logits
     return lambda: witness
 
 
-def test_a_witness_replays_the_tie_in_one_run(setup):
-    net, path, x, ort, tie = setup
+def _witnessed_flip(setup, index=None, logits_shift=0.0):
+    """(other runtime's outputs, its witness) with binarization 1's decision at `index` (the
+    tie by default) taken against ONNX Runtime's own, on sample 0."""
+    net, path, x, _, tie = setup
+    index = tie if index is None else index
     probe = TieProbe(path)
     _, sources = probe.run(x[0], {})
-    own = 1.0 if sources[1].reshape(-1)[tie] >= 0 else -1.0
-    other = _with_forced(net, x, 1, tie, -own)
-    witness = _torch_witness(net, probe.sources, 1, tie, -own)
+    own = 1.0 if sources[1].reshape(-1)[index] >= 0 else -1.0
+    other = _with_forced(net, x, 1, index, -own)
+    return other, _torch_witness(net, probe.sources, 1, index, -own, logits_shift)
+
+
+def test_a_witness_replays_the_tie_in_one_run(setup):
+    _, path, x, ort, _ = setup
+    other, witness = _witnessed_flip(setup)
     resolved, report = explain_by_ties(path, x, ort, other, witness=witness)
     assert report.explained == 1 and report.rows == [0] and report.positions == 1
     assert report.runs == 2  # ONNX Runtime's own output (no search step), then one replay
@@ -187,25 +195,17 @@ def test_a_witness_replays_the_tie_in_one_run(setup):
 
 
 def test_a_witness_flipping_a_far_activation_is_not_explained(setup):
-    net, path, x, ort, _ = setup
-    probe = TieProbe(path)
-    _, sources = probe.run(x[0], {})
-    far = int(np.abs(sources[1]).argmax())
-    own = 1.0 if sources[1].reshape(-1)[far] >= 0 else -1.0
-    other = _with_forced(net, x, 1, far, -own)
-    witness = _torch_witness(net, probe.sources, 1, far, -own)
+    _, path, x, ort, _ = setup
+    _, sources = TieProbe(path).run(x[0], {})
+    other, witness = _witnessed_flip(setup, index=int(np.abs(sources[1]).argmax()))
     _, report = explain_by_ties(path, x, ort, other, witness=witness)
     assert report.failing == 1 and report.explained == 0 and report.runs == 2  # no search
 
 
 def test_a_witness_that_computed_something_else_is_not_trusted(setup):
     """Its logits differ from the other runtime's: the search decides, as without a witness."""
-    net, path, x, ort, tie = setup
-    probe = TieProbe(path)
-    _, sources = probe.run(x[0], {})
-    own = 1.0 if sources[1].reshape(-1)[tie] >= 0 else -1.0
-    other = _with_forced(net, x, 1, tie, -own)
-    witness = _torch_witness(net, probe.sources, 1, tie, -own, logits_shift=1.0)
+    _, path, x, ort, _ = setup
+    other, witness = _witnessed_flip(setup, logits_shift=1.0)
     _, report = explain_by_ties(path, x, ort, other, witness=witness)
     assert report.explained == 1 and report.runs > 2
 

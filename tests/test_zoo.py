@@ -160,21 +160,27 @@ def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_pa
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
 
 
+def _native_through_both_gates(run, name: str, samples: int):
+    """init -> export -> convert at the native size, checking what every such run must show:
+    both gates pass, every binary layer is an LceBconv2d. Returns the ConvertReport."""
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+
+    init_run(name, out=run)
+    exported = export_onnx(run, samples=samples)
+    assert exported.argmax_agreement == 1.0 and exported.max_abs_diff <= exported.tolerance
+    converted = convert_run(run, target="arm64")
+    assert converted.lce_bconv2d == converted.binary_layers == 16, converted.op_histogram
+    assert converted.argmax_agreement == 1.0 and converted.torch_argmax_agreement == 1.0
+    return converted
+
+
 @pytest.mark.slow
 def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
     """At 224x224 the real-valued shortcuts put a pre-sign value within float rounding of zero
     on many samples (converters.ties); the gates still hold every other sample to the usual
     tolerance, and every binary layer is an LceBconv2d."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
-
-    run = tmp_path / "run"
-    init_run("birealnet18", out=run)
-    exported = export_onnx(run, samples=24)
-    assert exported.argmax_agreement == 1.0 and exported.max_abs_diff <= exported.tolerance
-    converted = convert_run(run, target="arm64")
-    assert converted.lce_bconv2d == converted.binary_layers == 16, converted.op_histogram
-    assert converted.argmax_agreement == 1.0 and converted.torch_argmax_agreement == 1.0
+    converted = _native_through_both_gates(tmp_path / "run", "birealnet18", samples=24)
     assert converted.sign_tie_largest <= 1e-5
     assert len(converted.sign_ties) < converted.samples  # most samples are compared plainly
 
@@ -184,16 +190,7 @@ def test_quicknet_at_native_224_passes_both_gates(tmp_path):
     """QuickNet's real-valued residual stream meets several rounding ties per sample at 224x224
     between ONNX Runtime and LCE: the convert gate replays LCE's own signs (`LceWitness`) and
     accepts a sample only when every sign LCE took differently sits at a near-tie."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
-
-    run = tmp_path / "run"
-    init_run("quicknet", out=run)
-    exported = export_onnx(run, samples=12)
-    assert exported.argmax_agreement == 1.0 and exported.max_abs_diff <= exported.tolerance
-    converted = convert_run(run, target="arm64")
-    assert converted.lce_bconv2d == converted.binary_layers == 16, converted.op_histogram
-    assert converted.argmax_agreement == 1.0 and converted.torch_argmax_agreement == 1.0
+    converted = _native_through_both_gates(tmp_path / "run", "quicknet", samples=12)
     assert converted.sign_ties and converted.sign_tie_largest <= 1e-5  # the gate ran with ties
 
 
