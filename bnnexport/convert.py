@@ -1,11 +1,14 @@
-"""`bnnexport convert`: model.onnx -> Larq Compute Engine flatbuffer, checked three ways.
+"""`bnnexport convert`: model.onnx -> Larq Compute Engine flatbuffer, kept only if every check
+passes.
 
 A thin stage over `converters.lce.convert_onnx` (which never imports bnnexport): it finds the
-files of a run directory, feeds the export stage's test samples to the fidelity gate (LCE's
-interpreter vs ONNX Runtime), compares the flatbuffer with PyTorch as well, and writes
-RUN_DIR/convert.json. A raw MODEL.onnx is converted next to itself (MODEL-arm64.tflite) and
-checked on random inputs. Samples on which a runtime parts from ONNX Runtime only at a sign tie
-(`converters.ties`) are listed in `sign_ties` and left out of the comparison with PyTorch.
+files of a run directory and hands the converter the export stage's test samples plus PyTorch
+as an extra reference (`bnnexport.torch_probe`: its outputs, its signs via hooks on the
+binarizations, its exact-grid twin), so LCE's own outputs are compared with PyTorch on every
+sample. A raw MODEL.onnx is converted next to itself (MODEL-arm64.tflite) and checked on
+random inputs against ONNX Runtime. The report gives plain agreement (before any sign-tie
+replay) beside resolved agreement for each comparison (docs/ARCHITECTURE.md, "Conversion
+gate"), and writes RUN_DIR/convert.json.
 
 Example:
     >>> from bnnexport.convert import convert_run
@@ -19,26 +22,29 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bnnexport.errors import CheckpointError, FidelityError
 from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir
+from converters.gate import RTOL
 
 if TYPE_CHECKING:
-    from converters.lce import ConversionResult
-    from converters.validate import Agreement
+    from converters.lce import ConversionResult, Reference
 
 TARGETS = ("arm64", "arm32")
 FORMATS = ("lce", "tflite")
-RTOL = 1e-4  # max |diff| allowed, as a fraction of the logit range
 
 
 @dataclass
 class ConvertReport(Report):
-    """What `bnnexport convert` prints and writes to RUN_DIR/convert.json."""
+    """What `bnnexport convert` prints and writes to RUN_DIR/convert.json.
+
+    `argmax_agreement`/`max_abs_diff` are LCE against ONNX Runtime before any sign-tie replay
+    (`torch_*` against PyTorch); `checks` holds every comparison with plain and resolved
+    numbers and its ties, `twin_checks` the exact-grid twin's (no tie allowed)."""
 
     output: str
     target: str
@@ -47,11 +53,16 @@ class ConvertReport(Report):
     lce_bconv2d: int
     float_conv2d: int
     fully_connected: int
+    float_fallbacks: list[str]
     argmax_agreement: float
     max_abs_diff: float
+    tie_samples: list[int]
+    tie_positions: int
+    tie_largest: float
     torch_argmax_agreement: float | None
     torch_max_abs_diff: float | None
-    torch_samples: int | None  # samples compared with PyTorch: those without its own tie
+    torch_tie_samples: list[int] | None
+    twin_max_abs_diff: float | None
     samples: int
     random_inputs: bool
     onnx_bytes: int
@@ -59,16 +70,48 @@ class ConvertReport(Report):
     tflite_float_bytes: int
     float_output: str | None
     seconds: float
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    twin_checks: list[dict[str, Any]] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
-    sign_ties: list[int] = field(default_factory=list)
-    sign_tie_largest: float = 0.0
+
+    @classmethod
+    def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
+        onnx_gate, torch_gate = result.gate("ONNX Runtime"), result.gate("PyTorch")
+        return cls(
+            output=str(result.output), target=result.target, format=fmt,
+            binary_layers=result.binary_layers, lce_bconv2d=result.lce_bconv2d,
+            float_conv2d=result.float_conv2d, fully_connected=result.fully_connected,
+            float_fallbacks=result.float_fallbacks,
+            argmax_agreement=onnx_gate.plain_argmax_agreement,
+            max_abs_diff=onnx_gate.plain_max_abs_diff, tie_samples=onnx_gate.tie_samples,
+            tie_positions=onnx_gate.tie_positions, tie_largest=onnx_gate.tie_largest,
+            torch_argmax_agreement=torch_gate.plain_argmax_agreement if torch_gate else None,
+            torch_max_abs_diff=torch_gate.plain_max_abs_diff if torch_gate else None,
+            torch_tie_samples=torch_gate.tie_samples if torch_gate else None,
+            twin_max_abs_diff=max((t.max_abs_diff for t in result.twin), default=None),
+            samples=result.samples, random_inputs=result.random_inputs,
+            onnx_bytes=result.onnx_bytes, lce_bytes=result.lce_bytes,
+            tflite_float_bytes=result.tflite_float_bytes,
+            float_output=str(result.float_output) if result.float_output else None,
+            seconds=seconds, checks=[g.to_json() for g in result.gates],
+            twin_checks=[g.to_json() for g in result.twin], op_histogram=result.op_histogram,
+        )  # fmt: skip
 
     def to_table(self) -> str:
-        """The fields, then the flatbuffer's op histogram one op per line (never truncated)."""
+        """The fields, one line per check (plain -> resolved), the op histogram one per line."""
         data = self.to_json()
         histogram = data.pop("op_histogram")
+        checks = data.pop("checks") + data.pop("twin_checks")
         width = max(len(k) for k in data)
         lines = [f"{k.ljust(width)}  {format_value(v)}" for k, v in data.items()]
+        lines.append("checks (argmax agreement and max |diff|: plain -> after tie replay)")
+        for c in checks:
+            lines.append(
+                f"  {c['candidate']} vs {c['reference']}: {c['plain_argmax_agreement']:.4g} -> "
+                f"{c['argmax_agreement']:.4g}, {c['plain_max_abs_diff']:.3g} -> "
+                f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
+                f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions"
+            )
         lines.append("op_histogram")
         op_width = max((len(op) for op in histogram), default=0)
         lines += [f"  {op.ljust(op_width)}  {count}" for op, count in histogram.items()]
@@ -98,37 +141,26 @@ def _samples(run: RunDir | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         raise CheckpointError(f"{run.samples} is not a readable samples file ({error})") from None
 
 
-def _versus_torch(
-    run: RunDir, onnx_path: Path, result: ConversionResult, inputs: np.ndarray
-) -> tuple[Agreement, list[int]]:
-    """The flatbuffer against PyTorch, on every sample where PyTorch has no sign tie.
-
-    A sample on which LCE took a tie (`result.sign_ties`) was shown by the gate to be ONNX
-    Runtime's model up to that tie, so there PyTorch is compared with ONNX Runtime's outputs:
-    every sample still ties the flatbuffer to the checkpoint (a stale model.onnx shows up), even
-    when, as for QuickNet at 224x224, LCE takes a tie on nearly every one. PyTorch's own ties
-    against ONNX Runtime are found the same way and left out. Returns (agreement, all samples
-    with a tie on either side).
-    """
+def torch_reference(run: RunDir, onnx_path: Path, inputs: np.ndarray) -> Reference:
+    """PyTorch as a `converters.lce.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
     from bnnexport.runs import load_model
-    from converters.ties import explain_by_ties
-    from converters.validate import compare
+    from bnnexport.torch_probe import TorchProbe, twin_outputs
+    from converters.lce import Reference
 
-    reference = torch_outputs(load_model(run.root), inputs)
-    candidate = np.array(result.lce_outputs, copy=True)
-    lce_tied = sorted(result.sign_ties)
-    candidate[lce_tied] = result.onnx_outputs[lce_tied]
-    versus = compare(reference, candidate, RTOL)
-    if versus.argmax_agreement == 1.0 and versus.max_abs_diff <= versus.tolerance:
-        return versus, lce_tied
-    _, torch_ties = explain_by_ties(onnx_path, inputs, result.onnx_outputs, reference, RTOL)
-    keep = [row for row in range(len(inputs)) if row not in torch_ties.rows]
-    return compare(reference[keep], candidate[keep], RTOL), sorted({*lce_tied, *torch_ties.rows})
+    model = load_model(run.root)
+    return Reference(
+        name="PyTorch", outputs=torch_outputs(model, inputs),
+        probe=lambda: TorchProbe(model, onnx_path), twin_outputs=twin_outputs(model),
+    )  # fmt: skip
 
 
 def convert_run(
-    path: str | Path, target: str = "arm64", fmt: str = "lce", samples: int | None = None
+    path: str | Path,
+    target: str = "arm64",
+    fmt: str = "lce",
+    samples: int | None = None,
+    allow_float: tuple[str, ...] = (),
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -137,10 +169,13 @@ def convert_run(
         target: "arm64" or "arm32" (the same LCE target "arm"; only the file name differs).
         fmt: "lce", or "tflite" to also write a float TFLite model (model-float.tflite).
         samples: check on only the first N samples of samples.npz (None = all).
+        allow_float: binary layers (ONNX node names, or "all") allowed to stay float; they
+            are listed in the report's `float_fallbacks`.
 
     Raises:
-        ConversionMismatchError / FidelityError (exit 1) when the flatbuffer disagrees with
-        ONNX Runtime or PyTorch; UnsupportedOpError, InvalidModelError, CheckpointError (exit 2).
+        FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch;
+        FloatFallbackError (exit 1) when a binary layer would stay float; UnsupportedOpError,
+        InvalidModelError, CheckpointError (exit 2).
     """
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
@@ -152,51 +187,22 @@ def convert_run(
     if inputs is not None and samples is not None:
         inputs = inputs[:samples]
 
-    from converters.lce import convert_onnx
+    from converters.errors import ConversionMismatchError
+    from converters.gate import GateOptions
+    from converters.lce import ConvertOptions, convert_onnx
 
-    result = convert_onnx(
-        onnx_path, output, target=target, inputs=inputs,
-        write_float_tflite=float_output if fmt == "tflite" else None, rtol=RTOL,
-    )  # fmt: skip
-    torch_agreement = torch_diff = torch_samples = None
-    ties = list(result.sign_ties)
+    references = []
     if run is not None and inputs is not None and run.checkpoint.is_file():
-        versus, ties = _versus_torch(run, onnx_path, result, inputs)
-        torch_agreement, torch_diff = versus.argmax_agreement, versus.max_abs_diff
-        torch_samples = versus.samples
-        if versus.argmax_agreement < 1.0 or not versus.max_abs_diff <= versus.tolerance:
-            for written in (output, result.float_output):
-                if written is not None:
-                    Path(written).unlink(missing_ok=True)
-            raise FidelityError(
-                f"the LCE flatbuffer disagrees with PyTorch on {versus.samples} samples without "
-                f"a sign tie: argmax agreement {versus.argmax_agreement:.2%}, max |diff| "
-                f"{versus.max_abs_diff:.3g} (tolerance {versus.tolerance:.3g}); no flatbuffer kept"
-            )
-    report = ConvertReport(
-        output=str(result.output),
-        target=target,
-        format=fmt,
-        binary_layers=result.binary_layers,
-        lce_bconv2d=result.lce_bconv2d,
-        float_conv2d=result.float_conv2d,
-        fully_connected=result.fully_connected,
-        argmax_agreement=result.argmax_agreement,
-        max_abs_diff=result.max_abs_diff,
-        torch_argmax_agreement=torch_agreement,
-        torch_max_abs_diff=torch_diff,
-        torch_samples=torch_samples,
-        samples=result.samples,
-        random_inputs=result.random_inputs,
-        onnx_bytes=result.onnx_bytes,
-        lce_bytes=result.lce_bytes,
-        tflite_float_bytes=result.tflite_float_bytes,
-        float_output=str(result.float_output) if result.float_output else None,
-        seconds=time.perf_counter() - start,
-        op_histogram=result.op_histogram,
-        sign_ties=ties,
-        sign_tie_largest=result.sign_tie_largest,
-    )
+        references.append(torch_reference(run, onnx_path, inputs))
+    options = ConvertOptions(gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float))
+    try:
+        result = convert_onnx(
+            onnx_path, output, target=target, inputs=inputs, options=options,
+            write_float_tflite=float_output if fmt == "tflite" else None, references=references,
+        )  # fmt: skip
+    except ConversionMismatchError as error:
+        raise FidelityError(f"{error}; no flatbuffer kept") from None
+    report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
     if run is not None:
         report.save(run.root / "convert.json")
     return report

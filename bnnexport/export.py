@@ -9,10 +9,12 @@ exactly what PyTorch does; the converter folds BatchNorm itself.
 
 The test samples every later fidelity check uses are written to RUN_DIR/samples.npz first.
 model.onnx is written through a temporary file and replaced only when ONNX Runtime agrees with
-PyTorch, so a failed export leaves any previous model.onnx untouched. Where the two part only
-at a float-rounding tie of a binarization's input (deep models with real-valued paths meet one
-on a sample in fifty at 224x224), choosing that sign the other way in ONNX Runtime must
-reproduce PyTorch's outputs (`converters.ties`); `sign_ties` lists those samples.
+PyTorch (`converters.gate`), so a failed export leaves any previous model.onnx untouched. A
+sample where the two part only at float-rounding ties of binarization inputs (deep models with
+real-valued paths meet some at 224x224) passes when PyTorch, run with ONNX Runtime's signs
+imposed at every binarization (`bnnexport.torch_probe`), reproduces ONNX Runtime's outputs and
+every sign that had to change was a bounded, non-zero near-tie; `tie_samples` lists them, and
+the report gives the plain numbers (`argmax_agreement`, `max_abs_diff`) beside the resolved.
 
 Example:
     >>> from bnnexport.export import export_onnx
@@ -29,6 +31,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,8 +39,10 @@ import torch
 from bnnexport.errors import FidelityError
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, load_checkpoint
+from converters.gate import RTOL
 
-RTOL = 1e-4  # max |diff| allowed, as a fraction of the logit range
+if TYPE_CHECKING:
+    from converters.gate import GateReport
 
 
 @dataclass
@@ -49,11 +54,14 @@ class ExportReport(Report):
     batch: int
     samples: int
     binary_layers: int
-    argmax_agreement: float
+    argmax_agreement: float  # plain: before any sign-tie replay
     max_abs_diff: float
     tolerance: float
-    sign_ties: list[int]
-    sign_tie_largest: float
+    resolved_argmax_agreement: float
+    resolved_max_abs_diff: float
+    tie_samples: list[int]
+    tie_positions: int
+    tie_largest: float
     torch_accuracy: float
     onnx_accuracy: float
     onnx_bytes: int
@@ -104,6 +112,34 @@ def torch_outputs(model: torch.nn.Module, inputs: np.ndarray, batch: int = 250) 
     return np.concatenate(outs)
 
 
+def check_onnx(
+    model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
+) -> tuple[np.ndarray, GateReport]:
+    """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
+    (`reference`); FidelityError (exit 1) when they disagree beyond sign ties."""
+    from bnnexport.torch_probe import TorchProbe
+    from converters.errors import ConversionMismatchError
+    from converters.gate import GateOptions, OnnxProbe, Witness, validate
+    from converters.validate import run_onnx
+
+    candidate = run_onnx(path, inputs)
+    onnx_probe: list[OnnxProbe] = []
+
+    def onnx_witness(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        onnx_probe[:] = onnx_probe or [OnnxProbe(path)]
+        logits, values = onnx_probe[0].run(x)
+        return logits, dict(zip(onnx_probe[0].sources, values, strict=True))
+
+    try:
+        gate = validate(
+            reference, candidate, inputs, GateOptions(rtol=RTOL), ("PyTorch", "ONNX Runtime"),
+            probe=lambda: TorchProbe(model, path), witness=Witness(run=onnx_witness),
+        )  # fmt: skip
+    except ConversionMismatchError as error:
+        raise FidelityError(f"{error}; the exported model is not kept") from None
+    return candidate, gate
+
+
 def export_onnx(
     run_dir: str | Path, opset: int = 17, batch: int = 1, samples: int = 1000
 ) -> ExportReport:
@@ -132,8 +168,6 @@ def export_onnx(
     inputs, labels = write_samples(run, checkpoint, samples)
 
     from converters.patterns import find_binary_layers
-    from converters.ties import explain_by_ties
-    from converters.validate import compare, run_onnx
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-export-") as tmp:
         path = Path(tmp) / "model.onnx"
@@ -145,16 +179,7 @@ def export_onnx(
                 do_constant_folding=False, input_names=["input"], output_names=["logits"],
             )  # fmt: skip
         reference = torch_outputs(model, inputs)
-        candidate = run_onnx(path, inputs)
-        resolved, ties = explain_by_ties(path, inputs, candidate, reference, RTOL)
-        agreement = compare(resolved, reference, RTOL)
-        if agreement.argmax_agreement < 1.0 or not agreement.max_abs_diff <= agreement.tolerance:
-            raise FidelityError(
-                f"ONNX Runtime disagrees with PyTorch on {len(inputs)} samples: argmax agreement "
-                f"{agreement.argmax_agreement:.2%}, max |diff| {agreement.max_abs_diff:.3g} "
-                f"(tolerance {agreement.tolerance:.3g}) where no sign tie explains it; "
-                f"{run.onnx} left unchanged"
-            )
+        candidate, gate = check_onnx(model, path, inputs, reference)
         import onnx
 
         binary = len(find_binary_layers(onnx.load(str(path))))
@@ -166,11 +191,14 @@ def export_onnx(
         batch=batch,
         samples=len(inputs),
         binary_layers=binary,
-        argmax_agreement=agreement.argmax_agreement,
-        max_abs_diff=agreement.max_abs_diff,
-        tolerance=agreement.tolerance,
-        sign_ties=ties.rows,
-        sign_tie_largest=ties.largest_tie,
+        argmax_agreement=gate.plain_argmax_agreement,
+        max_abs_diff=gate.plain_max_abs_diff,
+        tolerance=gate.tolerance,
+        resolved_argmax_agreement=gate.argmax_agreement,
+        resolved_max_abs_diff=gate.max_abs_diff,
+        tie_samples=gate.tie_samples,
+        tie_positions=gate.tie_positions,
+        tie_largest=gate.tie_largest,
         torch_accuracy=float(np.mean(reference.argmax(axis=1) == labels)),
         onnx_accuracy=float(np.mean(candidate.argmax(axis=1) == labels)),
         onnx_bytes=len(payload),

@@ -14,10 +14,12 @@ Example:
 from converters.errors import (
     ConversionMismatchError,
     ConverterError,
+    FloatFallbackError,
     InvalidModelError,
     UnsupportedOpError,
 )
-from converters.lce import ConversionResult, convert_onnx
+from converters.gate import GateOptions, GateReport
+from converters.lce import ConversionResult, ConvertOptions, Reference, convert_onnx
 from converters.patterns import BinaryLayerMatch, find_binary_layers
 from converters.validate import (
     compare,
@@ -32,8 +34,13 @@ __all__ = [
     "BinaryLayerMatch",
     "ConversionMismatchError",
     "ConversionResult",
+    "ConvertOptions",
     "ConverterError",
+    "FloatFallbackError",
+    "GateOptions",
+    "GateReport",
     "InvalidModelError",
+    "Reference",
     "UnsupportedOpError",
     "compare",
     "convert_onnx",

@@ -43,5 +43,11 @@ class ConversionMismatchError(ConverterError):
     exit_code = 1
 
 
+class FloatFallbackError(ConverterError):
+    """A binary layer (±1 kernel) would stay a float layer in the flatbuffer."""
+
+    exit_code = 1
+
+
 class InputShapeError(ConverterError):
     """Inputs given to a model do not have the shape the model takes."""

@@ -2,17 +2,26 @@
 
 `convert_onnx` translates the ONNX model to a TensorFlow SavedModel (`converters.onnx_to_tf`),
 converts it with LCE's converter (target "arm" for both arm64 and arm32: they differ only in the
-file name), then runs the flatbuffer in LCE's interpreter and ONNX Runtime on the same inputs.
-The flatbuffer is written to a temporary file and renamed into place only when the gate passes,
-so a failed conversion never leaves a flatbuffer behind. A sample on which the runtimes part
-at a float-rounding tie of a binarization's input passes when choosing that sign the other way
-in ONNX Runtime reproduces the flatbuffer's output (`converters.ties`, which reads LCE's own
-signs from an `LceWitness`); such samples are listed.
+file name), and keeps the flatbuffer only when every check passes (`converters.gate`; the
+checks are listed in docs/ARCHITECTURE.md, "Conversion gate"):
+
+1. every binary layer of the ONNX graph became an `LceBconv2d` (else `FloatFallbackError`,
+   unless the layer is in `allow_float`), and no layer merely looks binary (a ±1 kernel behind a
+   plain `Sign`, which maps 0 to 0);
+2. LCE's outputs agree with ONNX Runtime's and with every extra `Reference` (PyTorch, from
+   bnnexport) on the samples, plainly or after replaying LCE's own signs (`LceWitness`) at
+   bounded rounding ties;
+3. the exact-grid twin of the graph (`converters.twin`) converts to a flatbuffer that agrees
+   with ONNX Runtime (and each reference's own twin) with no sign tie at all;
+4. the float TFLite model, when written, passes the same gate as 2.
+
+The flatbuffer is written to a temporary file and renamed into place only at the end, so a
+failed conversion never leaves one behind.
 
 Example:
     >>> from converters.lce import convert_onnx
     >>> result = convert_onnx("run/model.onnx", "run/model-arm64.tflite")   # doctest: +SKIP
-    >>> result.lce_bconv2d, result.binary_layers, result.argmax_agreement    # doctest: +SKIP
+    >>> result.lce_bconv2d, result.binary_layers, result.gates[0].argmax_agreement  # doctest: +SKIP
     (4, 4, 1.0)
 """
 
@@ -21,15 +30,26 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from converters.errors import ConverterError
-from converters.graph import load_onnx
-from converters.ties import validate_with_ties
+from converters.errors import ConverterError, FloatFallbackError
+from converters.gate import (
+    GateOptions,
+    GateReport,
+    OnnxProbe,
+    SignProbe,
+    Witness,
+    signbit_negative,
+    validate,
+)
+from converters.graph import Graph, load_onnx
+from converters.patterns import find_binary_layers_in, find_lookalike_layers_in
+from converters.twin import exact_grid_twin, grid_inputs
 from converters.validate import (
     lce_interpreter,
     op_histogram,
@@ -37,16 +57,34 @@ from converters.validate import (
     run_onnx,
     run_tflite,
     signature_outputs,
+    tflite_interpreter,
 )
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
 FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check
+TWIN_SAMPLES = 16  # exact-grid twin: rounding-free, so a few samples show any translation bug
+
+
+@dataclass
+class Reference:
+    """A model the flatbuffer must match besides ONNX Runtime (bnnexport passes PyTorch).
+
+    `outputs` are its outputs on the check inputs; `probe` builds a `SignProbe` of it (for the
+    tie replay); `twin_outputs(twin_model, twin_inputs)` runs its own exact-grid twin.
+    """
+
+    name: str
+    outputs: np.ndarray
+    probe: Callable[[], SignProbe] | None = None
+    twin_outputs: Callable[[onnx.ModelProto, np.ndarray], np.ndarray] | None = None
 
 
 @dataclass
 class ConversionResult:
-    """What `convert_onnx` wrote and measured."""
+    """What `convert_onnx` wrote and measured. `gates` holds one `GateReport` per comparison
+    (LCE vs ONNX Runtime first, then each reference, then the float TFLite model); `twin` the
+    exact-grid twin's."""
 
     output: Path
     target: str
@@ -55,56 +93,78 @@ class ConversionResult:
     float_conv2d: int
     fully_connected: int
     op_histogram: dict[str, int]
-    argmax_agreement: float
-    max_abs_diff: float
-    tolerance: float
     samples: int
     random_inputs: bool
     onnx_bytes: int
     lce_bytes: int
     tflite_float_bytes: int = 0
     float_output: Path | None = None
-    float_max_abs_diff: float | None = None
     seconds: float = 0.0
-    binary_emitted: list[str] = field(default_factory=list)
-    sign_ties: list[int] = field(default_factory=list)  # samples a sign tie explains
-    sign_tie_largest: float = 0.0  # largest |x| / max |x| at a tie whose sign was chosen
-    # the gate's own outputs on `inputs`, for callers that compare further (no second run)
-    onnx_outputs: np.ndarray | None = field(default=None, repr=False)
-    lce_outputs: np.ndarray | None = field(default=None, repr=False)
+    gates: list[GateReport] = field(default_factory=list)
+    twin: list[GateReport] = field(default_factory=list)
+    float_fallbacks: list[str] = field(default_factory=list)
+
+    def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
+        """The gate report comparing `candidate` with `reference`, if that check ran."""
+        return next(
+            (g for g in self.gates if (g.reference, g.candidate) == (reference, candidate)), None
+        )
 
 
-class LceWitness:
-    """The model converted again with every binarization's input as an extra output, run in
-    LCE's interpreter: a `converters.ties.Witness` of what the flatbuffer binarizes.
+class WitnessModels:
+    """The model translated again with every binarization's input as an extra output, converted
+    with LCE and with the stock TFLite converter: witnesses of what each flatbuffer binarizes.
 
-    The extra outputs can stop LCE fusing a bconv with the binarization after it, so the
-    witness is not the shipped flatbuffer; `explain_by_ties` uses it only on samples where
-    its logits match the shipped flatbuffer's.
+    The extra outputs can stop LCE fusing a bconv with the binarization after it, so a witness
+    is not the shipped flatbuffer; the gate uses it only on samples where its logits are the
+    shipped flatbuffer's own. Built on first use: most conversions meet no tie.
     """
 
     def __init__(self, model: onnx.ModelProto):
-        from converters.onnx_to_tf import save_saved_model
-        from converters.tf_ops import tf
+        self.model = model
+        self._flatbuffers: dict[str, bytes] | None = None
+        self.sources: list[str] = []
 
-        tf()
-        import larq_compute_engine as lce
+    def _convert(self) -> dict[str, bytes]:
+        if self._flatbuffers is None:
+            from converters.onnx_to_tf import save_saved_model
+            from converters.tf_ops import tf
 
-        with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
-            info = save_saved_model(model, Path(tmp) / "saved", witness=True)
-            flatbuffer = lce.convert_saved_model(str(Path(tmp) / "saved"), target="arm")
-        self.interpreter = lce_interpreter(flatbuffer)
+            tf()
+            import larq_compute_engine as lce
+
+            with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
+                saved = str(Path(tmp) / "saved")
+                self.sources = save_saved_model(self.model, saved, witness=True).witness_sources
+                self._flatbuffers = {
+                    "LCE": lce.convert_saved_model(saved, target="arm"),
+                    "float TFLite": tf().lite.TFLiteConverter.from_saved_model(saved).convert(),
+                }
+        return self._flatbuffers
+
+    def witness(self, runtime: str) -> Witness:
+        """The `Witness` of "LCE" (sign-bit rule) or "float TFLite" (x < 0 rule)."""
+        state: dict[str, Callable] = {}
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            if not state:
+                state["run"] = _named_outputs(self._convert()[runtime], runtime)
+            outputs = state["run"](x[None].astype(np.float32))
+            by_source = {s: outputs[f"witness_{k:03d}"][0] for k, s in enumerate(self.sources)}
+            return outputs["output_0"][0], by_source
+
+        negative = signbit_negative if runtime == "LCE" else (lambda v: np.asarray(v) < 0)
+        return Witness(run=run, negative=negative)
+
+
+def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], dict]:
+    """A runner returning a flatbuffer's outputs by signature name (LCE reorders them)."""
+    if runtime == "LCE":
         order = signature_outputs(flatbuffer)
-        self.logits_at = order.index("output_0")
-        self.sources = {
-            order.index(f"witness_{k:03d}"): source for k, source in enumerate(info.witness_sources)
-        }
-
-    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """(logits, binarization inputs by ONNX source) for one sample (C, H, W)."""
-        outputs = self.interpreter.interpreter.predict([x[None].astype(np.float32)])
-        witnessed = {source: outputs[at][0] for at, source in self.sources.items()}
-        return outputs[self.logits_at][0], witnessed
+        interpreter = lce_interpreter(flatbuffer)
+        return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+    runner = tflite_interpreter(flatbuffer).get_signature_runner()
+    return lambda x: runner(input_0=x)
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -121,35 +181,57 @@ def random_inputs(shape: list[int], samples: int = RANDOM_SAMPLES, seed: int = 0
     return rng.standard_normal((samples, *shape[1:])).astype(np.float32)
 
 
-def convert_onnx(
-    onnx_path: str | Path,
-    output_path: str | Path,
-    target: str = "arm64",
-    write_float_tflite: str | Path | None = None,
-    inputs: np.ndarray | None = None,
-    rtol: float = 1e-4,
-) -> ConversionResult:
-    """Convert an ONNX BNN to an LCE flatbuffer and check it against ONNX Runtime.
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How `convert_onnx` checks: the gate's thresholds, the layers allowed to stay float
+    (names, or "all"), and whether to convert the exact-grid twin."""
 
-    Args:
-        onnx_path: the ONNX model (NCHW input, as torch exports it).
-        output_path: where the LCE flatbuffer goes (only if the gate passes).
-        target: "arm64" or "arm32"; both use LCE's target "arm".
-        write_float_tflite: also write the float TFLite model there (stock interpreter) and
-            check it; it is always built in memory, for its size.
-        inputs: NCHW float32 samples for the gate; random normal ones when None. The float
-            TFLite model, a side product, is checked on the first 100 of them.
-        rtol: tolerance on max |diff| as a fraction of the reference output range.
+    gate: GateOptions = GateOptions()
+    allow_float: tuple[str, ...] = ()
+    twin: bool = True
 
-    Raises:
-        InvalidModelError, UnsupportedOpError (exit 2); ConversionMismatchError (exit 1).
-    """
-    if target not in TARGETS:
-        raise ConverterError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    start = time.perf_counter()
-    onnx_path, output_path = Path(onnx_path), Path(output_path)
-    model = load_onnx(onnx_path)
 
+def lookalike_layers(graph: Graph) -> dict[str, str]:
+    """Layer -> why, for layers that look binary but have no binarization the converter knows."""
+    return {
+        layer.node_name: (
+            f"its ±1 kernel reads a plain {layer.seen}, which maps 0 to 0 (not a binarization): "
+            "binarize with sign(sign(x) + 0.1) or where(x >= 0, 1, -1)"
+        )
+        for layer in find_lookalike_layers_in(graph)
+    }
+
+
+def float_fallbacks(
+    graph: Graph, emitted: Sequence[str], histogram: dict[str, int]
+) -> dict[str, str]:
+    """Layer -> why it is not an `LceBconv2d`, for every binary or binary-looking layer."""
+    why = lookalike_layers(graph)
+    for layer in find_binary_layers_in(graph):
+        if layer.binary and layer.node_name not in emitted:
+            why[layer.node_name] = "the translator has no binary form for the ops around it"
+    if histogram.get("LceBconv2d", 0) < len(emitted):
+        why["(LCE converter)"] = (
+            f"LCE made {histogram.get('LceBconv2d', 0)} of the {len(emitted)} binary layers "
+            "emitted an LceBconv2d"
+        )
+    return why
+
+
+def _refuse_fallbacks(why: dict[str, str], allowed: Sequence[str]) -> list[str]:
+    """The allowed fallbacks; FloatFallbackError naming every other one."""
+    refused = {k: v for k, v in why.items() if "all" not in allowed and k not in allowed}
+    if refused:
+        listed = "; ".join(f"{k}: {v}" for k, v in refused.items())
+        raise FloatFallbackError(
+            f"{len(refused)} binary layer(s) would stay float: {listed} "
+            "(--allow-float LAYER or --allow-float all keeps them float)"
+        )
+    return sorted(why)
+
+
+def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
+    """(LCE flatbuffer, float flatbuffer or None, TranslationInfo)."""
     from converters.onnx_to_tf import save_saved_model
     from converters.tf_ops import tf
 
@@ -157,63 +239,175 @@ def convert_onnx(
     import larq_compute_engine as lce
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
-        info = save_saved_model(model, Path(tmp) / "saved")
-        flatbuffer = lce.convert_saved_model(str(Path(tmp) / "saved"), target="arm")
-        # the float model is always built: its size is what the LCE file is compared with
-        converter = tf().lite.TFLiteConverter.from_saved_model(str(Path(tmp) / "saved"))
-        float_flatbuffer = converter.convert()
+        saved = str(Path(tmp) / "saved")
+        info = save_saved_model(model, saved)
+        flatbuffer = lce.convert_saved_model(saved, target="arm")
+        float_flatbuffer = None
+        if float_model:
+            float_flatbuffer = tf().lite.TFLiteConverter.from_saved_model(saved).convert()
+    return flatbuffer, float_flatbuffer, info
 
+
+def check_twin(
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: GateOptions,
+) -> list[GateReport]:
+    """Convert the exact-grid twin of `model` and require LCE to agree with ONNX Runtime and
+    each reference's own twin with no tie at all (`converters.twin`)."""
+    twin = exact_grid_twin(model)
+    x = grid_inputs(inputs[:TWIN_SAMPLES])
+    flatbuffer, _, _ = _translate(twin, float_model=False)
+    lce_out = run_lce(flatbuffer, x)
+    strict = GateOptions(rtol=options.rtol, min_plain_agreement=1.0)
+    names = ("ONNX Runtime twin", "LCE twin")
+    reports = [validate(run_onnx(twin.SerializeToString(), x), lce_out, x, strict, names)]
+    for ref in references:
+        if ref.twin_outputs is not None:
+            names = (f"{ref.name} twin", "LCE twin")
+            reports.append(validate(ref.twin_outputs(twin, x), lce_out, x, strict, names))
+    return reports
+
+
+def convert_onnx(
+    onnx_path: str | Path,
+    output_path: str | Path,
+    target: str = "arm64",
+    write_float_tflite: str | Path | None = None,
+    inputs: np.ndarray | None = None,
+    options: ConvertOptions = ConvertOptions(),
+    references: Sequence[Reference] = (),
+) -> ConversionResult:
+    """Convert an ONNX BNN to an LCE flatbuffer, kept only when the gate passes (module doc).
+
+    Args:
+        onnx_path: the ONNX model (NCHW input, as torch exports it).
+        output_path: where the LCE flatbuffer goes (only if every check passes).
+        target: "arm64" or "arm32"; both use LCE's target "arm".
+        write_float_tflite: also write the float TFLite model there (stock interpreter) and
+            check it; it is always built in memory, for its size.
+        inputs: NCHW float32 samples for the gate; random normal ones when None. The float
+            TFLite model, a side product, is checked on the first 100 of them.
+        options: the gate's thresholds, allowed float layers, the twin check.
+        references: models besides ONNX Runtime the flatbuffer must match (PyTorch).
+
+    Raises:
+        InvalidModelError, UnsupportedOpError (exit 2); ConversionMismatchError,
+        FloatFallbackError (exit 1).
+    """
+    if target not in TARGETS:
+        raise ConverterError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    start = time.perf_counter()
+    onnx_path, output_path = Path(onnx_path), Path(output_path)
+    model = load_onnx(onnx_path)
+    graph = Graph(model)
+    _refuse_fallbacks(lookalike_layers(graph), options.allow_float)  # before TensorFlow
+    flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
+    histogram = op_histogram(flatbuffer)
+    allowed = _refuse_fallbacks(
+        float_fallbacks(graph, info.binary_emitted, histogram), options.allow_float
+    )
     is_random = inputs is None
     if inputs is None:
         inputs = random_inputs(info.input_shapes[0])
-    reference = run_onnx(onnx_path, inputs)
-    temp = _write_temp(output_path.parent, flatbuffer, ".tflite")
-    float_temp = None
-    try:
-        lce_outputs = run_lce(temp, inputs)
-        agreement, ties = validate_with_ties(
-            onnx_path, inputs, reference, lce_outputs, rtol, "LCE flatbuffer",
-            witness=lambda: LceWitness(model),
-        )  # fmt: skip
-        float_diff = None
-        if write_float_tflite is not None:
-            float_temp = _write_temp(Path(write_float_tflite).parent, float_flatbuffer, ".tflite")
-            few = slice(0, FLOAT_CHECK_SAMPLES)
-            float_check, _ = validate_with_ties(
-                onnx_path, inputs[few], reference[few], run_tflite(float_temp, inputs[few]),
-                rtol, "float TFLite model",
-            )  # fmt: skip
-            float_diff = float_check.max_abs_diff
-            os.replace(float_temp, write_float_tflite)
-        os.replace(temp, output_path)
-    finally:
-        for leftover in (temp, float_temp):
-            if leftover is not None and leftover.exists():
-                leftover.unlink()
-
-    histogram = op_histogram(flatbuffer)
+    gates = _gates(onnx_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
+                   write_float_tflite is not None)  # fmt: skip
+    twin = check_twin(model, inputs, references, options.gate) if options.twin else []
+    written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
-        output=output_path,
+        output=written,
         target=target,
-        binary_layers=info.binary_layers,
+        binary_layers=len([m for m in find_binary_layers_in(graph) if m.binary]),
         lce_bconv2d=histogram.get("LceBconv2d", 0),
         float_conv2d=histogram.get("CONV_2D", 0) + histogram.get("DEPTHWISE_CONV_2D", 0),
         fully_connected=histogram.get("FULLY_CONNECTED", 0),
         op_histogram=histogram,
-        argmax_agreement=agreement.argmax_agreement,
-        max_abs_diff=agreement.max_abs_diff,
-        tolerance=agreement.tolerance,
-        samples=agreement.samples,
+        samples=len(inputs),
         random_inputs=is_random,
         onnx_bytes=onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
         tflite_float_bytes=len(float_flatbuffer),
         float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
-        float_max_abs_diff=float_diff,
         seconds=time.perf_counter() - start,
-        binary_emitted=info.binary_emitted,
-        sign_ties=ties.rows,
-        sign_tie_largest=ties.largest_tie,
-        onnx_outputs=reference,
-        lce_outputs=lce_outputs,
+        gates=gates,
+        twin=twin,
+        float_fallbacks=allowed,
     )
+
+
+def _gates(
+    onnx_path: Path,
+    model: onnx.ModelProto,
+    flatbuffer: bytes,
+    float_flatbuffer: bytes,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: ConvertOptions,
+    check_float: bool,
+) -> list[GateReport]:
+    """LCE against ONNX Runtime and each reference; the float TFLite model against ONNX
+    Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand."""
+    witnesses = WitnessModels(model)
+    probes: dict[str, SignProbe] = {}
+
+    def onnx_probe() -> SignProbe:
+        return probes.setdefault("onnx", OnnxProbe(model))
+
+    onnx_outputs = run_onnx(onnx_path, inputs)
+    lce_outputs = run_lce(flatbuffer, inputs)
+    lce_witness = witnesses.witness("LCE")
+    gates = [
+        validate(
+            onnx_outputs,
+            lce_outputs,
+            inputs,
+            options.gate,
+            ("ONNX Runtime", "LCE"),
+            onnx_probe,
+            lce_witness,
+        )  # fmt: skip
+    ]
+    for ref in references:
+        gates.append(
+            validate(
+                ref.outputs,
+                lce_outputs,
+                inputs,
+                options.gate,
+                (ref.name, "LCE"),
+                ref.probe,
+                lce_witness,
+            )  # fmt: skip
+        )
+    if check_float:
+        few = slice(0, FLOAT_CHECK_SAMPLES)
+        gates.append(
+            validate(
+                onnx_outputs[few],
+                run_tflite(float_flatbuffer, inputs[few]),
+                inputs[few],
+                options.gate,
+                ("ONNX Runtime", "float TFLite"),
+                onnx_probe,
+                witnesses.witness("float TFLite"),
+            )  # fmt: skip
+        )
+    return gates
+
+
+def _write_all(
+    output_path: Path, flatbuffer: bytes, float_path: str | Path | None, float_flatbuffer: bytes
+) -> Path:
+    """Write the flatbuffer (and the float model) atomically, after every check passed."""
+    temps = [(_write_temp(output_path.parent, flatbuffer, ".tflite"), output_path)]
+    try:
+        if float_path is not None:
+            float_path = Path(float_path)
+            temps.append((_write_temp(float_path.parent, float_flatbuffer, ".tflite"), float_path))
+        for temp, final in temps:
+            os.replace(temp, final)
+    finally:
+        for temp, _ in temps:
+            temp.unlink(missing_ok=True)
+    return output_path

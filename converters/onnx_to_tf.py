@@ -156,7 +156,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
 
     Returns (module, TranslationInfo). With `witness`, `serve` also outputs every binarization's
     input (in ONNX's logical layout) as `witness_NNN`, after the model's outputs: a diagnostic
-    model for `converters.ties`, whose extra outputs may stop LCE fusing a bconv with the
+    model for `converters.gate`, whose extra outputs may stop LCE fusing a bconv with the
     binarization after it.
     """
     tensorflow = tf()

@@ -239,6 +239,54 @@ def find_binary_layers_in(graph: Graph) -> list[BinaryLayerMatch]:
     return matches
 
 
+def binarizations_in(graph: Graph) -> list[Binarization]:
+    """Every binarization pattern of a non-constant tensor, in graph order (a source binarized
+    twice is listed twice)."""
+    found = []
+    for node in graph.nodes:
+        for output in node.output:
+            match = match_binarization(graph, output) if output else None
+            if match is not None and graph.const(match.source) is None:
+                found.append(match)
+    return found
+
+
+@dataclass
+class LookalikeLayer:
+    """A Conv/MatMul/Gemm with a ±1 kernel whose input is sign-like but not a binarization the
+    converter recognises (e.g. a plain `Sign`, which maps 0 to 0)."""
+
+    node_name: str
+    op_type: str
+    seen: str  # the op type found where a binarization was expected
+
+
+SIGN_LIKE = ("Sign",)
+
+
+def find_lookalike_layers_in(graph: Graph) -> list[LookalikeLayer]:
+    """Layers that look binary (±1 kernel, sign-like input) but are not binary layers."""
+    recognised = {m.node_name for m in find_binary_layers_in(graph)}
+    found = []
+    for node in graph.nodes:
+        name = node.name or node.output[0]
+        if node.op_type not in LAYER_OPS or len(node.input) < 2 or name in recognised:
+            continue
+        kernel = graph.const(node.input[1])
+        axis = _out_axis(node, kernel) if kernel is not None and kernel.dtype.kind == "f" else None
+        if axis is None or classify_kernel(kernel, axis)[2] != 0:
+            continue
+        source = node.input[0]
+        for _ in range(32):  # back through ±1-preserving ops to what produced the input
+            producer = graph.producer.get(source)
+            if producer is None or producer.op_type not in (*PASS_THROUGH, "Pad"):
+                break
+            source = producer.input[0]
+        if producer is not None and producer.op_type in SIGN_LIKE:
+            found.append(LookalikeLayer(name, node.op_type, producer.op_type))
+    return found
+
+
 def find_binary_layers(model: onnx.ModelProto) -> list[BinaryLayerMatch]:
     """Every Conv/MatMul/Gemm fed by a binarization pattern, in graph order.
 

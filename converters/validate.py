@@ -64,7 +64,7 @@ def _batched(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch:
 SCALING_FUSIONS = ["ConvBNFusion", "ConvMulFusion", "MatmulBNFusion", "MatMulScaleFusion"]
 
 
-def run_onnx(path: str | Path, inputs: np.ndarray, optimize: bool = True) -> np.ndarray:
+def run_onnx(path: str | Path | bytes, inputs: np.ndarray, optimize: bool = True) -> np.ndarray:
     """Outputs of ONNX Runtime (CPU) for an NCHW float32 batch.
 
     ORT's kernel-scaling fusions are always off (see SCALING_FUSIONS), so ONNX Runtime computes
@@ -72,18 +72,20 @@ def run_onnx(path: str | Path, inputs: np.ndarray, optimize: bool = True) -> np.
     """
     import onnxruntime as ort
 
+    label = "(in memory)" if isinstance(path, bytes) else path
     options = ort.SessionOptions()
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"],
+            path if isinstance(path, bytes) else str(path), sess_options=options,
+            providers=["CPUExecutionProvider"],
             disabled_optimizers=SCALING_FUSIONS,
         )  # fmt: skip
     except Exception as error:
-        raise InvalidModelError(f"ONNX Runtime cannot load {path}: {error}") from None
+        raise InvalidModelError(f"ONNX Runtime cannot load {label}: {error}") from None
     name = session.get_inputs()[0].name
-    check_input_shape(session.get_inputs()[0].shape, np.asarray(inputs), f"ONNX model {path}")
+    check_input_shape(session.get_inputs()[0].shape, np.asarray(inputs), f"ONNX model {label}")
     batch = session.get_inputs()[0].shape[0]
     batch = batch if isinstance(batch, int) else None
     return _batched(lambda x: session.run(None, {name: x})[0], inputs, batch)
@@ -122,14 +124,14 @@ def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads
     interpreter = lce_interpreter(flatbuffer_path, num_threads)
     check_input_shape(list(interpreter.input_shapes[0]), np.asarray(inputs), "the LCE flatbuffer")
     batch = interpreter.input_shapes[0][0]
-    return _batched(lambda x: interpreter.interpreter.predict([x])[0], inputs, batch)
+    return _batched(lambda x: np.asarray(interpreter.predict(x)), inputs, batch)
 
 
-def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
-    """Outputs of the stock TFLite interpreter (float model) for an NCHW batch."""
+def tflite_interpreter(flatbuffer: str | Path | bytes, num_threads: int = 1):  # noqa: ANN201
+    """The stock TFLite interpreter for a float flatbuffer, tensors allocated."""
     from converters.tf_ops import tf
 
-    data = read_flatbuffer(path)
+    data = read_flatbuffer(flatbuffer)
     with warnings.catch_warnings():  # "tf.lite.Interpreter is deprecated": still the stock one
         warnings.simplefilter("ignore")
         try:
@@ -137,6 +139,12 @@ def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 
             interpreter.allocate_tensors()
         except Exception as error:
             raise InvalidModelError(f"TFLite cannot load the flatbuffer: {error}") from None
+    return interpreter
+
+
+def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
+    """Outputs of the stock TFLite interpreter (float model) for an NCHW batch."""
+    interpreter = tflite_interpreter(path, num_threads)
     source = interpreter.get_input_details()[0]
     check_input_shape(list(source["shape"]), np.asarray(inputs), "the TFLite flatbuffer")
     target = interpreter.get_output_details()[0]

@@ -123,10 +123,10 @@ def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
 
     path = export(Net(), (1, 4, 5, 5), tmp_path / "net.onnx")
     real = converters.lce.run_lce
-    monkeypatch.setattr(converters.lce, "run_lce", lambda p, x: real(p, x) * -1.0)
+    monkeypatch.setattr(converters.lce, "run_lce", lambda p, x: real(p, x) * -1.0 + 0.5)
     result = invoke("convert", path)
     assert result.exit_code == 1
-    assert "LCE flatbuffer disagrees with the reference" in result.stderr
+    assert "LCE vs ONNX Runtime disagree" in result.stderr and "no flatbuffer kept" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]
 
 
@@ -173,29 +173,33 @@ def test_training_modules_do_not_import_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_samples_where_lce_took_a_tie_still_tie_the_flatbuffer_to_pytorch(converted):
-    """Where LCE took a tie on every sample (QuickNet at 224 comes close), PyTorch is compared
-    with ONNX Runtime there: a model.onnx that no longer matches the checkpoint still fails."""
-    from types import SimpleNamespace
+def test_flatbuffer_is_compared_with_pytorch_itself_on_every_sample(converted):
+    """LCE's own outputs against PyTorch's, plain and resolved, on all samples: a model.onnx
+    that no longer matches the checkpoint fails even where ONNX Runtime and LCE agree."""
+    run, report = converted
+    torch_check = next(c for c in report["checks"] if c["reference"] == "PyTorch")
+    assert torch_check["candidate"] == "LCE" and torch_check["samples"] == report["samples"]
+    assert report["twin_max_abs_diff"] == 0.0
+    assert {(c["candidate"], c["reference"]) for c in report["twin_checks"]} == {
+        ("LCE twin", "ONNX Runtime twin"),
+        ("LCE twin", "PyTorch twin"),
+    }
 
-    from bnnexport.convert import _versus_torch
-    from bnnexport.runs import RunDir
-    from converters.validate import run_onnx
 
-    run, _ = converted
-    inputs = np.load(run / "samples.npz")["inputs"][:20].astype(np.float32)
-    onnx_outputs = run_onnx(run / "model.onnx", inputs)
-    every_row = list(range(len(inputs)))
-    lce_at_other_ties = onnx_outputs + 100.0  # whatever LCE gave: the gate explained it
-    result = SimpleNamespace(
-        lce_outputs=lce_at_other_ties, onnx_outputs=onnx_outputs, sign_ties=every_row
-    )
-    versus, tied = _versus_torch(RunDir(run), run / "model.onnx", result, inputs)
-    assert versus.samples == 20 and versus.argmax_agreement == 1.0
-    assert versus.max_abs_diff <= versus.tolerance and tied == every_row
+def test_a_stale_model_onnx_is_refused_against_pytorch(tmp_path):
+    """The checkpoint changed after export: ONNX Runtime and LCE still agree with each other,
+    but not with PyTorch, and convert exits 1."""
+    from bnnexport.runs import load_checkpoint, save_checkpoint
 
-    stale = SimpleNamespace(
-        lce_outputs=lce_at_other_ties, onnx_outputs=onnx_outputs + 5.0, sign_ties=every_row
-    )
-    versus, _ = _versus_torch(RunDir(run), run / "model.onnx", stale, inputs)
-    assert versus.max_abs_diff > versus.tolerance
+    run = fresh_run(tmp_path / "run")
+    export_onnx(run, samples=30)
+    checkpoint = load_checkpoint(run)
+    for key, value in checkpoint["model"].items():
+        if key.endswith("weight") and value.dim() == 4:  # flip the first binary conv's kernel
+            checkpoint["model"][key] = -value
+            break
+    save_checkpoint(run / "checkpoint.pt", checkpoint)
+    result = invoke("convert", run)
+    assert result.exit_code == 1, result.output
+    assert "LCE vs PyTorch disagree" in result.stderr
+    assert not (run / "model-arm64.tflite").exists()

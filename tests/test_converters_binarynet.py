@@ -67,17 +67,37 @@ def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
     assert result.binary_layers == 8
     assert result.lce_bconv2d == 8, result.op_histogram
     assert result.fully_connected == 0
-    assert result.argmax_agreement == 1.0 and result.samples == 1000
+    assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0 and result.samples == 1000
     with torch.no_grad():
         expected = torch.cat([net(torch.from_numpy(x[k : k + 250])) for k in range(0, 1000, 250)])
     versus_torch = compare(expected.numpy(), run_lce(result.output, x))
     assert versus_torch.argmax_agreement == 1.0
     assert versus_torch.max_abs_diff <= 1e-4 * versus_torch.logit_range
     assert result.tflite_float_bytes >= 20 * result.lce_bytes
+    versus_onnx = result.gate("ONNX Runtime")
+    assert result.twin and all(t.max_abs_diff == 0.0 for t in result.twin)  # bit-exact twin
     print(
         f"\nBinaryNet: {result.lce_bconv2d}/{result.binary_layers} LceBconv2d, LCE "
         f"{result.lce_bytes} B vs float TFLite {result.tflite_float_bytes} B "
         f"({result.tflite_float_bytes / result.lce_bytes:.1f}x), max |diff| vs ORT "
-        f"{result.max_abs_diff:.3g}, vs torch {versus_torch.max_abs_diff:.3g}, "
+        f"{versus_onnx.plain_max_abs_diff:.3g}, vs torch {versus_torch.max_abs_diff:.3g}, "
         f"{result.seconds:.1f} s"
     )
+
+
+def test_binarynet_without_the_exact_zero_tie_break_is_refused(tmp_path, monkeypatch):
+    """The mutation the gate once let through (193 of 200 samples called "sign ties", real
+    agreement 0.32): LCE binarizing exact zeros its own way must end in exit 1, no flatbuffer."""
+    from click.testing import CliRunner
+
+    import converters.tf_ops
+    from bnnexport.cli import main
+
+    torch.manual_seed(0)
+    path = export(BinaryNet().eval(), (1, 3, 32, 32), tmp_path / "binarynet.onnx",
+                  do_constant_folding=False)  # fmt: skip
+    monkeypatch.setattr(converters.tf_ops, "tie_break_bias", lambda m, b: b.astype(np.float32))
+    result = CliRunner().invoke(main, ["convert", str(path)])
+    assert result.exit_code == 1, result.output
+    assert "no flatbuffer kept" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binarynet.onnx"]

@@ -68,7 +68,8 @@ def test_disagreement_exits_1_and_keeps_the_previous_onnx(tmp_path, monkeypatch)
         export_onnx(run, samples=10)
     result = CliRunner().invoke(main, ["export", str(run), "--samples", "10"])
     assert result.exit_code == 1
-    assert result.stderr.startswith("bnnexport: error: ONNX Runtime disagrees")
+    assert result.stderr.startswith("bnnexport: error: ONNX Runtime vs PyTorch disagree")
+    assert "plain argmax agreement" in result.stderr
     assert (run / "model.onnx").read_bytes() == before
 
 

@@ -19,21 +19,30 @@ from bnnexport.cli.common import emit, handle_errors, json_option
                    "(model-float.tflite) that the stock TFLite interpreter runs, for comparison.")
 @click.option("--samples", type=click.IntRange(min=1), default=None,
               help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]")
+@click.option("--allow-float", "allow_float", multiple=True, metavar="LAYER|all",
+              help="Let this binary layer (its ONNX node name, as the error names it) stay a "
+                   "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
+                   "layers are listed in the report's float_fallbacks.")
 @json_option
 @handle_errors
 def convert_command(source: str, target: str, fmt: str, samples: int | None,
-                    as_json: bool) -> None:
+                    allow_float: tuple[str, ...], as_json: bool) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
 
-    Every binary layer (a Conv/MatMul/Gemm fed by a binarization) becomes an LceBconv2d. The
-    flatbuffer then runs in LCE's interpreter on the run's test samples (random inputs for a raw
-    MODEL.onnx) and is compared with ONNX Runtime and PyTorch: exit 1, keeping no flatbuffer, when
-    argmax agreement is below 100 % or max |diff| exceeds 1e-4 of the logit range on a sample
-    that no sign tie explains (a pre-sign value within float rounding of zero that the runtimes
-    decide differently; such samples are listed under sign_ties). An unsupported ONNX op exits
-    2, naming the node and its op type.
+    Every binary layer (a Conv/MatMul/Gemm with a ±1 kernel fed by a binarization) must become
+    an LceBconv2d: exit 1 naming each one that would stay float (see --allow-float), and for a
+    ±1 kernel behind a plain Sign (which maps 0 to 0). The flatbuffer then runs in LCE's
+    interpreter on the run's test samples (random inputs for a raw MODEL.onnx) and is compared
+    with ONNX Runtime and PyTorch, and an exact-grid twin of the graph (parameters and inputs on
+    power-of-two grids, so every sum is exact) is converted too and must agree with no sign tie
+    at all. Exit 1, keeping no flatbuffer, when a sample differs by more than 1e-4 of the logit
+    range, unless replaying LCE's own signs explains it by a few non-zero rounding ties (listed
+    under tie_samples; an exact 0 decided differently never counts), or when fewer than 99 % of
+    the predictions agree before any replay. An unsupported ONNX op exits 2, naming the node and
+    its op type.
     """
     from bnnexport.convert import convert_run
 
-    report = convert_run(source, target=target, fmt=fmt, samples=samples)
+    report = convert_run(source, target=target, fmt=fmt, samples=samples,
+                         allow_float=allow_float)
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

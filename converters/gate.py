@@ -1,0 +1,311 @@
+"""The conversion gate: is a candidate runtime the same model as a reference, up to rounding?
+
+`validate` compares a candidate's outputs (ONNX Runtime at export; LCE's or the float TFLite
+flatbuffer at convert) with a reference's (PyTorch, ONNX Runtime) on the check samples and
+raises `ConversionMismatchError` unless every sample agrees within `rtol` of the reference's
+logit range, either plainly or after a *sign-tie replay*:
+
+- Two runtimes sum the same values in different orders, so a binarization input within float
+  rounding of zero can get +1 in one and -1 in the other; every later layer then differs. For a
+  sample that fails the plain comparison, the candidate's **witness** (the same model, also
+  outputting every binarization's input) tells which sign it took at each binarization. Those
+  signs are imposed all at once in the reference (`SignProbe.run`), and the sample passes only
+  if the reference's logits then match the candidate's and every sign that had to be imposed
+  against the reference's own choice is a **tie**:
+
+  - the value is non-zero in both runtimes: an exact 0 or -0.0 decided differently is a
+    convention (LCE packs the IEEE sign bit), never rounding, and always a mismatch;
+  - |x| <= `tie_rtol` x the largest |x| of that binarization's input, in both runtimes;
+  - at most `max(MIN_TIES, tie_fraction x size)` such positions per binarization and sample:
+    rounding meets a handful, a converter bug meets thousands.
+
+- Ties may explain logit differences, never predictions: the plain argmax agreement (before any
+  replay) must be at least `min_plain_agreement`.
+- Zero compared samples is a failure, not agreement 1.0.
+
+The report keeps the plain numbers beside the resolved ones (docs/ARCHITECTURE.md, "Conversion
+gate").
+
+Example:
+    >>> import numpy as np
+    >>> from converters.gate import GateOptions, validate
+    >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
+    >>> report = validate(ref, ref + 1e-6, np.zeros((2, 1)), GateOptions(), names=("a", "b"))
+    >>> report.plain_argmax_agreement, report.tie_samples
+    (1.0, [])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+
+from converters.errors import ConversionMismatchError
+from converters.graph import Graph, load_onnx
+from converters.patterns import binarizations_in
+from converters.validate import SCALING_FUSIONS, check_input_shape, compare
+
+RTOL = 1e-4  # the one tolerance: max |diff| as a fraction of the reference's logit range
+TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
+TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...
+MIN_TIES = 2  # ... or this many, whichever is larger, per sample
+MIN_PLAIN_AGREEMENT = 0.99  # ties may move logits, not predictions
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """The gate's thresholds (see the module docstring)."""
+
+    rtol: float = RTOL
+    tie_rtol: float = TIE_RTOL
+    tie_fraction: float = TIE_FRACTION
+    min_plain_agreement: float = MIN_PLAIN_AGREEMENT
+
+    def tie_bound(self, size: int) -> int:
+        """Most tie positions allowed in one binarization input of `size` activations."""
+        return max(MIN_TIES, math.ceil(self.tie_fraction * size))
+
+
+class SignProbe(Protocol):
+    """A reference model that can be re-run with chosen signs at its binarizations."""
+
+    sources: list[str]  # the binarization inputs, by ONNX tensor name, in compute order
+
+    def run(
+        self, x: np.ndarray, imposed: list[np.ndarray] | None = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(logits, binarization inputs) for one sample `x` (no batch axis); `imposed` gives,
+        per source, the ±1 signs to use instead of the computed ones."""
+        ...
+
+
+@dataclass
+class Witness:
+    """A candidate's own view of one sample: `run(x)` -> (logits, binarization inputs by ONNX
+    source name); `negative(values)` says which values that runtime binarizes to -1."""
+
+    run: Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]]
+    negative: Callable[[np.ndarray], np.ndarray] = field(default=lambda v: np.asarray(v) < 0)
+
+
+def signbit_negative(values: np.ndarray) -> np.ndarray:
+    """LCE's rule: its kernels pack the IEEE sign bit, so -0.0 becomes -1."""
+    return np.signbit(np.asarray(values))
+
+
+@dataclass
+class GateReport:
+    """One comparison of a candidate with a reference, before and after tie replay."""
+
+    reference: str
+    candidate: str
+    samples: int
+    tolerance: float
+    plain_argmax_agreement: float
+    plain_max_abs_diff: float
+    argmax_agreement: float  # after replaying the candidate's signs on the tie samples
+    max_abs_diff: float
+    tie_samples: list[int] = field(default_factory=list)
+    tie_positions: int = 0  # signs imposed against the reference's own, over all samples
+    tie_largest: float = 0.0  # largest |x| / max |x| among them (either runtime)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Mismatch(Exception):
+    """A sample no sign-tie replay explains (turned into ConversionMismatchError)."""
+
+
+def _matches(logits: np.ndarray, target: np.ndarray, tolerance: float) -> bool:
+    logits, target = (np.asarray(a, np.float64).reshape(-1) for a in (logits, target))
+    close = float(np.abs(logits - target).max()) <= tolerance
+    return close and logits[int(target.argmax())] >= logits.max() - tolerance
+
+
+def _replay(
+    probe: SignProbe,
+    witness: Witness,
+    x: np.ndarray,
+    target: np.ndarray,
+    tolerance: float,
+    options: GateOptions,
+) -> tuple[np.ndarray, int, float]:
+    """Impose the witness's signs in the probe on one sample; (logits, positions, largest)."""
+    logits, witnessed = witness.run(x)
+    if not _matches(logits, target, tolerance):
+        raise _Mismatch("its witness computes other logits than the candidate itself")
+    missing = [s for s in probe.sources if s not in witnessed]
+    if missing:
+        raise _Mismatch(f"its witness lacks binarization input {missing[0]!r}")
+    theirs = [np.asarray(witnessed[s]) for s in probe.sources]
+    imposed = [np.where(witness.negative(v), -1.0, 1.0).astype(np.float32) for v in theirs]
+    replayed, ours = probe.run(x, imposed)
+    positions, largest = 0, 0.0
+    for source, their, mine, signs in zip(probe.sources, theirs, ours, imposed, strict=True):
+        if their.size != mine.size:
+            raise _Mismatch(f"binarization input {source!r} has another size in the witness")
+        their = their.reshape(mine.shape)
+        differ = (signs.reshape(mine.shape) < 0) != (mine < 0)
+        count = int(differ.sum())
+        if not count:
+            continue
+        if count > options.tie_bound(mine.size):
+            raise _Mismatch(
+                f"{count} signs of {source!r} differ (at most {options.tie_bound(mine.size)} "
+                f"of {mine.size} may be rounding ties)"
+            )
+        if np.any(mine[differ] == 0) or np.any(their[differ] == 0):
+            raise _Mismatch(f"an exact zero of {source!r} is binarized differently")
+        ratio = max(float(np.abs(v[differ]).max()) / float(np.abs(v).max()) for v in (mine, their))
+        if not ratio <= options.tie_rtol:
+            raise _Mismatch(
+                f"a sign of {source!r} differs at {ratio:.2g} of its largest value, not a tie"
+            )
+        positions, largest = positions + count, max(largest, ratio)
+    if not _matches(replayed, target, tolerance):
+        worst = float(np.abs(replayed.reshape(-1) - target.reshape(-1)).max())
+        raise _Mismatch(f"with the candidate's signs the reference still differs by {worst:.3g}")
+    return replayed, positions, largest
+
+
+def validate(
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    inputs: np.ndarray,
+    options: GateOptions = GateOptions(),
+    names: tuple[str, str] = ("reference", "candidate"),
+    probe: Callable[[], SignProbe] | None = None,
+    witness: Witness | None = None,
+) -> GateReport:
+    """Check `candidate` outputs against `reference` outputs on `inputs` (see module doc).
+
+    `probe` builds the reference's `SignProbe` (only when a sample needs a replay) and
+    `witness` is the candidate's; without them every sample must agree plainly.
+    Raises `ConversionMismatchError` naming the worst sample and what failed.
+    """
+    what = f"{names[1]} vs {names[0]}"
+    if len(reference) == 0 or len(candidate) == 0:
+        raise ConversionMismatchError(f"{what}: no samples were compared")
+    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    out = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    plain = compare(ref, out, options.rtol)
+    report = GateReport(
+        reference=names[0], candidate=names[1], samples=plain.samples,
+        tolerance=plain.tolerance, plain_argmax_agreement=plain.argmax_agreement,
+        plain_max_abs_diff=plain.max_abs_diff, argmax_agreement=plain.argmax_agreement,
+        max_abs_diff=plain.max_abs_diff,
+    )  # fmt: skip
+    failing = [r for r in range(len(ref)) if not _matches(ref[r], out[r], plain.tolerance)]
+    if not failing:
+        return report
+    numbers = (
+        f"plain argmax agreement {plain.argmax_agreement:.2%} on {plain.samples} samples, "
+        f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
+    )
+    if plain.argmax_agreement < options.min_plain_agreement:
+        raise ConversionMismatchError(
+            f"{what} disagree: {numbers}; sign ties may move logits, not predictions "
+            f"(at least {options.min_plain_agreement:.0%} must agree before any replay)"
+        )
+    if probe is None or witness is None:
+        raise ConversionMismatchError(f"{what} disagree on {len(failing)} samples: {numbers}")
+    resolved = ref.copy()
+    sign_probe = probe()
+    for row in failing:
+        sample = np.asarray(inputs[row], np.float32)
+        try:
+            logits, positions, largest = _replay(
+                sign_probe, witness, sample, out[row], plain.tolerance, options
+            )
+        except _Mismatch as why:
+            raise ConversionMismatchError(
+                f"{what} disagree on sample {row} ({why}); {numbers}"
+            ) from None
+        resolved[row] = logits.reshape(-1)
+        report.tie_samples.append(row)
+        report.tie_positions += positions
+        report.tie_largest = max(report.tie_largest, largest)
+    after = compare(resolved, out, options.rtol)
+    report.argmax_agreement, report.max_abs_diff = after.argmax_agreement, after.max_abs_diff
+    return report
+
+
+class OnnxProbe:
+    """The ONNX model in ONNX Runtime, rewired so every binarization's signs can be imposed.
+
+    For each binarization input `x` (non-constant source of a binarization pattern) the graph
+    gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
+    `x` itself becomes an output. ORT's kernel-scaling fusions stay off, as in `run_onnx`.
+    """
+
+    def __init__(self, onnx_path: str | Path | onnx.ModelProto):
+        import onnxruntime as ort
+
+        model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
+        model, self.sources = _rewired(model)
+        self.session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"],
+            disabled_optimizers=SCALING_FUSIONS,
+        )  # fmt: skip
+        self.input = self.session.get_inputs()[0]
+
+    def run(
+        self, x: np.ndarray, imposed: list[np.ndarray] | None = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        check_input_shape(self.input.shape, np.asarray(x)[None], "the ONNX model")
+        batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
+        feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
+        for k in range(len(self.sources)):
+            mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
+            if imposed is not None:  # broadcast over the batch axis
+                value = np.asarray(imposed[k], np.float32)[None]
+                mask = np.ones(value.shape, dtype=bool)
+            feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
+        outputs = self.session.run(None, feed)
+        return outputs[0][0], [o[0] for o in outputs[1:]]
+
+
+def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of `model` with the probe's inputs and outputs, and its binarization sources."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for k, node in enumerate(model.graph.node):  # the rewiring finds nodes by name
+        node.name = node.name or f"__node_{k}"
+    graph = Graph(model)
+    consumers: dict[str, list[str]] = {}
+    for found in binarizations_in(graph):
+        consumers.setdefault(found.source, []).append(found.nodes[0])
+    sources = list(consumers)  # binarizations_in lists them in graph order
+    position = {node.name: k for k, node in enumerate(model.graph.node)}
+    nodes = list(model.graph.node)
+    make_info = onnx.helper.make_tensor_value_info
+    for k, source in enumerate(sources):
+        chosen = f"{source}__tie_chosen"
+        for node in nodes:
+            if node.name in consumers[source]:
+                node.input[:] = [chosen if v == source else v for v in node.input]
+        model.graph.input.extend(
+            [
+                make_info(f"tie_mask_{k}", onnx.TensorProto.BOOL, None),
+                make_info(f"tie_value_{k}", onnx.TensorProto.FLOAT, None),
+            ]
+        )
+        model.graph.output.append(make_info(source, onnx.TensorProto.FLOAT, None))
+    inserts = sorted(
+        ((min(position[n] for n in consumers[s]), k, s) for k, s in enumerate(sources)),
+        reverse=True,
+    )
+    for at, k, source in inserts:  # right before the first consumer, so the order stays valid
+        where = onnx.helper.make_node(
+            "Where", [f"tie_mask_{k}", f"tie_value_{k}", source], [f"{source}__tie_chosen"]
+        )
+        nodes.insert(at, where)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model, sources

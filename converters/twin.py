@@ -1,0 +1,135 @@
+"""The exact-grid twin: the same ONNX graph with parameters on power-of-two grids.
+
+Real weights round differently in every runtime, so a converted model can only be checked up to
+sign ties (`converters.gate`). The twin removes rounding altogether: every float initializer is
+rounded to a coarse power-of-two grid of its own magnitude (at most `BITS` significant bits),
+every BatchNorm gets a variance of 4096 (so sqrt(var + eps) is exactly 64 in float32 for any
+eps < 2.4e-4) and a gamma of 64 x a power of two (so its scale is that power of two), and the
+inputs lie on the 1/8 grid in [-1, 1]. Every sum a runtime computes is then exact in float32
+whatever its order, exact zeros before a sign are common (every tie-break is exercised), and the
+converted twin must agree with ONNX Runtime with no sign tie at all: a converter bug shows no
+matter how the real weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a
+power of two. Only float ops after the last binarization (a global average over 7x7, a
+softmax) may still round.
+
+Example:
+    >>> import numpy as np
+    >>> grid_round(np.array([0.3, -0.05, 1.0], np.float32))
+    array([ 0.3125, -0.0625,  1.    ], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from converters.graph import Graph
+from converters.patterns import find_binary_layers_in
+
+BITS = 4  # significant bits of a twin parameter
+BN_VARIANCE = 4096.0  # sqrt(4096 + eps) rounds to exactly 64 in float32
+INPUT_STEP = 1 / 8
+
+
+def grid_round(values: np.ndarray, bits: int = BITS) -> np.ndarray:
+    """Round to multiples of 2^(e - bits + 1), e the exponent of the largest |value|."""
+    values = np.asarray(values, np.float32)
+    largest = float(np.abs(values).max()) if values.size else 0.0
+    if largest == 0.0 or not np.isfinite(largest):
+        return np.nan_to_num(values, posinf=0.0, neginf=0.0)
+    step = 2.0 ** (np.floor(np.log2(largest)) - bits + 1)
+    return (np.round(values / step) * step).astype(np.float32)
+
+
+def power_of_two(values: np.ndarray) -> np.ndarray:
+    """sign(v) x the nearest power of two of |v| (0 stays 0)."""
+    v = np.asarray(values, np.float64)
+    out = np.sign(v) * 2.0 ** np.round(np.log2(np.where(v == 0, 1.0, np.abs(v))))
+    return np.where(v == 0, 0.0, out).astype(np.float32)
+
+
+def grid_inputs(inputs: np.ndarray) -> np.ndarray:
+    """Inputs clipped to [-1, 1] and rounded to the 1/8 grid."""
+    x = np.clip(np.nan_to_num(np.asarray(inputs, np.float32)), -1.0, 1.0)
+    return (np.round(x / INPUT_STEP) * INPUT_STEP).astype(np.float32)
+
+
+def _batch_norm_params(graph: Graph, node: onnx.NodeProto) -> dict[str, np.ndarray]:
+    gamma, beta, mean, var = (graph.const(n) for n in node.input[1:5])
+    if any(c is None for c in (gamma, beta, mean, var)):
+        return {}
+    eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+    scale = power_of_two(gamma / np.sqrt(var.astype(np.float64) + eps))
+    scale = np.where(scale == 0, np.float32(2.0**-5), scale)
+    names = node.input[1:5]
+    return {
+        names[0]: (scale * np.sqrt(BN_VARIANCE)).astype(np.float32),
+        names[1]: grid_round(beta),
+        names[2]: grid_round(mean),
+        names[3]: np.full_like(var, BN_VARIANCE, dtype=np.float32),
+    }
+
+
+def _binary_kernels(graph: Graph) -> dict[str, np.ndarray]:
+    """Binary kernels with their per-channel scales rounded to powers of two."""
+    out = {}
+    for layer in find_binary_layers_in(graph):
+        if layer.strict or layer.scale is None or layer.op_type == "Gemm":
+            continue  # exact ±1 already (Gemm's alpha stays as it is)
+        kernel = np.moveaxis(np.asarray(layer.kernel, np.float32), layer.out_axis, 0)
+        scale = power_of_two(layer.scale).reshape(-1, *[1] * (kernel.ndim - 1))
+        out[layer.kernel_name] = np.moveaxis(np.sign(kernel) * scale, 0, layer.out_axis)
+    return out
+
+
+def _unshared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy where `Identity(initializer)` nodes become initializers of their own.
+
+    The torch exporter writes equal tensors once and the others as Identity nodes (a fresh
+    BatchNorm's weight and running variance are both ones); the twin sets them apart.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {i.name: i for i in model.graph.initializer}
+    kept = []
+    for node in model.graph.node:  # in graph order, so chains resolve front to back
+        if node.op_type == "Identity" and node.input[0] in inits:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            model.graph.initializer.append(copy)
+            inits[copy.name] = copy
+        else:
+            kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return model
+
+
+def exact_grid_twin(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose float initializers lie on power-of-two grids (module doc)."""
+    twin = _unshared(model)
+    graph = Graph(twin)
+    fixed: dict[str, np.ndarray] = _binary_kernels(graph)
+    for node in graph.nodes:
+        if node.op_type == "BatchNormalization":
+            fixed.update(_batch_norm_params(graph, node))
+    for k, init in enumerate(twin.graph.initializer):
+        if init.data_type != onnx.TensorProto.FLOAT:
+            continue
+        value = numpy_helper.to_array(init)
+        new = fixed.get(init.name)
+        if new is None:
+            new = value if np.all(np.abs(value) == 1.0) else grid_round(value)
+        new = numpy_helper.from_array(new.astype(np.float32), init.name)
+        twin.graph.initializer[k].CopyFrom(new)
+    return twin
+
+
+def twin_initializers(twin: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The twin's float initializers by name (to load into another copy of the model)."""
+    return {
+        init.name: numpy_helper.to_array(init)
+        for init in twin.graph.initializer
+        if init.data_type == onnx.TensorProto.FLOAT
+    }
