@@ -21,8 +21,11 @@ import numpy as np
 import pytest
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd")
-SFTP_CANDIDATES = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
-                   "/usr/libexec/sftp-server")
+SFTP_CANDIDATES = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+)
 
 
 @dataclasses.dataclass
@@ -47,14 +50,22 @@ class Sshd:
 
     @property
     def options(self) -> list[str]:
-        return [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes",
-                "GlobalKnownHostsFile=/dev/null"]
+        return [
+            f"UserKnownHostsFile={self.known_hosts}",
+            "StrictHostKeyChecking=yes",
+            "GlobalKnownHostsFile=/dev/null",
+        ]
 
     def client(self, **kwargs):
         from deploy.ssh import SshClient
 
-        settings = dict(port=self.port, identity_file=self.key, options=self.options,
-                        remote_tmp=str(self.remote_tmp), connect_timeout=5)
+        settings = dict(
+            port=self.port,
+            identity_file=self.key,
+            options=self.options,
+            remote_tmp=str(self.remote_tmp),
+            connect_timeout=5,
+        )
         settings.update(kwargs)
         return SshClient(self.destination, **settings)
 
@@ -67,8 +78,10 @@ def free_port() -> int:
 
 
 def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bnnexport-test",
-                    "-f", str(path)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bnnexport-test", "-f", str(path)],
+        check=True,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -84,14 +97,28 @@ def sshd(tmp_path_factory):
     (root / "authorized_keys").write_text((root / "user.pub").read_text())
     port = free_port()
     config = root / "sshd_config"
-    config.write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'host'}",
-        f"PidFile {root / 'sshd.pid'}", f"AuthorizedKeysFile {root / 'authorized_keys'}",
-        "StrictModes no", "UsePAM no", "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "PermitRootLogin yes",
-        f"AllowUsers {getpass.getuser()}", "MaxStartups 100", "LogLevel ERROR",
-        *([f"Subsystem sftp {sftp}"] if sftp else []), "",
-    ]))
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {root / 'host'}",
+                f"PidFile {root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                "StrictModes no",
+                "UsePAM no",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                "PermitRootLogin yes",
+                f"AllowUsers {getpass.getuser()}",
+                "MaxStartups 100",
+                "LogLevel ERROR",
+                *([f"Subsystem sftp {sftp}"] if sftp else []),
+                "",
+            ]
+        )
+    )
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
     host_pub = (root / "host.pub").read_text().split()
@@ -101,8 +128,14 @@ def sshd(tmp_path_factory):
     process = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
     remote_tmp = root / "device-tmp"
     remote_tmp.mkdir()
-    server = Sshd(port=port, user=getpass.getuser(), key=root / "user",
-                  other_key=root / "other", known_hosts=known, remote_tmp=remote_tmp)
+    server = Sshd(
+        port=port,
+        user=getpass.getuser(),
+        key=root / "user",
+        other_key=root / "other",
+        known_hosts=known,
+        remote_tmp=remote_tmp,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -161,8 +194,9 @@ def tiny_flatbuffer(tmp_path_factory) -> Path:
     pytest.importorskip("larq_compute_engine")
     root = tmp_path_factory.mktemp("tiny")
     (root / "make.py").write_text(TINY_MODEL_SOURCE)
-    subprocess.run([sys.executable, str(root / "make.py"), str(root)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(root / "make.py"), str(root)], check=True, capture_output=True
+    )
     return root / "tiny.tflite"
 
 
@@ -171,6 +205,9 @@ def tiny_samples(tmp_path_factory) -> Path:
     """12 NCHW samples for the tiny model, labels 0..9."""
     rng = np.random.default_rng(1)
     path = tmp_path_factory.mktemp("samples") / "samples.npz"
-    np.savez(path, inputs=rng.standard_normal((12, 32, 8, 8)).astype(np.float32),
-             labels=rng.integers(0, 10, 12).astype(np.int64))
+    np.savez(
+        path,
+        inputs=rng.standard_normal((12, 32, 8, 8)).astype(np.float32),
+        labels=rng.integers(0, 10, 12).astype(np.int64),
+    )
     return path

@@ -50,16 +50,25 @@ def host_report(_converted_template):
 
 
 def _device_args(sshd) -> list[str]:
-    args = ["--device", sshd.destination, "--port", str(sshd.port), "--ssh-key", str(sshd.key),
-            "--remote-tmp", str(sshd.remote_tmp)]
+    args = [
+        "--device",
+        sshd.destination,
+        "--port",
+        str(sshd.port),
+        "--ssh-key",
+        str(sshd.key),
+        "--remote-tmp",
+        str(sshd.remote_tmp),
+    ]
     for option in sshd.options:
         args += ["--ssh-option", option]
     return args
 
 
 def _cli(run, *args):
-    return CliRunner().invoke(bench_command, [str(run), "--runs", "3", "--warmup", "1",
-                                              "--samples", "50", *args])
+    return CliRunner().invoke(
+        bench_command, [str(run), "--runs", "3", "--warmup", "1", "--samples", "50", *args]
+    )
 
 
 def _one_line_error(result) -> str:
@@ -110,10 +119,15 @@ def test_report_md_links_plots_that_exist(host_report, _converted_template):
     assert "| lce | host |" in text
 
 
-@pytest.mark.parametrize(("missing", "command"), [
-    ("model-arm64.tflite", "bnnexport convert"), ("model-float.tflite", "bnnexport convert"),
-    ("model.onnx", "bnnexport export"), ("samples.npz", "bnnexport export"),
-])
+@pytest.mark.parametrize(
+    ("missing", "command"),
+    [
+        ("model-arm64.tflite", "bnnexport convert"),
+        ("model-float.tflite", "bnnexport convert"),
+        ("model.onnx", "bnnexport export"),
+        ("samples.npz", "bnnexport export"),
+    ],
+)
 def test_missing_artifact_names_the_command_that_makes_it(converted_run, missing, command):
     (converted_run / missing).unlink()
     with pytest.raises(CheckpointError, match=command):
@@ -136,8 +150,15 @@ def test_cli_table(converted_run):
 
 
 def test_device_runner_end_to_end_over_ssh(converted_run, sshd):
-    result = _cli(converted_run, *_device_args(sshd), "--runner", "python",
-                  "--remote-python", sys.executable, "--json")
+    result = _cli(
+        converted_run,
+        *_device_args(sshd),
+        "--runner",
+        "python",
+        "--remote-python",
+        sys.executable,
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     device = data["backends"][-1]
@@ -154,8 +175,9 @@ def test_device_runner_end_to_end_over_ssh(converted_run, sshd):
 
 
 def test_auto_runner_picks_lce_benchmark_model_without_python_lce(converted_run, sshd):
-    line = _one_line_error(_cli(converted_run, *_device_args(sshd), "--remote-python",
-                                "/nonexistent/python3"))
+    line = _one_line_error(
+        _cli(converted_run, *_device_args(sshd), "--remote-python", "/nonexistent/python3")
+    )
     assert "lce_benchmark_model is not on the PATH" in line
     assert list(sshd.remote_tmp.iterdir()) == []
 
@@ -179,16 +201,34 @@ def test_wrong_architecture_binary(converted_run, sshd, tmp_path):
         pytest.skip("needs this machine (the device) to be x86_64")
     fake = tmp_path / "lce_benchmark_model_aarch64"
     fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + b"\xb7\x00" + bytes(100))
-    line = _one_line_error(_cli(converted_run, *_device_args(sshd), "--runner",
-                                "lce_benchmark_model", "--benchmark-binary", str(fake)))
+    line = _one_line_error(
+        _cli(
+            converted_run,
+            *_device_args(sshd),
+            "--runner",
+            "lce_benchmark_model",
+            "--benchmark-binary",
+            str(fake),
+        )
+    )
     assert "built for aarch64 but the device is x86_64" in line
     assert list(sshd.remote_tmp.iterdir()) == []
 
 
 def test_device_timeout(converted_run, sshd):
     # the runner needs seconds to import LCE alone: a 1 s limit always stops it
-    line = _one_line_error(_cli(converted_run, *_device_args(sshd), "--runner", "python",
-                                "--remote-python", sys.executable, "--timeout", "1"))
+    line = _one_line_error(
+        _cli(
+            converted_run,
+            *_device_args(sshd),
+            "--runner",
+            "python",
+            "--remote-python",
+            sys.executable,
+            "--timeout",
+            "1",
+        )
+    )
     assert "ran past 1 s and was stopped" in line
     assert list(sshd.remote_tmp.iterdir()) == []
 
@@ -202,12 +242,24 @@ def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd,
     (tmp_path / "output.txt").write_text(TAB_OUTPUT)
     stand_in = tmp_path / "lce_benchmark_model"
     stand_in.write_text(f"#!/bin/sh\ncat {tmp_path / 'output.txt'}\n")
-    result = _cli(converted_run, *_device_args(sshd), "--runner", "lce_benchmark_model",
-                  "--benchmark-binary", str(stand_in), "--json")
+    result = _cli(
+        converted_run,
+        *_device_args(sshd),
+        "--runner",
+        "lce_benchmark_model",
+        "--benchmark-binary",
+        str(stand_in),
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     device = json.loads(result.stdout)["backends"][-1]
-    assert device["latency_ms"] == {"min": 15.002, "median": None, "p90": None,
-                                    "mean": pytest.approx(15.4082), "std": 0.245}
+    assert device["latency_ms"] == {
+        "min": 15.002,
+        "median": None,
+        "p90": None,
+        "mean": pytest.approx(15.4082),
+        "std": 0.245,
+    }
     assert device["top1"] is None  # accuracy on the device needs --runner python
     assert device["extra"]["peak_memory_mb"] == 9.8
     assert [t["node_type"] for t in device["extra"]["op_types"]][0] == "LceBconv2d"

@@ -203,3 +203,64 @@ def test_a_stale_model_onnx_is_refused_against_pytorch(tmp_path):
     assert result.exit_code == 1, result.output
     assert "LCE vs PyTorch disagree" in result.stderr
     assert not (run / "model-arm64.tflite").exists()
+
+
+class PadPoolNet(nn.Module):
+    """sign -> pad(+1) -> max-pool -> ±1 conv: binary, but no binary form exists for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = binary_conv(4, 8)
+
+    def forward(self, x):
+        x = torch.nn.functional.pad(sign(x), (1, 1, 1, 1), value=1.0)
+        return self.conv(torch.nn.functional.max_pool2d(x, 2)).flatten(1)
+
+
+def test_a_binary_layer_left_float_exits_1_naming_it(tmp_path):
+    path = export(PadPoolNet(), (1, 4, 8, 8), tmp_path / "padpool.onnx")
+    result = invoke("convert", path)
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/conv/Conv" in lines[0] and "would stay float" in lines[0]
+    assert "--allow-float" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["padpool.onnx"]
+
+
+@pytest.mark.parametrize("allowed", ["/conv/Conv", "all"])
+def test_allow_float_converts_and_lists_the_fallback(tmp_path, allowed):
+    path = export(PadPoolNet(), (1, 4, 8, 8), tmp_path / "padpool.onnx")
+    result = invoke("convert", path, "--allow-float", allowed, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["float_fallbacks"] == ["/conv/Conv"] and report["lce_bconv2d"] == 0
+
+
+class PlainSign(torch.autograd.Function):
+    """The STE of much user code: forward x.sign() (0 -> 0), backward straight through."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+@pytest.mark.parametrize("binarize", [torch.sign, PlainSign.apply], ids=["sign", "function"])
+def test_a_plain_sign_before_a_binary_kernel_is_refused_with_what_was_seen(tmp_path, binarize):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = binary_conv(4, 8)
+
+        def forward(self, x):
+            return self.conv(binarize(x)).flatten(1)
+
+    path = export(Net(), (1, 4, 6, 6), tmp_path / "plain.onnx")
+    result = invoke("convert", path)
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert "plain Sign, which maps 0 to 0" in line and "sign(sign(x) + 0.1)" in line
+    assert len(line.splitlines()) == 1

@@ -121,10 +121,19 @@ def test_summary_timings_and_peak_memory():
 def test_run_order_gives_per_op_times_and_skips_initialisation():
     result = parse_benchmark_output(TAB_OUTPUT)
     assert [op.node_type for op in result.ops] == [
-        "LceQuantize", "LceBconv2d", "LceBMaxPool2d", "FULLY_CONNECTED", "SOFTMAX"]
+        "LceQuantize",
+        "LceBconv2d",
+        "LceBMaxPool2d",
+        "FULLY_CONNECTED",
+        "SOFTMAX",
+    ]
     bconv = result.ops[1]
     assert (bconv.name, bconv.first_ms, bconv.avg_ms, bconv.percent) == (
-        "[model/bconv_1]:1", 12.4, 11.9, 79.3)
+        "[model/bconv_1]:1",
+        12.4,
+        11.9,
+        79.3,
+    )
     assert result.ops[3].name == "[model/dense/MatMul;model/dense/BiasAdd]:3"
     assert result.nodes_executed == 5
 
@@ -142,7 +151,9 @@ def test_space_aligned_tables_with_log_prefixes():
     assert result.count == 100 and result.mean_ms == pytest.approx(1.9995)
     assert result.peak_memory_mb == 4.25
     assert [(op.node_type, op.times_called) for op in result.ops] == [
-        ("LceQuantize", 1), ("Convolution (NHWC, F32) IGEMM", 2)]
+        ("LceQuantize", 1),
+        ("Convolution (NHWC, F32) IGEMM", 2),
+    ]
     assert result.ops[1].name == "Delegate/Convolution (NHWC, F32) IGEMM:1"
     assert result.op_types[0].avg_ms == 1.76 and result.nodes_executed == 2
 
@@ -180,6 +191,12 @@ def test_check_architecture():
 def test_benchmark_command_runs_exactly_n_times_with_profiling():
     argv = benchmark_command("lce_benchmark_model", "m.tflite", threads=4, runs=30)
     assert argv[0] == "lce_benchmark_model"
-    for flag in ("--graph=m.tflite", "--num_threads=4", "--num_runs=30", "--min_secs=0",
-                 "--enable_op_profiling=true", "--report_peak_memory_footprint=true"):
+    for flag in (
+        "--graph=m.tflite",
+        "--num_threads=4",
+        "--num_runs=30",
+        "--min_secs=0",
+        "--enable_op_profiling=true",
+        "--report_peak_memory_footprint=true",
+    ):
         assert flag in argv

@@ -47,8 +47,9 @@ def stand_in_bin(tmp_path):
     return folder
 
 
-def test_binary_on_the_device_path_is_run_with_the_uploaded_graph(sshd, tiny_flatbuffer,
-                                                                  stand_in_bin):
+def test_binary_on_the_device_path_is_run_with_the_uploaded_graph(
+    sshd, tiny_flatbuffer, stand_in_bin
+):
     client = sshd.client(remote_path=[str(stand_in_bin)])
     result, raw = run_lce_benchmark(client, tiny_flatbuffer, threads=2, runs=7)
     assert "--num_threads=2" in raw and "--num_runs=7" in raw
@@ -59,8 +60,9 @@ def test_binary_on_the_device_path_is_run_with_the_uploaded_graph(sshd, tiny_fla
 
 
 def test_uploaded_binary_is_used(sshd, tiny_flatbuffer, stand_in_bin):
-    result, raw = run_lce_benchmark(sshd.client(), tiny_flatbuffer,
-                                    binary=stand_in_bin / "lce_benchmark_model")
+    result, raw = run_lce_benchmark(
+        sshd.client(), tiny_flatbuffer, binary=stand_in_bin / "lce_benchmark_model"
+    )
     assert str(sshd.remote_tmp) in raw.split("--graph=")[1]
     assert result.min_ms == pytest.approx(1.99)
     assert _leftovers(sshd) == []
@@ -78,8 +80,7 @@ def test_missing_local_binary(sshd, tiny_flatbuffer, tmp_path):
         run_lce_benchmark(sshd.client(), tiny_flatbuffer, binary=tmp_path / "nope")
 
 
-def test_aarch64_binary_on_an_x86_device_is_refused_before_upload(sshd, tiny_flatbuffer,
-                                                                  tmp_path):
+def test_aarch64_binary_on_an_x86_device_is_refused_before_upload(sshd, tiny_flatbuffer, tmp_path):
     import platform
 
     if platform.machine() != "x86_64":

@@ -30,8 +30,14 @@ def test_runner_imports_only_stdlib_numpy_and_lce():
 
 def test_latency_stats():
     stats = runner.latency_stats([1.0, 2.0, 3.0, 4.0, 10.0])
-    assert stats == {"min": 1.0, "median": 3.0, "p90": pytest.approx(7.6), "mean": 4.0,
-                     "std": pytest.approx(np.std([1, 2, 3, 4, 10])), "runs": 5}
+    assert stats == {
+        "min": 1.0,
+        "median": 3.0,
+        "p90": pytest.approx(7.6),
+        "mean": 4.0,
+        "std": pytest.approx(np.std([1, 2, 3, 4, 10])),
+        "runs": 5,
+    }
 
 
 def test_layout_follows_the_model():
@@ -47,9 +53,25 @@ def test_runner_as_a_copied_script(tiny_flatbuffer, tiny_samples, tmp_path):
     copy = tmp_path / "runner.py"
     copy.write_text(Path(runner.__file__).read_text())
     done = subprocess.run(
-        [sys.executable, "-I", str(copy), "--model", str(tiny_flatbuffer), "--samples",
-         str(tiny_samples), "--runs", "7", "--json", "--outputs", str(tmp_path / "out.npz")],
-        capture_output=True, text=True, cwd=tmp_path, check=True)
+        [
+            sys.executable,
+            "-I",
+            str(copy),
+            "--model",
+            str(tiny_flatbuffer),
+            "--samples",
+            str(tiny_samples),
+            "--runs",
+            "7",
+            "--json",
+            "--outputs",
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["latency_ms"]["runs"] == 7 and result["accuracy"]["samples"] == 12
     with np.load(tmp_path / "out.npz") as data:

@@ -66,10 +66,14 @@ def test_put_and_get_round_trip(sshd, tmp_path):
 
 def test_identity_describes_this_machine(sshd):
     identity = sshd.client().identity()
-    assert identity.uname == subprocess.run(["uname", "-a"], capture_output=True,
-                                            text=True).stdout.strip()
-    assert identity.machine == subprocess.run(["uname", "-m"], capture_output=True,
-                                              text=True).stdout.strip()
+    assert (
+        identity.uname
+        == subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
+    )
+    assert (
+        identity.machine
+        == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    )
     assert identity.cores == int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
     assert identity.cpu_model not in ("", "unknown")
     assert identity.os != "unknown"
@@ -90,25 +94,35 @@ def test_key_the_server_does_not_accept_is_refused(sshd):
 
 def test_unknown_host_key_is_refused_because_checking_stays_on(sshd, tmp_path):
     (tmp_path / "empty_known_hosts").write_text("")
-    options = [f"UserKnownHostsFile={tmp_path / 'empty_known_hosts'}",
-               "GlobalKnownHostsFile=/dev/null"]
+    options = [
+        f"UserKnownHostsFile={tmp_path / 'empty_known_hosts'}",
+        "GlobalKnownHostsFile=/dev/null",
+    ]
     with pytest.raises(DeviceAuthError, match="Host key verification failed"):
         sshd.client(options=options).run(["true"])
 
 
-def test_remote_runner_measures_latency_and_accuracy_on_the_device(sshd, tiny_flatbuffer,
-                                                                  tiny_samples):
+def test_remote_runner_measures_latency_and_accuracy_on_the_device(
+    sshd, tiny_flatbuffer, tiny_samples
+):
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
-    result, outputs = run_remote_runner(sshd.client(), tiny_flatbuffer, samples=tiny_samples,
-                                        runs=20, python=sys.executable, timeout=300)
+    result, outputs = run_remote_runner(
+        sshd.client(),
+        tiny_flatbuffer,
+        samples=tiny_samples,
+        runs=20,
+        python=sys.executable,
+        timeout=300,
+    )
     latency = result["latency_ms"]
     assert result["runtime"] == "lce-python" and latency["runs"] == 20
     assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
     with np.load(tiny_samples) as data:
         inputs, labels = data["inputs"], data["labels"]
     reference = Interpreter(tiny_flatbuffer.read_bytes(), use_indirect_bgemm=True).predict(
-        inputs.transpose(0, 2, 3, 1).copy())
+        inputs.transpose(0, 2, 3, 1).copy()
+    )
     np.testing.assert_allclose(outputs, reference, rtol=1e-5, atol=1e-5)
     assert result["accuracy"]["top1"] == pytest.approx(np.mean(reference.argmax(1) == labels))
     assert _leftovers(sshd) == []
@@ -122,8 +136,9 @@ def test_remote_runner_without_lce_python_is_missing_binary(sshd, tiny_flatbuffe
 
 def test_timeout_stops_the_remote_runner_and_cleans_up(sshd, tiny_flatbuffer):
     with pytest.raises(DeviceTimeoutError, match="ran past 4 s") as info:
-        run_remote_runner(sshd.client(), tiny_flatbuffer, runs=10**9, python=sys.executable,
-                          timeout=4)
+        run_remote_runner(
+            sshd.client(), tiny_flatbuffer, runs=10**9, python=sys.executable, timeout=4
+        )
     assert info.value.exit_code == 2
     assert _leftovers(sshd) == []
     assert _processes_mentioning(str(sshd.remote_tmp)) == []

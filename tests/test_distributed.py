@@ -21,9 +21,25 @@ def test_two_process_gloo_run_matches_across_ranks_and_writes_one_run_directory(
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [str(torchrun), "--nproc-per-node=2", "--master-port=29517", "-m", "bnnexport", "train",
-         "--epochs", "1", "--batch-size", "50", "--out", str(out), "--json"],
-        capture_output=True, text=True, timeout=600, env=env,
+        [
+            str(torchrun),
+            "--nproc-per-node=2",
+            "--master-port=29517",
+            "-m",
+            "bnnexport",
+            "train",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "50",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

@@ -95,10 +95,16 @@ def test_init_run_without_a_dataset_exports_on_random_grid_samples(tmp_path):
 
     out = tmp_path / "init"
     cli = [sys.executable, "-m", "bnnexport"]
-    assert subprocess.run([*cli, "init", "--model", "mnist-bnn", "--input-shape", "1,20,20",
-                           "--out", str(out)], capture_output=True).returncode == 0
-    result = subprocess.run([*cli, "export", str(out), "--samples", "20"], capture_output=True,
-                            text=True)
+    assert (
+        subprocess.run(
+            [*cli, "init", "--model", "mnist-bnn", "--input-shape", "1,20,20", "--out", str(out)],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
+    result = subprocess.run(
+        [*cli, "export", str(out), "--samples", "20"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-1500:]
     samples = np.load(out / "samples.npz")
     assert samples["inputs"].shape == (20, 1, 20, 20)

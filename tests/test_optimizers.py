@@ -34,8 +34,9 @@ def run_torch_bop(w, gradients, gamma, threshold):
         weight.grad = torch.from_numpy(g)
         optimizer.step()
         state = optimizer.state[weight]
-        history.append((weight.detach().numpy().copy(), state["momentum"].numpy().copy(),
-                        int(state["flips"])))
+        history.append(
+            (weight.detach().numpy().copy(), state["momentum"].numpy().copy(), int(state["flips"]))
+        )
     return history
 
 
@@ -99,8 +100,9 @@ def test_theorem_1_scaling_lr_and_latent_weights_gives_identical_binary_weights(
 
     def train(scale):
         torch.manual_seed(0)
-        model = nn.Sequential(BinaryConv2d(3, 8, 3, input_quantizer=None), nn.Flatten(),
-                              BinaryLinear(8 * 6 * 6, 4))
+        model = nn.Sequential(
+            BinaryConv2d(3, 8, 3, input_quantizer=None), nn.Flatten(), BinaryLinear(8 * 6 * 6, 4)
+        )
         set_latent(model, True, kernel_quantizer=SteSign(clip_value=float("inf")))
         for p in binary_parameters(model):
             p.data.normal_(0, 0.1).mul_(scale)
@@ -128,8 +130,13 @@ def test_theorem_1_scaling_lr_and_latent_weights_gives_identical_binary_weights(
 def test_case_optimizer_refuses_a_parameter_claimed_twice():
     model = nn.Sequential(BinaryLinear(4, 4), nn.Linear(4, 2))
     with pytest.raises(ValueError, match="claimed by a and b"):
-        CaseOptimizer(model, [("a", lambda n, p: True, lambda ps: Bop(ps)),
-                              ("b", lambda n, p: n.startswith("0"), torch.optim.Adam)])
+        CaseOptimizer(
+            model,
+            [
+                ("a", lambda n, p: True, lambda ps: Bop(ps)),
+                ("b", lambda n, p: n.startswith("0"), torch.optim.Adam),
+            ],
+        )
 
 
 def test_case_optimizer_refuses_an_unclaimed_parameter():

@@ -12,8 +12,10 @@ from bnnexport.cli.pipeline import pipeline_command
 
 def _pipeline(run, *args):
     # --resume on the shared 1-epoch run: its epochs are done, so train only reloads it
-    return CliRunner().invoke(pipeline_command, ["--out", str(run), "--resume", "--runs", "3",
-                                                 "--warmup", "1", "--samples", "100", *args])
+    return CliRunner().invoke(
+        pipeline_command,
+        ["--out", str(run), "--resume", "--runs", "3", "--warmup", "1", "--samples", "100", *args],
+    )
 
 
 def test_pipeline_runs_every_stage_and_ends_with_the_bench_table(_trained_run_template, tmp_path):
@@ -26,12 +28,22 @@ def test_pipeline_runs_every_stage_and_ends_with_the_bench_table(_trained_run_te
     started = [line.split()[1] for line in result.stderr.splitlines() if line.startswith("[")]
     assert started == list(STAGES)
     assert result.stdout.rstrip().splitlines()[-1] == f"report: {run / 'report.md'}"
-    for name in ("model.onnx", "model-arm64.tflite", "model-float.tflite", "bench.json",
-                 "report.md", "samples.npz"):
+    for name in (
+        "model.onnx",
+        "model-arm64.tflite",
+        "model-float.tflite",
+        "bench.json",
+        "report.md",
+        "samples.npz",
+    ):
         assert (run / name).is_file(), name
     saved = json.loads((run / "bench.json").read_text())
-    assert [b["name"] for b in saved["backends"]] == ["pytorch", "onnxruntime", "tflite-float",
-                                                      "lce"]
+    assert [b["name"] for b in saved["backends"]] == [
+        "pytorch",
+        "onnxruntime",
+        "tflite-float",
+        "lce",
+    ]
     assert saved["samples"] == 100
 
 

@@ -77,8 +77,22 @@ def test_recipes_command_lists_them_as_json():
 @pytest.mark.slow
 def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_path):
     out = tmp_path / "run"
-    args = ["train", "--recipe", "paper-cifar10-bop", "--dataset", "mnist5k", "--model",
-            "mnist-bnn", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json"]
+    args = [
+        "train",
+        "--recipe",
+        "paper-cifar10-bop",
+        "--dataset",
+        "mnist5k",
+        "--model",
+        "mnist-bnn",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "200",
+        "--out",
+        str(out),
+        "--json",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())

@@ -133,8 +133,11 @@ def test_wrong_input_shape_for_a_model(trained_run):
 
     assert run_cli("export", str(trained_run)).returncode == 0
     before_onnx = (trained_run / "model.onnx").read_bytes()
-    np.savez(trained_run / "samples.npz", inputs=np.zeros((4, 3, 32, 32), np.float32),
-             labels=np.zeros(4, np.int64))
+    np.savez(
+        trained_run / "samples.npz",
+        inputs=np.zeros((4, 3, 32, 32), np.float32),
+        labels=np.zeros(4, np.int64),
+    )
     result = run_cli("convert", str(trained_run), "--target", "arm64")
     assert result.returncode == 2, result.stderr[-1500:]
     assert "Traceback" not in result.stderr and "shape" in result.stderr.lower()
@@ -164,10 +167,14 @@ def _fail_on_write(monkeypatch, error: OSError) -> None:
 @pytest.mark.parametrize(
     "error,fragment",
     [
-        (PermissionError(errno.EACCES, "Permission denied", "run/.checkpoint.pt.tmp"),
-         "permission denied"),
-        (OSError(errno.ENOSPC, "No space left on device", "run/.checkpoint.pt.tmp"),
-         "no space left"),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "run/.checkpoint.pt.tmp"),
+            "permission denied",
+        ),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "run/.checkpoint.pt.tmp"),
+            "no space left",
+        ),
     ],
     ids=["read-only", "full"],
 )
@@ -185,8 +192,19 @@ def test_unwritable_output_directory_keeps_the_run_intact(
 def test_unreachable_device(trained_run):
     assert run_cli("export", str(trained_run)).returncode == 0
     (trained_run / "model-arm64.tflite").write_bytes(b"placeholder")
-    result = run_cli("bench", str(trained_run), "--device", "pi@127.0.0.1", "--port", "9",
-                     "--runs", "1", "--samples", "5", timeout=120)
+    result = run_cli(
+        "bench",
+        str(trained_run),
+        "--device",
+        "pi@127.0.0.1",
+        "--port",
+        "9",
+        "--runs",
+        "1",
+        "--samples",
+        "5",
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
 
@@ -195,7 +213,9 @@ def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
     out = tmp_path / "run"
     process = subprocess.Popen(
         [*CLI, "train", "--epochs", "3", "--batch-size", "100", "--out", str(out), "--json"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 300
     while not (out / "checkpoint.pt").exists() and time.time() < deadline:
@@ -229,4 +249,3 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained
     result = run_cli("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
     assert result.returncode == 0, result.stderr[-1500:]
     assert torch.load(trained_run / "checkpoint.pt", weights_only=True)["epoch"] == 2
-

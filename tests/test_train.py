@@ -31,8 +31,14 @@ def test_train_json_prints_one_object_and_writes_the_run_directory(tmp_path):
         assert key in report
     assert 0.5 < report["test_accuracy"] <= 1.0
     assert report["optimizer"] == "bop" and report["epochs"] == 1
-    for name in ("checkpoint.pt", "config.json", "metrics.jsonl", "train.json",
-                 "accuracy.png", "flip_rate.png"):
+    for name in (
+        "checkpoint.pt",
+        "config.json",
+        "metrics.jsonl",
+        "train.json",
+        "accuracy.png",
+        "flip_rate.png",
+    ):
         assert (out / name).is_file(), name
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
     assert {"model", "optimizer", "epoch", "config", "model_name"} <= set(checkpoint)
@@ -49,8 +55,18 @@ def test_trained_kernels_are_strictly_binary(trained_run):
 
 def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path):
     out = tmp_path / "latent"
-    result = run_cli("train", "--optimizer", "adam-latent", "--epochs", "1", "--batch-size", "200",
-                     "--out", str(out), "--json")
+    result = run_cli(
+        "train",
+        "--optimizer",
+        "adam-latent",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "200",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
     kernel = checkpoint["model"]["features.2.weight"]
@@ -79,8 +95,15 @@ def test_existing_run_is_not_overwritten_without_resume_or_force(trained_run):
 
 
 def test_missing_cifar_directory_is_a_one_line_error(tmp_path):
-    result = run_cli("train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "nope"),
-                     "--out", str(tmp_path / "run"))
+    result = run_cli(
+        "train",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        str(tmp_path / "nope"),
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("bnnexport: error: data directory not found")
     assert "Traceback" not in result.stderr
@@ -89,8 +112,9 @@ def test_missing_cifar_directory_is_a_one_line_error(tmp_path):
 def test_malformed_cifar_directory_names_what_is_missing(tmp_path):
     (tmp_path / "cifar-10-batches-py").mkdir()
     (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
-    result = run_cli("train", "--dataset", "cifar10", "--data-dir", str(tmp_path),
-                     "--out", str(tmp_path / "run"))
+    result = run_cli(
+        "train", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "run")
+    )
     assert result.returncode == 2 and "missing data_batch_2" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -100,7 +124,9 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [*CLI, "train", "--epochs", "4", "--batch-size", "100", "--out", str(out), "--json"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     checkpoint = out / "checkpoint.pt"
     deadline = time.time() + 240
