@@ -198,8 +198,8 @@ def test_ties_may_not_change_predictions(tied):
     """A sample whose prediction changed fails before any replay, however well ties explain it."""
     path, x, ort, tie = tied
     other = ort.copy()
-    other[0] = other[0][::-1]  # another top class on 1 of 6 samples: 83 % < 99 %
-    with pytest.raises(ConversionMismatchError, match="83.33%.*not predictions"):
+    other[:2] = other[:2, ::-1]  # another top class on 2 of 6 samples: 67 % < 99 %, not 1
+    with pytest.raises(ConversionMismatchError, match="66.67%.*not predictions"):
         validate(ort, other, x, GateOptions(), ("ORT", "other"))
 
 
@@ -211,6 +211,12 @@ def test_a_witness_that_computed_other_logits_is_not_trusted(tied):
     with pytest.raises(ConversionMismatchError, match="witness computes other logits"):
         validate(ort[:1], outputs(x[:1]), x[:1], GateOptions(min_plain_agreement=0.0),
                  ("ORT", "other"), lambda: probe, liar)  # fmt: skip
+
+
+def test_one_changed_prediction_is_left_to_the_replay():
+    """On a small check set one genuine tie may flip one prediction (1 of 50 is 98 %)."""
+    options = GateOptions()
+    assert options.allowed_flips(50) == 1 and options.allowed_flips(1000) == 10
 
 
 def test_without_a_witness_every_sample_must_agree_plainly(tied):

@@ -37,8 +37,8 @@ def convert_command(source: str, target: str, fmt: str, samples: int | None,
     power-of-two grids, so every sum is exact) is converted too and must agree with no sign tie
     at all. Exit 1, keeping no flatbuffer, when a sample differs by more than 1e-4 of the logit
     range, unless replaying LCE's own signs explains it by a few non-zero rounding ties (listed
-    under tie_samples; an exact 0 decided differently never counts), or when fewer than 99 % of
-    the predictions agree before any replay. An unsupported ONNX op exits 2, naming the node and
+    under tie_samples; an exact 0 decided differently never counts), or when more than 1 % of
+    the predictions (and more than one) differ before any replay. An unsupported ONNX op exits 2, naming the node and
     its op type.
     """
     from bnnexport.convert import convert_run

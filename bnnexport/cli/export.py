@@ -24,7 +24,8 @@ def export_command(run_dir: str, opset: int, batch: int, samples: int, as_json: 
     (leaving any previous model.onnx untouched) when ONNX Runtime disagrees with PyTorch by more
     than 1e-4 of the logit range on a sample, unless imposing ONNX Runtime's signs in PyTorch
     explains it by a few non-zero rounding ties (listed under tie_samples; an exact 0 decided
-    differently never counts), or when fewer than 99 % of predictions agree before any replay.
+    differently never counts), or when more than 1 % of the predictions (and more than one)
+    differ before any replay.
     """
     from bnnexport.export import export_onnx
 
