@@ -14,8 +14,8 @@ softmax) may still round.
 
 Example:
     >>> import numpy as np
-    >>> grid_round(np.array([0.3, -0.05, 1.0], np.float32))
-    array([ 0.3125, -0.0625,  1.    ], dtype=float32)
+    >>> grid_round(np.array([0.3, -0.05, 1.0], np.float32))  # steps of 1/8 below 1.0
+    array([0.25, 0.  , 1.  ], dtype=float32)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def grid_round(values: np.ndarray, bits: int = BITS) -> np.ndarray:
     if largest == 0.0 or not np.isfinite(largest):
         return np.nan_to_num(values, posinf=0.0, neginf=0.0)
     step = 2.0 ** (np.floor(np.log2(largest)) - bits + 1)
-    return (np.round(values / step) * step).astype(np.float32)
+    return (np.round(values / step) * step + 0.0).astype(np.float32)  # + 0.0: no -0.0
 
 
 def power_of_two(values: np.ndarray) -> np.ndarray:
