@@ -143,7 +143,8 @@ def convert_child(run: Path) -> dict[str, Any]:
     report = json.loads(lines[-1]) if child.returncode == 0 and lines else {}
     error = None
     if child.returncode != 0:  # the conversion ran; its gate (or something else) refused it
-        error = (stderr.strip().splitlines() or ["?"])[-1][:300]
+        lines = [ln for ln in stderr.strip().splitlines() if not ln.startswith(PEAK_MARK)]
+        error = (lines or ["?"])[-1][:300]
         log(f"convert {run.name} exited {child.returncode}: {error}")
     return {"wall_seconds": wall, "convert_seconds": report.get("seconds"),
             "peak_rss_mib": _reported_peak_mib(stderr) or usage.ru_maxrss / 1024,

@@ -120,15 +120,16 @@ def check_onnx(
     from bnnexport.torch_probe import TorchProbe
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions, OnnxProbe, Witness, validate
-    from converters.validate import run_onnx
 
-    candidate = run_onnx(path, inputs)
-    onnx_probe: list[OnnxProbe] = []
+    # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
+    # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
+    # land on the other side of a tie than its own witness (QuickNet-Small at 224 did).
+    probe = OnnxProbe(path)
+    candidate = np.stack([probe.run(x)[0] for x in np.asarray(inputs, np.float32)])
 
     def onnx_witness(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        onnx_probe[:] = onnx_probe or [OnnxProbe(path)]
-        logits, values = onnx_probe[0].run(x)
-        return logits, dict(zip(onnx_probe[0].sources, values, strict=True))
+        logits, values = probe.run(x)
+        return logits, dict(zip(probe.sources, values, strict=True))
 
     try:
         gate = validate(

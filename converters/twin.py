@@ -4,8 +4,10 @@ Real weights round differently in every runtime, so a converted model can only b
 sign ties (`converters.gate`). The twin removes rounding altogether: every float initializer is
 rounded to a coarse power-of-two grid of its own magnitude (at most `BITS` significant bits),
 every BatchNorm gets a variance of 4096 (so sqrt(var + eps) is exactly 64 in float32 for any
-eps < 2.4e-4) and a gamma of 64 x a power of two (so its scale is that power of two), and the
-inputs lie on the 1/8 grid in [-1, 1]. Every sum a runtime computes is then exact in float32
+eps < 2.4e-4), a gamma of 64 x a power of two (so its scale is that power of two; negated in every fourth
+channel, so both signs occur) and a mean that puts its zero crossing on an integer, 0 in every
+other channel (so a binary conv's integer accumulator lands exactly on it, and exact +0.0 and
+-0.0 both reach the next sign), and the inputs lie on the 1/8 grid in [-1, 1]. Every sum a runtime computes is then exact in float32
 whatever its order, exact zeros before a sign are common (every tie-break is exercised), and the
 converted twin must agree with ONNX Runtime with no sign tie at all: a converter bug shows no
 matter how the real weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a
@@ -62,11 +64,21 @@ def _batch_norm_params(graph: Graph, node: onnx.NodeProto) -> dict[str, np.ndarr
     eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
     scale = power_of_two(gamma / np.sqrt(var.astype(np.float64) + eps))
     scale = np.where(scale == 0, np.float32(2.0**-5), scale)
+    channel = np.arange(scale.size)
+    scale = np.where(channel % 4 == 1, -scale, scale)  # both signs of scale, whatever gamma was
     names = node.input[1:5]
+    beta = grid_round(beta)
+    shift = beta / scale  # exact: a power of two
+    # (x - mean) * scale + beta is zero at x = mean - beta / scale. Put that on an integer, so a
+    # binary conv's integer accumulator lands on it exactly, and on 0 itself in every other
+    # channel: there the folded bias is exactly 0 and 0 x a negative scale is -0.0, the case
+    # where LCE's sign-bit rule and torch's sign(0) = +1 part (docs/ARCHITECTURE.md)
+    crossing = np.where(channel % 2 == 0, 0.0, np.round(grid_round(mean) - shift))
+    mean = crossing + shift
     return {
         names[0]: (scale * np.sqrt(BN_VARIANCE)).astype(np.float32),
-        names[1]: grid_round(beta),
-        names[2]: grid_round(mean),
+        names[1]: beta,
+        names[2]: mean.astype(np.float32),
         names[3]: np.full_like(var, BN_VARIANCE, dtype=np.float32),
     }
 

@@ -60,10 +60,15 @@ def test_disagreement_exits_1_and_keeps_the_previous_onnx(tmp_path, monkeypatch)
     run = fresh_run(tmp_path / "run")
     export_onnx(run, samples=10)
     before = (run / "model.onnx").read_bytes()
-    import converters.validate
+    from converters.gate import OnnxProbe
 
-    real = converters.validate.run_onnx
-    monkeypatch.setattr(converters.validate, "run_onnx", lambda p, x: real(p, x) + 1.0)
+    real = OnnxProbe.run
+
+    def skewed(self, x, imposed=None):  # ONNX Runtime's logits tilted: predictions change
+        logits, values = real(self, x, imposed)
+        return logits + np.arange(len(logits), dtype=np.float32), values
+
+    monkeypatch.setattr(OnnxProbe, "run", skewed)
     with pytest.raises(FidelityError):
         export_onnx(run, samples=10)
     result = CliRunner().invoke(main, ["export", str(run), "--samples", "10"])

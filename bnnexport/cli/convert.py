@@ -36,9 +36,10 @@ def convert_command(source: str, target: str, fmt: str, samples: int | None,
     with ONNX Runtime and PyTorch, and an exact-grid twin of the graph (parameters and inputs on
     power-of-two grids, so every sum is exact) is converted too and must agree with no sign tie
     at all. Exit 1, keeping no flatbuffer, when a sample differs by more than 1e-4 of the logit
-    range, unless replaying LCE's own signs explains it by a few non-zero rounding ties (listed
-    under tie_samples; an exact 0 decided differently never counts), or when more than 1 % of
-    the predictions (and more than one) differ before any replay. An unsupported ONNX op exits 2, naming the node and
+    range, unless replaying LCE's own signs explains it by a few rounding ties (listed
+    under tie_samples; an exact 0 in both runtimes never counts), or when more than 1 % of the
+    predictions the reference is sure of (top-1 margin >= 5 % of the logit range; and more than
+    one) differ before any replay. An unsupported ONNX op exits 2, naming the node and
     its op type.
     """
     from bnnexport.convert import convert_run

@@ -23,9 +23,9 @@ def export_command(run_dir: str, opset: int, batch: int, samples: int, as_json: 
     The binary kernels are verified first; the test samples go to RUN_DIR/samples.npz. Exits 1
     (leaving any previous model.onnx untouched) when ONNX Runtime disagrees with PyTorch by more
     than 1e-4 of the logit range on a sample, unless imposing ONNX Runtime's signs in PyTorch
-    explains it by a few non-zero rounding ties (listed under tie_samples; an exact 0 decided
-    differently never counts), or when more than 1 % of the predictions (and more than one)
-    differ before any replay.
+    explains it by a few rounding ties (listed under tie_samples; an exact 0 in both runtimes
+    decided differently never counts), or when more than 1 % of the predictions PyTorch is sure
+    of (top-1 margin >= 5 % of the logit range; and more than one) differ before any replay.
     """
     from bnnexport.export import export_onnx
 
