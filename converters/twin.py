@@ -2,17 +2,16 @@
 
 Real weights round differently in every runtime, so a converted model can only be checked up to
 sign ties (`converters.gate`). The twin removes rounding altogether: every float initializer is
-rounded to a coarse power-of-two grid of its own magnitude (at most `BITS` significant bits),
+rounded to a coarse power-of-two grid of its own magnitude (at most `BITS` significant bits);
 every BatchNorm gets a variance of 4096 (so sqrt(var + eps) is exactly 64 in float32 for any
-eps < 2.4e-4), a gamma of 64 x a power of two (so its scale is that power of two; negated in every fourth
-channel, so both signs occur) and a mean that puts its zero crossing on an integer, 0 in every
-other channel (so a binary conv's integer accumulator lands exactly on it, and exact +0.0 and
--0.0 both reach the next sign), and the inputs lie on the 1/8 grid in [-1, 1]. Every sum a runtime computes is then exact in float32
-whatever its order, exact zeros before a sign are common (every tie-break is exercised), and the
-converted twin must agree with ONNX Runtime with no sign tie at all: a converter bug shows no
-matter how the real weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a
-power of two. Only float ops after the last binarization (a global average over 7x7, a
-softmax) may still round.
+eps < 2.4e-4), a gamma of 64 x a power of two (so its scale is that power of two, negated in
+every fourth channel so both signs occur) and a mean that puts its zero crossing on an integer,
+and on 0 in every other channel (so a binary conv's integer accumulator lands exactly on it, and
+exact +0.0 and -0.0 both reach the next sign); the inputs lie on the 1/8 grid in [-1, 1]. Every
+sum a runtime computes is then exact in float32 whatever its order, and the converted twin must
+agree with ONNX Runtime with no sign tie at all: a translation bug shows no matter how the real
+weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a power of two. Only
+float ops after the last binarization (a global average over 7x7, a softmax) may still round.
 
 Example:
     >>> import numpy as np
