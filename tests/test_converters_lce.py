@@ -258,3 +258,23 @@ def test_relu_then_batchnorm_after_a_binary_conv_quicknet_style(tmp_path):
 
     result, torch_check = convert_net(Net(), (1, 3, 8, 8), tmp_path)
     _assert_exact_binary(result, torch_check, 1)
+
+
+def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypatch):
+    """Zero-padded stride-2 binary convs need a correction map; with it zeroed the twin's LCE
+    flatbuffer differs from ONNX Runtime's twin, whatever the real weights would show."""
+    import onnx
+    from converter_nets import export, grid_inputs
+
+    import converters.tf_layers
+    from converters.errors import ConversionMismatchError
+    from converters.gate import GateOptions
+    from converters.lce import check_twin
+
+    path = export(Stack("zero", 2, (12, 12)), (1, 3, 12, 12), tmp_path / "net.onnx")
+    model, x = onnx.load(str(path)), grid_inputs(8, (1, 3, 12, 12))
+    assert all(r.max_abs_diff == 0.0 for r in check_twin(model, x, [], GateOptions()))
+    real = converters.tf_layers.correction_map
+    monkeypatch.setattr(converters.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
+    with pytest.raises(ConversionMismatchError, match="LCE twin vs ONNX Runtime twin"):
+        check_twin(model, x, [], GateOptions())
