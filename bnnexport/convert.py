@@ -141,7 +141,7 @@ def _samples(run: RunDir | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         raise CheckpointError(f"{run.samples} is not a readable samples file ({error})") from None
 
 
-def torch_reference(run: RunDir, onnx_path: Path, inputs: np.ndarray) -> Reference:
+def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
     """PyTorch as a `converters.lce.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
     from bnnexport.runs import load_model
@@ -150,7 +150,7 @@ def torch_reference(run: RunDir, onnx_path: Path, inputs: np.ndarray) -> Referen
 
     model = load_model(run.root)
     return Reference(
-        name="PyTorch", outputs=torch_outputs(model, inputs),
+        name="PyTorch", outputs=lambda x: torch_outputs(model, x),
         probe=lambda: TorchProbe(model, onnx_path), twin_outputs=twin_outputs(model),
     )  # fmt: skip
 
@@ -193,7 +193,7 @@ def convert_run(
 
     references = []
     if run is not None and inputs is not None and run.checkpoint.is_file():
-        references.append(torch_reference(run, onnx_path, inputs))
+        references.append(torch_reference(run, onnx_path))
     options = ConvertOptions(gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float))
     try:
         result = convert_onnx(

@@ -73,12 +73,13 @@ TWIN_RTOL = 1e-6
 class Reference:
     """A model the flatbuffer must match besides ONNX Runtime (bnnexport passes PyTorch).
 
-    `outputs` are its outputs on the check inputs; `probe` builds a `SignProbe` of it (for the
-    tie replay); `twin_outputs(twin_model, twin_inputs)` runs its own exact-grid twin.
+    `outputs(inputs)` runs it on the check inputs (called after ONNX Runtime has checked their
+    shape); `probe` builds a `SignProbe` of it (for the tie replay);
+    `twin_outputs(twin_model, twin_inputs)` runs its own exact-grid twin.
     """
 
     name: str
-    outputs: np.ndarray
+    outputs: Callable[[np.ndarray], np.ndarray]
     probe: Callable[[], SignProbe] | None = None
     twin_outputs: Callable[[onnx.ModelProto, np.ndarray], np.ndarray] | None = None
 
@@ -374,7 +375,7 @@ def _gates(
     for ref in references:
         gates.append(
             validate(
-                ref.outputs,
+                ref.outputs(inputs),
                 lce_outputs,
                 inputs,
                 options.gate,
