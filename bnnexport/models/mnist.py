@@ -13,7 +13,7 @@ sizing advice, DESIGN §2); the max-pools follow their binary convs so LCE runs 
 Example:
     >>> import torch
     >>> from bnnexport.models import create_model
-    >>> create_model("mnist-bnn")(torch.zeros(1, 1, 28, 28)).shape
+    >>> create_model("mnist-bnn").eval()(torch.zeros(1, 1, 28, 28)).shape
     torch.Size([1, 10])
 """
 
