@@ -19,8 +19,12 @@ json_option = click.option(
 )
 
 
-def fail(message: str, exit_code: int = 2) -> None:
-    """Print `bnnexport: error: MESSAGE` on stderr and exit."""
+def fail(message: str, exit_code: int = 2, as_json: bool = False) -> None:
+    """Print `bnnexport: error: MESSAGE` on stderr and exit; with `as_json` also print
+    `{"error": MESSAGE, "exit_code": CODE}` on stdout, so a script always gets one object."""
+    message = " ".join(message.split())  # one line, whatever the message held
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": exit_code}))
     click.echo(f"bnnexport: error: {message}", err=True)
     sys.exit(exit_code)
 
@@ -30,19 +34,25 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
         try:
             return func(*args, **kwargs)
         except KeyboardInterrupt:
-            fail("interrupted", 130)
+            fail("interrupted", 130, as_json)
+        except click.ClickException:
+            raise  # the group turns these into one line (cli.BnnExportGroup)
         except Exception as error:
             # BnnExportError, and converters.errors / deploy.errors, which carry exit_code too
             code = getattr(error, "exit_code", None)
             if isinstance(code, int):
-                fail(str(error), code)
+                fail(str(error), code, as_json)
             if isinstance(error, PermissionError):
-                fail(f"permission denied: {error.filename or error}", 2)
+                fail(f"permission denied: {error.filename or error}", 2, as_json)
             if isinstance(error, OSError) and error.errno == 28:  # ENOSPC
-                fail(f"no space left on device while writing {error.filename or ''}".strip(), 2)
+                message = f"no space left on device while writing {error.filename or ''}"
+                fail(message.strip(), 2, as_json)
+            if isinstance(error, OSError) and error.errno == 30:  # EROFS
+                fail(f"read-only file system: {error.filename or error}", 2, as_json)
             raise
 
     return wrapper  # type: ignore[return-value]
