@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command(
@@ -45,6 +45,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option
               help="Seconds a command on the device may run before it is stopped.")
 @json_option
 @handle_errors
+@locks_run("run_dir")
 def bench_command(run_dir: str, runs: int, warmup: int, threads: int, samples: int, target: str,
                   device: str | None, port: int | None, ssh_key: str | None,
                   ssh_options: tuple[str, ...], runner: str, benchmark_binary: str | None,

@@ -58,6 +58,29 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def locks_run(argument: str) -> Callable[[F], F]:
+    """Hold the run directory named by the command's `argument` locked while the command runs
+    (bnnexport.runs.lock_run): a second writer to the same directory gets one line, exit 2.
+    A path that is a file (a checkpoint, an ONNX model) is not locked."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from pathlib import Path
+
+            from bnnexport.runs import lock_run
+
+            path = Path(kwargs[argument])
+            if not path.is_dir():
+                return func(*args, **kwargs)
+            with lock_run(path):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
 def emit(report: Report | dict[str, Any], as_json: bool, title: str | None = None) -> None:
     """Print a report: one JSON object with `--json`, else an aligned table (with a title)."""
     data = report.to_json() if isinstance(report, Report) else report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command("convert")
@@ -21,6 +21,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option
               help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]")
 @json_option
 @handle_errors
+@locks_run("source")
 def convert_command(source: str, target: str, fmt: str, samples: int | None,
                     as_json: bool) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
