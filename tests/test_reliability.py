@@ -6,8 +6,12 @@ injected) and then checks that the run directory's existing files are byte-for-b
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -230,3 +234,229 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained
     assert result.returncode == 0, result.stderr[-1500:]
     assert torch.load(trained_run / "checkpoint.pt", weights_only=True)["epoch"] == 2
 
+
+
+# --- issue 16: nothing lost, nothing run, one line ----------------------------------------------
+
+
+def invoke(*args: str):
+    """The CLI in-process; stderr is kept apart from stdout."""
+    return CliRunner().invoke(main, list(args))
+
+
+def assert_cli_error(result, code: int, *fragments: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.output[-1500:], result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr[-1500:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def user_files(run: Path) -> None:
+    """Files bnnexport never wrote, which no command may touch."""
+    (run / "thesis.txt").write_text("three years of work\n")
+    (run / "data").mkdir()
+    (run / "data" / "batch.bin").write_bytes(bytes(range(256)))
+
+
+@pytest.mark.parametrize(
+    "options,fragment",
+    [(["--lr", "nan"], "--lr"), (["--lr", "-0.1"], "--lr"), (["--gamma", "2"], "--gamma"),
+     (["--gamma", "nan"], "--gamma"), (["--threshold", "-1"], "--threshold"),
+     (["--torch-device", "tpu0"], "tpu0"), (["--dataset", "cifar10"], "--data-dir"),
+     (["--model", "binary-alexnet"], "input too small")],
+    ids=["lr-nan", "lr-negative", "gamma-2", "gamma-nan", "threshold-negative", "device-tpu0",
+         "cifar10-without-data-dir", "model-too-large-for-mnist"],
+)  # fmt: skip
+def test_force_with_a_bad_option_leaves_the_run_byte_identical(trained_run, options, fragment):
+    user_files(trained_run)
+    before = snapshot(trained_run)
+    result = invoke("train", "--force", "--out", str(trained_run), *options)
+    assert_cli_error(result, 2, fragment)
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+def test_train_force_replaces_only_bnnexports_own_files(trained_run):
+    user_files(trained_run)
+    (trained_run / "model.onnx").write_bytes(b"an old export")
+    mine = {k: v for k, v in snapshot(trained_run).items() if k in ("thesis.txt", "data/batch.bin")}
+    result = invoke("train", "--force", "--epochs", "1", "--batch-size", "200",
+                    "--out", str(trained_run), "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    after = snapshot(trained_run)
+    assert {k: after[k] for k in mine} == mine
+    assert "model.onnx" not in after  # derived from the replaced checkpoint: gone
+    assert "checkpoint.pt" in after
+
+
+def test_init_force_replaces_only_bnnexports_own_files(tmp_path):
+    out = tmp_path / "run"
+    args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", str(out)]
+    assert invoke(*args).exit_code == 0
+    user_files(out)
+    mine = {k: v for k, v in snapshot(out).items() if k in ("thesis.txt", "data/batch.bin")}
+    result = invoke(*args, "--force", "--seed", "1")
+    assert result.exit_code == 0, result.output
+    assert {k: snapshot(out)[k] for k in mine} == mine
+
+
+def test_init_force_with_a_bad_size_leaves_the_run_byte_identical(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("init", "--model", "binarynet", "--input-shape", "3,16,16",
+                  "--out", str(out)).exit_code == 0
+    user_files(out)
+    before = snapshot(out)
+    result = invoke("init", "--model", "binary-alexnet", "--input-shape", "3,8,8",
+                    "--out", str(out), "--force")
+    assert_cli_error(result, 2, "input too small")
+    assert snapshot(out) == before
+
+
+def test_init_force_in_the_working_directory_keeps_the_users_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    user_files(tmp_path)
+    args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", "."]
+    assert invoke(*args).exit_code == 0
+    assert invoke(*args, "--force").exit_code == 0
+    assert (tmp_path / "thesis.txt").read_text() == "three years of work\n"
+    assert (tmp_path / "data" / "batch.bin").read_bytes() == bytes(range(256))
+
+
+def test_out_whose_parent_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = invoke("init", "--model", "binarynet", "--out", str(tmp_path / "file" / "run"))
+    assert_cli_error(result, 2, "a file is in the way")
+
+
+def _cifar_batch(count: int = 4) -> dict:
+    import numpy as np
+
+    return {b"batch_label": b"training batch", b"labels": list(range(count)),
+            b"data": np.zeros((count, 3072), np.uint8),
+            b"filenames": [b"img%d.png" % i for i in range(count)]}  # fmt: skip
+
+
+def _cifar_dir(root: Path) -> Path:
+    import pickle
+
+    root.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (root / name).write_bytes(pickle.dumps(_cifar_batch(), protocol=2))
+    return root
+
+
+class _RunsCode:
+    """A pickle payload: unpickling it would create `marker` (i.e. run code)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_genuine_cifar_batch_loads(tmp_path):
+    from bnnexport.datasets import load_dataset
+
+    data = load_dataset("cifar10", _cifar_dir(tmp_path / "cifar"))
+    assert len(data.train) == 20 and len(data.test) == 4
+
+
+def test_a_crafted_cifar_batch_runs_no_code(tmp_path):
+    import pickle
+
+    root = _cifar_dir(tmp_path / "cifar")
+    marker = tmp_path / "pwned"
+    batch = _cifar_batch()
+    batch[b"labels"] = _RunsCode(marker)
+    (root / "data_batch_1").write_bytes(pickle.dumps(batch, protocol=2))
+    result = invoke("train", "--dataset", "cifar10", "--data-dir", str(root),
+                    "--model", "binarynet", "--out", str(tmp_path / "run"))
+    assert_cli_error(result, 2, "data_batch_1", "refusing")
+    assert not marker.exists()
+    assert not (tmp_path / "run").exists()  # nothing left behind by the failed start
+
+
+@contextlib.contextmanager
+def another_writer(run: Path):
+    """What a second bnnexport process holds while it writes `run`: a flock on the directory."""
+    fd = os.open(run, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["train", "--resume", "--epochs", "2"], ["train", "--force"], ["pack"], ["verify"],
+     ["export"], ["bench"]],
+    ids=["train-resume", "train-force", "pack", "verify", "export", "bench"],
+)
+def test_a_second_writer_gets_one_line_and_changes_nothing(trained_run, args):
+    before = snapshot(trained_run)
+    if args[0] == "train":
+        args = [*args, "--out", str(trained_run)]
+    else:
+        args = [args[0], str(trained_run), *args[1:]]
+    with another_writer(trained_run):
+        result = invoke(*args)
+    assert_cli_error(result, 2, "being written by another bnnexport command")
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+def test_two_trains_on_one_out_do_not_both_run(tmp_path):
+    out = tmp_path / "run"
+    command = [*CLI, "train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json"]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    second = run_cli("train", "--epochs", "1", "--out", str(out), "--force")
+    assert_one_line_error(second, 2, "being written by another")
+    first.communicate(timeout=300)
+    assert first.returncode == 0
+
+
+def test_json_error_is_one_object_on_stdout(tmp_path):
+    result = invoke("verify", str(tmp_path / "nowhere"), "--json")
+    assert result.exit_code == 2
+    data = json.loads(result.stdout)
+    assert data["exit_code"] == 2 and "not found" in data["error"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["train", "--epochs", "0"], ["train", "--no-such-option"], ["nosuch"],
+     ["bench"], ["train", "--model", "resnet-9000"]],
+    ids=["out-of-range", "unknown-option", "unknown-command", "missing-argument", "bad-choice"],
+)
+def test_click_usage_errors_are_one_line(args):
+    result = invoke(*args)
+    assert_cli_error(result, 2)
+
+
+def test_click_usage_error_with_json_prints_one_object():
+    result = invoke("train", "--epochs", "0", "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["exit_code"] == 2
+
+
+@pytest.mark.parametrize("threshold", ["-1", "nan"])
+def test_sweep_bad_threshold_is_one_line(tmp_path, threshold):
+    result = invoke("sweep", "--gamma", "1e-3", "--threshold", threshold,
+                    "--out", str(tmp_path / "sweep"))
+    assert_cli_error(result, 2, "--threshold")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_sweep_rejects_duplicate_values_up_front(tmp_path):
+    result = invoke("sweep", "--gamma", "1e-3,0.001", "--threshold", "0",
+                    "--out", str(tmp_path / "sweep"))
+    assert_cli_error(result, 2, "--gamma", "0.001")
+    assert not (tmp_path / "sweep").exists()

@@ -90,11 +90,12 @@ class AugmentedImages(Dataset):
         return crop, self.labels[index]
 
 
-# The only globals a real CIFAR-10 batch refers to: how numpy rebuilds its `data` array. The dict,
-# lists, ints, bytes and str it also holds need no global at all.
+# The only globals a real CIFAR-10 batch refers to: how numpy rebuilds its `data` array (and
+# `_codecs.encode`, which Python 3 uses for bytes at pickle protocol 2 when a batch is re-saved).
+# The dict, lists, ints, bytes and str it also holds need no global at all.
 _CIFAR_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
 }  # fmt: skip
 
 
