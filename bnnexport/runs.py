@@ -171,6 +171,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty")
+    kind = _sniff(path)
+    if kind is not None:
+        raise CheckpointError(f"{path} is {kind}, not a bnnexport checkpoint")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -191,6 +194,40 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                 f"{path} lacks {key!r}; it is not a complete bnnexport checkpoint"
             )
     return data
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
+_PICKLE_PROTOCOL = 0x80  # torch's legacy format: pickles from the first byte
+
+
+def _sniff(path: Path) -> str | None:
+    """What a file that cannot be a torch checkpoint is instead (None: it may be one).
+
+    Said before unpickling, so random bytes or a text file are not reported as pickled objects.
+    """
+    with path.open("rb") as handle:
+        head = handle.read(4096)
+    if head.startswith(_ZIP_MAGIC) or head[:1] == bytes([_PICKLE_PROTOCOL]):
+        return None
+    if _is_onnx(path):
+        return "an ONNX model (verify and convert take it as MODEL.onnx)"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"binary data of an unknown format (starting {head[:4].hex()})"
+    if all(c.isprintable() or c in "\r\n\t" for c in text):
+        return f"a text file ({text.strip()[:30]!r}...)"
+    return f"data of an unknown format (starting {head[:4].hex()})"
+
+
+def _is_onnx(path: Path) -> bool:
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # anything onnx cannot parse is not an ONNX model
+        return False
+    return model.ir_version > 0 and len(model.graph.node) > 0
 
 
 def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:

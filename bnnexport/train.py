@@ -35,6 +35,7 @@ from bnnexport.errors import CheckpointError, ConfigError, DataError
 from bnnexport.layers import binary_parameters, init_latent_weights, set_latent
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter, flip_rate
+from bnnexport.provenance import remove_derived
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import (
     RunDir,
@@ -501,6 +502,8 @@ def _train(
             # before its first checkpoint, whose metrics would otherwise be appended to.
             clear_run(run.root) if force else _remove(run.root, TRAIN_OWNED)
         else:
+            if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was
+                remove_derived(run.root, "checkpoint.pt")  # exported from it would be stale
             # Work after the last checkpoint is redone: drop its metrics so curves do not double.
             kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= trainer.step]
             if changes:

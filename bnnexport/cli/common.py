@@ -10,9 +10,17 @@ from typing import Any, TypeVar
 
 import click
 
+from bnnexport.errors import DependencyError
 from bnnexport.reports import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Imported only by the stages that need them; missing, they are an environment problem (exit 2).
+OPTIONAL_MODULES = {
+    "tensorflow": "tensorflow-cpu==2.21.0", "larq_compute_engine": "larq-compute-engine==0.16.0",
+    "onnxruntime": "onnxruntime", "onnx": "onnx", "onnxscript": "onnxscript",
+    "matplotlib": "matplotlib", "safetensors": "safetensors",
+}  # fmt: skip
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout, no table."
@@ -46,6 +54,9 @@ def handle_errors(func: F) -> F:
             code = getattr(error, "exit_code", None)
             if isinstance(code, int):
                 fail(str(error), code, as_json)
+            missing = _missing_module(error)
+            if missing is not None:
+                fail(str(missing), missing.exit_code, as_json)
             if isinstance(error, PermissionError):
                 fail(f"permission denied: {error.filename or error}", 2, as_json)
             if isinstance(error, OSError) and error.errno == 28:  # ENOSPC
@@ -56,6 +67,19 @@ def handle_errors(func: F) -> F:
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def _missing_module(error: Exception) -> DependencyError | None:
+    """A DependencyError for an optional package that is not installed (or will not import)."""
+    if not isinstance(error, ImportError):
+        return None
+    top = (error.name or "").split(".")[0]
+    if top not in OPTIONAL_MODULES:
+        return None
+    return DependencyError(
+        f"{top} is missing or broken ({error}): pip install {OPTIONAL_MODULES[top]!r} "
+        "(the Makefile pins the whole stack)"
+    )
 
 
 def locks_run(argument: str) -> Callable[[F], F]:
