@@ -245,7 +245,8 @@ def resumed_config(
         )
     saved = TrainConfig(**saved_json)
     done = int(checkpoint.get("epoch", 0))
-    names = {"epochs", "device"} if explicit is None else set(explicit) | {"device"}
+    saved.out = config.out  # the run may have been moved or copied since
+    names = {"epochs", "device"} if explicit is None else set(explicit) - {"out"} | {"device"}
     changes: dict[str, list] = {}
     for name in sorted(names):
         new, old = getattr(config, name), getattr(saved, name)

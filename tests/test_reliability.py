@@ -460,3 +460,214 @@ def test_sweep_rejects_duplicate_values_up_front(tmp_path):
                     "--out", str(tmp_path / "sweep"))
     assert_cli_error(result, 2, "--gamma", "0.001")
     assert not (tmp_path / "sweep").exists()
+
+
+def _samples(run: Path, shape=(1, 28, 28), count: int = 8) -> None:
+    import numpy as np
+
+    np.savez(run / "samples.npz", inputs=np.zeros((count, *shape), np.float32),
+             labels=np.zeros(count, np.int64))
+
+
+BENCH = ["--runs", "1", "--warmup", "0", "--samples", "4"]
+
+
+def test_bench_truncated_samples_is_one_line(trained_run):
+    _samples(trained_run)
+    path = trained_run / "samples.npz"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = snapshot(trained_run)
+    assert_cli_error(invoke("bench", str(trained_run), *BENCH), 2, "samples.npz", "truncated")
+    assert snapshot(trained_run) == before
+
+
+def test_bench_samples_of_another_models_shape_is_one_line(trained_run):
+    _samples(trained_run, shape=(3, 32, 32))
+    before = snapshot(trained_run)
+    assert_cli_error(invoke("bench", str(trained_run), *BENCH), 2, "[3, 32, 32]", "[1, 28, 28]")
+    assert snapshot(trained_run) == before
+
+
+def test_bench_onnx_with_two_inputs_is_one_line(trained_run):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["z"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 28, 28]) for n in "xy"],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 1, 28, 28])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              trained_run / "model.onnx")
+    _samples(trained_run)
+    before = snapshot(trained_run)
+    assert_cli_error(invoke("bench", str(trained_run), *BENCH), 2, "2 inputs")
+    assert snapshot(trained_run) == before
+
+
+def test_bench_without_flatbuffers_measures_the_rest_and_says_what_it_skipped(trained_run):
+    _samples(trained_run)
+    result = invoke("bench", str(trained_run), *BENCH, "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    data = json.loads(result.stdout)
+    assert [b["name"] for b in data["backends"]] == ["pytorch"]
+    assert set(data["skipped"]) == {"onnxruntime", "tflite-float", "lce"}
+    assert "bnnexport convert" in data["skipped"]["lce"]
+
+
+def test_bench_skips_a_flatbuffer_made_from_an_older_onnx(trained_run):
+    from bnnexport import provenance
+
+    assert invoke("export", str(trained_run), "--samples", "8").exit_code == 0
+    (trained_run / "model-float.tflite").write_bytes(b"converted from the old model.onnx")
+    provenance.record(trained_run, "model-float.tflite", ["model.onnx"])
+    import onnx
+
+    model = onnx.load(trained_run / "model.onnx")
+    model.doc_string = "exported again"
+    onnx.save(model, trained_run / "model.onnx")
+    provenance.record(trained_run, "model.onnx", ["checkpoint.pt"])
+    result = invoke("bench", str(trained_run), *BENCH, "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    data = json.loads(result.stdout)
+    assert [b["name"] for b in data["backends"]] == ["pytorch", "onnxruntime"]
+    assert "stale" in data["skipped"]["tflite-float"]
+
+
+@pytest.mark.parametrize("command", ["verify", "pack"])
+def test_read_only_run_directory_is_one_line(trained_run, monkeypatch, command):
+    before = snapshot(trained_run)
+    _fail_on_write(monkeypatch, OSError(errno.EROFS, "Read-only file system", "run/x.tmp"))
+    assert_cli_error(invoke(command, str(trained_run)), 2, "read-only")
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.parametrize(
+    "content,fragment",
+    [(bytes(range(7, 256)) * 20, "binary data of an unknown format"),
+     (b"these are my notes\n", "a text file")],
+    ids=["random-bytes", "text"],
+)
+def test_a_non_checkpoint_is_named_for_what_it_is(tmp_path, content, fragment):
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    result = invoke("summary", str(path))
+    assert_cli_error(result, 2, fragment)
+    assert "pickled" not in result.stderr
+
+
+def test_an_onnx_file_given_as_checkpoint_is_named_onnx(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "weights.pt"
+    onnx.save(helper.make_model(graph), path)
+    assert_cli_error(invoke("summary", str(path)), 2, "an ONNX model")
+
+
+def test_missing_optional_dependency_is_one_line(trained_run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    _samples(trained_run)
+    assert invoke("bench", str(trained_run), *BENCH).exit_code == 0  # no ONNX model: not needed
+    (trained_run / "model.onnx").write_bytes(b"\x08\x07")  # any file: the import comes first
+    assert_cli_error(invoke("bench", str(trained_run), *BENCH), 2, "onnxruntime", "pip install")
+
+
+def test_tf_use_legacy_keras_is_unset_for_bnnexport(monkeypatch):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert invoke("zoo", "list", "binarynet").exit_code == 0
+    assert "TF_USE_LEGACY_KERAS" not in os.environ
+
+
+def _edit_checkpoint(run: Path, edit) -> None:
+    checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, run / "checkpoint.pt")
+
+
+def test_resume_of_an_init_run_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("init", "--model", "mnist-bnn", "--out", str(out)).exit_code == 0
+    before = snapshot(out)
+    assert_cli_error(invoke("train", "--resume", "--out", str(out)), 2, "bnnexport init")
+    assert snapshot(out) == before
+
+
+def test_resume_of_a_checkpoint_from_another_version_is_one_line(trained_run):
+    _edit_checkpoint(trained_run, lambda c: c["config"].update(warp_factor=9))
+    before = snapshot(trained_run)
+    result = invoke("train", "--resume", "--out", str(trained_run), "--epochs", "2")
+    assert_cli_error(result, 2, "warp_factor", "another version")
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.parametrize(
+    "options,fragment",
+    [(["--epochs", "2", "--model", "binarynet"], "--model"),
+     (["--epochs", "2", "--optimizer", "adam-latent"], "--optimizer"),
+     (["--epochs", "2", "--seed", "7"], "--seed")],
+    ids=["model", "optimizer", "seed"],
+)
+def test_resume_refuses_an_option_it_cannot_apply_naming_it(trained_run, options, fragment):
+    before = snapshot(trained_run)
+    result = invoke("train", "--resume", "--out", str(trained_run), *options)
+    assert_cli_error(result, 2, fragment)
+    assert snapshot(trained_run) == before
+
+
+def test_resume_with_fewer_epochs_than_trained_is_refused(trained_run):
+    _edit_checkpoint(trained_run, lambda c: c.update(epoch=3))
+    before = snapshot(trained_run)
+    result = invoke("train", "--resume", "--out", str(trained_run), "--epochs", "2")
+    assert_cli_error(result, 2, "--epochs 2", "3 epoch")
+    assert snapshot(trained_run) == before
+
+
+def test_resume_of_a_finished_run_rewrites_nothing(trained_run):
+    before = snapshot(trained_run)
+    result = invoke("train", "--resume", "--out", str(trained_run), "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    assert json.loads(result.stdout)["flip_rate"]  # the stored report, flip rates included
+    assert snapshot(trained_run) == before
+
+
+def test_resume_of_a_finished_run_with_a_changed_option_is_refused(trained_run):
+    before = snapshot(trained_run)
+    result = invoke("train", "--resume", "--out", str(trained_run), "--lr", "0.005")
+    assert_cli_error(result, 2, "--lr", "raise --epochs")
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
+    (trained_run / "model.onnx").write_bytes(b"exported from epoch 1")
+    result = invoke("train", "--resume", "--out", str(trained_run), "--epochs", "2",
+                    "--lr", "0.005", "--batch-size", "200", "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    assert json.loads(result.stdout)["resume_changes"]["lr"] == [0.001, 0.005]
+    assert json.loads((trained_run / "config.json").read_text())["lr"] == 0.005
+    from bnnexport.runs import read_jsonl
+
+    records = read_jsonl(trained_run / "metrics.jsonl")
+    assert [r["changed"] for r in records if r["kind"] == "resume"] == [
+        {"lr": [0.001, 0.005], "batch_size": [100, 200]}]
+    assert {r["adam.lr"] for r in records if r["kind"] == "step" and r["epoch"] == 2} == {0.005}
+    assert not (trained_run / "model.onnx").exists()  # made from the replaced checkpoint
+
+
+@pytest.mark.slow
+def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    user_files(out)
+    stale = {"kind": "step", "step": 999, "epoch": 1, "loss": 9.0}
+    (out / "metrics.jsonl").write_text(json.dumps(stale) + "\n")  # no checkpoint.pt yet
+    result = invoke("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    assert '"step": 999' not in (out / "metrics.jsonl").read_text()
+    assert (out / "thesis.txt").read_text() == "three years of work\n"
