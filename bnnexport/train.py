@@ -278,6 +278,22 @@ def _apply_schedules(optimizer: CaseOptimizer, config: TrainConfig, changes: dic
                 sub.schedules[key] = as_schedule(getattr(config, key))
 
 
+# The metrics go on a second line: beside the bar (tqdm's default, with its rate) they left the
+# bar one character wide in a 60-column terminal.
+BAR_FORMAT = "{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} <{remaining}"
+
+
+def progress_bars(
+    iterable: Any, epoch: int, epochs: int, show: bool, file: Any = None, ncols: int | None = None
+) -> tuple[tqdm, tqdm]:
+    """The per-epoch progress bar on stderr and, below it, a status line for the metrics."""
+    options = dict(disable=not show, leave=False, dynamic_ncols=ncols is None, ncols=ncols,
+                   file=file)  # fmt: skip
+    bar = tqdm(iterable, desc=f"epoch {epoch + 1}/{epochs}", bar_format=BAR_FORMAT, **options)
+    status = tqdm(total=0, position=bar.pos + 1, bar_format="{desc}", **options)
+    return bar, status
+
+
 @dataclass
 class _EpochResult:
     loss: float
@@ -370,12 +386,7 @@ class _Trainer:
         loss_sum, correct, seen = 0.0, 0, 0
         interval: dict[str, list[int]] = {}
         last_rates: dict[str, float] = {}
-        bar = tqdm(
-            self.loader(epoch),
-            desc=f"epoch {epoch + 1}/{config.epochs}",
-            disable=not show,
-            leave=False,
-        )
+        bar, status = progress_bars(self.loader(epoch), epoch, config.epochs, show)
         for inputs, labels in bar:
             inputs = inputs.to(device, memory_format=self.memory_format)
             labels = labels.to(device)
@@ -412,11 +423,10 @@ class _Trainer:
                     append_jsonl(self.run.metrics, [record])
                 interval = {}
                 mean_rate = sum(last_rates.values()) / max(len(last_rates), 1)
-                bar.set_postfix(
-                    loss=f"{loss_sum / seen:.3f}",
-                    acc=f"{correct / seen:.3f}",
-                    pi=f"{mean_rate:.2f}",
+                status.set_description_str(
+                    f"loss {loss_sum / seen:.4f}  acc {correct / seen:.4f}  π {mean_rate:.2f}"
                 )
+        status.close()
         loss_sum, correct, seen = self.context.all_reduce_sum([loss_sum, correct, seen])
         return _EpochResult(loss_sum / max(seen, 1), correct / max(seen, 1), last_rates, self.step)
 

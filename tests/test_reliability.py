@@ -671,3 +671,48 @@ def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_pat
     assert result.exit_code == 0, result.output[-1500:]
     assert '"step": 999' not in (out / "metrics.jsonl").read_text()
     assert (out / "thesis.txt").read_text() == "three years of work\n"
+
+
+def test_one_class_imagefolder_is_refused(tmp_path):
+    from test_imagefolder import _write_folder
+
+    root = _write_folder(tmp_path / "images", classes=("cat",), per_class=2)
+    result = invoke("train", "--dataset", "imagefolder", "--data-dir", str(root),
+                    "--out", str(tmp_path / "run"))
+    assert_cli_error(result, 2, "at least 2 class", "'cat'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_zoo_list_with_no_match_says_so():
+    assert_cli_error(invoke("zoo", "list", "NOSUCH"), 2, "no model matches 'NOSUCH'")
+
+
+def test_train_progress_bar_keeps_its_width_at_60_columns():
+    import io
+
+    from bnnexport.train import progress_bars
+
+    stream = io.StringIO()
+    bar, status = progress_bars(range(80), 0, 5, True, file=stream, ncols=60)
+    for step in bar:
+        if step == 40:
+            status.set_description_str("loss 0.1234  acc 0.9120  π -3.21")
+            bar.refresh()
+            break
+    lines = [s for s in stream.getvalue().replace("\x1b[A", "").split("\r") if s.strip()]
+    bar_line = [s for s in lines if s.startswith("epoch 1/5")][-1]
+    assert len(bar_line.split("|")[1]) >= 30, bar_line
+    assert "loss" not in bar_line and any(s.startswith("loss 0.1234") for s in lines)
+
+
+def test_bench_shows_progress_when_asked(trained_run, capsys):
+    from bnnexport.bench import bench
+
+    _samples(trained_run)
+    bench(trained_run, runs=1, warmup=0, samples=4, write_report=False, progress=True)
+    assert "bench" in capsys.readouterr().err
+
+
+def test_train_torch_device_and_its_deprecated_spelling(tmp_path):
+    for option in ("--torch-device", "--device"):
+        assert_cli_error(invoke("train", option, "tpu0", "--out", str(tmp_path / "r")), 2, "tpu0")
