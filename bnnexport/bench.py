@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from bnnexport.errors import CheckpointError, DataError
-from bnnexport.reports import Report, write_json_atomic
+from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import RunDir, load_model
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
@@ -388,7 +388,7 @@ def bench(
         backends=results, device=identity, files=_file_sizes(run, target), skipped=skipped,
     )
     if raw is not None:
-        (run.root / "bench_device.log").write_text(raw)
+        write_bytes_atomic(run.root / "bench_device.log", raw.encode())
     if write_report:
         from bnnexport.report import write_report as render
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bnnexport.errors import ConfigError
-from bnnexport.reports import Report
+from bnnexport.reports import Report, save_figure_atomic
 from bnnexport.runs import RunDir, load_checkpoint, lock_run, read_jsonl
 from bnnexport.train import TrainConfig, train, validate_config
 
@@ -145,7 +145,7 @@ def plot_sweep(settings: list[SweepSetting], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)
 

@@ -716,3 +716,32 @@ def test_bench_shows_progress_when_asked(trained_run, capsys):
 def test_train_torch_device_and_its_deprecated_spelling(tmp_path):
     for option in ("--torch-device", "--device"):
         assert_cli_error(invoke("train", option, "tpu0", "--out", str(tmp_path / "r")), 2, "tpu0")
+
+
+def _interrupt(args: list[str], when) -> subprocess.CompletedProcess:
+    """Start the CLI, wait until `when()` holds, send SIGINT (what Ctrl-C sends)."""
+    process = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.time() + 60
+    while not when() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.6, 1.2])  # importing torch, listing the zoo
+def test_ctrl_c_at_any_moment_is_one_line_130(delay):
+    started = time.time()
+    result = _interrupt(["zoo", "list"], lambda: time.time() - started > delay)
+    if result.returncode != 0 or result.stderr:  # (not finished before the signal)
+        assert_one_line_error(result, 130, "interrupted")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_init_leaves_no_partial_artifact(tmp_path):
+    out = tmp_path / "run"
+    result = _interrupt(["init", "--model", "quicknet", "--out", str(out)], out.exists)
+    assert_one_line_error(result, 130, "interrupted")
+    assert not list(tmp_path.rglob("*.tmp"))  # no half-written checkpoint
+    assert not out.exists() or not (out / "config.json").exists()
