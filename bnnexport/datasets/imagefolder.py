@@ -119,10 +119,12 @@ def load_imagefolder(
     if missing:
         raise DataError(f"{root} is not an image folder: missing {' and '.join(missing)}/")
     classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
-    if len(classes) < 2:  # one class trains to accuracy 1.0 and means nothing
-        found = f"only {classes[0]!r}" if classes else "none"
-        raise DataError(f"{root / 'train'} needs at least 2 class folders, found {found}")
+    if not classes:
+        raise DataError(f"{root / 'train'} has no class folders")
     size = size or IMAGE_SIZE
     train = ImageFolder(_scan(root / "train", classes), size, train=augment)
     test = ImageFolder(_scan(root / "val", classes), size, train=False)
+    if len(classes) < 2:  # one class trains to accuracy 1.0 and means nothing
+        raise DataError(f"{root / 'train'} needs at least 2 class folders, found only "
+                        f"{classes[0]!r}")
     return DatasetSplits("imagefolder", train, test, len(classes), (3, size, size))
