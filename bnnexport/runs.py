@@ -127,6 +127,9 @@ def lock_run(root: str | os.PathLike, create: bool = False) -> Iterator[Path]:
                 f"{root} is being written by another bnnexport command; wait for it to finish "
                 "or use another --out"
             ) from None
+        except OSError as error:  # a file system without flock (some network mounts)
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
         _held_locks[key] = 1
         try:
             yield root
