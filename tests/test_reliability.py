@@ -655,7 +655,7 @@ def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
 
     records = read_jsonl(trained_run / "metrics.jsonl")
     assert [r["changed"] for r in records if r["kind"] == "resume"] == [
-        {"lr": [0.001, 0.005], "batch_size": [100, 200]}]
+        {"lr": [0.001, 0.005], "batch_size": [100, 200], "epochs": [1, 2]}]
     assert {r["adam.lr"] for r in records if r["kind"] == "step" and r["epoch"] == 2} == {0.005}
     assert not (trained_run / "model.onnx").exists()  # made from the replaced checkpoint
 
