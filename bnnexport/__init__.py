@@ -8,14 +8,35 @@ Example:
     3
 """
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_layers, binary_parameters
-from bnnexport.models import create_model, list_models, register_model
-from bnnexport.optimizers import Bop, CaseOptimizer, bop_with_adam, flip_rate, latent_adam
-from bnnexport.pack import load_packed
-from bnnexport.quantizers import get_quantizer, list_quantizers
-from bnnexport.runs import load_checkpoint, load_model
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# Imported on first use: `python -m bnnexport` imports this package before its CLI can catch
+# a Ctrl-C, and importing torch here would take seconds of that time.
+_EXPORTS = {
+    "bnnexport.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
+    "bnnexport.models": ("create_model", "list_models", "register_model"),
+    "bnnexport.optimizers": ("Bop", "CaseOptimizer", "bop_with_adam", "flip_rate", "latent_adam"),
+    "bnnexport.pack": ("load_packed",),
+    "bnnexport.quantizers": ("get_quantizer", "list_quantizers"),
+    "bnnexport.runs": ("load_checkpoint", "load_model"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'bnnexport' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])
+
 
 __all__ = [
     "BinaryConv2d",

@@ -19,14 +19,15 @@ import dataclasses
 import platform
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bnnexport.errors import CheckpointError
-from bnnexport.reports import Report, write_json_atomic
+from bnnexport.errors import CheckpointError, DataError
+from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import RunDir, load_model
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
@@ -65,6 +66,7 @@ class BenchReport(Report):
     files: dict[str, int] = dataclasses.field(default_factory=dict)
     device: dict[str, Any] | None = None
     report_md: str | None = None
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # backend: why
 
     def to_table(self) -> str:
         """One line per backend: accuracy, agreement, latency, size."""
@@ -90,6 +92,8 @@ class BenchReport(Report):
                   f"{self.threads} thread(s)"]
         if self.device:
             footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
+        for name, why in self.skipped.items():
+            footer.append(f"skipped {name}: {why}")
         if self.report_md:
             footer.append(f"report: {self.report_md}")
         return "\n".join(lines + [""] + footer)
@@ -104,17 +108,38 @@ def _require(path: Path, hint: str) -> Path:
 def load_samples(run: RunDir, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
     """The export stage's test samples (NCHW float32, int64 labels), the first `limit` of them."""
     path = _require(run.samples, EXPORT_HINT.format(run=run.root))
-    with np.load(path) as data:
-        if "inputs" not in data or "labels" not in data:
-            hint = EXPORT_HINT.format(run=run.root)
-            raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
-        inputs = np.asarray(data["inputs"], np.float32)
-        labels = np.asarray(data["labels"], np.int64)
+    hint = EXPORT_HINT.format(run=run.root)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "inputs" not in data or "labels" not in data:
+                raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
+            inputs = np.asarray(data["inputs"], np.float32)
+            labels = np.asarray(data["labels"], np.int64)
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
+        raise CheckpointError(
+            f"{path} is truncated or not a samples archive ({type(error).__name__}): {hint}"
+        ) from None
+    if inputs.ndim < 2 or labels.shape != inputs.shape[:1]:
+        raise CheckpointError(
+            f"{path} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}: {hint}"
+        )
     if limit is not None:
         inputs, labels = inputs[:limit], labels[:limit]
     if len(inputs) == 0:
         raise CheckpointError(f"{path} holds no samples")
     return inputs, labels
+
+
+def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
+    """Samples of another model (e.g. a stale samples.npz after `train --force`) are refused."""
+    from bnnexport.runs import load_checkpoint
+
+    expected = load_checkpoint(run.root)["model_kwargs"].get("input_shape")
+    if expected is not None and list(inputs.shape[1:]) != [int(v) for v in expected]:
+        raise DataError(
+            f"{run.samples} holds inputs of shape {list(inputs.shape[1:])} but the model takes "
+            f"{list(expected)}: {EXPORT_HINT.format(run=run.root)}"
+        )
 
 
 def topk(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
@@ -144,17 +169,10 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
     import torch
 
     from converters.errors import InvalidModelError
-    from converters.validate import lce_interpreter, read_flatbuffer, run_lce, run_onnx, run_tflite
+    from converters.validate import lce_interpreter, run_lce, run_onnx, run_tflite
 
-    hint = CONVERT_HINT.format(run=run.root, target=target)
-    onnx_path = _require(run.onnx, EXPORT_HINT.format(run=run.root))
-    float_path = _require(run.root / "model-float.tflite", hint)
-    lce_path = _require(run.flatbuffer(target), hint)
-    for flatbuffer in (float_path, lce_path):
-        try:
-            read_flatbuffer(flatbuffer)
-        except InvalidModelError as error:
-            raise InvalidModelError(f"{flatbuffer}: {error}") from None
+    onnx_path, float_path, lce_path = (run.onnx, run.root / "model-float.tflite",
+                                       run.flatbuffer(target))  # fmt: skip
     run.require()
 
     def pytorch(x1: np.ndarray):
@@ -180,7 +198,12 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
+        inputs = session.get_inputs()
+        if len(inputs) != 1:  # bench feeds one image tensor, as every exported BNN takes
+            names = ", ".join(i.name for i in inputs)
+            raise InvalidModelError(f"{onnx_path} has {len(inputs)} inputs ({names}); bench "
+                                    "runs models with one input")
+        name = inputs[0].name
         return (lambda x: run_onnx(onnx_path, x)), (lambda: session.run(None, {name: x1}))
 
     def tflite_float(x1: np.ndarray):
@@ -204,6 +227,33 @@ def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pa
 
     return [("pytorch", run.checkpoint, pytorch), ("onnxruntime", onnx_path, onnxruntime),
             ("tflite-float", float_path, tflite_float), ("lce", lce_path, lce)]
+
+
+def usable_backends(
+    run: RunDir, backends: list[tuple[str, Path | None, Any]], target: str
+) -> tuple[list[tuple[str, Path | None, Any]], dict[str, str]]:
+    """The backends whose model file exists and is current (bnnexport.provenance), and why
+    each other one is skipped. PyTorch, the reference, always stays."""
+    from bnnexport.provenance import stale_reason
+
+    hints = {"onnxruntime": EXPORT_HINT.format(run=run.root),
+             "tflite-float": CONVERT_HINT.format(run=run.root, target=target),
+             "lce": CONVERT_HINT.format(run=run.root, target=target).replace(" --format tflite",
+                                                                              "")}  # fmt: skip
+    usable, skipped = [], {}
+    for name, path, factory in backends:
+        if name != "pytorch" and path is not None:
+            if not path.is_file():
+                skipped[name] = f"{path.name} not found: {hints[name]}"
+                continue
+            reason = stale_reason(run.root, path.name)
+            if reason is not None:
+                skipped[name] = f"{path.name} is stale ({reason}): {hints[name]} again"
+                continue
+            if path.suffix == ".tflite":
+                _require_flatbuffer(path)
+        usable.append((name, path, factory))
+    return usable, skipped
 
 
 def _score(name: str, where: str, model: Path | None, outputs: np.ndarray | None,
@@ -239,6 +289,9 @@ def _device_backend(
     from deploy.ssh import SshClient
 
     flatbuffer = _require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
+    from bnnexport.provenance import require_current
+
+    require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
     client = SshClient(device, port=port, identity_file=ssh_key, options=ssh_options,
                        remote_tmp=remote_tmp)
     identity = {"destination": device, **client.identity().to_json()}
@@ -274,6 +327,7 @@ def bench(
     ssh_key: str | None = None, ssh_options: Sequence[str] = (),
     benchmark_binary: str | None = None, runner: str = "auto", remote_python: str = "python3",
     remote_tmp: str = "/tmp", timeout: float = 600.0, write_report: bool = True,
+    progress: bool = False,
 ) -> BenchReport:
     """Measure every backend of `run_dir` on the host (and the LCE model on `device`).
 
@@ -291,6 +345,8 @@ def bench(
         benchmark_binary: a local lce_benchmark_model to upload instead of the device's own.
         remote_python, remote_tmp: the device's interpreter and where working directories go.
         timeout: seconds one device command may run before it is stopped.
+        progress: a progress bar over the backends on stderr.
+    Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
     """
     if runs < 1 or threads < 1 or (samples is not None and samples < 1):
@@ -299,7 +355,8 @@ def bench(
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
     run = RunDir(run_dir).require()
     inputs, labels = load_samples(run, samples)
-    backends = _host_backends(run, target, threads)
+    _require_input_shape(run, inputs)
+    backends, skipped = usable_backends(run, _host_backends(run, target, threads), target)
     x1 = np.ascontiguousarray(inputs[:1])
     results: list[BackendResult] = []
     reference = None
@@ -307,7 +364,7 @@ def bench(
 
     torch_threads = torch.get_num_threads()
     try:
-        for name, path, factory in backends:
+        for name, path, factory in _progress(backends, progress):
             predict, call = factory(x1)
             outputs = np.asarray(predict(inputs), np.float32).reshape(len(inputs), -1)
             if reference is None:  # PyTorch comes first: the reference for every other backend
@@ -328,16 +385,41 @@ def bench(
         host={"uname": " ".join(part for part in platform.uname() if part),
               "machine": platform.machine(), "cpu_model": _host_cpu(),
               "python": platform.python_version()},
-        backends=results, device=identity, files=_file_sizes(run, target),
+        backends=results, device=identity, files=_file_sizes(run, target), skipped=skipped,
     )
     if raw is not None:
-        (run.root / "bench_device.log").write_text(raw)
+        write_bytes_atomic(run.root / "bench_device.log", raw.encode())
     if write_report:
         from bnnexport.report import write_report as render
 
         report.report_md = str(render(report, run.root))
     write_json_atomic(run.root / "bench.json", report.to_json())
     return report
+
+
+def _require_flatbuffer(path: Path) -> None:
+    from converters.errors import InvalidModelError
+    from converters.validate import read_flatbuffer
+
+    try:
+        read_flatbuffer(path)
+    except InvalidModelError as error:
+        raise InvalidModelError(f"{path}: {error}") from None
+
+
+def _progress(backends: list, show: bool) -> Any:
+    """The backends, as a progress bar on stderr that names the one being measured."""
+    if not show:
+        return backends
+    from tqdm import tqdm
+
+    def named() -> Any:
+        bar = tqdm(backends, desc="bench", unit="backend", leave=False)
+        for item in bar:
+            bar.set_postfix_str(item[0])
+            yield item
+
+    return named()
 
 
 def _file_sizes(run: RunDir, target: str) -> dict[str, int]:

@@ -46,3 +46,11 @@ class CheckpointError(BnnExportError):
 
 class DependencyError(BnnExportError):
     """An optional dependency (TensorFlow, LCE, ONNX Runtime) is missing or broken."""
+
+
+class ConfigError(BnnExportError):
+    """An option or configuration value is out of range, inconsistent or from another version."""
+
+
+class RunLockedError(BnnExportError):
+    """Another bnnexport command is writing the same run directory."""

@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bnnexport.errors import CheckpointError
+from bnnexport.errors import CheckpointError, ConfigError
 from bnnexport.layers import binary_layers
 from bnnexport.models import create_model, model_info
 from bnnexport.reports import Report, write_json_atomic
-from bnnexport.runs import RunDir, save_checkpoint
+from bnnexport.runs import RunDir, clear_run, lock_run, save_checkpoint
 
 
 @dataclass
@@ -115,14 +114,25 @@ def init_run(
     Raises CheckpointError when `out` already holds a checkpoint and `force` is off.
     """
     start = time.perf_counter()
-    info = model_info(name)
+    model_info(name)  # an unknown name fails here, before anything else
     run = RunDir(out or Path("runs") / f"{name}-init")
     if run.checkpoint.is_file() and not force:
         raise CheckpointError(f"{run.root} already holds a run: use --force or another --out")
-    if force and run.root.is_dir():
-        shutil.rmtree(run.root)
-    run.root.mkdir(parents=True, exist_ok=True)
-    model = init_model(name, input_shape, num_classes, seed)
+    try:  # the model first: a bad size must leave an existing run as it was, even with --force
+        model = init_model(name, input_shape, num_classes, seed)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    with lock_run(run.root, create=True):
+        if run.checkpoint.is_file() and not force:  # another command may have written one since
+            raise CheckpointError(f"{run.root} already holds a run: use --force or another --out")
+        clear_run(run.root)  # only bnnexport's own files: a user's files in --out stay
+        return _write_init_run(run, name, model, seed, dataset, data_dir, start)
+
+
+def _write_init_run(
+    run: RunDir, name: str, model: nn.Module, seed: int, dataset: str | None,
+    data_dir: str | None, start: float,
+) -> InitReport:
     kwargs = {k: v for k, v in model.bnnexport_config.items() if k != "name"}
     config = {
         "model": name,
@@ -142,7 +152,7 @@ def init_run(
     layers = binary_layers(model)
     report = InitReport(
         run_dir=str(run.root),
-        model=info.name,
+        model=model_info(name).name,
         input_shape=list(kwargs["input_shape"]),
         num_classes=int(kwargs["num_classes"]),
         parameters=sum(p.numel() for p in model.parameters()),

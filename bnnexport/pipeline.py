@@ -20,6 +20,7 @@ from typing import Any
 
 from bnnexport.bench import BenchReport, bench
 from bnnexport.reports import Report
+from bnnexport.runs import lock_run
 from bnnexport.train import TrainConfig, train
 
 
@@ -90,17 +91,18 @@ def pipeline(
         stages[name] = report.to_json()
         return report
 
-    stage("train", lambda: train(config, resume=resume, force=force, progress=progress))
-    # a model that is not strictly binary stops here (exit 1), before anything is exported
-    stage("verify", lambda: require_strict(verify_run(run_dir)))
-    stage("pack", lambda: pack(run_dir))
-    stage("export", lambda: export_onnx(run_dir, samples=samples))
-    stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite"))
-    result = stage("bench", lambda: bench(
-        run_dir, runs=runs, threads=threads, samples=samples, warmup=warmup, target=target,
-        device=device,
-        port=port, ssh_key=ssh_key, ssh_options=ssh_options, benchmark_binary=benchmark_binary,
-        runner=runner, remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout))
+    with lock_run(run_dir, create=True):  # one writer for the whole chain
+        stage("train", lambda: train(config, resume=resume, force=force, progress=progress))
+        # a model that is not strictly binary stops here (exit 1), before anything is exported
+        stage("verify", lambda: require_strict(verify_run(run_dir)))
+        stage("pack", lambda: pack(run_dir))
+        stage("export", lambda: export_onnx(run_dir, samples=samples))
+        stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite"))
+        result = stage("bench", lambda: bench(
+            run_dir, runs=runs, threads=threads, samples=samples, warmup=warmup, target=target,
+            device=device,
+            port=port, ssh_key=ssh_key, ssh_options=ssh_options, benchmark_binary=benchmark_binary,
+            runner=runner, remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout))
     return PipelineReport(run_dir=str(run_dir), stages=stages, seconds=seconds, bench=result,
                           report_md=result.report_md)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bnnexport.reports import save_figure_atomic
 from bnnexport.runs import RunDir, read_jsonl
 
 
@@ -43,7 +44,7 @@ def plot_training(run: RunDir | str | os.PathLike) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(run.accuracy_plot, dpi=100)
+        save_figure_atomic(fig, run.accuracy_plot, dpi=100)
         plt.close(fig)
         written.append(run.accuracy_plot)
     if steps and steps[0].get("flip_rate"):
@@ -62,7 +63,7 @@ def plot_training(run: RunDir | str | os.PathLike) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()
-        fig.savefig(run.flip_rate_plot, dpi=100)
+        save_figure_atomic(fig, run.flip_rate_plot, dpi=100)
         plt.close(fig)
         written.append(run.flip_rate_plot)
     return written

@@ -16,7 +16,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from bnnexport.reports import write_bytes_atomic
+from bnnexport.reports import save_figure_atomic, write_bytes_atomic
 
 
 def _pyplot():
@@ -43,7 +43,7 @@ def _bar(path: Path, labels: list[str], values: list[float], ylabel: str, title:
     if log:
         ax.set_yscale("log")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
     return path
 

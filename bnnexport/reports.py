@@ -96,3 +96,13 @@ def write_bytes_atomic(path: str | os.PathLike, payload: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def save_figure_atomic(figure: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Save a matplotlib figure as PNG through `write_bytes_atomic` (an interrupt mid-way
+    leaves the previous image, never half of one)."""
+    import io
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return write_bytes_atomic(path, buffer.getvalue())

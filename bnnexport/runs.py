@@ -13,11 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import io
 import json
 import os
 import pickle
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +29,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from bnnexport.errors import CheckpointError
+from bnnexport.errors import CheckpointError, RunLockedError
 from bnnexport.reports import write_bytes_atomic, write_json_atomic
 
 CHECKPOINT_FORMAT = "bnnexport-checkpoint"
 CHECKPOINT_VERSION = 1
+
+# Every file a bnnexport stage writes into a run directory (docs/ARCHITECTURE.md). `--force`
+# deletes these and nothing else: a user's own files in the directory are never touched.
+ARTIFACTS = (
+    "config.json", "checkpoint.pt", "metrics.jsonl", "train.json", "accuracy.png",
+    "flip_rate.png", "verify.json", "model.safetensors", "pack.json", "samples.npz",
+    "model.onnx", "export.json", "model-arm64.tflite", "model-arm32.tflite",
+    "model-float.tflite", "convert.json", "bench.json", "report.md", "bench_device.log",
+    "provenance.json",
+)  # fmt: skip
+ARTIFACT_PATTERNS = ("bench_*.png", ".*.tmp")  # bench plots; temporaries of atomic writes
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,81 @@ class RunDir:
         return self
 
 
+def clear_run(root: str | os.PathLike) -> list[Path]:
+    """Delete the artifacts bnnexport writes in `root` (ARTIFACTS), nothing else; return them."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    doomed = [root / name for name in ARTIFACTS if (root / name).is_file()]
+    doomed += [p for pattern in ARTIFACT_PATTERNS for p in root.glob(pattern) if p.is_file()]
+    for path in doomed:
+        path.unlink()
+    return doomed
+
+
+_held_locks: dict[Path, int] = {}  # run directory -> nesting depth in this process
+
+
+@contextlib.contextmanager
+def lock_run(root: str | os.PathLike, create: bool = False) -> Iterator[Path]:
+    """Hold an exclusive lock on a run directory while a command writes into it.
+
+    The lock is a `flock` on the directory itself, so it leaves no file behind and the kernel
+    drops it when the process dies. Reentrant within one process (`pipeline` runs the stages
+    in-process). With `create`, a missing directory is made and removed again if the command
+    fails before writing anything into it. Raises RunLockedError when another process holds it.
+    """
+    root = Path(root)
+    key = root.resolve()
+    if key in _held_locks:
+        _held_locks[key] += 1
+        try:
+            yield root
+        finally:
+            _held_locks[key] -= 1
+        return
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"{root} is a file, not a run directory")
+    created = create and not root.exists()
+    if created:
+        _make_run_dir(root)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLockedError(
+                f"{root} is being written by another bnnexport command; wait for it to finish "
+                "or use another --out"
+            ) from None
+        except OSError as error:  # a file system without flock (some network mounts)
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        _held_locks[key] = 1
+        try:
+            yield root
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):
+                    root.rmdir()  # only if still empty
+            raise
+        finally:
+            del _held_locks[key]
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _make_run_dir(root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CheckpointError(f"cannot create run directory {root}: a file is in the way") from None
+    except OSError as error:
+        if error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            raise CheckpointError(f"cannot create run directory {root}: {error.strerror}") from None
+        raise
+
+
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     """Write a checkpoint atomically; `payload` gets the format marker added."""
     buffer = io.BytesIO()
@@ -84,6 +174,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty")
+    kind = _sniff(path)
+    if kind is not None:
+        raise CheckpointError(f"{path} is {kind}, not a bnnexport checkpoint")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -104,6 +197,40 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                 f"{path} lacks {key!r}; it is not a complete bnnexport checkpoint"
             )
     return data
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6
+_PICKLE_PROTOCOL = 0x80  # torch's legacy format: pickles from the first byte
+
+
+def _sniff(path: Path) -> str | None:
+    """What a file that cannot be a torch checkpoint is instead (None: it may be one).
+
+    Said before unpickling, so random bytes or a text file are not reported as pickled objects.
+    """
+    with path.open("rb") as handle:
+        head = handle.read(4096)
+    if head.startswith(_ZIP_MAGIC) or head[:1] == bytes([_PICKLE_PROTOCOL]):
+        return None
+    if _is_onnx(path):
+        return "an ONNX model (verify and convert take it as MODEL.onnx)"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"binary data of an unknown format (starting {head[:4].hex()})"
+    if all(c.isprintable() or c in "\r\n\t" for c in text):
+        return f"a text file ({text.strip()[:30]!r}...)"
+    return f"data of an unknown format (starting {head[:4].hex()})"
+
+
+def _is_onnx(path: Path) -> bool:
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # anything onnx cannot parse is not an ONNX model
+        return False
+    return model.ir_version > 0 and len(model.graph.node) > 0
 
 
 def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bnnexport.reports import Report
-from bnnexport.runs import RunDir, load_checkpoint, read_jsonl
-from bnnexport.train import TrainConfig, train
+from bnnexport.errors import ConfigError
+from bnnexport.reports import Report, save_figure_atomic
+from bnnexport.runs import RunDir, load_checkpoint, lock_run, read_jsonl
+from bnnexport.train import TrainConfig, train, validate_config
 
 
 @dataclass
@@ -144,7 +145,7 @@ def plot_sweep(settings: list[SweepSetting], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)
 
@@ -164,26 +165,38 @@ def sweep(
     directory already holds a run and `force` is off).
     """
     if not gammas or not thresholds:
-        raise ValueError("a sweep needs at least one gamma and one threshold")
+        raise ConfigError("a sweep needs at least one gamma and one threshold")
+    for option, values in (("--gamma", gammas), ("--threshold", thresholds)):
+        repeated = sorted({float(v) for v in values if [float(w) for w in values].count(v) > 1})
+        if repeated:  # 1e-3 and 0.001 are one setting: two runs would share a directory
+            raise ConfigError(f"{option} lists {', '.join(f'{v:g}' for v in repeated)} twice")
+    configs = [
+        dataclasses.replace(base, gamma=float(gamma), threshold=float(threshold),
+                            out=str(setting_dir(out, gamma, threshold)))
+        for gamma in gammas for threshold in thresholds
+    ]  # fmt: skip
+    for config in configs:  # every setting is checked before the first one trains
+        validate_config(config)
+    with lock_run(out, create=True):
+        return _sweep(base, configs, Path(out), force, progress)
+
+
+def _sweep(
+    base: TrainConfig, configs: list[TrainConfig], out: Path, force: bool, progress: bool
+) -> SweepReport:
     start = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     settings = []
-    for gamma in gammas:
-        for threshold in thresholds:
-            directory = setting_dir(out, gamma, threshold)
-            config = dataclasses.replace(
-                base, gamma=float(gamma), threshold=float(threshold), out=str(directory)
+    for config in configs:
+        gamma, threshold, directory = config.gamma, config.threshold, Path(config.out)
+        report = train(config, force=force, progress=progress)
+        _, _, pi_run, pi_last = _flip_curve(RunDir(directory))
+        settings.append(
+            SweepSetting(
+                gamma=float(gamma), threshold=float(threshold), run_dir=str(directory),
+                test_accuracy=report.test_accuracy, train_accuracy=report.train_accuracy,
+                flip_rate=pi_run, last_epoch_flip_rate=pi_last, seconds=report.seconds,
             )
-            report = train(config, force=force, progress=progress)
-            _, _, pi_run, pi_last = _flip_curve(RunDir(directory))
-            settings.append(
-                SweepSetting(
-                    gamma=float(gamma), threshold=float(threshold), run_dir=str(directory),
-                    test_accuracy=report.test_accuracy, train_accuracy=report.train_accuracy,
-                    flip_rate=pi_run, last_epoch_flip_rate=pi_last, seconds=report.seconds,
-                )
-            )  # fmt: skip
+        )  # fmt: skip
     figure = plot_sweep(settings, out / "sweep.png")
     report = SweepReport(
         out=str(out),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,16 +31,19 @@ from tqdm import tqdm
 
 from bnnexport.datasets import load_dataset
 from bnnexport.distributed import DistributedContext, setup
-from bnnexport.errors import CheckpointError, DataError
+from bnnexport.errors import CheckpointError, ConfigError, DataError
 from bnnexport.layers import binary_parameters, init_latent_weights, set_latent
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter, flip_rate
-from bnnexport.reports import Report, write_json_atomic
+from bnnexport.provenance import remove_derived
+from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import (
     RunDir,
     append_jsonl,
     build_model,
+    clear_run,
     load_checkpoint,
+    lock_run,
     read_jsonl,
     save_checkpoint,
 )
@@ -103,6 +105,7 @@ class TrainReport(Report):
     world_size: int = 1  # processes that trained (torchrun); the effective batch is batch x this
     rank_mismatched_weights: int = 0  # binary weights differing from rank 0's; must stay 0
     strict: bool = False  # the saved checkpoint verified strictly binary (bnnexport.verify)
+    resume_changes: dict[str, list] = field(default_factory=dict)  # option: [old, new]
 
 
 @torch.no_grad()
@@ -168,26 +171,127 @@ def _binary_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def _prepare_run(
-    config: TrainConfig, resume: bool, force: bool, context: DistributedContext
-) -> tuple[RunDir, dict | None]:
-    run = RunDir(config.out)
+# What a resumed run may change (recorded in config.json and metrics.jsonl); every other option
+# that differs from the run's own is refused by name rather than silently ignored.
+RESUMABLE = ("lr", "gamma", "threshold", "batch_size", "epochs", "data_dir", "device", "amp",
+             "num_workers", "log_every")  # fmt: skip
+TRAIN_OWNED = ("config.json", "metrics.jsonl", "train.json", "accuracy.png", "flip_rate.png")
+
+
+def validate_config(config: TrainConfig) -> None:
+    """Raise ConfigError for a value no training could use, before anything is written."""
+    _check_hyperparameter("--lr", config.lr, lambda v: v > 0, "must be > 0")
+    _check_hyperparameter("--gamma", config.gamma, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    _check_hyperparameter("--threshold", config.threshold, lambda v: v >= 0, "must be >= 0")
+    if config.batch_size < 1 or (config.epochs is not None and config.epochs < 1):
+        raise ConfigError("--batch-size and --epochs must be at least 1")
+    try:
+        kind = torch.device(config.device).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"unknown torch device {config.device!r}: use cpu, cuda or cuda:N")
+
+
+def _check_hyperparameter(option: str, value: float | str, ok: Any, rule: str) -> None:
+    from bnnexport.schedules import as_schedule, schedule_to_dict
+
+    try:
+        schedule = as_schedule(value)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{option} {value}: {error}") from None
+    numbers = [v for v in schedule_to_dict(schedule).values() if isinstance(v, (int, float))]
+    if not all(np.isfinite(numbers)):
+        raise ConfigError(f"{option} {value}: not a finite number")
+    if not ok(schedule(0)):
+        raise ConfigError(f"{option} {value}: {rule}")
+
+
+def _check_run(run: RunDir, resume: bool, force: bool) -> dict | None:
+    """The checkpoint to resume from, or None; refuses before anything is changed."""
     if resume:
         if not run.checkpoint.is_file():
             raise CheckpointError(f"nothing to resume: {run.checkpoint} does not exist")
-        return run, load_checkpoint(run.checkpoint)
+        return load_checkpoint(run.checkpoint)
     if run.checkpoint.is_file() and not force:
         raise CheckpointError(
             f"{run.root} already holds a trained run: use --resume to continue it, "
             "--force to start over, or another --out"
         )
-    context.barrier()  # every rank has checked before rank 0 changes anything
-    if context.is_main:
-        if force and run.root.is_dir():
-            shutil.rmtree(run.root)
-        run.root.mkdir(parents=True, exist_ok=True)
-    context.barrier()
-    return run, None
+    return None
+
+
+def resumed_config(
+    checkpoint: dict, config: TrainConfig, explicit: set[str] | None, source: Path
+) -> tuple[TrainConfig, dict[str, list]]:
+    """The run's own configuration with the options given explicitly applied, and the changes.
+
+    Options in RESUMABLE are applied (and returned as {name: [old, new]}); a different model,
+    data set, optimizer or seed is refused naming the option. `explicit=None` (library callers)
+    applies only `epochs` and `device`.
+    """
+    saved_json = checkpoint.get("config")
+    if not isinstance(saved_json, dict) or saved_json.get("initialised_only"):
+        raise CheckpointError(
+            f"{source} was written by `bnnexport init` (an untrained model), not by train: "
+            "there is nothing to resume; train a new run with another --out or --force"
+        )
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(saved_json) - known)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown configuration key(s) {', '.join(unknown)}: written by another "
+            "version of bnnexport"
+        )
+    saved = TrainConfig(**saved_json)
+    done = int(checkpoint.get("epoch", 0))
+    saved.out = config.out  # the run may have been moved or copied since
+    names = {"epochs", "device"} if explicit is None else set(explicit) - {"out"} | {"device"}
+    changes: dict[str, list] = {}
+    for name in sorted(names):
+        new, old = getattr(config, name), getattr(saved, name)
+        if new is None or new == old:
+            continue
+        if name not in RESUMABLE:
+            option = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{option} {new} differs from the run's {old}: a resumed run keeps its {name}; "
+                "drop the option, or start over with --force or another --out"
+            )
+        if name == "epochs" and new < done:
+            raise ConfigError(
+                f"--epochs {new} is below the {done} epoch(s) this run has already trained"
+            )
+        if name != "device":  # where to train is not part of the run's record
+            changes[name] = [old, new]
+        setattr(saved, name, new)
+    return saved, changes
+
+
+def _apply_schedules(optimizer: CaseOptimizer, config: TrainConfig, changes: dict) -> None:
+    """Loading the optimizer state restored the old schedules: put the changed ones back."""
+    from bnnexport.schedules import as_schedule
+
+    for sub in optimizer.optimizers.values():
+        for key in getattr(sub, "schedules", {}):
+            if key in changes:
+                sub.schedules[key] = as_schedule(getattr(config, key))
+
+
+# The metrics go on a second line: beside the bar (tqdm's default, with its rate) they left the
+# bar one character wide in a 60-column terminal.
+BAR_FORMAT = "{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} <{remaining}"
+
+
+def progress_bars(
+    iterable: Any, epoch: int, epochs: int, show: bool, file: Any = None, ncols: int | None = None
+) -> tuple[tqdm, tqdm]:
+    """The per-epoch progress bar on stderr and, below it, a status line for the metrics."""
+    options = dict(disable=not show, leave=False, dynamic_ncols=ncols is None, ncols=ncols,
+                   file=file)  # fmt: skip
+    bar = tqdm(iterable, desc=f"epoch {epoch + 1}/{epochs}", bar_format=BAR_FORMAT, **options)
+    status = tqdm(total=0, position=bar.pos + 1, bar_format="{desc}", **options)
+    return bar, status
 
 
 @dataclass
@@ -202,20 +306,29 @@ class _Trainer:
     """One training job: model, optimizer and data of one process (of possibly several)."""
 
     def __init__(
-        self, config: TrainConfig, run: RunDir, checkpoint: dict | None, context: DistributedContext
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        checkpoint: dict | None,
+        context: DistributedContext,
+        resume_changes: dict | None = None,
     ) -> None:
+        resume_changes = resume_changes or {}
         self.config, self.run, self.context = config, run, context
         torch.manual_seed(config.seed)
         self.data = load_dataset(config.dataset, config.data_dir)
         if checkpoint is not None:
             model = build_model(checkpoint, run.checkpoint).train()
         else:
-            model = create_model(
-                config.model,
-                num_classes=self.data.num_classes,
-                input_shape=self.data.input_shape,
-                **config.model_kwargs,
-            )
+            try:
+                model = create_model(
+                    config.model,
+                    num_classes=self.data.num_classes,
+                    input_shape=self.data.input_shape,
+                    **config.model_kwargs,
+                )
+            except ValueError as error:  # e.g. an input too small for the model
+                raise ConfigError(f"--model {config.model} on {config.dataset}: {error}") from None
         # channels_last (NHWC) lets oneDNN's CPU convolutions skip a layout conversion per call
         # (benchmarks/train_throughput.py: ~6 % more images/s on BinaryNet).
         self.memory_format = (
@@ -230,6 +343,7 @@ class _Trainer:
             if checkpoint.get("latent") is not None:
                 self.model.load_state_dict(checkpoint["latent"])
             self.optimizer.load_state_dict(checkpoint["optimizer"])
+            _apply_schedules(self.optimizer, config, resume_changes)
             self.start_epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
         # DDP all-reduces gradients before the step, so every rank's Bop flips the same weights.
         self.forward: nn.Module = (
@@ -272,12 +386,7 @@ class _Trainer:
         loss_sum, correct, seen = 0.0, 0, 0
         interval: dict[str, list[int]] = {}
         last_rates: dict[str, float] = {}
-        bar = tqdm(
-            self.loader(epoch),
-            desc=f"epoch {epoch + 1}/{config.epochs}",
-            disable=not show,
-            leave=False,
-        )
+        bar, status = progress_bars(self.loader(epoch), epoch, config.epochs, show)
         for inputs, labels in bar:
             inputs = inputs.to(device, memory_format=self.memory_format)
             labels = labels.to(device)
@@ -314,11 +423,10 @@ class _Trainer:
                     append_jsonl(self.run.metrics, [record])
                 interval = {}
                 mean_rate = sum(last_rates.values()) / max(len(last_rates), 1)
-                bar.set_postfix(
-                    loss=f"{loss_sum / seen:.3f}",
-                    acc=f"{correct / seen:.3f}",
-                    pi=f"{mean_rate:.2f}",
+                status.set_description_str(
+                    f"loss {loss_sum / seen:.4f}  acc {correct / seen:.4f}  π {mean_rate:.2f}"
                 )
+        status.close()
         loss_sum, correct, seen = self.context.all_reduce_sum([loss_sum, correct, seen])
         return _EpochResult(loss_sum / max(seen, 1), correct / max(seen, 1), last_rates, self.step)
 
@@ -342,18 +450,30 @@ class _Trainer:
 
 
 def train(
-    config: TrainConfig, resume: bool = False, force: bool = False, progress: bool | None = None
+    config: TrainConfig,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool | None = None,
+    explicit: set[str] | None = None,
 ) -> TrainReport:
     """Train, checkpointing every epoch; with `resume`, continue from the run's checkpoint.
 
-    On resume the saved configuration is used, except `epochs`, which may be raised.
+    On resume the saved configuration is used; `explicit` names the options the user gave,
+    which are applied when a resumed run can take them (RESUMABLE) and refused otherwise (see
+    `resumed_config`). `force` replaces a finished run, deleting only bnnexport's own files,
+    and only once the configuration, the data and the model have been checked. The run
+    directory is locked for the whole run (`bnnexport.runs.lock_run`).
     `progress=None` shows progress bars only when stderr is a terminal. Under `torchrun`, every
     process trains on its share of each batch (`batch_size` is per process) and only rank 0
     writes files and reports.
     """
+    validate_config(config)
     context = setup(config.device)
     try:
-        return _train(config, resume, force, progress, context)
+        if not context.is_main:  # only rank 0 writes, so only rank 0 locks
+            return _train(config, resume, force, progress, context, explicit)
+        with lock_run(config.out, create=True):
+            return _train(config, resume, force, progress, context, explicit)
     finally:
         context.shutdown()
 
@@ -364,21 +484,45 @@ def _train(
     force: bool,
     progress: bool | None,
     context: DistributedContext,
+    explicit: set[str] | None = None,
 ) -> TrainReport:
-    run, checkpoint = _prepare_run(config, resume, force, context)
+    run = RunDir(config.out)
+    checkpoint = _check_run(run, resume, force)
+    changes: dict[str, list] = {}
     if checkpoint is not None:
-        saved = TrainConfig(**checkpoint["config"])
-        saved.epochs = config.epochs or saved.epochs
-        saved.device = config.device
-        config = saved
+        config, changes = resumed_config(checkpoint, config, explicit, run.checkpoint)
+        done = int(checkpoint.get("epoch", 0))
+        if done >= config.epochs:  # a finished run: report it, rewrite nothing
+            if changes:
+                raise ConfigError(
+                    f"{run.root} has finished its {done} epoch(s), so "
+                    f"{', '.join('--' + n.replace('_', '-') for n in changes)} would change "
+                    "nothing: raise --epochs to train on with them"
+                )
+            stored = _stored_report(run)
+            if stored is not None:
+                return stored
     config.epochs = config.epochs or DEFAULT_EPOCHS
-    trainer = _Trainer(config, run, checkpoint, context)
+    # Data and model are loaded before anything in the run directory changes: a bad option
+    # must leave an existing run as it was, even with --force.
+    trainer = _Trainer(config, run, checkpoint, context, changes)
+    context.barrier()  # every rank has checked before rank 0 changes anything
     if context.is_main:
-        if checkpoint is not None:
+        if checkpoint is None:
+            # --force: every artifact of the old run; else leftovers of a run interrupted
+            # before its first checkpoint, whose metrics would otherwise be appended to.
+            clear_run(run.root) if force else _remove(run.root, TRAIN_OWNED)
+        else:
+            if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was
+                remove_derived(run.root, "checkpoint.pt")  # exported from it would be stale
             # Work after the last checkpoint is redone: drop its metrics so curves do not double.
             kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= trainer.step]
-            run.metrics.write_text("".join(_json_line(r) for r in kept))
+            if changes:
+                kept.append({"kind": "resume", "step": trainer.step,
+                             "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
+            write_bytes_atomic(run.metrics, "".join(_json_line(r) for r in kept).encode())
         write_json_atomic(run.config, config.to_json())
+    context.barrier()
 
     show = context.is_main and (sys.stderr.isatty() if progress is None else progress)
     started = time.perf_counter()
@@ -420,10 +564,14 @@ def _train(
 
     if checkpoint is not None and not epoch_seconds:
         # Nothing left to train: report the stored state.
-        last = [r for r in read_jsonl(run.metrics) if r.get("kind") == "epoch"]
+        records = read_jsonl(run.metrics)
+        last = [r for r in records if r.get("kind") == "epoch"]
         if last:
             result.loss, result.accuracy = last[-1]["train_loss"], last[-1]["train_accuracy"]
             test_acc = last[-1]["test_accuracy"]
+        steps = [r for r in records if r.get("kind") == "step"]
+        if steps:  # never record emptied flip rates for a run that has them
+            result.flip_rate = steps[-1].get("flip_rate", {})
     if config.optimizer == "adam-latent":
         set_latent(trainer.model, False)
     mismatched = context.count_mismatches(binary_parameters(trainer.model))
@@ -444,6 +592,7 @@ def _train(
         resumed_from_epoch=trainer.start_epoch,
         world_size=context.world_size,
         rank_mismatched_weights=mismatched,
+        resume_changes=changes,
     )
     if context.is_main:
         from bnnexport.plots import plot_training
@@ -456,6 +605,19 @@ def _train(
         report.save(run.train_report)
         require_strict(verified)
     return report
+
+
+def _stored_report(run: RunDir) -> TrainReport | None:
+    """The train.json of a finished run, or None when it is missing or from another version."""
+    try:
+        return TrainReport(**json.loads(run.train_report.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _remove(root: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        (root / name).unlink(missing_ok=True)
 
 
 def _json_line(record: dict[str, Any]) -> str:

@@ -119,21 +119,31 @@ def test_report_md_links_plots_that_exist(host_report, _converted_template):
     assert "| lce | host |" in text
 
 
-@pytest.mark.parametrize(
-    ("missing", "command"),
-    [
-        ("model-arm64.tflite", "bnnexport convert"),
-        ("model-float.tflite", "bnnexport convert"),
-        ("model.onnx", "bnnexport export"),
-        ("samples.npz", "bnnexport export"),
-    ],
-)
-def test_missing_artifact_names_the_command_that_makes_it(converted_run, missing, command):
-    (converted_run / missing).unlink()
-    with pytest.raises(CheckpointError, match=command):
+def test_missing_samples_names_the_command_that_makes_them(converted_run):
+    (converted_run / "samples.npz").unlink()
+    with pytest.raises(CheckpointError, match="bnnexport export"):
         bench(converted_run, runs=1, samples=5, write_report=False)
     line = _one_line_error(_cli(converted_run))
-    assert missing in line and command in line
+    assert "samples.npz" in line and "bnnexport export" in line
+
+
+@pytest.mark.parametrize(
+    ("missing", "backend", "command"),
+    [
+        ("model-arm64.tflite", "lce", "bnnexport convert"),
+        ("model-float.tflite", "tflite-float", "bnnexport convert"),
+        ("model.onnx", "onnxruntime", "bnnexport export"),
+    ],
+)
+def test_missing_model_file_skips_its_backend_and_says_why(
+    converted_run, missing, backend, command
+):
+    (converted_run / missing).unlink()
+    report = bench(converted_run, runs=1, samples=5, write_report=False)
+    assert backend not in [b.name for b in report.backends]
+    assert missing in report.skipped[backend] and command in report.skipped[backend]
+    result = _cli(converted_run)
+    assert result.exit_code == 0 and f"skipped {backend}: " in result.stdout
 
 
 def test_cli_json_prints_one_object(converted_run):

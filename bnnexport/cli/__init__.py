@@ -6,10 +6,16 @@ the report (a table, or one JSON object with `--json`).
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
 import click
 
 from bnnexport import __version__
 from bnnexport.cli.bench import bench_command
+from bnnexport.cli.common import fail
 from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
 from bnnexport.cli.init import init_command
@@ -23,7 +29,31 @@ from bnnexport.cli.verify import verify_command
 from bnnexport.cli.zoo import zoo_command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class BnnExportGroup(click.Group):
+    """The command group, with click's own usage errors turned into bnnexport's one line."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        # tf-keras 2 instead of Keras 3 would change how TensorFlow loads; bnnexport needs neither
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            code = super().main(argv, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as error:  # plain `bnnexport`: the help
+            click.echo(error.format_message())
+            code = 0
+        except click.ClickException as error:
+            fail(error.format_message(), 2, "--json" in argv)
+        except click.Abort:
+            fail("interrupted", 130, "--json" in argv)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=BnnExportGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="bnnexport")
 def main() -> None:
     """Train binarized neural networks in PyTorch with Bop and take them to Larq Compute Engine.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command(
@@ -45,6 +47,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option
               help="Seconds a command on the device may run before it is stopped.")
 @json_option
 @handle_errors
+@locks_run("run_dir")
 def bench_command(run_dir: str, runs: int, warmup: int, threads: int, samples: int, target: str,
                   device: str | None, port: int | None, ssh_key: str | None,
                   ssh_options: tuple[str, ...], runner: str, benchmark_binary: str | None,
@@ -53,14 +56,16 @@ def bench_command(run_dir: str, runs: int, warmup: int, threads: int, samples: i
     TFLite model and the LCE flatbuffer of RUN_DIR, on the same test samples; with --device, of
     the LCE flatbuffer on that device too.
 
-    Writes RUN_DIR/bench.json and RUN_DIR/report.md (with plots). Needs the artifacts of
-    `export` (samples.npz, model.onnx) and `convert --format tflite` (model-float.tflite,
-    model-TARGET.tflite).
+    Writes RUN_DIR/bench.json and RUN_DIR/report.md (with plots). Needs samples.npz (from
+    `export`); measures each of model.onnx (`export`), model-float.tflite (`convert --format
+    tflite`) and model-TARGET.tflite (`convert`) that exists and is current, and lists the
+    backends it skipped and why.
     """
     from bnnexport.bench import bench
 
     report = bench(run_dir, runs=runs, threads=threads, samples=samples, device=device,
                    target=target, warmup=warmup, port=port, ssh_key=ssh_key,
                    ssh_options=ssh_options, benchmark_binary=benchmark_binary, runner=runner,
-                   remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout)
+                   remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout,
+                   progress=not as_json and sys.stderr.isatty())
     emit(report, as_json)

@@ -10,17 +10,29 @@ from typing import Any, TypeVar
 
 import click
 
+from bnnexport.errors import DependencyError
 from bnnexport.reports import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Imported only by the stages that need them; missing, they are an environment problem (exit 2).
+OPTIONAL_MODULES = {
+    "tensorflow": "tensorflow-cpu==2.21.0", "larq_compute_engine": "larq-compute-engine==0.16.0",
+    "onnxruntime": "onnxruntime", "onnx": "onnx", "onnxscript": "onnxscript",
+    "matplotlib": "matplotlib", "safetensors": "safetensors",
+}  # fmt: skip
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout, no table."
 )
 
 
-def fail(message: str, exit_code: int = 2) -> None:
-    """Print `bnnexport: error: MESSAGE` on stderr and exit."""
+def fail(message: str, exit_code: int = 2, as_json: bool = False) -> None:
+    """Print `bnnexport: error: MESSAGE` on stderr and exit; with `as_json` also print
+    `{"error": MESSAGE, "exit_code": CODE}` on stdout, so a script always gets one object."""
+    message = " ".join(message.split())  # one line, whatever the message held
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": exit_code}))
     click.echo(f"bnnexport: error: {message}", err=True)
     sys.exit(exit_code)
 
@@ -30,22 +42,67 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
         try:
             return func(*args, **kwargs)
         except KeyboardInterrupt:
-            fail("interrupted", 130)
+            fail("interrupted", 130, as_json)
+        except click.ClickException:
+            raise  # the group turns these into one line (cli.BnnExportGroup)
         except Exception as error:
             # BnnExportError, and converters.errors / deploy.errors, which carry exit_code too
             code = getattr(error, "exit_code", None)
             if isinstance(code, int):
-                fail(str(error), code)
+                fail(str(error), code, as_json)
+            missing = _missing_module(error)
+            if missing is not None:
+                fail(str(missing), missing.exit_code, as_json)
             if isinstance(error, PermissionError):
-                fail(f"permission denied: {error.filename or error}", 2)
+                fail(f"permission denied: {error.filename or error}", 2, as_json)
             if isinstance(error, OSError) and error.errno == 28:  # ENOSPC
-                fail(f"no space left on device while writing {error.filename or ''}".strip(), 2)
+                message = f"no space left on device while writing {error.filename or ''}"
+                fail(message.strip(), 2, as_json)
+            if isinstance(error, OSError) and error.errno == 30:  # EROFS
+                fail(f"read-only file system: {error.filename or error}", 2, as_json)
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def _missing_module(error: Exception) -> DependencyError | None:
+    """A DependencyError for an optional package that is not installed (or will not import)."""
+    if not isinstance(error, ImportError):
+        return None
+    top = (error.name or "").split(".")[0]
+    if top not in OPTIONAL_MODULES:
+        return None
+    return DependencyError(
+        f"{top} is missing or broken ({error}): pip install {OPTIONAL_MODULES[top]!r} "
+        "(the Makefile pins the whole stack)"
+    )
+
+
+def locks_run(argument: str) -> Callable[[F], F]:
+    """Hold the run directory named by the command's `argument` locked while the command runs
+    (bnnexport.runs.lock_run): a second writer to the same directory gets one line, exit 2.
+    A path that is a file (a checkpoint, an ONNX model) is not locked."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from pathlib import Path
+
+            from bnnexport.runs import lock_run
+
+            path = Path(kwargs[argument])
+            if not path.is_dir():
+                return func(*args, **kwargs)
+            with lock_run(path):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def emit(report: Report | dict[str, Any], as_json: bool, title: str | None = None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command("convert")
@@ -25,6 +25,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option
                    "layers are listed in the report's float_fallbacks.")
 @json_option
 @handle_errors
+@locks_run("source")
 def convert_command(source: str, target: str, fmt: str, samples: int | None,
                     allow_float: tuple[str, ...], as_json: bool) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command("export")
@@ -17,6 +17,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option
               help="Test samples written to RUN_DIR/samples.npz and checked in ONNX Runtime.")
 @json_option
 @handle_errors
+@locks_run("run_dir")
 def export_command(run_dir: str, opset: int, batch: int, samples: int, as_json: bool) -> None:
     """Export the model of RUN_DIR to RUN_DIR/model.onnx and check it in ONNX Runtime.
 

@@ -44,8 +44,5 @@ def init_command(model, input_shape, num_classes, out, force, seed, dataset, dat
     ready for export, convert and bench."""
     from bnnexport.init import init_run
 
-    try:
-        report = init_run(model, input_shape, num_classes, out, force, seed, dataset, data_dir)
-    except ValueError as error:  # e.g. an input too small for the model
-        raise click.UsageError(str(error)) from None
+    report = init_run(model, input_shape, num_classes, out, force, seed, dataset, data_dir)
     emit(report, as_json, title=f"initialised {report.model} -> {report.run_dir}")

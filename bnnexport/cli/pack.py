@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command("pack")
 @click.argument("run_dir", type=click.Path())
 @json_option
 @handle_errors
+@locks_run("run_dir")
 def pack_command(run_dir: str, as_json: bool) -> None:
     """Write RUN_DIR/model.safetensors: binary kernels at 1 bit per weight, the rest as is.
 

@@ -8,6 +8,7 @@ import click
 
 from bnnexport.cli.common import emit, handle_errors, json_option
 from bnnexport.datasets import list_datasets
+from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.train import TrainConfig, default_out, train
@@ -51,9 +52,10 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
               help="Continue the run in --out from its last checkpoint.")
 @click.option("--force", is_flag=True,
               help="Start over in --out even if it already holds a run (its files are replaced).")
-@click.option("--device", default="cpu", show_default=True,
+@click.option("--torch-device", "--device", "device", default="cpu", show_default=True,
               help="Torch device to train on (cpu, cuda). Under torchrun each process takes the "
-                   "GPU of its LOCAL_RANK.")
+                   "GPU of its LOCAL_RANK. (--device is the deprecated spelling: in bench and "
+                   "pipeline --device is the SSH target.)")
 @click.option("--amp", is_flag=True,
               help="Mixed precision: bf16 autocast for activations; binary weights and Bop's "
                    "state stay float32.")
@@ -78,16 +80,21 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
         epochs=epochs, batch_size=batch_size, seed=seed,
         out=out or default_out(model, dataset), device=device, amp=amp,
     )
+    ctx = click.get_current_context()
+    explicit = {name for name in TrainConfig.__dataclass_fields__
+                if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     if recipe is not None:
         from bnnexport.recipes import recipe_config
 
-        ctx = click.get_current_context()
+        if resume:
+            raise ConfigError("--recipe with --resume: a resumed run keeps its own configuration")
         given = {  # only what the user typed overrides the recipe, never a flag's default
             name: getattr(config, name) for name in RECIPE_OVERRIDABLE
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         }  # fmt: skip
         config = recipe_config(recipe, **given, out=out, device=device, amp=amp)
-    report = train(config, resume=resume, force=force, progress=None if not as_json else False)
+    report = train(config, resume=resume, force=force, progress=None if not as_json else False,
+                   explicit=explicit)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
         title = f"trained {report.model} on {report.dataset} -> {report.run_dir}"
         emit(report, as_json, title=title)
@@ -102,5 +109,5 @@ def _number_or_text(value: str) -> float | str:
         try:
             parse_schedule(value)
         except ValueError as error:
-            raise click.BadParameter(str(error)) from None
+            raise ConfigError(f"{value!r}: {error}") from None
         return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 
 @click.command("verify")
@@ -13,6 +13,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option
 )
 @json_option
 @handle_errors
+@locks_run("path")
 def verify_command(path: str, as_json: bool) -> None:
     """Check that every binary kernel is strictly ±1 and every binary input is binarized.
 

@@ -7,6 +7,7 @@ import json
 import click
 
 from bnnexport.cli.common import handle_errors, json_option
+from bnnexport.errors import ConfigError
 
 
 @click.group("zoo")
@@ -23,6 +24,10 @@ def list_command(pattern: str, as_json: bool) -> None:
     from bnnexport.zoo import zoo_entries
 
     entries = zoo_entries(pattern)
+    if not entries:
+        from bnnexport.models import list_models
+
+        raise ConfigError(f"no model matches {pattern!r}; known: {', '.join(list_models())}")
     if as_json:
         click.echo(json.dumps({"models": [e.to_json() for e in entries]}))
         return

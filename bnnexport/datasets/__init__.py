@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,15 +90,38 @@ class AugmentedImages(Dataset):
         return crop, self.labels[index]
 
 
+# The only globals a real CIFAR-10 batch refers to: how numpy rebuilds its `data` array (and
+# `_codecs.encode`, which Python 3 uses for bytes at pickle protocol 2 when a batch is re-saved).
+# The dict, lists, ints, bytes and str it also holds need no global at all.
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+}  # fmt: skip
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles plain data and numpy arrays only: a crafted batch file cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with path.open("rb") as handle:
-            # The official CIFAR-10 distribution is a pickle; read it only from the user's own dir.
-            batch = pickle.load(handle, encoding="bytes")
-        data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-        labels = np.asarray(batch[b"labels"], dtype=np.int64)
+            # The official CIFAR-10 distribution is a pickle: allow only what a real batch holds.
+            batch = _CifarUnpickler(handle, encoding="bytes").load()
     except FileNotFoundError:
         raise
+    except pickle.UnpicklingError as error:
+        raise DataError(f"{path} is not a plain CIFAR-10 python batch ({error})") from None
+    except Exception as error:
+        raise DataError(f"{path} is not a CIFAR-10 python batch ({type(error).__name__})") from None
+    try:
+        data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = np.asarray(batch[b"labels"], dtype=np.int64)
     except Exception as error:
         raise DataError(f"{path} is not a CIFAR-10 python batch ({type(error).__name__})") from None
     if len(data) != len(labels):
