@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bnnexport import provenance
 from bnnexport.errors import CheckpointError, FidelityError
 from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir
@@ -183,6 +184,8 @@ def convert_run(
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     start = time.perf_counter()
     onnx_path, output, float_output, run = _locate(Path(path), target)
+    if run is not None:
+        provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     inputs, _labels = _samples(run)
     if inputs is not None and samples is not None:
         inputs = inputs[:samples]
@@ -204,5 +207,8 @@ def convert_run(
         raise FidelityError(f"{error}; no flatbuffer kept") from None
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
     if run is not None:
+        for written in (result.output, result.float_output):
+            if written is not None:
+                provenance.record(run.root, Path(written).name, ["model.onnx"])
         report.save(run.root / "convert.json")
     return report

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from bnnexport import provenance
 from bnnexport.errors import FidelityError
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, load_checkpoint
@@ -185,7 +186,10 @@ def export_onnx(
 
         binary = len(find_binary_layers(onnx.load(str(path))))
         payload = path.read_bytes()
+    provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
     write_bytes_atomic(run.onnx, payload)
+    provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
+    provenance.record(run.root, "samples.npz", ["checkpoint.pt"])
     report = ExportReport(
         onnx=str(run.onnx),
         opset=opset,

@@ -199,6 +199,9 @@ def test_a_stale_model_onnx_is_refused_against_pytorch(tmp_path):
             checkpoint["model"][key] = -value
             break
     save_checkpoint(run / "checkpoint.pt", checkpoint)
+    result = invoke("convert", run)  # the provenance record knows model.onnx is stale ...
+    assert result.exit_code == 2 and "is stale" in result.stderr
+    (run / "provenance.json").unlink()  # ... and without it, the gate's PyTorch check does
     result = invoke("convert", run)
     assert result.exit_code == 1, result.output
     assert "LCE vs PyTorch disagree" in result.stderr
