@@ -1,4 +1,4 @@
-"""An emulated aarch64 device for the device tests: Debian bookworm arm64 under qemu-user, sshd inside.
+"""An emulated aarch64 device for the device tests: Debian bookworm arm64 under qemu, with sshd.
 
 Use it in a test module with `pytest_plugins = ["aarch64_device"]`; the `arm_device` fixture is an
 `sshd_fixture.Sshd`-like object whose `client()` talks to a genuine aarch64 user space (`uname -m`
@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sshd_fixture import _keygen, free_port
 
 # bump when the recipe changes: a cached tree made by another recipe is rebuilt
