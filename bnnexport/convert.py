@@ -62,6 +62,7 @@ class ConvertReport(Report):
     op_histogram: dict[str, int] = field(default_factory=dict)
     sign_ties: list[int] = field(default_factory=list)
     sign_tie_largest: float = 0.0
+    batch_twin: dict | None = None  # converters.batch.TwinResult, with --batch-twin N
 
     def to_table(self) -> str:
         """The fields, then the flatbuffer's op histogram one op per line (never truncated)."""
@@ -128,7 +129,8 @@ def _versus_torch(
 
 
 def convert_run(
-    path: str | Path, target: str = "arm64", fmt: str = "lce", samples: int | None = None
+    path: str | Path, target: str = "arm64", fmt: str = "lce", samples: int | None = None,
+    batch_twin: int | None = None,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -137,6 +139,7 @@ def convert_run(
         target: "arm64" or "arm32" (the same LCE target "arm"; only the file name differs).
         fmt: "lce", or "tflite" to also write a float TFLite model (model-float.tflite).
         samples: check on only the first N samples of samples.npz (None = all).
+        batch_twin: also write MODEL-TARGET-bN.tflite, converted at batch N (`converters.batch`).
 
     Raises:
         ConversionMismatchError / FidelityError (exit 1) when the flatbuffer disagrees with
@@ -197,6 +200,11 @@ def convert_run(
         sign_ties=ties,
         sign_tie_largest=result.sign_tie_largest,
     )
+    if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
+        from converters.batch import convert_twin
+
+        report.batch_twin = convert_twin(onnx_path, output, batch_twin, target, inputs,
+                                         result.lce_outputs, RTOL).to_json()
     if run is not None:
         report.save(run.root / "convert.json")
     return report

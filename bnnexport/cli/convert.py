@@ -19,10 +19,13 @@ from bnnexport.cli.common import emit, handle_errors, json_option
                    "(model-float.tflite) that the stock TFLite interpreter runs, for comparison.")
 @click.option("--samples", type=click.IntRange(min=1), default=None,
               help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]")
+@click.option("--batch-twin", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
+                   "by the same gate, for accuracy on a device (`bench --device-batch N`).")
 @json_option
 @handle_errors
 def convert_command(source: str, target: str, fmt: str, samples: int | None,
-                    as_json: bool) -> None:
+                    batch_twin: int | None, as_json: bool) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
 
     Every binary layer (a Conv/MatMul/Gemm fed by a binarization) becomes an LceBconv2d. The
@@ -35,5 +38,5 @@ def convert_command(source: str, target: str, fmt: str, samples: int | None,
     """
     from bnnexport.convert import convert_run
 
-    report = convert_run(source, target=target, fmt=fmt, samples=samples)
+    report = convert_run(source, target=target, fmt=fmt, samples=samples, batch_twin=batch_twin)
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")
