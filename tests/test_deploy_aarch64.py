@@ -135,6 +135,17 @@ def _invocations(log: Path) -> list[dict[str, str]]:
 # --- the device itself -----------------------------------------------------------------------
 
 
+def test_missing_packages_become_a_skip_reason_naming_them(monkeypatch):
+    import aarch64_device
+
+    monkeypatch.setattr(aarch64_device.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(aarch64_device.shutil, "which",
+                        lambda tool: None if tool == "mmdebstrap" else f"/usr/bin/{tool}")
+    with pytest.raises(aarch64_device.DeviceUnavailable,
+                       match=r"Debian packages missing: mmdebstrap \(`make device-tools`"):
+        aarch64_device.check_host()
+
+
 def test_device_is_aarch64(arm_device):
     identity = arm_device.client().identity()
     assert identity.machine == "aarch64"
