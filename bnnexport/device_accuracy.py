@@ -87,7 +87,8 @@ def device_lce_rows(
              "ops": [dataclasses.asdict(o) for o in parsed.ops],
              "accuracy_model": twin.name if device.outputs is not None else None,
              "accuracy_batch": batch if device.outputs is not None else None,
-             "accuracy_invocations": device.invocations, "note": note}
+             "accuracy_invocations": device.invocations,
+             "accuracy_seconds": device.accuracy_seconds, "note": note}
     where = client.destination
     rows = [_score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
     if device.outputs is not None and host_lce is not None:

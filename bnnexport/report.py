@@ -124,7 +124,8 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
             if b.extra.get("accuracy_batch"):
                 lines += ["", f"Accuracy on the device: `{b.extra['accuracy_model']}` in "
                           f"{b.extra['accuracy_invocations']} invocations of "
-                          f"{b.extra['accuracy_batch']} samples (one model load each); row "
+                          f"{b.extra['accuracy_batch']} samples (one model load each), "
+                          f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
                           "`lce vs host lce` compares its outputs with the host's LCE interpreter."]
             if b.extra.get("note"):
                 lines += ["", f"Note: {b.extra['note']}."]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,7 @@ class DeviceRun:
     outputs: np.ndarray | None = None  # (samples, outputs_per_sample) float32
     invocations: int = 0  # one per chunk, each loading the model once
     note: str | None = None  # why there are no outputs, when there are none
+    accuracy_seconds: float | None = None  # wall time of upload, all chunks and fetch
 
 
 def accuracy_command(binary: str, graph: str, chunk: str, job: AccuracyJob,
@@ -212,6 +214,8 @@ def run_on_device(client: Any, flatbuffer: str | Path, options: DeviceOptions,
             run.note = (f"{remote_binary} on {client.destination} has no {OUTPUT_FLAG} "
                         "(LCE <= 0.7): accuracy not measured on the device, latency only")
             return run
+        start = time.perf_counter()
         run.outputs = _device_outputs(client, work, remote_binary, accuracy, options)
+        run.accuracy_seconds = time.perf_counter() - start
         run.invocations = accuracy.chunks
     return run

@@ -18,6 +18,10 @@ clean and everything vanishes with the namespace. sshd listens on 127.0.0.1 only
 the session's key. Where something cannot be had (no root, no packages, binfmt not registrable),
 the fixture skips with the reason.
 
+By hand (e.g. for `bnnexport bench --device`), it prints the bench options that reach it:
+
+    PYTHONPATH=.:tests python tests/aarch64_device.py /tmp/arm-device
+
 Example (in a test):
     >>> def test_machine(arm_device):                                   # doctest: +SKIP
     ...     assert arm_device.client().run(["uname", "-m"]).stdout.strip() == "aarch64"
@@ -25,13 +29,17 @@ Example (in a test):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -181,23 +189,20 @@ class ArmDevice:
         return sorted(p.name for p in self.host_tmp.iterdir())
 
 
-@pytest.fixture(scope="session")
-def arm_device(tmp_path_factory):
-    """Start sshd inside the emulated aarch64 tree on 127.0.0.1:<free port>; stop it after."""
-    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        pytest.skip("OpenSSH client not installed (`make test` installs it)")
-    try:
-        rootfs, seconds = ensure_rootfs()
-    except DeviceUnavailable as error:
-        pytest.skip(f"no emulated aarch64 device: {error}")
-    if seconds is not None:
-        print(f"\nbuilt the emulated aarch64 device in {seconds:.0f} s: {rootfs}")
-    session = tmp_path_factory.mktemp("arm-device")
+@contextlib.contextmanager
+def running_device(session: Path, rootfs: Path, build_seconds: float | None = None
+                   ) -> Iterator[ArmDevice]:
+    """Run sshd in `rootfs` (private namespaces) with its keys and config in `session`.
+
+    Raises DeviceUnavailable when it does not start; stops it (and its namespaces) on exit.
+    """
+    session.mkdir(parents=True, exist_ok=True)
     session.chmod(0o755)
     for name in ("user", "other"):
-        _keygen(session / name)
+        if not (session / name).is_file():
+            _keygen(session / name)
     (session / "authorized_keys").write_text((session / "user.pub").read_text())
-    (session / "tmp").mkdir()
+    (session / "tmp").mkdir(exist_ok=True)
     inside = f"/{SESSION_MOUNT}"
     port = free_port()
     (session / "sshd_config").write_text("\n".join([
@@ -222,19 +227,20 @@ def arm_device(tmp_path_factory):
          "sh", "-c", script], stdout=log, stderr=log)
     device = ArmDevice(port=port, key=session / "user", other_key=session / "other",
                        known_hosts=known, remote_tmp=f"{inside}/tmp", host_tmp=session / "tmp",
-                       rootfs=rootfs, build_seconds=seconds)
+                       rootfs=rootfs, build_seconds=build_seconds)
     try:
         deadline = time.monotonic() + 60  # sshd starts under emulation
         while True:
             if process.poll() is not None:
-                pytest.skip(f"sshd in the aarch64 tree did not start: "
-                            f"{(session / 'sshd.log').read_text()[-300:]}")
+                raise DeviceUnavailable(f"sshd in the aarch64 tree did not start: "
+                                        f"{(session / 'sshd.log').read_text()[-300:]}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.skip("sshd in the aarch64 tree did not listen within 60 s")
+                    raise DeviceUnavailable("sshd in the aarch64 tree did not listen within 60 s"
+                                            ) from None
                 time.sleep(0.2)
         yield device
     finally:
@@ -245,3 +251,50 @@ def arm_device(tmp_path_factory):
             process.kill()
             process.wait(timeout=20)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def arm_device(tmp_path_factory):
+    """Start sshd inside the emulated aarch64 tree on 127.0.0.1:<free port>; stop it after."""
+    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH client not installed (`make test` installs it)")
+    try:
+        rootfs, seconds = ensure_rootfs()
+    except DeviceUnavailable as error:
+        pytest.skip(f"no emulated aarch64 device: {error}")
+    if seconds is not None:
+        print(f"\nbuilt the emulated aarch64 device in {seconds:.0f} s: {rootfs}")
+    with contextlib.ExitStack() as stack:
+        try:
+            device = stack.enter_context(
+                running_device(tmp_path_factory.mktemp("arm-device"), rootfs, seconds))
+        except DeviceUnavailable as error:
+            pytest.skip(f"no emulated aarch64 device: {error}")
+        yield device
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/aarch64_device.py DIR`: build if needed, serve until Ctrl-C (manual runs)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Serve the emulated aarch64 device over SSH.")
+    parser.add_argument("session", type=Path, help="directory for its keys, config and tmp")
+    args = parser.parse_args(argv)
+    try:
+        rootfs, seconds = ensure_rootfs()
+        if seconds is not None:
+            print(f"built {rootfs} in {seconds:.0f} s", flush=True)
+        with running_device(args.session.resolve(), rootfs, seconds) as device:
+            options = " ".join(f"--ssh-option {o}" for o in device.options)
+            print(f"--device {device.destination} --port {device.port} --ssh-key {device.key} "
+                  f"--remote-tmp {device.remote_tmp} {options}", flush=True)
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except DeviceUnavailable as error:
+        print(f"no emulated aarch64 device: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(main())
