@@ -28,6 +28,7 @@ import pytest
 from deploy.device_accuracy import AccuracyJob, DeviceOptions, run_on_device
 from deploy.errors import (
     DeviceAuthError,
+    DeviceError,
     MissingBinaryError,
     RemoteCommandError,
     WrongArchitectureError,
@@ -184,6 +185,17 @@ def test_wrong_input_shape_aborts_and_cleans_up(arm_device, stand_in):
     with pytest.raises(RemoteCommandError, match=expected) as info:
         run_on_device(arm_device.client(), graph, DeviceOptions(binary=make()), job)
     assert "\n" not in str(info.value) and info.value.exit_code == 2
+    assert arm_device.leftovers() == []
+
+
+def test_outputs_of_the_wrong_size_are_refused(arm_device, stand_in, tmp_path):
+    make, _, _ = stand_in
+    graph = tmp_path / "model-12-classes.json"
+    graph.write_text(json.dumps({"classes": 12}))  # the job expects 10 outputs per sample
+    job = AccuracyJob(graph, np.zeros((4, 1, 3, 2), np.float32), 4, 10)
+    with pytest.raises(DeviceError, match="have 192 bytes, expected 160") as info:
+        run_on_device(arm_device.client(), graph, DeviceOptions(binary=make()), job)
+    assert "\n" not in str(info.value)
     assert arm_device.leftovers() == []
 
 
