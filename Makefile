@@ -7,7 +7,7 @@ TORCH_PIN := torch==2.13.0
 STACK := "numpy<2" "ml-dtypes==0.5.4" tensorflow-cpu==2.21.0 larq-compute-engine==0.16.0
 DEMO_RUN ?= runs/demo
 
-.PHONY: install install-dev demo test lint clean ssh-tools
+.PHONY: install install-dev demo test lint clean ssh-tools device-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,20 @@ ssh-tools:
 		|| echo "could not install OpenSSH: the SSH device tests will be skipped"; \
 	fi
 
-test: install ssh-tools
+# The emulated aarch64 device (tests/aarch64_device.py, DESIGN §7) is built from these Debian
+# packages; installed once, nothing to do after. Without them the aarch64 tests skip, saying why.
+DEVICE_TOOLS := qemu-user-static binfmt-support arch-test mmdebstrap
+device-tools:
+	@if ! command -v mmdebstrap >/dev/null 2>&1 || ! command -v arch-test >/dev/null 2>&1 || \
+	    ! command -v update-binfmts >/dev/null 2>&1 || \
+	    ! command -v qemu-aarch64-static >/dev/null 2>&1; then \
+		echo "installing $(DEVICE_TOOLS) for the emulated aarch64 device"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq $(DEVICE_TOOLS) >/dev/null \
+		|| echo "could not install $(DEVICE_TOOLS): the aarch64 device tests will be skipped"; \
+	fi
+
+test: install ssh-tools device-tools
 	$(BIN)/python -m pytest -q
 
 lint: install

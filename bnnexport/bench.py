@@ -281,10 +281,10 @@ def _device_backend(
     device: str, run: RunDir, target: str, inputs: np.ndarray, labels: np.ndarray,
     reference: np.ndarray, runs: int, threads: int, warmup: int, runner: str,
     port: int | None, ssh_key: str | None, ssh_options: Sequence[str], benchmark_binary: str | None,
-    remote_python: str, remote_tmp: str, timeout: float,
-) -> tuple[BackendResult, dict[str, Any], str | None]:
-    """Run the LCE flatbuffer on `device`; return its result, identity and raw tool output."""
-    from deploy.lce_benchmark import run_lce_benchmark
+    remote_python: str, remote_tmp: str, timeout: float, host_lce: np.ndarray | None = None,
+    device_batch: int = 64,
+) -> tuple[list[BackendResult], dict[str, Any], str | None]:
+    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
     from deploy.remote_runner import has_lce_python, run_remote_runner
     from deploy.ssh import SshClient
 
@@ -307,18 +307,16 @@ def _device_backend(
         latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
         extra = {"runner": "python", "lce_version": result.get("lce_version"),
                  "device_accuracy": result.get("accuracy")}
-        return (_score("lce", device, flatbuffer, outputs, labels, reference, latency, extra),
+        return ([_score("lce", device, flatbuffer, outputs, labels, reference, latency, extra)],
                 identity, None)
-    parsed, raw = run_lce_benchmark(client, flatbuffer, threads=threads, runs=runs,
-                                    warmup_runs=warmup, binary=benchmark_binary, timeout=timeout)
-    # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
-    latency = {"min": parsed.min_ms, "median": None, "p90": None, "mean": parsed.mean_ms,
-               "std": parsed.std_ms}
-    extra = {"runner": "lce_benchmark_model", "max_ms": parsed.max_ms, "init_ms": parsed.init_ms,
-             "peak_memory_mb": parsed.peak_memory_mb,
-             "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
-             "ops": [dataclasses.asdict(o) for o in parsed.ops]}
-    return (_score("lce", device, flatbuffer, None, labels, None, latency, extra), identity, raw)
+    from bnnexport.device_accuracy import device_lce_rows
+    from deploy.device_accuracy import DeviceOptions
+
+    options = DeviceOptions(threads=threads, runs=runs, warmup_runs=warmup,
+                            binary=benchmark_binary, timeout=timeout)
+    rows, raw = device_lce_rows(client, run.root, target, inputs, labels, reference, host_lce,
+                                options, device_batch)
+    return rows, identity, raw
 
 
 def bench(
@@ -328,6 +326,7 @@ def bench(
     benchmark_binary: str | None = None, runner: str = "auto", remote_python: str = "python3",
     remote_tmp: str = "/tmp", timeout: float = 600.0, write_report: bool = True,
     progress: bool = False,
+    device_batch: int = 64,
 ) -> BenchReport:
     """Measure every backend of `run_dir` on the host (and the LCE model on `device`).
 
@@ -345,6 +344,8 @@ def bench(
         benchmark_binary: a local lce_benchmark_model to upload instead of the device's own.
         remote_python, remote_tmp: the device's interpreter and where working directories go.
         timeout: seconds one device command may run before it is stopped.
+        device_batch: with `lce_benchmark_model`, accuracy on the device runs the batch-N twin
+            RUN_DIR/model-TARGET-bN.tflite, N = min(device_batch, samples), in N-sample chunks.
         progress: a progress bar over the backends on stderr.
     Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
@@ -360,6 +361,7 @@ def bench(
     x1 = np.ascontiguousarray(inputs[:1])
     results: list[BackendResult] = []
     reference = None
+    host_outputs: dict[str, np.ndarray] = {}
     import torch
 
     torch_threads = torch.get_num_threads()
@@ -369,16 +371,18 @@ def bench(
             outputs = np.asarray(predict(inputs), np.float32).reshape(len(inputs), -1)
             if reference is None:  # PyTorch comes first: the reference for every other backend
                 reference = outputs
+            host_outputs[name] = outputs
             latency = time_calls(call, runs, warmup)
             results.append(_score(name, "host", path, outputs, labels, reference, latency))
     finally:
         torch.set_num_threads(torch_threads)
     identity = raw = None
     if device:
-        result, identity, raw = _device_backend(
+        rows, identity, raw = _device_backend(
             device, run, target, inputs, labels, reference, runs, threads, warmup, runner,
-            port, ssh_key, ssh_options, benchmark_binary, remote_python, remote_tmp, timeout)
-        results.append(result)
+            port, ssh_key, ssh_options, benchmark_binary, remote_python, remote_tmp, timeout,
+            host_outputs.get("lce"), device_batch)
+        results.extend(rows)
     report = BenchReport(
         run_dir=str(run.root), samples=len(inputs), runs=runs, threads=threads,
         num_classes=int(reference.shape[1]),

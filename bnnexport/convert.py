@@ -74,6 +74,7 @@ class ConvertReport(Report):
     checks: list[dict[str, Any]] = field(default_factory=list)
     twin_checks: list[dict[str, Any]] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
+    batch_twin: dict | None = None  # converters.batch.TwinResult, with --batch-twin N
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -162,6 +163,7 @@ def convert_run(
     fmt: str = "lce",
     samples: int | None = None,
     allow_float: tuple[str, ...] = (),
+    batch_twin: int | None = None,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -172,6 +174,7 @@ def convert_run(
         samples: check on only the first N samples of samples.npz (None = all).
         allow_float: binary layers (ONNX node names, or "all") allowed to stay float; they
             are listed in the report's `float_fallbacks`.
+        batch_twin: also write MODEL-TARGET-bN.tflite, converted at batch N (`converters.batch`).
 
     Raises:
         FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch;
@@ -205,7 +208,16 @@ def convert_run(
         )  # fmt: skip
     except ConversionMismatchError as error:
         raise FidelityError(f"{error}; no flatbuffer kept") from None
+    twin = None
+    if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
+        from converters.batch import convert_twin
+
+        try:
+            twin = convert_twin(onnx_path, output, batch_twin, target, inputs, options, references)
+        except ConversionMismatchError as error:
+            raise FidelityError(f"batch-{batch_twin} twin: {error}; no twin kept") from None
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
+    report.batch_twin = twin.to_json() if twin is not None else None
     if run is not None:
         for written in (result.output, result.float_output):
             if written is not None:

@@ -60,6 +60,7 @@ def pipeline(
     device: str | None = None, port: int | None = None, ssh_key: str | None = None,
     ssh_options: Sequence[str] = (), benchmark_binary: str | None = None, runner: str = "auto",
     remote_python: str = "python3", remote_tmp: str = "/tmp", timeout: float = 600.0,
+    device_batch: int = 64,
 ) -> PipelineReport:
     """Run every stage on `config.out`; return their reports.
 
@@ -71,9 +72,12 @@ def pipeline(
             export writes to samples.npz.
         resume, force, progress: as for `train`.
         log: called with one line as each stage starts (e.g. `click.echo` to stderr).
-        device and the rest: as for `bench`, to include a device.
+        device and the rest: as for `bench`, to include a device. With a device, convert also
+            writes the batch-N twin bench needs for accuracy there (N = min(device_batch,
+            samples)).
     """
     from bnnexport.convert import convert_run
+    from bnnexport.device_accuracy import twin_batch
     from bnnexport.export import export_onnx
     from bnnexport.pack import pack
     from bnnexport.verify import require_strict, verify_run
@@ -97,12 +101,15 @@ def pipeline(
         stage("verify", lambda: require_strict(verify_run(run_dir)))
         stage("pack", lambda: pack(run_dir))
         stage("export", lambda: export_onnx(run_dir, samples=samples))
-        stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite"))
+        twin = twin_batch(samples, device_batch) if device and runner != "python" else None
+        stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite",
+                                             batch_twin=twin))
         result = stage("bench", lambda: bench(
             run_dir, runs=runs, threads=threads, samples=samples, warmup=warmup, target=target,
             device=device,
             port=port, ssh_key=ssh_key, ssh_options=ssh_options, benchmark_binary=benchmark_binary,
-            runner=runner, remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout))
+            runner=runner, remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout,
+            device_batch=device_batch))
     return PipelineReport(run_dir=str(run_dir), stages=stages, seconds=seconds, bench=result,
                           report_md=result.report_md)
 

@@ -120,7 +120,15 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
                 lines += ["", f"Peak memory footprint: {b.extra['peak_memory_mb']} MB."]
         if b.extra.get("runner") == "lce_benchmark_model":
             lines += ["", "lce_benchmark_model reports min/mean/std only, so the device's median "
-                      "and p90 are not given; accuracy on the device needs `--runner python`."]
+                      "and p90 are not given."]
+            if b.extra.get("accuracy_batch"):
+                lines += ["", f"Accuracy on the device: `{b.extra['accuracy_model']}` in "
+                          f"{b.extra['accuracy_invocations']} invocations of "
+                          f"{b.extra['accuracy_batch']} samples (one model load each), "
+                          f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
+                          "`lce vs host lce` compares its outputs with the host's LCE interpreter."]
+            if b.extra.get("note"):
+                lines += ["", f"Note: {b.extra['note']}."]
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     curves = [name for name in ("accuracy.png", "flip_rate.png") if (out / name).is_file()]

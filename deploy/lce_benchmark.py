@@ -261,6 +261,39 @@ def benchmark_command(
     return argv
 
 
+def check_local_binary(binary: str | Path, uname_m: str) -> Path:
+    """Raise unless `binary` is a local file whose ELF architecture can run on `uname_m`."""
+    binary = Path(binary)
+    if not binary.is_file():
+        raise MissingBinaryError(f"benchmark binary not found: {binary}")
+    with binary.open("rb") as handle:
+        check_architecture(str(binary), elf_architecture(handle.read(20)), uname_m)
+    return binary
+
+
+def device_binary(client: Any, work: str, binary: Path | None, uname_m: str) -> str:
+    """The path of `lce_benchmark_model` on the device: `binary` uploaded into `work`, or the
+    device's own from its PATH (its ELF architecture checked against `uname_m`)."""
+    if binary is not None:
+        remote_binary = f"{work}/{BINARY_NAME}"
+        client.put(binary, remote_binary)
+        client.run(["chmod", "+x", remote_binary], timeout=60)
+        return remote_binary
+    found = client.run(f"command -v {BINARY_NAME}", timeout=60, check=False)
+    remote_binary = found.stdout.strip()
+    if found.returncode != 0 or not remote_binary:
+        raise MissingBinaryError(
+            f"{BINARY_NAME} is not on the PATH of {client.destination}; "
+            f"pass --benchmark-binary PATH to upload one (see deploy/README.md)"
+        )
+    header = client.run(
+        f"od -An -tx1 -N20 {shlex.quote(remote_binary)}", timeout=60
+    ).stdout.split()
+    arch = elf_architecture(bytes(int(b, 16) for b in header))
+    check_architecture(f"{client.destination}:{remote_binary}", arch, uname_m)
+    return remote_binary
+
+
 def run_lce_benchmark(
     client: Any, flatbuffer: str | Path, threads: int = 1, runs: int = 100, warmup_runs: int = 10,
     binary: str | Path | None = None, timeout: float = 600.0, op_profiling: bool = True,
@@ -273,29 +306,9 @@ def run_lce_benchmark(
     """
     uname_m = client.run(["uname", "-m"], timeout=60).stdout.strip()
     if binary is not None:
-        binary = Path(binary)
-        if not binary.is_file():
-            raise MissingBinaryError(f"benchmark binary not found: {binary}")
-        with binary.open("rb") as handle:
-            check_architecture(str(binary), elf_architecture(handle.read(20)), uname_m)
+        binary = check_local_binary(binary, uname_m)
     with client.workdir() as work:
-        if binary is None:
-            found = client.run(f"command -v {BINARY_NAME}", timeout=60, check=False)
-            remote_binary = found.stdout.strip()
-            if found.returncode != 0 or not remote_binary:
-                raise MissingBinaryError(
-                    f"{BINARY_NAME} is not on the PATH of {client.destination}; "
-                    f"pass --benchmark-binary PATH to upload one (see deploy/README.md)"
-                )
-            header = client.run(
-                f"od -An -tx1 -N20 {shlex.quote(remote_binary)}", timeout=60
-            ).stdout.split()
-            arch = elf_architecture(bytes(int(b, 16) for b in header))
-            check_architecture(f"{client.destination}:{remote_binary}", arch, uname_m)
-        else:
-            remote_binary = f"{work}/{BINARY_NAME}"
-            client.put(binary, remote_binary)
-            client.run(["chmod", "+x", remote_binary], timeout=60)
+        remote_binary = device_binary(client, work, binary, uname_m)
         graph = f"{work}/{Path(flatbuffer).name}"
         client.put(flatbuffer, graph)
         argv = benchmark_command(

@@ -270,7 +270,9 @@ def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd,
         "mean": pytest.approx(15.4082),
         "std": 0.245,
     }
-    assert device["top1"] is None  # accuracy on the device needs --runner python
+    assert device["top1"] is None  # no batch twin in this run: latency only, and a note
+    assert "no batch-50 twin model-arm64-b50.tflite" in device["extra"]["note"]
+    assert "note: no batch-50 twin" in result.stderr
     assert device["extra"]["peak_memory_mb"] == 9.8
     assert [t["node_type"] for t in device["extra"]["op_types"]][0] == "LceBconv2d"
     report = (converted_run / "report.md").read_text()

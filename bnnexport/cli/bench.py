@@ -45,13 +45,18 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
               help="Directory on the device for the temporary working directory (removed after).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a command on the device may run before it is stopped.")
+@click.option("--device-batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="With lce_benchmark_model: accuracy on the device runs the batch-N twin "
+                   "RUN_DIR/model-TARGET-bN.tflite (N = min(this, --samples); written by "
+                   "`convert --batch-twin N`), one invocation per N samples.")
 @json_option
 @handle_errors
 @locks_run("run_dir")
 def bench_command(run_dir: str, runs: int, warmup: int, threads: int, samples: int, target: str,
                   device: str | None, port: int | None, ssh_key: str | None,
                   ssh_options: tuple[str, ...], runner: str, benchmark_binary: str | None,
-                  remote_python: str, remote_tmp: str, timeout: float, as_json: bool) -> None:
+                  remote_python: str, remote_tmp: str, timeout: float, device_batch: int,
+                  as_json: bool) -> None:
     """Accuracy, agreement with PyTorch and batch-1 latency of PyTorch, ONNX Runtime, the float
     TFLite model and the LCE flatbuffer of RUN_DIR, on the same test samples; with --device, of
     the LCE flatbuffer on that device too.
@@ -67,5 +72,6 @@ def bench_command(run_dir: str, runs: int, warmup: int, threads: int, samples: i
                    target=target, warmup=warmup, port=port, ssh_key=ssh_key,
                    ssh_options=ssh_options, benchmark_binary=benchmark_binary, runner=runner,
                    remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout,
+                   device_batch=device_batch,
                    progress=not as_json and sys.stderr.isatty())
     emit(report, as_json)

@@ -23,11 +23,15 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
               help="Let this binary layer (its ONNX node name, as the error names it) stay a "
                    "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
                    "layers are listed in the report's float_fallbacks.")
+@click.option("--batch-twin", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
+                   "by the same gate, for accuracy on a device (`bench --device-batch N`).")
 @json_option
 @handle_errors
 @locks_run("source")
 def convert_command(source: str, target: str, fmt: str, samples: int | None,
-                    allow_float: tuple[str, ...], as_json: bool) -> None:
+                    allow_float: tuple[str, ...], batch_twin: int | None,
+                    as_json: bool) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
 
     Every binary layer (a Conv/MatMul/Gemm with a ±1 kernel fed by a binarization) must become
@@ -46,5 +50,5 @@ def convert_command(source: str, target: str, fmt: str, samples: int | None,
     from bnnexport.convert import convert_run
 
     report = convert_run(source, target=target, fmt=fmt, samples=samples,
-                         allow_float=allow_float)
+                         allow_float=allow_float, batch_twin=batch_twin)
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

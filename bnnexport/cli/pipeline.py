@@ -49,7 +49,7 @@ def _pipeline(**options: Any) -> None:
         port=options["port"], ssh_key=options["ssh_key"], ssh_options=options["ssh_options"],
         benchmark_binary=options["benchmark_binary"], runner=options["runner"],
         remote_python=options["remote_python"], remote_tmp=options["remote_tmp"],
-        timeout=options["timeout"],
+        timeout=options["timeout"], device_batch=options["device_batch"],
     )
     emit(report, as_json)
 

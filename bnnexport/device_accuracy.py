@@ -1,0 +1,99 @@
+"""Device rows of `bench` for the `lce_benchmark_model` runner: latency and accuracy on the device.
+
+The latency comes from the batch-1 flatbuffer (`model-arm64.tflite`); accuracy from its batch-N
+twin (`model-arm64-bN.tflite`, written by `bnnexport convert RUN_DIR --batch-twin N`), run over
+all samples in N-sample chunks by the device's own `lce_benchmark_model`
+(`deploy.device_accuracy`). N is `min(batch, samples)`, 64 by default. The device's outputs are
+scored twice: against PyTorch (row `lce`) and against the host's LCE interpreter on the same
+flatbuffer family (row `lce vs host lce`). Without the twin, or with a binary that has no
+`--output_filepath`, the device row has latency only and a one-line note says why.
+
+Example:
+    >>> from bnnexport.device_accuracy import twin_path
+    >>> twin_path("runs/demo", "arm64", 64).name
+    'model-arm64-b64.tflite'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bnnexport.errors import CheckpointError
+
+DEFAULT_BATCH = 64
+VERSUS_HOST = "lce vs host lce"
+
+
+def twin_path(run_dir: str | Path, target: str, batch: int) -> Path:
+    """Where the batch-`batch` twin of RUN_DIR/model-TARGET.tflite lives."""
+    return Path(run_dir) / f"model-{target}-b{batch}.tflite"
+
+
+def twin_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
+    """The chunk size used on the device: `batch`, capped by the number of samples."""
+    return max(1, min(batch, samples))
+
+
+def _check_twin(twin: Path, inputs: np.ndarray, batch: int) -> None:
+    """Raise CheckpointError unless the twin takes exactly `batch` samples of the inputs' shape."""
+    from converters.validate import lce_interpreter
+
+    shape = [int(d) for d in lce_interpreter(twin, 1).input_shapes[0]]
+    expected = [batch, *inputs.shape[1:]]
+    if shape != expected:
+        raise CheckpointError(
+            f"{twin} takes input {shape}, bench needs {expected}: convert it again with "
+            f"`bnnexport convert {twin.parent} --batch-twin {batch}`"
+        )
+
+
+def device_lce_rows(
+    client: Any, run_dir: Path, target: str, inputs: np.ndarray, labels: np.ndarray,
+    reference: np.ndarray, host_lce: np.ndarray | None, options: Any, batch: int = DEFAULT_BATCH,
+) -> tuple[list[Any], str]:
+    """Run the LCE flatbuffer on the device with `lce_benchmark_model`; return rows and raw log.
+
+    `options` is a `deploy.device_accuracy.DeviceOptions`; `reference` are PyTorch's outputs and
+    `host_lce` the host LCE interpreter's on the same samples.
+    """
+    from bnnexport.bench import _score
+    from deploy.device_accuracy import AccuracyJob, run_on_device
+
+    flatbuffer = run_dir / f"model-{target}.tflite"
+    batch = twin_batch(len(inputs), batch)
+    twin = twin_path(run_dir, target, batch)
+    job = note = None
+    if twin.is_file():
+        _check_twin(twin, inputs, batch)
+        job = AccuracyJob(twin, np.ascontiguousarray(inputs, np.float32), batch,
+                          outputs_per_sample=int(reference.shape[1]))
+    else:
+        note = (f"no batch-{batch} twin {twin.name}: accuracy not measured on the device, latency "
+                f"only (`bnnexport convert {run_dir} --batch-twin {batch}` writes it)")
+    device = run_on_device(client, flatbuffer, options, job)
+    note = device.note or note
+    parsed = device.result
+    # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
+    latency = {"min": parsed.min_ms, "median": None, "p90": None, "mean": parsed.mean_ms,
+               "std": parsed.std_ms}
+    extra = {"runner": "lce_benchmark_model", "max_ms": parsed.max_ms, "init_ms": parsed.init_ms,
+             "peak_memory_mb": parsed.peak_memory_mb,
+             "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
+             "ops": [dataclasses.asdict(o) for o in parsed.ops],
+             "accuracy_model": twin.name if device.outputs is not None else None,
+             "accuracy_batch": batch if device.outputs is not None else None,
+             "accuracy_invocations": device.invocations,
+             "accuracy_seconds": device.accuracy_seconds, "note": note}
+    where = client.destination
+    rows = [_score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
+    if device.outputs is not None and host_lce is not None:
+        rows.append(_score(VERSUS_HOST, where, twin, device.outputs, labels, host_lce, {},
+                           {"reference": "host lce"}))
+    if note:
+        print(f"bnnexport: note: {note}", file=sys.stderr)
+    return rows, device.raw

@@ -1,0 +1,181 @@
+"""A batch-N twin of an ONNX model and of its LCE flatbuffer, for accuracy on a device.
+
+`lce_benchmark_model` runs a flatbuffer at the batch it was converted with (`--input_layer_shape`
+cannot re-batch a batch-1 model, DESIGN §7), so on-device accuracy needs the same model converted
+at batch N. `rebatch` fixes the ONNX input's batch dimension to N; a graph that hard-codes batch 1
+elsewhere (a Reshape to a constant [1, ...], an output fixed at 1) is refused with one
+`HardCodedBatchError`, as is one whose outputs at batch N differ from those at batch 1 on the same
+samples (checked with ONNX Runtime). `convert_twin` then converts the twin through the same gate
+as the batch-1 file (`converters.lce.convert_onnx`).
+
+Example:
+    >>> import onnx
+    >>> from onnx import TensorProto, helper
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("Flatten", ["x"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])])
+    >>> twin = rebatch(helper.make_model(graph), 8)
+    >>> [d.dim_value for d in twin.graph.input[0].type.tensor_type.shape.dim]
+    [8, 2, 3]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from converters.errors import InvalidModelError
+
+if TYPE_CHECKING:
+    from converters.lce import ConvertOptions, Reference
+
+
+class HardCodedBatchError(InvalidModelError):
+    """The ONNX graph cannot run at another batch size: it hard-codes batch 1 (exit 2)."""
+
+
+@dataclasses.dataclass
+class TwinResult:
+    """The batch-N twin that was written and how its gate went (LCE vs ONNX Runtime, plain)."""
+
+    output: str
+    batch: int
+    argmax_agreement: float  # the twin's LCE outputs vs ONNX Runtime's, before any tie replay
+    max_abs_diff: float
+    samples: int
+    lce_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def twin_path(flatbuffer: str | Path, batch: int) -> Path:
+    """model-arm64.tflite -> model-arm64-bN.tflite."""
+    flatbuffer = Path(flatbuffer)
+    return flatbuffer.with_name(f"{flatbuffer.stem}-b{batch}{flatbuffer.suffix}")
+
+
+def _constants(model: Any) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(attribute.t)
+    return values
+
+
+def rebatch(model: Any, batch: int) -> Any:
+    """A copy of `model` (onnx.ModelProto) whose input takes exactly `batch` samples.
+
+    Raises HardCodedBatchError when a Reshape's constant target shape starts with 1 or when shape
+    inference fixes an output's first dimension to another size than `batch`.
+    """
+    import onnx
+
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    initializers = {t.name for t in twin.graph.initializer}
+    inputs = [i for i in twin.graph.input if i.name not in initializers]
+    if len(inputs) != 1 or not inputs[0].type.tensor_type.shape.dim:
+        raise InvalidModelError("a batch twin needs a model with exactly one batched input")
+    inputs[0].type.tensor_type.shape.dim[0].dim_value = batch  # also clears a dim_param
+    constants = _constants(twin)
+    for node in twin.graph.node:
+        if node.op_type != "Reshape" or batch == 1:
+            continue
+        shape = constants.get(node.input[1]) if len(node.input) > 1 else None
+        if shape is not None and shape.ndim == 1 and len(shape) > 1 and int(shape[0]) == 1:
+            raise HardCodedBatchError(
+                f"node {node.name or node.output[0]} (Reshape) hard-codes batch 1 in its target "
+                f"shape {shape.tolist()}; export with a batch-free reshape (x.flatten(1)) to get "
+                f"a batch-{batch} twin"
+            )
+    del twin.graph.value_info[:]  # shapes inferred at batch 1 no longer hold
+    for output in twin.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "batch"
+    try:
+        inferred = onnx.shape_inference.infer_shapes(twin, data_prop=True)
+    except Exception:  # inference is a check only; ONNX Runtime has the last word
+        return twin
+    for output in inferred.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value != batch:
+            raise HardCodedBatchError(
+                f"output {output.name} keeps batch {dims[0].dim_value} when the input takes "
+                f"{batch}: the graph hard-codes its batch size"
+            )
+    return twin
+
+
+def rebatch_onnx(source: str | Path, target: str | Path, batch: int,
+                 inputs: np.ndarray | None = None) -> Path:
+    """Write the batch-`batch` twin of the ONNX file `source` to `target`, checked with ORT.
+
+    ONNX Runtime runs both on the same samples (`inputs`, else random ones); the twin must run
+    and give the same outputs per sample, else HardCodedBatchError.
+    """
+    import onnx
+
+    from converters.validate import compare, run_onnx
+
+    source, target = Path(source), Path(target)
+    twin = rebatch(onnx.load(str(source)), batch)
+    onnx.save(twin, str(target))
+    if inputs is None:
+        shape = [d.dim_value or 1 for d in twin.graph.input[0].type.tensor_type.shape.dim]
+        inputs = np.random.default_rng(0).standard_normal([batch, *shape[1:]]).astype(np.float32)
+    try:
+        outputs = run_onnx(target, inputs)
+    except InvalidModelError:
+        raise
+    except Exception as error:
+        line = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise HardCodedBatchError(
+            f"{source.name} does not run at batch {batch} in ONNX Runtime ({line}): the graph "
+            "hard-codes its batch size"
+        ) from None
+    agreement = compare(run_onnx(source, inputs), outputs)
+    if agreement.argmax_agreement < 1.0 or not agreement.max_abs_diff <= agreement.tolerance:
+        raise HardCodedBatchError(
+            f"{source.name} at batch {batch} gives other outputs than at batch 1 on the same "
+            f"samples (max |diff| {agreement.max_abs_diff:.3g}): the graph mixes samples"
+        )
+    return target
+
+
+def convert_twin(
+    onnx_path: str | Path,
+    flatbuffer: str | Path,
+    batch: int,
+    target: str,
+    inputs: np.ndarray | None,
+    options: ConvertOptions | None = None,
+    references: Sequence[Reference] = (),
+) -> TwinResult:
+    """Convert the batch-`batch` twin of `onnx_path` next to `flatbuffer` (model-…-bN.tflite),
+    through the same gate, options and references as the batch-1 file (`convert_onnx`)."""
+    from converters.lce import ConvertOptions, convert_onnx
+
+    output = twin_path(flatbuffer, batch)
+    with tempfile.TemporaryDirectory(prefix="bnnexport-twin-") as tmp:
+        twin_onnx = rebatch_onnx(onnx_path, Path(tmp) / f"model-b{batch}.onnx", batch, inputs)
+        result = convert_onnx(twin_onnx, output, target=target, inputs=inputs,
+                              options=options or ConvertOptions(), references=references)
+    gate = result.gate("ONNX Runtime")
+    return TwinResult(output=str(result.output), batch=batch,
+                      argmax_agreement=gate.plain_argmax_agreement,
+                      max_abs_diff=gate.plain_max_abs_diff, samples=result.samples,
+                      lce_bytes=result.lce_bytes)

@@ -1,0 +1,98 @@
+"""converters.batch: the batch-N twin of an ONNX model (and, on a real run, of its flatbuffer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from converters.batch import HardCodedBatchError, rebatch, rebatch_onnx, twin_path
+from converters.validate import run_onnx
+
+SHAPE = [1, 2, 3, 3]
+
+
+def _model(nodes, initializers=(), out_shape=(1, 18)) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+        initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _inputs(n: int) -> np.ndarray:
+    return np.random.default_rng(n).standard_normal([n, *SHAPE[1:]]).astype(np.float32)
+
+
+def _dims(value_info) -> list:
+    return [d.dim_value or d.dim_param for d in value_info.type.tensor_type.shape.dim]
+
+
+def test_flatten_model_runs_at_batch_n_like_at_batch_1(tmp_path):
+    weights = numpy_helper.from_array(np.arange(18 * 4, dtype=np.float32).reshape(18, 4), "w")
+    model = _model([helper.make_node("Flatten", ["x"], ["f"]),
+                    helper.make_node("MatMul", ["f", "w"], ["y"])], [weights], (1, 4))
+    onnx.save(model, tmp_path / "m.onnx")
+    twin = rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b8.onnx", 8, _inputs(11))
+    loaded = onnx.load(str(twin))
+    assert _dims(loaded.graph.input[0]) == [8, 2, 3, 3]
+    inputs = _inputs(11)  # not a multiple of 8: the last chunk is padded by run_onnx
+    np.testing.assert_allclose(run_onnx(twin, inputs), run_onnx(tmp_path / "m.onnx", inputs),
+                               rtol=1e-6)
+
+
+def test_reshape_to_a_constant_batch_1_is_refused_by_name():
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    model = _model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="/head/Reshape")],
+                   [shape])
+    with pytest.raises(HardCodedBatchError, match=r"/head/Reshape \(Reshape\) hard-codes batch 1"
+                       ) as info:
+        rebatch(model, 4)
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+
+
+def test_batch_free_reshape_is_accepted():
+    shape = numpy_helper.from_array(np.array([0, -1], np.int64), "shape")  # 0: keep the batch
+    model = _model([helper.make_node("Reshape", ["x", "shape"], ["y"])], [shape])
+    assert _dims(rebatch(model, 4).graph.input[0])[0] == 4
+
+
+def test_output_fixed_at_batch_1_is_refused():
+    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), n)
+                          for v, n in ((0, "s"), (1, "e"), (0, "a")))
+    model = _model([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])],
+                   [starts, ends, axes], (1, 2, 3, 3))
+    with pytest.raises(HardCodedBatchError, match="output y keeps batch 1 when the input takes 4"):
+        rebatch(model, 4)
+
+
+def test_graph_that_mixes_samples_is_refused(tmp_path):
+    model = _model([helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                    helper.make_node("Sub", ["x", "m"], ["y"])], out_shape=SHAPE)
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(HardCodedBatchError, match="the graph mixes samples"):
+        rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b4.onnx", 4, _inputs(8))
+
+
+def test_twin_is_named_after_the_batch_1_file():
+    assert twin_path("runs/x/model-arm64.tflite", 64).name == "model-arm64-b64.tflite"
+
+
+def test_convert_run_writes_a_gated_twin(trained_run):
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+    from converters.validate import lce_interpreter, run_lce
+
+    export_onnx(trained_run, samples=40)
+    report = convert_run(trained_run, samples=40, batch_twin=16)
+    twin = trained_run / "model-arm64-b16.tflite"
+    assert report.batch_twin["output"] == str(twin) and twin.is_file()
+    assert list(lce_interpreter(twin).input_shapes[0]) == [16, 1, 28, 28]
+    assert report.batch_twin["argmax_agreement"] == 1.0 and report.batch_twin["samples"] == 40
+    with np.load(trained_run / "samples.npz") as data:
+        inputs = data["inputs"][:40].astype(np.float32)
+    single = run_lce(trained_run / "model-arm64.tflite", inputs)
+    np.testing.assert_allclose(run_lce(twin, inputs), single, atol=1e-4 * np.ptp(single))
