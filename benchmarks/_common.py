@@ -112,7 +112,8 @@ def log(message: str) -> None:
 # --- the larq side: its own virtual environment -----------------------------------------------
 
 LARQ_VENV = ROOT / "benchmarks" / ".venv-larq"
-# DESIGN §1: the stack of the main venv (minus torch), plus larq; tf-keras without its deps.
+# docs/LCE_NOTES.md §1: the stack of the main venv (minus torch), plus larq; tf-keras without its
+# deps.
 LARQ_STACK = ["numpy<2", "ml-dtypes==0.5.4", "tensorflow-cpu==2.21.0",
               "larq-compute-engine==0.16.0", "larq==0.14.0"]
 LARQ_NO_DEPS = ["tf-keras==2.21.0"]
@@ -234,7 +235,8 @@ def torch_pipeline(model: str, out: Path, input_shape: Sequence[int] | None = No
 
 
 def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
-    """One batch-1 inference in LCE's interpreter (indirect BGEMM, DESIGN §4), random input."""
+    """One batch-1 inference in LCE's interpreter (indirect BGEMM, docs/LCE_NOTES.md §4), random
+    input."""
     import numpy as np
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 

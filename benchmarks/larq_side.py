@@ -1,9 +1,9 @@
 """The larq (Keras) side of the side-by-side benchmarks; runs inside benchmarks/.venv-larq.
 
 Never imports bnnexport or torch: it is started as a subprocess by `train_throughput.py` and
-`native_vs_torch.py` with the larq venv's Python (created by `_common.larq_python()`, DESIGN §1:
-larq 0.14.0 + `pip install --no-deps tf-keras==2.21.0`, `TF_USE_LEGACY_KERAS=1`). Every answer
-is one JSON object per line on stdout.
+`native_vs_torch.py` with the larq venv's Python (created by `_common.larq_python()`,
+docs/LCE_NOTES.md §1: larq 0.14.0 + `pip install --no-deps tf-keras==2.21.0`,
+`TF_USE_LEGACY_KERAS=1`). Every answer is one JSON object per line on stdout.
 
 BinaryNet here is bnnexport's layout (bnnexport/models/binarynet.py) written with larq layers:
 a 3x3 VALID conv with a ste_sign kernel on the real-valued image, five 3x3 "same" binary convs

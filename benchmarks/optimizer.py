@@ -37,7 +37,8 @@ from bnnexport.layers import binary_parameters
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, Bop, bop_with_adam, latent_adam
 
-GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2  # the paper's CIFAR-10 BinaryNet settings (DESIGN §5)
+# the paper's CIFAR-10 BinaryNet settings (docs/LCE_NOTES.md §5)
+GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2
 
 
 class ReferenceBop(Bop):

@@ -1,4 +1,4 @@
-"""The paper's training recipes (DESIGN §5), by name: `bnnexport train --recipe NAME`.
+"""The paper's training recipes (docs/LCE_NOTES.md §5), by name: `bnnexport train --recipe NAME`.
 
 A recipe states its schedules in **epochs** (as the paper does); `recipe_config` resolves them to
 optimizer steps, the unit of `TrainConfig`, once the data set and batch size fix the number of
@@ -60,8 +60,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="paper-cifar10-latent",
             description="BinaryNet on CIFAR-10, the latent-weight baseline: Adam on everything, "
-            "latent weights clipped to [-1, 1] (the Bop recipe's Adam settings; DESIGN §5 gives "
-            "no other)",
+            "latent weights clipped to [-1, 1] (the Bop recipe's Adam settings; "
+            "docs/LCE_NOTES.md §5 gives no other)",
             model="binarynet", dataset="cifar10", optimizer="adam-latent", epochs=500,
             batch_size=50, gamma="1e-4", threshold="1e-8", lr="1e-2",
             reference="Helwegen et al. 2019, Table 2: 90.9 % test accuracy",

@@ -48,7 +48,7 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
 
 
 def load_interpreter(model_path: str, threads: int):
-    """LCE's interpreter with indirect BGEMM (the fastest kernels on x86, DESIGN §4)."""
+    """LCE's interpreter with indirect BGEMM (the fastest kernels on x86, docs/LCE_NOTES.md §4)."""
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
     with open(model_path, "rb") as handle:
