@@ -112,7 +112,8 @@ class ConvertReport(Report):
                 f"  {c['candidate']} vs {c['reference']}: {c['plain_argmax_agreement']:.4g} -> "
                 f"{c['argmax_agreement']:.4g}, {c['plain_max_abs_diff']:.3g} -> "
                 f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
-                f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions"
+                f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
+                f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
             )
         lines.append("op_histogram")
         op_width = max((len(op) for op in histogram), default=0)

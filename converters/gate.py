@@ -126,6 +126,8 @@ class GateReport:
     tie_samples: list[int] = field(default_factory=list)
     tie_positions: int = 0  # signs imposed against the reference's own, over all samples
     tie_largest: float = 0.0  # largest |x| / max |x| among them (either runtime)
+    sure_predictions: int = 0  # reference top-1 margin >= confident_margin x its logit range
+    sure_changed: int = 0  # of those, how many the candidate predicts otherwise (plain)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +234,8 @@ def validate(
         plain_max_abs_diff=plain.max_abs_diff, argmax_agreement=plain.argmax_agreement,
         max_abs_diff=plain.max_abs_diff,
     )  # fmt: skip
+    sure, flips = _confident_flips(ref, out, plain.tolerance, options.confident_margin)
+    report.sure_predictions, report.sure_changed = sure, flips
     failing = [r for r in range(len(ref)) if not _matches(ref[r], out[r], plain.tolerance)]
     if not failing:
         return report
@@ -239,7 +243,6 @@ def validate(
         f"plain argmax agreement {plain.argmax_agreement:.2%} on {plain.samples} samples, "
         f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
     )
-    sure, flips = _confident_flips(ref, out, plain.tolerance, options.confident_margin)
     if flips > options.allowed_flips(sure):
         raise ConversionMismatchError(
             f"{what} disagree: {numbers}; sign ties may move logits, not predictions: "

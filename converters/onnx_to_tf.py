@@ -3,7 +3,7 @@
 The translator walks the ONNX graph backwards from its outputs (so constant chains and
 patterns absorbed into a binary layer are never emitted on their own) and writes each node as
 TensorFlow ops. Binary layers (`converters.patterns`) are emitted in the exact forms of
-DESIGN §2; everything else as plain TensorFlow. The model's input and output keep ONNX's
+docs/LCE_NOTES.md §2; everything else as plain TensorFlow. The model's input and output keep ONNX's
 layout (NCHW), so the converted model is a drop-in replacement for the ONNX one.
 
 Example:

@@ -1,6 +1,6 @@
 """Find binary layers in an ONNX model: Conv/MatMul/Gemm whose input is binarized.
 
-The torch exporter writes a binarization with sign(0) = +1 as one of (DESIGN §3):
+The torch exporter writes a binarization with sign(0) = +1 as one of (docs/LCE_NOTES.md §3):
 
 - `Sign(x) -> Add(c) -> Sign` with a constant 0 < c < 1 (`torch.sign(torch.sign(x) + 0.1)`;
   also `Add(c, Sign(x))` and `Sub(Sign(x), -c)`): pattern ``"sign-add-sign"``;

@@ -2,7 +2,7 @@
 
 Per-channel constant arithmetic (Add/Sub/Mul/Div, BatchNorm) on a binary conv's output is
 folded into the pending affine map of its `Value`, so LCE fuses it into the bconv; a spatial
-constant is applied behind a reshape (LCE bug 2, DESIGN §2). Flatten/Reshape of an NHWC
+constant is applied behind a reshape (LCE bug 2, docs/LCE_NOTES.md §2). Flatten/Reshape of an NHWC
 tensor yields a column-permuted flat tensor that the next dense layer absorbs.
 
 Example:

@@ -1,6 +1,6 @@
 """Layer handlers of the translator: convolutions, dense layers, pooling, BatchNorm.
 
-Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (DESIGN §2):
+Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (docs/LCE_NOTES.md §2):
 
 - no padding: binarize -> VALID conv;
 - one-padding equal to TF's SAME: binarize -> `tf.pad(..., 1)` -> VALID conv (pad_values=1);
@@ -100,13 +100,13 @@ def _padding_mode(x, ksize, strides, dilations, pads) -> str | None:
 def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
     """The [(top, bottom), (left, right)] zero padding the strided conv actually reads.
 
-    LCE 0.16 turns Pad + VALID conv into SAME whenever the output is ceil(size / stride) and
-    the pads split like SAME's (before = total // 2, after = total - before), without checking
-    the total (DESIGN §2, bug 1): torch's (1, 1) for a 3x3/2 conv on an even size became SAME's
-    (0, 1). Trailing rows/columns no window reaches are dropped (the leading ones are always
-    read by the first window): what is left has SAME's total whenever the output size is
-    SAME's, so LCE's rewrite then only fires when the pads are exactly SAME's (`_padding_mode`
-    already emits those as SAME), and the VALID conv's output size is unchanged.
+    LCE 0.16 turns Pad + VALID conv into SAME whenever the output is ceil(size / stride) and the
+    pads split like SAME's (before = total // 2, after = total - before), without checking the total
+    (docs/LCE_NOTES.md §2, bug 1): torch's (1, 1) for a 3x3/2 conv on an even size became SAME's (0,
+    1). Trailing rows/columns no window reaches are dropped (the leading ones are always read by the
+    first window): what is left has SAME's total whenever the output size is SAME's, so LCE's
+    rewrite then only fires when the pads are exactly SAME's (`_padding_mode` already emits those as
+    SAME), and the VALID conv's output size is unchanged.
     """
     out = []
     for axis, (before, after) in enumerate(((pads[0], pads[2]), (pads[1], pads[3]))):

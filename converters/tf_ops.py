@@ -85,7 +85,7 @@ class Value:
         """`acc * m + b'` with `b'` moved half an accumulator step so no value is exactly 0.
 
         The accumulator is an integer; torch maps an exact 0 to +1, LCE's kernels may not
-        (DESIGN §4), so the threshold is moved to the half-integer that keeps every
+        (docs/LCE_NOTES.md §4), so the threshold is moved to the half-integer that keeps every
         integer's sign as torch computes it.
         """
         return affine(self.acc, self.m, tie_break_bias(self.m, self.b))
@@ -158,7 +158,7 @@ def tie_break_bias(m: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def binarize(x: Any) -> Any:
-    """sign(x) with sign(0) = +1, in the form LCE turns into `LceQuantize` (DESIGN §2)."""
+    """sign(x) with sign(0) = +1, in the LCE_NOTES §2 form LCE turns into `LceQuantize`."""
     return tf().sign(tf().sign(x) + 0.1)
 
 
@@ -190,7 +190,7 @@ def pad_constant(x: Any, pads: list[tuple[int, int]], value: float) -> Any:
     """Pad an NHWC tensor with `value`.
 
     Zero uses the plain Pad op; another value is built with concat, because a PadV2 right
-    before a float Conv2D is rewritten by LCE to SAME zero padding (DESIGN §2, bug 1).
+    before a float Conv2D is rewritten by LCE to SAME zero padding (docs/LCE_NOTES.md §2, bug 1).
     """
     if value == 0.0:
         return tf().pad(x, [[0, 0], *pads, [0, 0]])
@@ -249,7 +249,7 @@ def subtract_spatial(y: Any, const: np.ndarray) -> Any:
     """y - const for a spatial (not per-channel) constant, reshaped so LCE cannot fuse it.
 
     LCE folds a constant Add/Sub right after a bconv into the per-channel bias without a
-    shape check (DESIGN §2, bug 2); a reshape in between prevents that fusion.
+    shape check (docs/LCE_NOTES.md §2, bug 2); a reshape in between prevents that fusion.
     """
     shape = [int(d) for d in y.shape]
     flat = tf().reshape(y, [shape[0], -1])

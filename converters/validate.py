@@ -1,7 +1,7 @@
 """Run the three runtimes on the same inputs and compare them: the converter's fidelity gate.
 
 - `run_onnx`: ONNX Runtime (the reference the converted model must match);
-- `run_lce`: Larq Compute Engine's interpreter, with its fastest x86 setting (DESIGN §4);
+- `run_lce`: Larq Compute Engine's interpreter, with its fastest x86 setting (docs/LCE_NOTES.md §4);
 - `run_tflite`: the stock TFLite interpreter, for the float model;
 - `op_histogram`: which ops a flatbuffer holds (LCE's custom ops by name, e.g. LceBconv2d);
 - `validate_outputs`: argmax agreement and max |diff| relative to the logit range, raising
@@ -124,7 +124,11 @@ def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads
     interpreter = lce_interpreter(flatbuffer_path, num_threads)
     check_input_shape(list(interpreter.input_shapes[0]), np.asarray(inputs), "the LCE flatbuffer")
     batch = interpreter.input_shapes[0][0]
-    return _batched(lambda x: np.asarray(interpreter.predict(x)), inputs, batch)
+    if batch == 1:
+        return np.asarray(interpreter.predict(np.ascontiguousarray(inputs, dtype=np.float32)))
+    # `predict` feeds one sample at a time; a batch-N flatbuffer takes whole batches from the
+    # interpreter it wraps (docs/LCE_NOTES.md §4).
+    return _batched(lambda x: interpreter.interpreter.predict([x])[0], inputs, batch)
 
 
 def tflite_interpreter(flatbuffer: str | Path | bytes, num_threads: int = 1):  # noqa: ANN201

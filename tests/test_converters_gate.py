@@ -213,6 +213,19 @@ def test_one_changed_prediction_is_left_to_the_replay():
     assert options.allowed_flips(50) == 1 and options.allowed_flips(1000) == 10
 
 
+def test_the_report_counts_sure_predictions_and_how_many_changed():
+    """The floor's plain numbers are reported: 6 sure predictions, 1 changed (allowed: one)."""
+    sure = np.eye(6, 10, dtype=np.float32) * 10.0
+    other = sure.copy()
+    other[0] = other[0, ::-1]
+    with pytest.raises(ConversionMismatchError, match="disagree on 1 samples"):  # no witness
+        validate(sure, other, np.zeros((6, 1)), GateOptions(), ("ORT", "other"))
+    report = validate(sure, sure + 1e-6, np.zeros((6, 1)))
+    assert (report.sure_predictions, report.sure_changed) == (6, 0)
+    unsure = sure + np.eye(6, 10, k=1, dtype=np.float32) * 9.9
+    assert validate(unsure, unsure, np.zeros((6, 1))).sure_predictions == 0
+
+
 def test_without_a_witness_every_sample_must_agree_plainly(tied):
     _, x, ort, _ = tied
     with pytest.raises(ConversionMismatchError, match="disagree on 6 samples"):
