@@ -17,6 +17,7 @@ from converters.errors import (
     FloatFallbackError,
     InvalidModelError,
     UnsupportedOpError,
+    ZeroSignError,
 )
 from converters.gate import GateOptions, GateReport
 from converters.lce import ConversionResult, ConvertOptions, Reference, convert_onnx
@@ -50,4 +51,5 @@ __all__ = [
     "run_onnx",
     "run_tflite",
     "validate_outputs",
+    "ZeroSignError",
 ]
