@@ -10,6 +10,7 @@ it is (the translator then names the node it cannot convert):
 - ``fold-constants``: every node whose inputs are all constant (weights binarized in forward,
   shape chains, Brevitas' clamp + sign) evaluated by ONNX's reference evaluator;
 - ``qonnx-bipolar``: QONNX `BipolarQuant(x, s)` -> the canonical binarization times `s`;
+- ``index-put``: dynamo's `out[mask] = c` (ScatterND at NonZero(mask)) -> Where(mask, c, out);
 - ``ste-detach``: the straight-through trick `Add(Sub(S, P), P)` -> `S` (P's subgraph dies);
 - ``bitorch-sign``, ``cast-compare``, ``where-compare``: any elementwise function of one tensor
   `x` that reads `x` only through `Sign(x)` and comparisons with 0, and whose value is ±s with
@@ -19,6 +20,8 @@ it is (the translator then names the node it cannot convert):
 - ``plain-sign``: the same functions with another value at 0 (plain `Sign`, `x > 0`) that feed a
   Conv/MatMul/Gemm: rewritten to the canonical form and listed in `zero_sensitive`, so the gate
   can prove that no exact zero reaches them (`converters.lce.check_zero_free`);
+- ``clamp-sign``: the canonical binarization of a clamp that keeps sign classes (Clip(x, lo,
+  hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself;
 - ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer is
   moved before the binarization (tf2onnx, NHWC), so the binarization feeds the layer directly.
 
@@ -153,8 +156,19 @@ class Work:
 
     def infer(self) -> None:
         """Refresh value types and shapes with ONNX shape inference (a help, never required)."""
+        model = self.build()
+        # large constants (weights) enter as typed inputs: inference needs their shapes, not
+        # their values, and the model is built again every round
+        graph = model.graph
+        large = [i for i in graph.initializer if np.prod(i.dims) > 4096]
+        kept = [i for i in graph.initializer if np.prod(i.dims) <= 4096]
+        graph.input.extend(
+            helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in large
+        )
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
         try:
-            inferred = onnx.shape_inference.infer_shapes(self.build(), strict_mode=False)
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
         except Exception:  # custom domains (QONNX) or odd exporters: keep what we know
             return
         for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
@@ -332,6 +346,52 @@ def qonnx_bipolar(work: Work) -> int:
     return changed
 
 
+@rewrite("index-put")
+def index_put(work: Work) -> int:
+    """`out[mask] = c` as the dynamo exporter writes it, ScatterND(data,
+    Transpose(NonZero(mask)), Reshape(Expand(c, count))), is Where(mask, c, data) when c is
+    one constant value and the mask covers all of data's dimensions."""
+    producers = work.producers()
+    changed = 0
+    for node in list(work.nodes):
+        if node.op_type != "ScatterND" or any(a.s not in (b"", b"none") for a in node.attribute):
+            continue
+        data, indices, updates = node.input[:3]
+        transpose = producers.get(indices)
+        nonzero = producers.get(transpose.input[0]) if transpose is not None else None
+        if transpose is None or transpose.op_type != "Transpose" or nonzero is None:
+            continue
+        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
+        if nonzero.op_type != "NonZero" or perm != [[1, 0]]:
+            continue
+        mask = nonzero.input[0]
+        value = _uniform_update(work, updates, producers)
+        if value is None or work.shape(mask) is None or work.shape(mask) != work.shape(data):
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(work.elem_type(data) or onnx.TensorProto.FLOAT)
+        c = work.const(np.asarray(value, dtype), "put_value")
+        _replace(work, node, [helper.make_node("Where", [mask, c, data], [node.output[0]],
+                                               name=work.fresh("index_put"))])  # fmt: skip
+        changed += 1
+    _count(work, "index-put", changed)
+    return changed
+
+
+def _uniform_update(work: Work, name: str, producers: dict) -> np.ndarray | None:
+    """The one value of an update tensor built as Reshape/Expand of a uniform constant."""
+    for _ in range(4):
+        if name in work.consts:
+            value = np.asarray(work.consts[name])
+            if value.size and np.all(value == value.reshape(-1)[0]):
+                return value.reshape(-1)[0]
+            return None
+        node = producers.get(name)
+        if node is None or node.op_type not in ("Reshape", "Expand", "Identity"):
+            return None
+        name = node.input[0]
+    return None
+
+
 @rewrite("ste-detach")
 def ste_detach(work: Work) -> int:
     """`s.detach() - p.detach() + p` (ReActNet, Bi-Real, IR-Net code) exports as
@@ -359,11 +419,15 @@ def _sign_function(
     work: Work, root: str, producers: dict[str, onnx.NodeProto]
 ) -> tuple[str, list[onnx.NodeProto], dict[str, np.ndarray]] | None:
     """(x, nodes, scalar constants) when `root` is an elementwise function of one tensor x that
-    reads x only through Sign and comparisons with a constant 0 (see the module doc)."""
-    nodes: dict[str, onnx.NodeProto] = {}
+    reads x only through Sign and comparisons with a constant 0 (see the module doc).
+
+    The walk stops at the input of every Sign and of every comparison with 0 (unless that input
+    is itself a Sign's output, as in bitorch's `Equal(Sign(x), 0)`): those inputs are x, and
+    must all be the same tensor. Any other non-constant tensor reached means the function reads
+    a value, not a sign class, and is not one of these."""
+    nodes: dict[int, onnx.NodeProto] = {}
     consts: dict[str, np.ndarray] = {}
-    sources: set[str] = set()
-    readers: list[onnx.NodeProto] = []  # nodes reading the non-constant leaf
+    leaves: set[str] = set()
     stack = [root]
     while stack:
         name = stack.pop()
@@ -375,27 +439,28 @@ def _sign_function(
             continue
         node = producers.get(name)
         if node is None or node.op_type not in ELEMENTWISE or node.domain not in ONNX_DOMAINS:
-            sources.add(name)
+            return None  # a value read directly, not through a sign or a comparison
+        if id(node) in nodes:
             continue
-        if node.name + "|" + node.output[0] in nodes:
-            continue
-        nodes[node.name + "|" + node.output[0]] = node
-        stack.extend(n for n in node.input if n)
-    if len(sources) != 1 or root in sources:
-        return None
-    (x,) = sources
-    for node in nodes.values():
-        if x not in node.input:
-            continue
+        nodes[id(node)] = node
         if node.op_type == "Sign":
-            readers.append(node)
+            leaves.add(node.input[0])
         elif node.op_type in COMPARISONS:
-            other = [n for n in node.input if n != x]
-            if len(other) != 1 or other[0] not in consts or consts[other[0]] != 0:
+            zero = [n for n in node.input if n in work.consts]
+            other = [n for n in node.input if n not in work.consts]
+            if len(zero) != 1 or len(other) != 1 or np.any(work.consts[zero[0]] != 0):
                 return None
-            readers.append(node)
+            consts[zero[0]] = np.asarray(work.consts[zero[0]]).reshape(-1)[0:1].reshape(())
+            inner = producers.get(other[0])
+            if inner is not None and inner.op_type == "Sign":
+                stack.append(other[0])
+            else:
+                leaves.add(other[0])
         else:
-            return None
+            stack.extend(n for n in node.input if n)
+    if len(leaves) != 1 or root in leaves:
+        return None
+    (x,) = leaves
     shape_x = work.shape(x)
     for name in consts:  # scalarising a constant must not hide a broadcast that grows x
         full = work.consts[name].shape
@@ -523,6 +588,66 @@ def sign_idioms(work: Work, enabled: Iterable[str]) -> int:
         changed += 1
 
 
+def _scalar(work: Work, name: str) -> float | None:
+    value = work.consts.get(name) if name else None
+    if value is None or np.asarray(value).size != 1:
+        return None
+    return float(np.ravel(value)[0])
+
+
+def _unclamped(work: Work, node: onnx.NodeProto | None) -> str | None:
+    """x when `node` clamps x into a range around 0 that keeps every sign class (x < 0 stays
+    < 0, zeros stay zeros, x > 0 stays > 0), else None."""
+    if node is None:
+        return None
+    if node.op_type == "Clip" and len(node.input) >= 1:
+        lo = _scalar(work, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
+        hi = _scalar(work, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
+        for a in node.attribute:  # opset < 11 keeps the bounds as attributes
+            lo, hi = (a.f, hi) if a.name == "min" else (lo, a.f) if a.name == "max" else (lo, hi)
+        ok = lo is not None and hi is not None and lo < 0 < hi
+        return node.input[0] if ok else None
+    if node.op_type in ("Min", "Max") and len(node.input) == 2:
+        for k in (0, 1):
+            c = _scalar(work, node.input[1 - k])
+            if c is not None and node.input[k] not in work.consts:
+                ok = c > 0 if node.op_type == "Min" else c < 0
+                return node.input[k] if ok else None
+        return None
+    if node.op_type == "Where":
+        producers = work.producers()
+        cond = producers.get(node.input[0])
+        if cond is None or cond.op_type not in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual"):
+            return None
+        x, bound = cond.input
+        c, branch = _scalar(work, bound), _scalar(work, node.input[1])
+        if c is None or branch != c or node.input[2] != x or x in work.consts:
+            return None  # Where(x > c, c, x): min(x, c); Where(x < c, c, x): max(x, c)
+        above = cond.op_type.startswith("Greater")
+        return x if (c > 0 if above else c < 0) else None
+    return None
+
+
+@rewrite("clamp-sign")
+def clamp_sign(work: Work) -> int:
+    """A canonical binarization of clamp(x) (Clip, Min/Max, or Brevitas' Where(x > s, s, x))
+    reads x instead: the clamps here keep every sign class, so the binarization is the same."""
+    producers = work.producers()
+    changed = 0
+    for node in list(work.nodes):
+        if node.op_type != "Where" or not _is_canonical(work, node, producers):
+            continue
+        cond = producers[node.input[0]]
+        while True:
+            inner = _unclamped(work, producers.get(cond.input[0]))
+            if inner is None:
+                break
+            cond.input[0] = inner
+            changed += 1
+    _count(work, "clamp-sign", changed)
+    return changed
+
+
 @rewrite("transpose-binarized")
 def transpose_binarized(work: Work) -> int:
     """Binarize(x) -> Transpose/Reshape -> layer becomes Transpose/Reshape(x) -> Binarize ->
@@ -553,11 +678,25 @@ def transpose_binarized(work: Work) -> int:
     return changed
 
 
+def runnable_reference(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The model ONNX Runtime runs as the reference: None when it runs the original as it is;
+    for QONNX models, the original with each BipolarQuant written out in standard ONNX ops by
+    its definition (`qonnx_bipolar`), nothing else changed."""
+    if not any(n.domain in QONNX_DOMAINS for n in model.graph.node):
+        return None
+    work = Work(onnx.ModelProto.FromString(model.SerializeToString()))
+    qonnx_bipolar(work)
+    built = work.build()
+    del built.opset_import[:]
+    built.opset_import.extend(o for o in model.opset_import if o.domain not in QONNX_DOMAINS)
+    return built
+
+
 def normalize(
     model: onnx.ModelProto,
     batch: int = 1,
     disabled: Iterable[str] = (),
-    max_rounds: int = 8,
+    max_rounds: int = 64,
 ) -> tuple[onnx.ModelProto, NormalizeReport]:
     """Run every enabled pass until none changes the graph; (normalised model, report).
 
@@ -577,12 +716,14 @@ def normalize(
     for _ in range(max_rounds):
         work.infer()
         changed = 0
-        for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "ste-detach"):
+        for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach"):
             if name not in disabled:
                 changed += REWRITES[name](work)
         work.dead_code()
         if idioms:
             changed += sign_idioms(work, idioms)
+        if "clamp-sign" not in disabled:
+            changed += clamp_sign(work)
         if "transpose-binarized" not in disabled:
             changed += transpose_binarized(work)
         if not changed:
