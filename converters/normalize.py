@@ -231,7 +231,8 @@ def fix_batch(work: Work, batch: int = 1) -> int:
 
 @rewrite("drop-noise")
 def drop_noise(work: Work) -> int:
-    """Identity nodes, CastLike to a known type and Casts to the type a tensor already has."""
+    """Identity nodes, CastLike to a known type, Casts to the type a tensor already has and
+    reshapes to the shape it already has (bitorch's view_as)."""
     outputs = {o.name for o in work.outputs}
     changed = 0
     for node in list(work.nodes):
@@ -247,12 +248,22 @@ def drop_noise(work: Work) -> int:
             work.elem_type(node.input[0]) is not None
             and work.elem_type(node.input[0]) == helper.get_attribute_value(node.attribute[0])
         )
-        if (node.op_type == "Identity" or noop_cast) and node.output[0] not in outputs:
+        noop_reshape = node.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and (
+            _static(work.shape(node.input[0]))
+            and work.shape(node.input[0]) == work.shape(node.output[0])
+        )
+        if (node.op_type == "Identity" or noop_cast or noop_reshape) and node.output[
+            0
+        ] not in outputs:
             work.nodes.remove(node)
             work.rename_uses(node.output[0], node.input[0])
             changed += 1
     _count(work, "drop-noise", changed)
     return changed
+
+
+def _static(shape: list[int | None] | None) -> bool:
+    return shape is not None and all(d is not None and d > 0 for d in shape)
 
 
 def _evaluate(work: Work, node: onnx.NodeProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
