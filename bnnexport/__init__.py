@@ -8,6 +8,7 @@ Example:
     3
 """
 
+from bnnexport.convert import ConvertReport, convert_module
 from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_layers, binary_parameters
 from bnnexport.models import create_model, list_models, register_model
 from bnnexport.optimizers import Bop, CaseOptimizer, bop_with_adam, flip_rate, latent_adam
@@ -22,9 +23,11 @@ __all__ = [
     "BinaryLinear",
     "Bop",
     "CaseOptimizer",
+    "ConvertReport",
     "binary_layers",
     "binary_parameters",
     "bop_with_adam",
+    "convert_module",
     "create_model",
     "flip_rate",
     "get_quantizer",
