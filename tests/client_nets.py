@@ -16,6 +16,7 @@ zeros before a plain sign are as unlikely as in a trained model.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -319,3 +320,43 @@ def sample_inputs(shape: tuple[int, ...], samples: int = 16, seed: int = 0) -> n
 
 def load(path: Path) -> onnx.ModelProto:
     return onnx.load(str(path))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the real-client matrix: a model, an exporter, and the normaliser pass without
+    which it cannot convert (with the op type the one-line refusal then names)."""
+
+    client: str
+    model: str
+    exporter: str
+    key_pass: str
+    refused_op: str
+    slow: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.client}-{self.model}-{self.exporter}"
+
+    def build(self) -> tuple[nn.Module, tuple[int, ...]]:
+        if self.client == "plain-torch":
+            factory, shape = PLAIN_TORCH[self.model]
+            return factory(), shape
+        if self.client == "brevitas":
+            return brevitas_model()
+        return bitorch_model(self.model)
+
+
+ROWS = [
+    *[Row("bitorch", m, e, "bitorch-sign", "Where", slow=m != "lenet")
+      for m in ("lenet", "resnete18", "resnet18v1", "quicknetsmall") for e in ("legacy", "dynamo")],
+    Row("brevitas", "binary-cnn", "qonnx", "qonnx-bipolar", "BipolarQuant"),
+    Row("brevitas", "binary-cnn", "dynamo", "cast-compare", "GreaterOrEqual"),
+    *[Row("plain-torch", m, e, p, op)
+      for m, p, op in (("reactnet", "ste-detach", "Less"), ("bireal", "ste-detach", "Less"),
+                       ("xnornet", "fold-constants", "ReduceMean"), ("irnet", "plain-sign", "Sign"),
+                       ("autograd-ste", "plain-sign", "Sign"))
+      for e in ("legacy", "dynamo")],
+    Row("plain-torch", "index-put", "legacy", "where-compare", "Where"),
+    Row("plain-torch", "index-put", "dynamo", "index-put", "ScatterND"),
+]  # fmt: skip
