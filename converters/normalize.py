@@ -24,7 +24,9 @@ it is (the translator then names the node it cannot convert):
 - ``clamp-sign``: the canonical binarization of a clamp that keeps sign classes (Clip(x, lo,
   hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself;
 - ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer is
-  moved before the binarization (tf2onnx, NHWC), so the binarization feeds the layer directly.
+  moved before the binarization (tf2onnx, NHWC), so the binarization feeds the layer directly;
+- ``transpose-sink``: a Transpose moves below a Mul/Add by a constant, and two Transposes that
+  undo each other vanish: tf2onnx's NHWC <-> NCHW pairs around each Conv cancel.
 
 Example:
     >>> import onnx
@@ -674,6 +676,17 @@ def clamp_sign(work: Work) -> int:
     return changed
 
 
+def _binarized_source(node: onnx.NodeProto, producers: dict) -> str:
+    """x of a canonical binarization (`_is_canonical`): Where(GreaterOrEqual(x, 0), 1, -1) or
+    Sign(Add(Sign(x), c))."""
+    inner = producers[node.input[0]]
+    if node.op_type == "Where":
+        return inner.input[0]
+    sign = next(producers[n] for n in inner.input if n in producers and
+                producers[n].op_type == "Sign")  # fmt: skip
+    return sign.input[0]
+
+
 @rewrite("transpose-binarized")
 def transpose_binarized(work: Work) -> int:
     """Binarize(x) -> Transpose/Reshape -> layer becomes Transpose/Reshape(x) -> Binarize ->
@@ -685,14 +698,13 @@ def transpose_binarized(work: Work) -> int:
         if node.op_type not in ("Transpose", "Reshape"):
             continue
         where = producers.get(node.input[0])
-        if where is None or not _is_canonical(work, where, producers) or where.op_type != "Where":
+        if where is None or not _is_canonical(work, where, producers):
             continue
         if len(consumers.get(where.output[0], [])) != 1:
             continue
         if not any(r.op_type in LAYERS for r in consumers.get(node.output[0], [])):
             continue
-        cond = producers[where.input[0]]
-        source = cond.input[0]
+        source = _binarized_source(where, producers)
         moved = work.fresh(f"{source}__moved")
         shifted = helper.make_node(node.op_type, [source, *node.input[1:]], [moved],
                                    name=work.fresh(node.op_type))  # fmt: skip
@@ -716,6 +728,67 @@ def runnable_reference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     del built.opset_import[:]
     built.opset_import.extend(o for o in model.opset_import if o.domain not in QONNX_DOMAINS)
     return built
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    return [perm.index(k) for k in range(len(perm))]
+
+
+def _perm(node: onnx.NodeProto) -> list[int] | None:
+    found = [list(a.ints) for a in node.attribute if a.name == "perm"]
+    return found[0] if found else None
+
+
+@rewrite("transpose-sink")
+def transpose_sink(work: Work) -> int:
+    """Move a Transpose after a Mul/Add/Sub/Div by a constant (tf2onnx's BatchNorm on NHWC)
+    below it, with the constant transposed to match, and drop two Transposes that undo each
+    other: tf2onnx's NHWC <-> NCHW pairs around every Conv cancel, and the constants become
+    per-channel on ONNX's channel axis, where the translator fuses them into the binary conv."""
+    changed = 0
+    outputs = {o.name for o in work.outputs}
+    progress = True
+    while progress:
+        progress = False
+        consumers = work.consumers()
+        for node in list(work.nodes):
+            if node.op_type != "Transpose" or node.output[0] in outputs:
+                continue
+            perm, readers = _perm(node), consumers.get(node.output[0], [])
+            if perm is None or len(readers) != 1:
+                continue
+            (reader,) = readers
+            if reader.output[0] in outputs:
+                continue
+            if reader.op_type == "Transpose" and _perm(reader) == _inverse(perm):
+                work.nodes.remove(reader)
+                work.rename_uses(reader.output[0], node.input[0])
+                work.nodes.remove(node)  # its only reader is gone
+                changed, progress = changed + 1, True
+                break
+            if reader.op_type not in ("Mul", "Add", "Sub", "Div"):
+                continue
+            k = list(reader.input).index(node.output[0])
+            other = reader.input[1 - k]
+            if other not in work.consts or work.consts[other].ndim > len(perm):
+                continue
+            value = work.consts[other]
+            value = value.reshape((1,) * (len(perm) - value.ndim) + value.shape)
+            moved = work.const(np.transpose(value, _inverse(perm)), f"{other}__moved")
+            inner = work.fresh(f"{reader.output[0]}__before")
+            operands = [node.input[0], moved] if k == 0 else [moved, node.input[0]]
+            # the reader becomes the op on the untransposed tensor, the Transpose follows it
+            at = work.nodes.index(reader)
+            work.nodes[at : at + 1] = [
+                helper.make_node(reader.op_type, operands, [inner], name=work.fresh("sunk")),
+                helper.make_node("Transpose", [inner], [reader.output[0]], perm=perm,
+                                 name=work.fresh("Transpose")),
+            ]  # fmt: skip
+            work.nodes.remove(node)
+            changed, progress = changed + 1, True
+            break
+    _count(work, "transpose-sink", changed)
+    return changed
 
 
 def normalize(
@@ -752,6 +825,8 @@ def normalize(
             changed += clamp_sign(work)
         if "transpose-binarized" not in disabled:
             changed += transpose_binarized(work)
+        if "transpose-sink" not in disabled:
+            changed += transpose_sink(work)
         if not changed:
             break
     return work.build(keep_types=False), work.report

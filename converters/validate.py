@@ -124,7 +124,15 @@ def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads
     interpreter = lce_interpreter(flatbuffer_path, num_threads)
     check_input_shape(list(interpreter.input_shapes[0]), np.asarray(inputs), "the LCE flatbuffer")
     batch = interpreter.input_shapes[0][0]
-    return _batched(lambda x: np.asarray(interpreter.predict(x)), inputs, batch)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        if len(x) == 1:
+            return np.asarray(interpreter.predict(x))
+        # LCE's `predict` feeds a batch one sample at a time; a model converted at batch N
+        # (`--batch`) takes the whole chunk through the wrapper it calls
+        return np.asarray(interpreter.interpreter.predict([x])[0])
+
+    return _batched(predict, inputs, batch)
 
 
 def tflite_interpreter(flatbuffer: str | Path | bytes, num_threads: int = 1):  # noqa: ANN201

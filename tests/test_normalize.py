@@ -316,3 +316,23 @@ def test_rewrites_are_registered_once_by_name():
         rewrite("fold-constants")(lambda work: 0)
     with pytest.raises(ValueError, match="unknown rewrite"):
         normalize(model([helper.make_node("Relu", ["x"], ["y"])]), disabled=["no-such-pass"])
+
+
+def test_transposes_sink_below_constant_arithmetic_and_cancel():
+    """tf2onnx: NCHW Conv -> Transpose to NHWC -> BatchNorm as Mul/Add on the last axis ->
+    Transpose back: the constants move to the channel axis and both Transposes vanish."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        const("m", rng.random(4).astype(np.float32) + 0.5),
+        const("a", rng.standard_normal(4).astype(np.float32)),
+        helper.make_node("Transpose", ["x"], ["nhwc"], perm=[0, 2, 3, 1]),
+        helper.make_node("Mul", ["nhwc", "m"], ["scaled"]),
+        helper.make_node("Add", ["a", "scaled"], ["shifted"]),
+        helper.make_node("Transpose", ["shifted"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Relu", ["nchw"], ["y"]),
+    ]
+    before = model(nodes)
+    after, report = normalize(before)
+    assert ops(after) == ["Mul", "Add", "Relu"]
+    assert report.applied["transpose-sink"] == 3  # two moves, one cancellation
+    assert_exact(before, after, inputs())

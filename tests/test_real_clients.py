@@ -72,3 +72,41 @@ def test_without_its_key_rewrite_the_refusal_is_one_line_naming_the_node(row, ex
         assert result.exit_code == 2 and f"of op type {row.refused_op}" in lines[0]
         assert "unsupported ONNX node '" in lines[0]
     assert not path.with_name(f"{path.stem}-arm64.tflite").exists()
+
+
+@pytest.fixture(scope="module")
+def larq_like(tmp_path_factory):
+    """A larq model as tf2onnx writes it: NHWC, dynamic batch, `serving/input_1:0`, a
+    Transpose around every Conv, a dynamic-batch Flatten (`tests/tf2onnx_nets.py`)."""
+    import onnx
+    from tf2onnx_nets import larq_like as build
+
+    model, shape = build()
+    path = tmp_path_factory.mktemp("tf2onnx") / "larq_like.onnx"
+    onnx.save(model, str(path))
+    return path, shape
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_tf2onnx_larq_graph_converts_at_the_batch_given(larq_like, batch):
+    from converters.lce import ConvertOptions, convert_onnx
+
+    path, shape = larq_like
+    out = path.with_name(f"larq-b{batch}.tflite")
+    result = convert_onnx(path, out, inputs=sample_inputs(shape),
+                          options=ConvertOptions(batch=batch))  # fmt: skip
+    assert result.binary_layers == 3 and result.lce_bconv2d == 3  # two convs and the dense
+    assert result.fully_connected == 0 and result.float_fallbacks == []
+    assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0
+    assert result.normalized.batch == batch
+    assert {"transpose-binarized", "transpose-sink"} <= set(result.normalized.applied)
+
+
+def test_tf2onnx_without_moving_its_transposes_refuses_in_one_line(larq_like):
+    path, _ = larq_like
+    result = CliRunner().invoke(
+        main, ["convert", str(path), "--disable-rewrite", "transpose-binarized"]
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1
+    assert "model/bconv1_conv" in lines[0] and "would stay float" in lines[0]
