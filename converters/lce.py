@@ -271,12 +271,14 @@ def binarization_inputs(
         probe.SerializeToString(), providers=["CPUExecutionProvider"],
         disabled_optimizers=SCALING_FUSIONS,
     )  # fmt: skip
-    first = session.get_inputs()[0].name
+    first = session.get_inputs()[0]
+    batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
     names = list(sources)
     found: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for x in np.asarray(inputs, np.float32):
-        for name, value in zip(names, session.run(names, {first: x[None]}), strict=True):
-            found[name].append(value)
+    for x in np.asarray(inputs, np.float32):  # a fixed batch gets the sample repeated
+        feed = {first.name: np.repeat(x[None], batch, axis=0)}
+        for name, value in zip(names, session.run(names, feed), strict=True):
+            found[name].append(value[:1])
     return {n: np.stack(v) for n, v in found.items()}
 
 

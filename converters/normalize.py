@@ -95,6 +95,12 @@ class Work:
         self.outputs = list(graph.output)
         self.nodes = list(graph.node)
         self.types: dict[str, onnx.TypeProto] = {}
+        # constants the graph held as Constant nodes stay Constant nodes (not initializers):
+        # bnnexport's PyTorch twin loads every float initializer by its state-dict name
+        self.constant_nodes: set[str] = set()
+        # Identity(initializer) outputs: known values, but the node stays (it is how the
+        # exporter shares one tensor between two parameters, which the twin splits again)
+        self.aliases: set[str] = set()
         self.report = NormalizeReport()
         self._names = 0
 
@@ -142,8 +148,16 @@ class Work:
         """The current graph as a model, dead nodes and unused constants left out."""
         self.dead_code()
         used = {n for node in self.nodes for n in node.input} | {o.name for o in self.outputs}
-        inits = [numpy_helper.from_array(v, k) for k, v in self.consts.items() if k in used]
-        nodes = list(self.nodes)
+        inits = [
+            numpy_helper.from_array(v, k)
+            for k, v in self.consts.items()
+            if k in used and k not in self.constant_nodes and k not in self.aliases
+        ]
+        nodes = [
+            helper.make_node("Constant", [], [k], value=numpy_helper.from_array(self.consts[k], k))
+            for k in self.consts
+            if k in used and k in self.constant_nodes
+        ] + list(self.nodes)
         # a graph output that became a constant is produced by a Constant node
         for out in self.outputs:
             if out.name in self.consts and not any(out.name in n.output for n in nodes):
@@ -237,6 +251,7 @@ def drop_noise(work: Work) -> int:
     """Identity nodes, CastLike to a known type, Casts to the type a tensor already has and
     reshapes to the shape it already has (bitorch's view_as)."""
     outputs = {o.name for o in work.outputs}
+    initializers = {i.name for i in work.model.graph.initializer}
     changed = 0
     for node in list(work.nodes):
         if node.op_type == "CastLike" and node.domain in ONNX_DOMAINS:
@@ -255,9 +270,9 @@ def drop_noise(work: Work) -> int:
             _static(work.shape(node.input[0]))
             and work.shape(node.input[0]) == work.shape(node.output[0])
         )
-        if (node.op_type == "Identity" or noop_cast or noop_reshape) and node.output[
-            0
-        ] not in outputs:
+        shared = node.op_type == "Identity" and node.input[0] in initializers
+        removable = (node.op_type == "Identity" and not shared) or noop_cast or noop_reshape
+        if removable and node.output[0] not in outputs:
             work.nodes.remove(node)
             work.rename_uses(node.output[0], node.input[0])
             changed += 1
@@ -301,13 +316,35 @@ NEVER_FOLD = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifor
               "Multinomial", "Bernoulli")  # fmt: skip
 
 
+def _kernel_layout(node: onnx.NodeProto, initializers: set[str], consumers: dict) -> bool:
+    """A layout op on a stored weight that only layers read as their kernel (the legacy
+    exporter's `Transpose(W)` before MatMul). Left in place: the translator reads through it,
+    and the weight keeps its state-dict name, by which PyTorch's exact-grid twin loads it."""
+    readers = consumers.get(node.output[0], []) if node.output else []
+    return (
+        node.op_type in ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
+        and node.input[0] in initializers
+        and bool(readers)
+        and all(r.op_type in LAYERS and list(r.input).index(node.output[0]) == 1 for r in readers)
+    )
+
+
 @rewrite("fold-constants")
 def fold_constants(work: Work) -> int:
     """Replace every node whose inputs are all constant by its value (and `Shape` of a tensor
     whose shape is static by that shape)."""
     changed = 0
+    initializers = {i.name for i in work.model.graph.initializer}
+    consumers = work.consumers()
     for node in list(work.nodes):
         if node.domain not in ONNX_DOMAINS or node.op_type in NEVER_FOLD:
+            continue
+        if _kernel_layout(node, initializers, consumers):
+            continue
+        if node.op_type == "Identity" and node.input[0] in initializers:
+            if node.output[0] not in work.consts:
+                work.consts[node.output[0]] = work.consts[node.input[0]]
+                work.aliases.add(node.output[0])
             continue
         if node.op_type == "Shape":
             shape = work.shape(node.input[0])
@@ -328,6 +365,8 @@ def fold_constants(work: Work) -> int:
             continue
         for name, value in zip([o for o in node.output if o], values, strict=False):
             work.consts[name] = np.asarray(value)
+            if node.op_type == "Constant":
+                work.constant_nodes.add(name)
         work.nodes.remove(node)
         changed += 1
     _count(work, "fold-constants", changed)
