@@ -14,9 +14,18 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # torch first: the pinned CPU build; a bare `torch` requirement would pull the CUDA wheels.
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+# The real BNN libraries tests/test_real_clients.py converts. --no-deps: bitorch 0.4.1 and
+# Brevitas 0.13.4 would otherwise pull an older torch / downgrade setuptools (<81); their few
+# pure-Python dependencies are listed by hand (bitorch imports pandas; Brevitas needs
+# dependencies and unfoldNd, and onnxoptimizer for export_qonnx).
+CLIENTS := bitorch==0.4.1 brevitas==0.13.4 dependencies==2.0.1 unfoldNd==0.2.3 onnxoptimizer==0.4.2
+CLIENT_DEPS := "pandas==2.2.3" sympy
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install -q $(TORCH_PIN)
 	$(BIN)/pip install -q $(STACK) -e ".[dev]"
+	$(BIN)/pip install -q "numpy<2" $(CLIENT_DEPS)
+	$(BIN)/pip install -q --no-deps $(CLIENTS)
 	touch $@
 
 install: $(VENV)/.installed

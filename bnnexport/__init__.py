@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # Imported on first use: `python -m bnnexport` imports this package before its CLI can catch
 # a Ctrl-C, and importing torch here would take seconds of that time.
 _EXPORTS = {
+    "bnnexport.convert": ("ConvertReport", "convert_module"),
     "bnnexport.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
     "bnnexport.models": ("create_model", "list_models", "register_model"),
     "bnnexport.optimizers": ("Bop", "CaseOptimizer", "bop_with_adam", "flip_rate", "latent_adam"),
@@ -43,9 +44,11 @@ __all__ = [
     "BinaryLinear",
     "Bop",
     "CaseOptimizer",
+    "ConvertReport",
     "binary_layers",
     "binary_parameters",
     "bop_with_adam",
+    "convert_module",
     "create_model",
     "flip_rate",
     "get_quantizer",

@@ -73,6 +73,10 @@ class ConvertReport(Report):
     seconds: float
     checks: list[dict[str, Any]] = field(default_factory=list)
     twin_checks: list[dict[str, Any]] = field(default_factory=list)
+    # what the normalising front end rewrote (pass -> count), and the binarization inputs of
+    # plain Signs proven zero-free on the samples (converters.normalize)
+    rewrites: dict[str, int] = field(default_factory=dict)
+    zero_free_signs: list[str] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
     batch_twin: dict | None = None  # converters.batch.TwinResult, with --batch-twin N
 
@@ -96,7 +100,10 @@ class ConvertReport(Report):
             tflite_float_bytes=result.tflite_float_bytes,
             float_output=str(result.float_output) if result.float_output else None,
             seconds=seconds, checks=[g.to_json() for g in result.gates],
-            twin_checks=[g.to_json() for g in result.twin], op_histogram=result.op_histogram,
+            twin_checks=[g.to_json() for g in result.twin],
+            rewrites=dict(result.normalized.applied),
+            zero_free_signs=sorted(result.normalized.zero_sensitive),
+            op_histogram=result.op_histogram,
         )  # fmt: skip
 
     def to_table(self) -> str:
@@ -115,7 +122,7 @@ class ConvertReport(Report):
                 f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
             )
-        lines.append("op_histogram")
+        lines.append("op_histogram")  # (rewrites and zero_free_signs print with the fields)
         op_width = max((len(op) for op in histogram), default=0)
         lines += [f"  {op.ljust(op_width)}  {count}" for op, count in histogram.items()]
         return "\n".join(lines)
@@ -165,6 +172,8 @@ def convert_run(
     samples: int | None = None,
     allow_float: tuple[str, ...] = (),
     batch_twin: int | None = None,
+    batch: int = 1,
+    disabled_rewrites: tuple[str, ...] = (),
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -176,6 +185,9 @@ def convert_run(
         allow_float: binary layers (ONNX node names, or "all") allowed to stay float; they
             are listed in the report's `float_fallbacks`.
         batch_twin: also write MODEL-TARGET-bN.tflite, converted at batch N (`converters.batch`).
+        batch: the batch size fixed in place of a dynamic batch dimension.
+        disabled_rewrites: normaliser passes to skip (`converters.normalize.REWRITES`), to see
+            what one is for.
 
     Raises:
         FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch;
@@ -201,7 +213,10 @@ def convert_run(
     references = []
     if run is not None and inputs is not None and run.checkpoint.is_file():
         references.append(torch_reference(run, onnx_path))
-    options = ConvertOptions(gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float))
+    options = ConvertOptions(
+        gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), batch=batch,
+        disabled_rewrites=tuple(disabled_rewrites),
+    )  # fmt: skip
     try:
         result = convert_onnx(
             onnx_path, output, target=target, inputs=inputs, options=options,
@@ -224,4 +239,81 @@ def convert_run(
             if written is not None:
                 provenance.record(run.root, Path(written).name, ["model.onnx"])
         report.save(run.root / "convert.json")
+    return report
+
+
+EXPORTERS = ("legacy", "dynamo")
+MODULE_SAMPLES = 16
+
+
+def convert_module(
+    model: Any,
+    example_input: Any,
+    target: str = "arm64",
+    out: str | Path = "model-arm64.tflite",
+    exporter: str = "legacy",
+    opset: int | None = None,
+    samples: int = MODULE_SAMPLES,
+    allow_float: tuple[str, ...] = (),
+) -> ConvertReport:
+    """Convert any PyTorch BNN (`nn.Module`) to an LCE flatbuffer at `out`.
+
+    Exports it to ONNX next to `out` (same name, `.onnx`) with torch's legacy exporter or, with
+    `exporter="dynamo"`, the default one; then the same path as `bnnexport convert MODEL.onnx`:
+    normalise, translate, and the conversion gate, on `samples` standard-normal inputs of
+    `example_input`'s shape (ONNX Runtime on the exported file as reference). PyTorch's own
+    outputs on those inputs are compared with ONNX Runtime's (the export check: at most one
+    prediction may differ, for a rounding tie) and reported as `torch_argmax_agreement`.
+
+    Example:
+        >>> import torch, torch.nn as nn
+        >>> from bnnexport import convert_module
+        >>> net = nn.Sequential(nn.Conv2d(3, 8, 3))  # any BNN, see README
+        >>> x = torch.randn(1, 3, 8, 8)
+        >>> report = convert_module(net, x, out="/tmp/n.tflite")  # doctest: +SKIP
+
+    Raises:
+        FidelityError (exit 1) when the exported ONNX model or the flatbuffer disagree with
+        PyTorch / ONNX Runtime; the converter's errors as for `convert_run`.
+    """
+    import torch
+
+    from bnnexport.export import torch_outputs
+    from converters.validate import compare, run_lce, run_onnx
+
+    if exporter not in EXPORTERS:
+        raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx_path = out.with_suffix(".onnx")
+    model = model.eval()
+    kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
+    if opset is not None:
+        kwargs["opset_version"] = opset
+    with torch.no_grad():
+        torch.onnx.export(model, (example_input,), str(onnx_path), **kwargs)
+    shape = tuple(example_input.shape)
+    rng = np.random.default_rng(0)
+    inputs = rng.standard_normal((samples, *shape[1:])).astype(np.float32)
+    expected = torch_outputs(model, inputs)
+    export_check = compare(expected, run_onnx(onnx_path, inputs), RTOL)
+    if round((1.0 - export_check.argmax_agreement) * samples) > 1:
+        raise FidelityError(
+            f"ONNX Runtime disagrees with PyTorch on the exported {onnx_path}: argmax agreement "
+            f"{export_check.argmax_agreement:.2%}, max |diff| {export_check.max_abs_diff:.3g}"
+        )
+    start = time.perf_counter()
+    from converters.errors import ConversionMismatchError
+    from converters.gate import GateOptions
+    from converters.lce import ConvertOptions, convert_onnx
+
+    options = ConvertOptions(gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float))
+    try:
+        result = convert_onnx(onnx_path, out, target=target, inputs=inputs, options=options)
+    except ConversionMismatchError as error:
+        raise FidelityError(f"{error}; no flatbuffer kept") from None
+    report = ConvertReport.from_result(result, "lce", time.perf_counter() - start)
+    lce_vs_torch = compare(expected, run_lce(result.output, inputs), RTOL)
+    report.torch_argmax_agreement = lce_vs_torch.argmax_agreement
+    report.torch_max_abs_diff = lce_vs_torch.max_abs_diff
     return report

@@ -1,7 +1,8 @@
 """ONNX binarized neural networks -> TensorFlow (NHWC) -> Larq Compute Engine flatbuffers.
 
-Works on any ONNX BNN whose binarization is one of the patterns in `converters.patterns`
-and whose binary kernels are ±1 (or ±1 times a per-channel scale). Never imports bnnexport;
+Works on any ONNX BNN whose binarization the normalising front end (`converters.normalize`)
+maps to one of the patterns in `converters.patterns` and whose binary kernels are ±1 (or ±1
+times a per-channel scale) once constants are folded. Never imports bnnexport;
 TensorFlow and LCE are imported only inside the functions that need them.
 
 Example:
@@ -17,9 +18,11 @@ from converters.errors import (
     FloatFallbackError,
     InvalidModelError,
     UnsupportedOpError,
+    ZeroSignError,
 )
 from converters.gate import GateOptions, GateReport
 from converters.lce import ConversionResult, ConvertOptions, Reference, convert_onnx
+from converters.normalize import NormalizeReport
 from converters.patterns import BinaryLayerMatch, find_binary_layers
 from converters.validate import (
     compare,
@@ -40,6 +43,7 @@ __all__ = [
     "GateOptions",
     "GateReport",
     "InvalidModelError",
+    "NormalizeReport",
     "Reference",
     "UnsupportedOpError",
     "compare",
@@ -50,4 +54,5 @@ __all__ = [
     "run_onnx",
     "run_tflite",
     "validate_outputs",
+    "ZeroSignError",
 ]

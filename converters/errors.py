@@ -51,3 +51,10 @@ class FloatFallbackError(ConverterError):
 
 class InputShapeError(ConverterError):
     """Inputs given to a model do not have the shape the model takes."""
+
+
+class ZeroSignError(ConverterError):
+    """A plain `Sign` (sign(0) = 0) converted as sign(0) = +1 met an exact zero on a check sample:
+    the flatbuffer could differ from the model there."""
+
+    exit_code = 1

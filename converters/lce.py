@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from converters.errors import ConverterError, FloatFallbackError
+from converters.errors import ConverterError, FloatFallbackError, ZeroSignError
 from converters.gate import (
     GateOptions,
     GateReport,
@@ -48,6 +48,7 @@ from converters.gate import (
     validate,
 )
 from converters.graph import Graph, load_onnx
+from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in
 from converters.twin import exact_grid_twin, grid_inputs
 from converters.validate import (
@@ -107,6 +108,7 @@ class ConversionResult:
     gates: list[GateReport] = field(default_factory=list)
     twin: list[GateReport] = field(default_factory=list)
     float_fallbacks: list[str] = field(default_factory=list)
+    normalized: NormalizeReport = field(default_factory=NormalizeReport)
 
     def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
         """The gate report comparing `candidate` with `reference`, if that check ran."""
@@ -188,11 +190,14 @@ def random_inputs(shape: list[int], samples: int = RANDOM_SAMPLES, seed: int = 0
 @dataclass(frozen=True)
 class ConvertOptions:
     """How `convert_onnx` checks: the gate's thresholds, the layers allowed to stay float
-    (names, or "all"), and whether to convert the exact-grid twin."""
+    (names, or "all"), whether to convert the exact-grid twin, the batch size fixed in place
+    of a dynamic one, and normaliser passes to skip (`converters.normalize.REWRITES`)."""
 
     gate: GateOptions = GateOptions()
     allow_float: tuple[str, ...] = ()
     twin: bool = True
+    batch: int = 1
+    disabled_rewrites: tuple[str, ...] = ()
 
 
 def lookalike_layers(graph: Graph) -> dict[str, str]:
@@ -252,6 +257,55 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
     return flatbuffer, float_flatbuffer, info
 
 
+def binarization_inputs(
+    model: onnx.ModelProto, sources: Sequence[str], inputs: np.ndarray
+) -> dict[str, np.ndarray]:
+    """ONNX Runtime's values of tensors `sources` of `model` on `inputs` (one sample at a
+    time, so a model whose batch was fixed to 1 takes any number of samples)."""
+    import onnxruntime as ort
+
+    from converters.validate import SCALING_FUSIONS
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {o.name for o in probe.graph.output}
+    for name in sources:
+        if name not in known:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort.InferenceSession(
+        probe.SerializeToString(), providers=["CPUExecutionProvider"],
+        disabled_optimizers=SCALING_FUSIONS,
+    )  # fmt: skip
+    first = session.get_inputs()[0]
+    batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
+    names = list(sources)
+    found: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for x in np.asarray(inputs, np.float32):  # a fixed batch gets the sample repeated
+        feed = {first.name: np.repeat(x[None], batch, axis=0)}
+        for name, value in zip(names, session.run(names, feed), strict=True):
+            found[name].append(value[:1])
+    return {n: np.stack(v) for n, v in found.items()}
+
+
+def check_zero_free(
+    model: onnx.ModelProto, zero_sensitive: dict[str, float], inputs: np.ndarray, what: str
+) -> None:
+    """ZeroSignError unless no exact 0 (or -0.0) reaches a binarization the normaliser made out
+    of a plain Sign (or `x > 0`): there the original maps 0 to 0 (or -1), the flatbuffer to +1.
+    Everywhere else the two are the same function, so on `inputs` they agree exactly."""
+    if not zero_sensitive:
+        return
+    values = binarization_inputs(model, list(zero_sensitive), inputs)
+    for source, value in values.items():
+        zeros = np.argwhere(value.reshape(len(value), -1) == 0)
+        if len(zeros):
+            raise ZeroSignError(
+                f"{len(zeros)} exact zero(s) reach the plain Sign of {source!r} on {what} "
+                f"{int(zeros[0][0])}: it maps 0 to {zero_sensitive[source]:g}, which LCE's "
+                "1-bit activations cannot hold; binarize with sign(sign(x) + 0.1) or "
+                "where(x >= 0, 1, -1) (sign(0) = +1) and export again"
+            )
+
+
 def check_twin(
     model: onnx.ModelProto,
     inputs: np.ndarray,
@@ -259,7 +313,11 @@ def check_twin(
     options: GateOptions,
 ) -> list[GateReport]:
     """Convert the exact-grid twin of `model` and require LCE to agree with ONNX Runtime and
-    each reference's own twin with no tie at all (`converters.twin`)."""
+    each reference's own twin with no tie at all (`converters.twin`). The twin's inputs of
+    binarizations made from a plain Sign are not required to be zero-free: the twin is built
+    from the normalised graph, where both runtimes map 0 to +1 there, so its (common) exact
+    zeros test how the translator breaks them; whether the real model meets a zero is shown
+    on the real samples (`check_zero_free`)."""
     twin = exact_grid_twin(model)
     x = grid_inputs(inputs[:TWIN_SAMPLES])
     flatbuffer, _, _ = _translate(twin, float_model=False)
@@ -304,9 +362,16 @@ def convert_onnx(
         raise ConverterError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     start = time.perf_counter()
     onnx_path, output_path = Path(onnx_path), Path(output_path)
-    model = load_onnx(onnx_path)
+    original = load_onnx(onnx_path)
+    # everything below sees the normalised graph; ONNX Runtime runs the original file as the
+    # reference, which is what shows the normaliser exact
+    # every check runs one sample at a time, so the gated model has batch 1; a dynamic batch
+    # fixed at another size is translated again below and must give LCE's outputs exactly
+    model, normalized = normalize(original, 1, options.disabled_rewrites)
     graph = Graph(model)
     _refuse_fallbacks(lookalike_layers(graph), options.allow_float)  # before TensorFlow
+    reference = runnable_reference(original)
+    reference_path = onnx_path if reference is None else reference.SerializeToString()
     flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
     histogram = op_histogram(flatbuffer)
     allowed = _refuse_fallbacks(
@@ -315,9 +380,14 @@ def convert_onnx(
     is_random = inputs is None
     if inputs is None:
         inputs = random_inputs(info.input_shapes[0])
-    gates = _gates(onnx_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
+    check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
+    gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
                    write_float_tflite is not None)  # fmt: skip
     twin = check_twin(model, inputs, references, options.gate) if options.twin else []
+    if normalized.batch is not None and options.batch != 1:
+        flatbuffer, float_flatbuffer, gate = _rebatch(original, options, flatbuffer, inputs)
+        gates.append(gate)
+        normalized.batch = options.batch
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
         output=written,
@@ -337,11 +407,26 @@ def convert_onnx(
         gates=gates,
         twin=twin,
         float_fallbacks=allowed,
+        normalized=normalized,
     )
 
 
+def _rebatch(
+    original: onnx.ModelProto, options: ConvertOptions, gated: bytes, inputs: np.ndarray
+) -> tuple[bytes, bytes, GateReport]:
+    """The model translated at batch `options.batch` (flatbuffer, float flatbuffer), and its
+    comparison with the gated batch-1 flatbuffer: the same kernels per sample, so any
+    difference beyond the tolerance is a translation error."""
+    model, _ = normalize(original, options.batch, options.disabled_rewrites)
+    flatbuffer, float_flatbuffer, _ = _translate(model, float_model=True)
+    strict = GateOptions(rtol=options.gate.rtol, min_plain_agreement=1.0)
+    names = ("LCE batch 1", f"LCE batch {options.batch}")
+    report = validate(run_lce(gated, inputs), run_lce(flatbuffer, inputs), inputs, strict, names)
+    return flatbuffer, float_flatbuffer, report
+
+
 def _gates(
-    onnx_path: Path,
+    onnx_path: Path | bytes,
     model: onnx.ModelProto,
     flatbuffer: bytes,
     float_flatbuffer: bytes,

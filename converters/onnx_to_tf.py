@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from converters import tf_elementwise, tf_layers
-from converters.errors import InvalidModelError, UnsupportedOpError
+from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
 from converters.graph import Graph
 from converters.patterns import (
     Binarization,
@@ -91,7 +91,14 @@ class Translator:
         handler = HANDLERS.get(node.op_type)
         if handler is None:
             raise UnsupportedOpError(name, node.op_type, SUPPORTED)
-        return handler(self, node, self.inputs(node))
+        inputs = self.inputs(node)
+        try:
+            return handler(self, node, inputs)
+        except (ConverterError, RecursionError):
+            raise
+        except Exception as error:  # a supported op with attributes or shapes it cannot take
+            why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            raise UnsupportedOpError(name, node.op_type, SUPPORTED, why=why) from None
 
     def binarized_source(self, found: Binarization) -> Value:
         """The float tensor a binarization reads, with exact ties broken the way torch does

@@ -218,8 +218,15 @@ def squeeze(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Valu
 
 
 def transpose(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """NHWC <-> NCHW transposes (tf2onnx writes one around every Conv) only relabel the
+    layout, so a binary conv still finds its input stored NHWC."""
     x = inputs[0]
     perm = attributes(node).get("perm")
+    perm = list(perm) if perm is not None else None
+    if perm == [0, 3, 1, 2] and len(x.shape()) == 4:  # logical NHWC -> NCHW: stored NHWC
+        return Value(x.logical(), "nhwc")
+    if perm == [0, 2, 3, 1] and x.layout == "nhwc":  # NCHW -> NHWC: the storage itself
+        return Value(x.t, "plain")
     return Value(tf().transpose(x.logical(), perm), "plain")
 
 

@@ -251,18 +251,46 @@ class PlainSign(torch.autograd.Function):
         return grad
 
 
-@pytest.mark.parametrize("binarize", [torch.sign, PlainSign.apply], ids=["sign", "function"])
-def test_a_plain_sign_before_a_binary_kernel_is_refused_with_what_was_seen(tmp_path, binarize):
+def plain_sign_net(binarize, relu: bool = False) -> nn.Module:
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.conv = binary_conv(4, 8)
 
         def forward(self, x):
-            return self.conv(binarize(x)).flatten(1)
+            return self.conv(binarize(torch.relu(x) if relu else x)).flatten(1)
 
-    path = export(Net(), (1, 4, 6, 6), tmp_path / "plain.onnx")
+    return Net()
+
+
+SIGNS = pytest.mark.parametrize("binarize", [torch.sign, PlainSign.apply], ids=["sign", "function"])
+
+
+@SIGNS
+def test_a_plain_sign_no_zero_reaches_converts_and_is_listed(tmp_path, binarize):
+    path = export(plain_sign_net(binarize), (1, 4, 6, 6), tmp_path / "plain.onnx")
+    result = invoke("convert", path, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["lce_bconv2d"] == 1 and report["rewrites"]["plain-sign"] == 1
+    assert len(report["zero_free_signs"]) == 1
+
+
+@SIGNS
+def test_a_plain_sign_reached_by_exact_zeros_is_refused_with_what_to_change(tmp_path, binarize):
+    path = export(plain_sign_net(binarize, relu=True), (1, 4, 6, 6), tmp_path / "plain.onnx")
     result = invoke("convert", path)
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert "exact zero(s) reach the plain Sign" in line and "sign(sign(x) + 0.1)" in line
+    assert len(line.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.onnx"]
+
+
+@SIGNS
+def test_a_plain_sign_without_its_rewrite_is_refused_with_what_was_seen(tmp_path, binarize):
+    path = export(plain_sign_net(binarize), (1, 4, 6, 6), tmp_path / "plain.onnx")
+    result = invoke("convert", path, "--disable-rewrite", "plain-sign")
     assert result.exit_code == 1, result.output
     line = result.stderr.strip()
     assert "plain Sign, which maps 0 to 0" in line and "sign(sign(x) + 0.1)" in line

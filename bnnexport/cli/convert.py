@@ -26,29 +26,45 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 @click.option("--batch-twin", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
                    "by the same gate, for accuracy on a device (`bench --device-batch N`).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch size fixed in place of a dynamic batch dimension (tf2onnx and "
+                   "dynamic-axes exports); the flatbuffer takes exactly this batch.")
+@click.option("--disable-rewrite", "disabled", multiple=True, metavar="PASS",
+              help="Skip one pass of the normalising front end (e.g. bitorch-sign); repeatable. "
+                   "A diagnostic: the conversion then names the node that pass would rewrite.")
 @json_option
 @handle_errors
 @locks_run("source")
 def convert_command(source: str, target: str, fmt: str, samples: int | None,
-                    allow_float: tuple[str, ...], batch_twin: int | None,
-                    as_json: bool) -> None:
+                    allow_float: tuple[str, ...], batch_twin: int | None, batch: int,
+                    disabled: tuple[str, ...], as_json: bool) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
 
-    Every binary layer (a Conv/MatMul/Gemm with a ±1 kernel fed by a binarization) must become
-    an LceBconv2d: exit 1 naming each one that would stay float (see --allow-float), and for a
-    ±1 kernel behind a plain Sign (which maps 0 to 0). The flatbuffer then runs in LCE's
-    interpreter on the run's test samples (random inputs for a raw MODEL.onnx) and is compared
-    with ONNX Runtime and PyTorch, and an exact-grid twin of the graph (parameters and inputs on
-    power-of-two grids, so every sum is exact) is converted too and must agree with no sign tie
-    at all. Exit 1, keeping no flatbuffer, when a sample differs by more than 1e-4 of the logit
-    range, unless replaying LCE's own signs explains it by a few rounding ties (listed
-    under tie_samples; an exact 0 in both runtimes never counts), or when more than 1 % of the
-    predictions the reference is sure of (top-1 margin >= 5 % of the logit range; and more than
-    one) differ before any replay. An unsupported ONNX op exits 2, naming the node and
-    its op type.
+    Every binary layer (a Conv/MatMul/Gemm with a ±1 kernel fed by a binarization) must become an
+    LceBconv2d: exit 1 naming each one that would stay float (see --allow-float). The flatbuffer
+    then runs in LCE's interpreter on the run's test samples (random inputs for a raw MODEL.onnx)
+    and is compared with ONNX Runtime and PyTorch, and an exact-grid twin of the graph (parameters
+    and inputs on power-of-two grids, so every sum is exact) is converted too and must agree with no
+    sign tie at all. Exit 1, keeping no flatbuffer, when a sample differs by more than 1e-4 of the
+    logit range, unless replaying LCE's own signs explains it by a few rounding ties (listed under
+    tie_samples; an exact 0 in both runtimes never counts), or when more than 1 % of the predictions
+    the reference is sure of (top-1 margin >= 5 % of the logit range; and more than one) differ
+    before any replay. An unsupported ONNX op exits 2, naming the node and its op type.
+
+    Any ONNX file is first normalised: bitorch's, Brevitas' (QONNX BipolarQuant and plain),
+    ReActNet/Bi-Real/IR-Net's and tf2onnx's binarizations become one canonical form, weights
+    binarized in the graph are folded, shape chains fold at --batch. A plain Sign (sign(0) = 0)
+    in front of a binary layer converts only when no exact 0 reaches it on the samples (else
+    exit 1).
     """
     from bnnexport.convert import convert_run
+    from converters.normalize import REWRITES
 
+    unknown = sorted(set(disabled) - set(REWRITES))
+    if unknown:
+        raise click.BadParameter(f"unknown pass {unknown[0]!r}; passes: {', '.join(REWRITES)}",
+                                 param_hint="--disable-rewrite")
     report = convert_run(source, target=target, fmt=fmt, samples=samples,
-                         allow_float=allow_float, batch_twin=batch_twin)
+                         allow_float=allow_float, batch_twin=batch_twin, batch=batch,
+                         disabled_rewrites=disabled)
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

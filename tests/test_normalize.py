@@ -1,0 +1,339 @@
+"""converters.normalize: each pass rewrites its idiom exactly (ONNX Runtime on random inputs,
+exact zeros included, gives the same outputs before and after), or leaves the graph alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from converters.normalize import REWRITES, normalize, rewrite, runnable_reference
+from converters.patterns import find_binary_layers
+
+SHAPE = [1, 4, 5, 5]
+
+
+def const(name: str, value) -> onnx.NodeProto:
+    return helper.make_node(
+        "Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name)
+    )
+
+
+def model(nodes, output="y", shape=SHAPE, out_shape=None, inits=(), opset=17, domains=()):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)
+    graph = helper.make_graph(nodes, "g", [x], [y], list(inits))
+    imports = [helper.make_opsetid("", opset), *[helper.make_opsetid(d, 1) for d in domains]]
+    return helper.make_model(graph, opset_imports=imports)
+
+
+def with_conv(nodes, binarized: str) -> list[onnx.NodeProto]:
+    """`nodes` followed by a ±1 3x3 conv reading `binarized` (output y)."""
+    kernel = np.where(np.random.default_rng(0).standard_normal((3, 4, 3, 3)) >= 0, 1.0, -1.0)
+    return [*nodes, const("w", kernel.astype(np.float32)),
+            helper.make_node("Conv", [binarized, "w"], ["y"], pads=[1, 1, 1, 1])]  # fmt: skip
+
+
+def run(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def inputs(zeros: bool = True, shape=SHAPE) -> np.ndarray:
+    x = np.random.default_rng(1).standard_normal((8, *shape[1:])).astype(np.float32)
+    if zeros:  # exact zeros of both signs, where binarization idioms differ
+        x.reshape(8, -1)[:, ::7] = 0.0
+        x.reshape(8, -1)[:, 3::7] = -0.0
+    return x
+
+
+def assert_exact(before: onnx.ModelProto, after: onnx.ModelProto, x: np.ndarray) -> None:
+    for sample in x:
+        np.testing.assert_array_equal(run(before, sample[None]), run(after, sample[None]))
+
+
+def ops(m: onnx.ModelProto) -> list[str]:
+    """The op types computed (Constant nodes, kept as the graph had them, left out)."""
+    return [n.op_type for n in m.graph.node if n.op_type != "Constant"]
+
+
+BITORCH = [
+    helper.make_node("Sign", ["x"], ["s"]),
+    const("zero", np.float32(0)),
+    helper.make_node("Equal", ["s", "zero"], ["eq"]),
+    const("one", np.float32(1)),
+    helper.make_node("Where", ["eq", "one", "s"], ["b"]),
+]
+CANONICAL = ["GreaterOrEqual", "Where"]
+
+
+def test_bitorch_sign_becomes_the_canonical_binarization_exactly():
+    before = model(with_conv(BITORCH, "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["bitorch-sign"] == 1
+    assert report.zero_sensitive == {}
+    assert find_binary_layers(after)[0].binary
+    assert_exact(before, after, inputs())
+
+
+def test_a_disabled_rewrite_leaves_its_idiom_in_place():
+    before = model(with_conv(BITORCH, "b"))
+    after, report = normalize(before, disabled=["bitorch-sign"])
+    assert "Equal" in ops(after) and "bitorch-sign" not in report.applied
+    assert find_binary_layers(after) == []
+
+
+def test_brevitas_cast_times_two_minus_one_is_canonical():
+    nodes = [
+        const("zero", np.float32(0)), const("two", np.float32(2)), const("one", np.float32(1)),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Cast", ["ge"], ["c"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["c", "two"], ["m"]),
+        helper.make_node("Sub", ["m", "one"], ["b"]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["cast-compare"] == 1
+    assert_exact(before, after, inputs())
+
+
+def test_index_put_where_chain_is_canonical():
+    """out = zeros; out[x >= 0] = 1; out[x < 0] = -1, as the legacy exporter writes it."""
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("minus", np.float32(-1)),
+        const("zeros", np.zeros(SHAPE, np.float32)),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "zeros"], ["put1"]),
+        helper.make_node("Less", ["x", "zero"], ["lt"]),
+        helper.make_node("Where", ["lt", "minus", "put1"], ["b"]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["where-compare"] == 1
+    assert_exact(before, after, inputs())
+
+
+def test_dynamo_index_put_scatter_becomes_where():
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.array([1.0], np.float32)),
+        const("minus", np.array([-1.0], np.float32)), const("flat", np.array([-1], np.int64)),
+        const("zeros", np.zeros(SHAPE, np.float32)),
+    ]  # fmt: skip
+    data = "zeros"
+    for k, (cmp, value) in enumerate([("GreaterOrEqual", "one"), ("Less", "minus")]):
+        nodes += [
+            helper.make_node(cmp, ["x", "zero"], [f"mask{k}"]),
+            helper.make_node("NonZero", [f"mask{k}"], [f"nz{k}"]),
+            helper.make_node("Transpose", [f"nz{k}"], [f"idx{k}"], perm=[1, 0]),
+            helper.make_node("Reshape", [f"mask{k}", "flat"], [f"m{k}"]),
+            helper.make_node("Cast", [f"m{k}"], [f"i{k}"], to=TensorProto.INT64),
+            helper.make_node("ReduceSum", [f"i{k}"], [f"n{k}"], keepdims=1),
+            helper.make_node("Expand", [value, f"n{k}"], [f"u{k}"]),
+            helper.make_node("ScatterND", [data, f"idx{k}", f"u{k}"], [f"put{k}"]),
+        ]
+        data = f"put{k}"
+    before = model(with_conv(nodes, data))
+    after, report = normalize(before)
+    assert report.applied["index-put"] == 2 and report.applied["where-compare"] == 1
+    assert ops(after) == [*CANONICAL, "Conv"]
+    assert_exact(before, after, inputs())
+
+
+def test_plain_sign_feeding_a_conv_is_canonical_and_listed_as_zero_sensitive():
+    before = model(with_conv([helper.make_node("Sign", ["x"], ["b"])], "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"]
+    assert report.zero_sensitive == {"x": 0.0}
+    assert_exact(before, after, inputs(zeros=False))  # the same function away from 0
+    x = inputs(zeros=True)
+    assert not np.array_equal(run(before, x[:1]), run(after, x[:1]))  # and not at 0
+
+
+def test_greater_than_zero_is_zero_sensitive_with_minus_one_at_zero():
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("minus", np.float32(-1)),
+        helper.make_node("Greater", ["x", "zero"], ["gt"]),
+        helper.make_node("Where", ["gt", "one", "minus"], ["b"]),
+    ]  # fmt: skip
+    _, report = normalize(model(with_conv(nodes, "b")))
+    assert report.zero_sensitive == {"x": -1.0} and report.applied["plain-sign"] == 1
+
+
+def test_plain_sign_outside_a_binary_layer_is_left_alone():
+    nodes = [helper.make_node("Sign", ["x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    after, report = normalize(model(nodes))
+    assert ops(after) == ["Sign", "Relu"] and report.zero_sensitive == {}
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        [const("c", np.float32(0.5)), helper.make_node("Greater", ["x", "c"], ["gt"]),
+         const("one", np.float32(1)), const("minus", np.float32(-1)),
+         helper.make_node("Where", ["gt", "one", "minus"], ["b"])],
+        [const("zero", np.float32(0)), helper.make_node("Less", ["x", "zero"], ["lt"]),
+         const("minus", np.float32(-1)), helper.make_node("Where", ["lt", "minus", "x"], ["b"])],
+    ],
+    ids=["threshold-not-zero", "reads-the-value"],
+)  # fmt: skip
+def test_functions_that_are_not_sign_functions_are_not_rewritten(nodes):
+    after, report = normalize(model(with_conv(nodes, "b")))
+    assert "GreaterOrEqual" not in ops(after) and report.zero_sensitive == {}
+
+
+def test_qonnx_bipolar_quant_is_canonical_times_its_scale():
+    bq = helper.make_node("BipolarQuant", ["x", "s"], ["b"], domain="qonnx.custom_op.general")
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+    before = model(with_conv([bq], "b"), inits=[scale], domains=["qonnx.custom_op.general"])
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Mul", "Conv"] and report.applied["qonnx-bipolar"] == 1
+    reference = runnable_reference(before)  # BipolarQuant by its definition, for ORT
+    assert_exact(reference, after, inputs())
+    zeros, ones = (np.full((1, *SHAPE[1:]), v, np.float32) for v in (0.0, 1.0))
+    np.testing.assert_array_equal(run(reference, zeros), run(reference, ones))  # 0 -> +s
+
+
+def test_ste_detach_reads_the_sign_and_its_surrogate_dies():
+    nodes = [
+        helper.make_node("Sign", ["x"], ["s"]), helper.make_node("Tanh", ["x"], ["p"]),
+        helper.make_node("Sub", ["s", "p"], ["d"]), helper.make_node("Add", ["d", "p"], ["b"]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["ste-detach"] == 1
+    assert report.zero_sensitive == {"x": 0.0}
+    x = inputs(zeros=False)
+    np.testing.assert_allclose(run(before, x[:1]), run(after, x[:1]), rtol=0, atol=1e-5)
+
+
+def test_weights_binarized_in_forward_fold_into_a_scaled_binary_kernel():
+    """XNOR-Net / ReActNet: mean|w| per output channel x sign(w), computed in the graph."""
+    w = np.random.default_rng(2).standard_normal((3, 4, 3, 3)).astype(np.float32)
+    nodes = [
+        const("latent", w), const("axes", np.array([1, 2, 3], np.int64)),
+        helper.make_node("Abs", ["latent"], ["a"]),
+        helper.make_node("ReduceMean", ["a", "axes"], ["m"], keepdims=1),
+        helper.make_node("Sign", ["latent"], ["sw"]), helper.make_node("Mul", ["m", "sw"], ["k"]),
+        *BITORCH, helper.make_node("Conv", ["b", "k"], ["y"], pads=[1, 1, 1, 1]),
+    ]  # fmt: skip
+    before = model(nodes, opset=18)
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["fold-constants"] >= 5
+    (layer,) = find_binary_layers(after)
+    assert layer.binary and not layer.strict
+    np.testing.assert_allclose(layer.scale, np.abs(w).mean(axis=(1, 2, 3)), rtol=1e-6)
+    assert_exact(before, after, inputs())
+
+
+def test_brevitas_clamp_before_its_binarization_is_read_through():
+    nodes = [
+        const("s", np.float32(1.0)), const("ms", np.float32(-1.0)), const("zero", np.float32(0)),
+        const("one", np.float32(1)), const("minus", np.float32(-1)),
+        helper.make_node("Greater", ["x", "s"], ["gt"]),
+        helper.make_node("Where", ["gt", "s", "x"], ["c1"]),
+        helper.make_node("Less", ["c1", "ms"], ["lt"]),
+        helper.make_node("Where", ["lt", "ms", "c1"], ["c2"]),
+        helper.make_node("GreaterOrEqual", ["c2", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "minus"], ["b"]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["clamp-sign"] == 2
+    assert_exact(before, after, inputs())
+
+
+def test_a_clamp_that_moves_zero_is_kept():
+    nodes = [
+        const("lo", np.float32(0.5)), const("hi", np.float32(2.0)), const("zero", np.float32(0)),
+        const("one", np.float32(1)), const("minus", np.float32(-1)),
+        helper.make_node("Clip", ["x", "lo", "hi"], ["c"]),
+        helper.make_node("GreaterOrEqual", ["c", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "minus"], ["b"]),
+    ]  # fmt: skip
+    after, report = normalize(model(with_conv(nodes, "b")))
+    assert "Clip" in ops(after) and "clamp-sign" not in report.applied
+
+
+def test_transpose_between_binarization_and_conv_moves_before_it():
+    """tf2onnx: NHWC tensors, binarized, then transposed to NCHW for the Conv."""
+    shape = [1, 5, 5, 4]
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("minus", np.float32(-1)),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "minus"], ["bn"]),
+        helper.make_node("Transpose", ["bn"], ["b"], perm=[0, 3, 1, 2]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"), shape=shape)
+    after, report = normalize(before)
+    assert ops(after) == ["Transpose", *CANONICAL, "Conv"]
+    assert report.applied["transpose-binarized"] == 1
+    assert_exact(before, after, inputs(shape=shape))
+
+
+def test_dynamic_batch_shape_chains_fold_to_constants():
+    """tf2onnx / legacy: Reshape's target from Shape -> Gather -> Cast -> Slice -> Concat."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 5, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        const("i0", np.array(0, np.int64)),
+        helper.make_node("Gather", ["shape", "i0"], ["n"]),
+        helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["nf", "ax"], ["n1"]),
+        const("ax", np.array([0], np.int64)),
+        const("rest", np.array([100], np.int64)),
+        helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]  # fmt: skip
+    nodes.insert(4, nodes.pop(5))  # "ax" before its reader
+    before = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                               opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    after, report = normalize(before, batch=2)
+    assert ops(after) == ["Reshape"] and report.batch == 2
+    assert after.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
+    x = inputs()[:2]
+    np.testing.assert_array_equal(run(before, x), run(after, x))
+
+
+def test_dynamo_castlike_and_identity_noise_is_removed():
+    nodes = [
+        helper.make_node("Identity", ["x"], ["i"]),
+        const("like", np.float32(1)),
+        helper.make_node("CastLike", ["i", "like"], ["c"]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    before = model(nodes)
+    after, _ = normalize(before)
+    assert ops(after) == ["Relu"]
+    assert_exact(before, after, inputs())
+
+
+def test_rewrites_are_registered_once_by_name():
+    assert {"fold-constants", "bitorch-sign", "qonnx-bipolar", "ste-detach", "plain-sign",
+            "index-put", "clamp-sign", "transpose-binarized"} <= set(REWRITES)  # fmt: skip
+    with pytest.raises(ValueError, match="registered twice"):
+        rewrite("fold-constants")(lambda work: 0)
+    with pytest.raises(ValueError, match="unknown rewrite"):
+        normalize(model([helper.make_node("Relu", ["x"], ["y"])]), disabled=["no-such-pass"])
+
+
+def test_transposes_sink_below_constant_arithmetic_and_cancel():
+    """tf2onnx: NCHW Conv -> Transpose to NHWC -> BatchNorm as Mul/Add on the last axis ->
+    Transpose back: the constants move to the channel axis and both Transposes vanish."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        const("m", rng.random(4).astype(np.float32) + 0.5),
+        const("a", rng.standard_normal(4).astype(np.float32)),
+        helper.make_node("Transpose", ["x"], ["nhwc"], perm=[0, 2, 3, 1]),
+        helper.make_node("Mul", ["nhwc", "m"], ["scaled"]),
+        helper.make_node("Add", ["a", "scaled"], ["shifted"]),
+        helper.make_node("Transpose", ["shifted"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Relu", ["nchw"], ["y"]),
+    ]
+    before = model(nodes)
+    after, report = normalize(before)
+    assert ops(after) == ["Mul", "Add", "Relu"]
+    assert report.applied["transpose-sink"] == 3  # two moves, one cancellation
+    assert_exact(before, after, inputs())
