@@ -22,9 +22,8 @@ _EXPORTS = {
     "bnnexport.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
     "bnnexport.models": ("create_model", "list_models", "register_model"),
     "bnnexport.optimizers": ("Bop", "CaseOptimizer", "bop_with_adam", "flip_rate", "latent_adam"),
-    "bnnexport.pack": ("load_packed",),
     "bnnexport.quantizers": ("get_quantizer", "list_quantizers"),
-    "bnnexport.runs": ("load_checkpoint", "load_model"),
+    "bnnexport.runs": ("load_checkpoint", "load_model", "load_packed"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from bnnexport.errors import CheckpointError, RunLockedError
+from bnnexport.packed import PACKED_NAME, load_packed_state
 from bnnexport.reports import write_bytes_atomic, write_json_atomic
 
 CHECKPOINT_FORMAT = "bnnexport-checkpoint"
@@ -253,11 +254,17 @@ def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpo
     return model.eval()
 
 
+def load_packed(path: str | os.PathLike) -> nn.Module:
+    """The model stored in a packed `.safetensors` file (or a run directory's), in eval mode."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / PACKED_NAME
+    return build_model(load_packed_state(path), path)
+
+
 def load_model(path: str | os.PathLike) -> nn.Module:
     """The model in a checkpoint file, run directory or packed `.safetensors`, in eval mode."""
     if Path(path).suffix.lower() == ".safetensors":
-        from bnnexport.pack import load_packed  # lazily: pack imports this module
-
         return load_packed(path)
     return build_model(load_checkpoint(path), path)
 

@@ -41,7 +41,7 @@ from bnnexport.errors import NotBinaryError
 from bnnexport.layers import BinaryLayer, binary_layers
 from bnnexport.quantizers import Quantizer, get_quantizer, list_quantizers
 from bnnexport.reports import Report
-from bnnexport.runs import RunDir, build_model, load_checkpoint
+from bnnexport.runs import RunDir, build_model, load_checkpoint, load_packed
 
 EXAMPLES = 5  # off values quoted per offending layer
 
@@ -242,8 +242,6 @@ def verify(path: str | os.PathLike) -> VerifyReport:
     if suffix == ".onnx":
         return verify_onnx(path)
     if suffix == ".safetensors":
-        from bnnexport.pack import load_packed
-
         return verify_model(load_packed(path), str(path), "packed")
     return verify_model(build_model(load_checkpoint(path), path), str(path), "checkpoint")
 

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 import bnnexport
 from bnnexport.datasets import load_dataset
 from bnnexport.errors import CheckpointError
-from bnnexport.pack import load_packed, pack
-from bnnexport.runs import load_checkpoint, load_model, save_checkpoint
+from bnnexport.pack import pack
+from bnnexport.runs import load_checkpoint, load_model, load_packed, save_checkpoint
 
 KERNELS = ("features.2.weight", "features.5.weight", "classifier.1.weight")
 
