@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,21 +27,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from bnnexport.datasets.imagefolder import load_imagefolder
+from bnnexport.datasets.splits import DatasetSplits
 from bnnexport.errors import DataError
 
 MNIST5K_TEST_PER_CLASS = 100
 _SPLIT_SEED = 20190101  # fixed forever: the mnist5k test set must never change
-
-
-@dataclass
-class DatasetSplits:
-    """A data set's training and test splits and what a model needs to know about it."""
-
-    name: str
-    train: Dataset
-    test: Dataset
-    num_classes: int
-    input_shape: tuple[int, int, int]
 
 
 def to_signed_unit(images: np.ndarray) -> torch.Tensor:
@@ -180,9 +170,5 @@ def load_dataset(
     if name not in _LOADERS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}")
     return _LOADERS[name](data_dir, augment=augment)
-
-
-# Registered last: the module builds on DatasetSplits and register_dataset above.
-from bnnexport.datasets.imagefolder import load_imagefolder  # noqa: E402
 
 register_dataset("imagefolder", load_imagefolder)

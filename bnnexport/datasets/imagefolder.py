@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bnnexport.datasets import DatasetSplits
+from bnnexport.datasets.splits import DatasetSplits
 from bnnexport.errors import DataError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
