@@ -58,12 +58,12 @@ def interleaved(
 
 def machine() -> dict[str, Any]:
     """Where the numbers came from: uname, CPU model, cores, load average at the time."""
-    from bnnexport.bench import _host_cpu
+    from bnnexport.bench import host_cpu
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "uname": " ".join(platform.uname()),
-        "cpu_model": _host_cpu(),
+        "cpu_model": host_cpu(),
         "cores": os.cpu_count(),
         "load_average": [round(v, 2) for v in load] if load else None,
         "python": platform.python_version(),

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from _common import emit, interleaved, log, machine, parser, table, torch_pipeline
 
-from bnnexport.bench import _host_backends, load_samples
+from bnnexport.bench import host_backends, load_samples
 from bnnexport.models import list_models, model_info
 from bnnexport.runs import RunDir
 
@@ -45,7 +45,7 @@ def measure(model: str, tmp: Path, input_size: int | None, rounds: int,
     threads = torch.get_num_threads()
     calls, sizes = {}, {}
     try:
-        for name, path, factory in _host_backends(run, "arm64", 1):
+        for name, path, factory in host_backends(run, "arm64", 1):
             _, call = factory(x1)
             calls[name] = call
             sizes[name] = path.stat().st_size if path is not None else None

@@ -29,27 +29,11 @@ import numpy as np
 from bnnexport.errors import CheckpointError, DataError
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import RunDir, load_model
+from bnnexport.scoring import BackendResult, score
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
 EXPORT_HINT = "run `bnnexport export {run}` first"
 RUNNERS = ("auto", "python", "lce_benchmark_model")
-
-
-@dataclasses.dataclass
-class BackendResult:
-    """One backend on one machine: accuracy, agreement with PyTorch, latency, model size."""
-
-    name: str
-    where: str
-    model: str | None
-    size_bytes: int | None
-    samples: int
-    top1: float | None
-    top5: float | None
-    argmax_agreement: float | None
-    max_abs_diff: float | None
-    latency_ms: dict[str, float | None]
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -142,14 +126,6 @@ def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
         )
 
 
-def topk(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
-    """Fraction of samples whose label is among the k largest outputs."""
-    top = np.argsort(-logits.reshape(len(logits), -1), axis=1)[:, :k]
-    if (labels < 0).any():  # random samples of an untrained `init` run: no ground truth
-        return float("nan")
-    return float(np.mean(np.any(top == labels[:, None], axis=1)))
-
-
 def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, float]:
     """Call `call` `warmup` times untimed, then `runs` times timed; latency stats in ms."""
     from deploy.runner import latency_stats  # the same statistics as on the device
@@ -164,7 +140,7 @@ def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, flo
     return latency_stats(times)
 
 
-def _host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Path | None, Any]]:
+def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Path | None, Any]]:
     """(name, model file, factory) per host backend; a factory returns (predict_all, call_one)."""
     import torch
 
@@ -256,27 +232,6 @@ def usable_backends(
     return usable, skipped
 
 
-def _score(name: str, where: str, model: Path | None, outputs: np.ndarray | None,
-           labels: np.ndarray, reference: np.ndarray | None, latency: dict[str, Any],
-           extra: dict[str, Any] | None = None) -> BackendResult:
-    from converters.validate import compare
-
-    top1 = top5 = agree = diff = None
-    if outputs is not None:
-        outputs = outputs.reshape(len(outputs), -1)
-        top1 = topk(outputs, labels, 1)
-        top5 = topk(outputs, labels, 5) if outputs.shape[1] > 5 else None
-        if reference is not None:
-            agreement = compare(reference, outputs)
-            agree, diff = agreement.argmax_agreement, agreement.max_abs_diff
-    return BackendResult(
-        name=name, where=where, model=str(model) if model else None,
-        size_bytes=model.stat().st_size if model and model.is_file() else None,
-        samples=len(labels), top1=top1, top5=top5, argmax_agreement=agree, max_abs_diff=diff,
-        latency_ms=latency, extra=extra or {},
-    )
-
-
 def _device_backend(
     device: str, run: RunDir, target: str, inputs: np.ndarray, labels: np.ndarray,
     reference: np.ndarray, runs: int, threads: int, warmup: int, runner: str,
@@ -307,7 +262,7 @@ def _device_backend(
         latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
         extra = {"runner": "python", "lce_version": result.get("lce_version"),
                  "device_accuracy": result.get("accuracy")}
-        return ([_score("lce", device, flatbuffer, outputs, labels, reference, latency, extra)],
+        return ([score("lce", device, flatbuffer, outputs, labels, reference, latency, extra)],
                 identity, None)
     from bnnexport.device_accuracy import device_lce_rows
     from deploy.device_accuracy import DeviceOptions
@@ -357,7 +312,7 @@ def bench(
     run = RunDir(run_dir).require()
     inputs, labels = load_samples(run, samples)
     _require_input_shape(run, inputs)
-    backends, skipped = usable_backends(run, _host_backends(run, target, threads), target)
+    backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     x1 = np.ascontiguousarray(inputs[:1])
     results: list[BackendResult] = []
     reference = None
@@ -373,7 +328,7 @@ def bench(
                 reference = outputs
             host_outputs[name] = outputs
             latency = time_calls(call, runs, warmup)
-            results.append(_score(name, "host", path, outputs, labels, reference, latency))
+            results.append(score(name, "host", path, outputs, labels, reference, latency))
     finally:
         torch.set_num_threads(torch_threads)
     identity = raw = None
@@ -387,7 +342,7 @@ def bench(
         run_dir=str(run.root), samples=len(inputs), runs=runs, threads=threads,
         num_classes=int(reference.shape[1]),
         host={"uname": " ".join(part for part in platform.uname() if part),
-              "machine": platform.machine(), "cpu_model": _host_cpu(),
+              "machine": platform.machine(), "cpu_model": host_cpu(),
               "python": platform.python_version()},
         backends=results, device=identity, files=_file_sizes(run, target), skipped=skipped,
     )
@@ -433,7 +388,8 @@ def _file_sizes(run: RunDir, target: str) -> dict[str, int]:
     return {n: (run.root / n).stat().st_size for n in names if (run.root / n).is_file()}
 
 
-def _host_cpu() -> str:
+def host_cpu() -> str:
+    """The CPU model name from /proc/cpuinfo (the platform string where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from bnnexport.errors import CheckpointError
+from bnnexport.scoring import score
 
 DEFAULT_BATCH = 64
 VERSUS_HOST = "lce vs host lce"
@@ -61,7 +62,6 @@ def device_lce_rows(
     `options` is a `deploy.device_accuracy.DeviceOptions`; `reference` are PyTorch's outputs and
     `host_lce` the host LCE interpreter's on the same samples.
     """
-    from bnnexport.bench import _score
     from deploy.device_accuracy import AccuracyJob, run_on_device
 
     flatbuffer = run_dir / f"model-{target}.tflite"
@@ -90,9 +90,9 @@ def device_lce_rows(
              "accuracy_invocations": device.invocations,
              "accuracy_seconds": device.accuracy_seconds, "note": note}
     where = client.destination
-    rows = [_score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
+    rows = [score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
     if device.outputs is not None and host_lce is not None:
-        rows.append(_score(VERSUS_HOST, where, twin, device.outputs, labels, host_lce, {},
+        rows.append(score(VERSUS_HOST, where, twin, device.outputs, labels, host_lce, {},
                            {"reference": "host lce"}))
     if note:
         print(f"bnnexport: note: {note}", file=sys.stderr)

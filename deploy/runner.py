@@ -41,9 +41,12 @@ def latency_stats(times_ms: list) -> dict:
     }
 
 
-def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
-    """Fraction of samples whose label is among the k largest logits."""
-    top = np.argsort(-logits, axis=1)[:, :k]
+def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float | None:
+    """Fraction of samples whose label is among the k largest logits; None when any label is
+    negative (the random samples of an untrained `init` run have no ground truth)."""
+    if (np.asarray(labels) < 0).any():
+        return None
+    top = np.argsort(-logits.reshape(len(logits), -1), axis=1)[:, :k]
     return float(np.mean(np.any(top == labels[:, None], axis=1)))
 
 

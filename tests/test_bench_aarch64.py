@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 from test_deploy_aarch64 import REAL_BINARY, stand_in_outputs, write_stand_in
 
-from bnnexport.bench import topk
 from bnnexport.cli.bench import bench_command
+from deploy.runner import topk_accuracy as topk
 
 pytest_plugins = ["aarch64_device"]
 
