@@ -23,14 +23,24 @@ class ConverterError(Exception):
 class UnsupportedOpError(ConverterError):
     """An ONNX node the translator cannot turn into TensorFlow exactly."""
 
-    def __init__(self, node_name: str, op_type: str, supported: Iterable[str], why: str = ""):
+    def __init__(
+        self, node_name: str, op_type: str, supported: Iterable[str] = (), why: str = ""
+    ):
+        super().__init__(node_name, op_type, why)
         self.node_name = node_name
         self.op_type = op_type
-        reason = f" ({why})" if why else ""
-        super().__init__(
-            f"unsupported ONNX node {node_name!r} of op type {op_type}{reason}; "
-            f"supported op types: {', '.join(sorted(set(supported)))}"
-        )
+        self.why = why
+        self.supported = sorted(set(supported))  # the translator fills it in (`listing`)
+
+    def listing(self, supported: Iterable[str]) -> UnsupportedOpError:
+        """This error, naming the op types the translator supports."""
+        self.supported = sorted(set(supported))
+        return self
+
+    def __str__(self) -> str:
+        reason = f" ({self.why})" if self.why else ""
+        known = f"; supported op types: {', '.join(self.supported)}" if self.supported else ""
+        return f"unsupported ONNX node {self.node_name!r} of op type {self.op_type}{reason}{known}"
 
 
 class InvalidModelError(ConverterError):

@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +40,14 @@ SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])
 NUDGE_THROUGH = ("MaxPool", "Flatten", "Reshape", "Identity", "Squeeze")
 
 
+class _Needs(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised inside a node's translation: tensor `name` must be translated first."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
 class Translator:
     """Translates one ONNX graph into TF ops, inside a `tf.function` being traced."""
 
@@ -52,22 +59,45 @@ class Translator:
         # ONNX source -> the Value its binarizations read (what `build_module(witness=True)`
         # also outputs, so a runtime's signs can be replayed in ONNX Runtime)
         self.witnessed: dict[str, Value] = {}
+        self._translating = False  # inside `translate`: `value` may not recurse
 
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""
         return self.graph.const(name) if name else None
 
     def value(self, name: str) -> Value:
-        """The translated value of ONNX tensor `name` (translating its producer on demand)."""
+        """The translated value of ONNX tensor `name` (translating its producers on demand).
+
+        Iterative, so graph depth is not bounded by Python's recursion limit: inside a node's
+        translation, asking for a tensor not translated yet abandons that attempt (`_Needs`);
+        the loop translates the tensor first and tries the node again. Ops an abandoned attempt
+        created are unreachable from the outputs, and TensorFlow's converter drops them.
+        """
         if name in self.values:
             return self.values[name]
         const = self.graph.const(name)
         if const is not None:
             return Value(tf().constant(const), "plain")
-        node = self.graph.producer.get(name)
-        if node is None:
-            raise InvalidModelError(f"tensor {name!r} has no producer in the ONNX graph")
-        self.values[name] = self.translate(node)
+        if self._translating:
+            raise _Needs(name)
+        pending = [name]
+        while pending:
+            wanted = pending[-1]
+            node = self.graph.producer.get(wanted)
+            if node is None:
+                raise InvalidModelError(f"tensor {wanted!r} has no producer in the ONNX graph")
+            self._translating = True
+            try:
+                self.values[wanted] = self.translate(node)
+            except _Needs as needs:
+                if needs.name in pending:  # only a cyclic graph asks for itself
+                    cycle = f"the ONNX graph has a cycle at {needs.name!r}"
+                    raise InvalidModelError(cycle) from None
+                pending.append(needs.name)
+                continue
+            finally:
+                self._translating = False
+            pending.pop()
         return self.values[name]
 
     def inputs(self, node: onnx.NodeProto) -> list[Value | None]:
@@ -90,15 +120,15 @@ class Translator:
             return Value(binarize(src.t), src.layout, src.perm)
         handler = HANDLERS.get(node.op_type)
         if handler is None:
-            raise UnsupportedOpError(name, node.op_type, SUPPORTED)
+            raise UnsupportedOpError(name, node.op_type)
         inputs = self.inputs(node)
         try:
             return handler(self, node, inputs)
-        except (ConverterError, RecursionError):
+        except (ConverterError, _Needs):
             raise
         except Exception as error:  # a supported op with attributes or shapes it cannot take
             why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            raise UnsupportedOpError(name, node.op_type, SUPPORTED, why=why) from None
+            raise UnsupportedOpError(name, node.op_type, why=why) from None
 
     def binarized_source(self, found: Binarization) -> Value:
         """The float tensor a binarization reads, with exact ties broken the way torch does
@@ -190,6 +220,8 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
                     result[f"witness_{k:03d}"] = value.logical()
                 witnessed[:] = translator.witnessed
         except Exception as error:  # tf.function may wrap it; keep ours to re-raise as is
+            if isinstance(error, UnsupportedOpError):
+                error.listing(SUPPORTED)  # handlers name the node; the list is added once here
             errors.append(error)
             raise
         emitted[:] = translator.binary_emitted
@@ -201,16 +233,12 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     ]
     module = tensorflow.Module()
     module.serve = tensorflow.function(serve, input_signature=specs, autograph=False)
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 20000))  # `value` recurses once per node on a path
     try:
         concrete = module.serve.get_concrete_function()
     except Exception:
         if errors:
             raise errors[0] from None
         raise
-    finally:
-        sys.setrecursionlimit(limit)
     module.concrete = concrete
     info = TranslationInfo(
         binary_layers=len(layers),

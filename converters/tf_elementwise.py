@@ -16,44 +16,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from converters.graph import attributes
+from converters.tf_ops import (
+    TranslatorView,
+    Value,
+    channel_affine,
+    onnx_const_to_layout,
+    pad_constant,
+    per_channel,
+    stored_channels,
+    tf,
+    unsupported,
+)
 
-if TYPE_CHECKING:  # the translator imports this module
+if TYPE_CHECKING:
     from onnx import NodeProto
-
-    from converters.onnx_to_tf import Translator
-from converters.tf_ops import Value, onnx_const_to_layout, pad_constant, per_channel, tf
-
-
-def _unsupported(tr: Translator, node: NodeProto, why: str) -> Exception:
-    from converters.tf_layers import _unsupported as make
-
-    return make(tr, node, why)
-
-
-def _channels(x: Value) -> int | None:
-    """Channel count when the stored layout keeps channels on the last axis."""
-    shape = x.shape()
-    if x.layout in ("nhwc", "flat4") or (x.layout == "plain" and len(shape) == 2):
-        return shape[1]
-    return None
-
-
-def channel_affine(
-    tr: Translator, node: NodeProto, x: Value, m: np.ndarray, b: np.ndarray
-) -> Value:
-    """x * m + b with per-channel (logical axis 1) constants."""
-    channels = _channels(x)
-    if x.is_affine and channels is not None:
-        return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b)
-    if channels is not None:
-        # 1-D constants: LCE folds a Mul/Add after a bconv into its [C] multiplier and bias,
-        # and a 4-D [1, 1, 1, C] constant there makes the flatbuffer fail to load
-        mc, bc = m.astype(np.float32), b.astype(np.float32)
-    else:
-        shape = [1, len(m)] + [1] * (len(x.shape()) - 2)
-        mc = onnx_const_to_layout(m.reshape(shape), x)
-        bc = onnx_const_to_layout(b.reshape(shape), x)
-    return Value(x.t * tf().constant(mc) + tf().constant(bc), x.layout, x.perm)
 
 
 def _same_layout(tr, node, a: Value, b: Value) -> tuple[object, object, str, np.ndarray | None]:
@@ -70,7 +46,7 @@ _OPS = {
 }
 
 
-def arithmetic(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def arithmetic(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     a, b = inputs
     op = _OPS[node.op_type]
     if a is not None and b is not None:
@@ -79,20 +55,19 @@ def arithmetic(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> V
     x, const_first = (a, False) if a is not None else (b, True)
     c = tr.const(node.input[0 if const_first else 1]).astype(np.float32)
     stored = onnx_const_to_layout(c, x)
-    channels = _channels(x)
+    channels = stored_channels(x)
     vec = per_channel(stored, channels) if channels is not None else None
     if vec is not None and x.is_affine:
         ones, zeros = np.ones_like(vec), np.zeros_like(vec)
         if node.op_type == "Add":
-            return channel_affine(tr, node, x, ones, vec)
+            return channel_affine(x, ones, vec)
         if node.op_type == "Sub":
-            return channel_affine(
-                tr, node, x, -ones if const_first else ones, vec if const_first else -vec
+            return channel_affine(x, -ones if const_first else ones, vec if const_first else -vec
             )
         if node.op_type == "Mul":
-            return channel_affine(tr, node, x, vec, zeros)
+            return channel_affine(x, vec, zeros)
         if not const_first:
-            return channel_affine(tr, node, x, 1.0 / vec, zeros)
+            return channel_affine(x, 1.0 / vec, zeros)
     t = x.t
     if vec is not None:
         stored = vec  # 1-D, see channel_affine
@@ -107,7 +82,7 @@ def arithmetic(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> V
     return Value(op(k, t) if const_first else op(t, k), x.layout, x.perm)
 
 
-def unary(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     fns = {
@@ -122,23 +97,23 @@ def unary(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
         "Cast": lambda t: t,
     }
     if node.op_type == "Cast" and attrs["to"] != 1:
-        raise _unsupported(tr, node, "only casts to float32")
+        raise unsupported(node, "only casts to float32")
     if node.op_type in ("Identity", "Dropout", "Cast"):
         return x
     return Value(fns[node.op_type](x.t), x.layout, x.perm)
 
 
-def prelu(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def prelu(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     slope = tr.const(node.input[1])
     if slope is None:
-        raise _unsupported(tr, node, "the slope must be a constant")
+        raise unsupported(node, "the slope must be a constant")
     s = tf().constant(onnx_const_to_layout(slope.astype(np.float32), x))
     t = x.t
     return Value(tf().maximum(t, 0.0) + s * tf().minimum(t, 0.0), x.layout, x.perm)
 
 
-def clip(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def clip(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     low = tr.const(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("min")
@@ -151,7 +126,7 @@ def clip(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     return Value(t, x.layout, x.perm)
 
 
-def softmax(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def softmax(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     rank = len(x.shape())
     axis = attributes(node).get("axis", -1 if tr.graph.model.opset_import[0].version >= 13 else 1)
@@ -164,7 +139,7 @@ def softmax(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Valu
     return Value(fn(x.logical(), axis=axis), "plain")
 
 
-def flatten(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def flatten(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     shape = x.shape()
     axis = attributes(node).get("axis", 1) % max(len(shape), 1)
@@ -189,12 +164,12 @@ def _to_flat(x: Value) -> Value:
     return Value(tf().reshape(x.t, [shape[0], -1]), "plain")
 
 
-def reshape(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def reshape(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     shape = x.shape()
     target = tr.const(node.input[1])
     if target is None:
-        raise _unsupported(tr, node, "the target shape must be a constant")
+        raise unsupported(node, "the target shape must be a constant")
     target = [int(d) if d != 0 else shape[k] for k, d in enumerate(target)]
     target = list(np.empty(shape, dtype=np.int8).reshape(target).shape)
     if target == shape:
@@ -206,7 +181,7 @@ def reshape(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Valu
     return Value(tf().reshape(x.logical(), target), "plain")
 
 
-def squeeze(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def squeeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     axes = tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
     shape = x.shape()
@@ -217,7 +192,7 @@ def squeeze(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Valu
     return Value(tf().reshape(x.logical(), target), "plain")
 
 
-def transpose(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     """NHWC <-> NCHW transposes (tf2onnx writes one around every Conv) only relabel the
     layout, so a binary conv still finds its input stored NHWC."""
     x = inputs[0]
@@ -230,7 +205,7 @@ def transpose(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Va
     return Value(tf().transpose(x.logical(), perm), "plain")
 
 
-def concat(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def concat(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     values = [
         v if v is not None else Value(tf().constant(tr.const(n)), "plain")
         for v, n in zip(inputs, node.input, strict=True)
@@ -246,7 +221,7 @@ def concat(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value
     return Value(tf().concat([v.logical() for v in values], axis=axis), "plain")
 
 
-def pad(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def pad(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     pads = tr.const(node.input[1]) if len(node.input) > 1 else attrs.get("pads")
@@ -256,7 +231,7 @@ def pad(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     )
     mode = attrs.get("mode", "constant")
     if pads is None:
-        raise _unsupported(tr, node, "pads must be constant")
+        raise unsupported(node, "pads must be constant")
     pads = [int(p) for p in pads]
     rank = len(pads) // 2
     if x.layout == "nhwc" and rank == 4 and not any(pads[k] for k in (0, 1, 4, 5)):
@@ -266,12 +241,12 @@ def pad(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
         if mode == "reflect":
             return Value(tf().pad(x.t, [[0, 0], *hw, [0, 0]], mode="REFLECT"), "nhwc")
     if mode != "constant":
-        raise _unsupported(tr, node, f"mode={mode}")
+        raise unsupported(node, f"mode={mode}")
     pairs = [[pads[k], pads[k + rank]] for k in range(rank)]
     return Value(tf().pad(x.logical(), pairs, constant_values=value), "plain")
 
 
-def reduce_mean(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def reduce_mean(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
     axes = tr.const(node.input[1]) if len(node.input) > 1 else attrs.get("axes")

@@ -24,17 +24,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from converters.errors import UnsupportedOpError
 from converters.graph import attributes
-
-if TYPE_CHECKING:  # the translator imports this module
-    from onnx import NodeProto
-
-    from converters.onnx_to_tf import Translator
-    from converters.patterns import BinaryLayerMatch
 from converters.tf_ops import (
+    TranslatorView,
     Value,
     binarize,
+    channel_affine,
     correction_map,
     effective_pads,
     is_same,
@@ -42,13 +37,13 @@ from converters.tf_ops import (
     pool_pads,
     subtract_spatial,
     tf,
+    unsupported,
 )
 
+if TYPE_CHECKING:
+    from onnx import NodeProto
 
-def _unsupported(tr: Translator, node: NodeProto, why: str) -> UnsupportedOpError:
-    from converters.onnx_to_tf import SUPPORTED
-
-    return UnsupportedOpError(node.name or node.output[0], node.op_type, SUPPORTED, why)
+    from converters.patterns import BinaryLayerMatch
 
 
 def _nhwc(tr, node, x: Value) -> Value:
@@ -57,13 +52,13 @@ def _nhwc(tr, node, x: Value) -> Value:
         return x
     if len(x.shape()) == 4:
         return Value(tf().transpose(x.logical(), [0, 2, 3, 1]), "nhwc")
-    raise _unsupported(tr, node, f"expects a 4-D NCHW input, got shape {x.shape()}")
+    raise unsupported(node, f"expects a 4-D NCHW input, got shape {x.shape()}")
 
 
 def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
     attrs = attributes(node)
     if kernel.ndim != 4:
-        raise _unsupported(tr, node, "only 2-D convolutions")
+        raise unsupported(node, "only 2-D convolutions")
     kh, kw = kernel.shape[2:]
     strides = list(attrs.get("strides", [1, 1]))
     dilations = list(attrs.get("dilations", [1, 1]))
@@ -79,7 +74,7 @@ def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
         )
         pads = [t, left, b, r]
     elif auto_pad not in ("NOTSET", "VALID"):
-        raise _unsupported(tr, node, f"auto_pad={auto_pad}")
+        raise unsupported(node, f"auto_pad={auto_pad}")
     elif auto_pad == "VALID":
         pads = [0, 0, 0, 0]
     return (kh, kw), strides, dilations, pads, int(attrs.get("group", 1))
@@ -116,11 +111,11 @@ def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
     return out
 
 
-def conv(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     """Float Conv (group 1 or depthwise)."""
     kernel = tr.const(node.input[1])
     if kernel is None:
-        raise _unsupported(tr, node, "the kernel must be a constant")
+        raise unsupported(node, "the kernel must be a constant")
     x = _nhwc(tr, node, inputs[0])
     ksize, strides, dilations, pads, group = _conv_attrs(tr, node, kernel, x)
     t = x.t
@@ -137,14 +132,14 @@ def conv(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
         k = kernel.reshape(cin, mult, *ksize).transpose(2, 3, 0, 1).astype(np.float32)
         y = tf().nn.depthwise_conv2d(t, k, [1, *strides, 1], mode, dilations=dilations)
     else:
-        raise _unsupported(tr, node, f"grouped convolution with group={group}")
+        raise unsupported(node, f"grouped convolution with group={group}")
     bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if bias is not None:
         y = y + tf().constant(bias.astype(np.float32))
     return Value(y, "nhwc")
 
 
-def binary_layer(tr: Translator, node: NodeProto, match: BinaryLayerMatch) -> Value | None:
+def binary_layer(tr: TranslatorView, node: NodeProto, match: BinaryLayerMatch) -> Value | None:
     """Emit a binary Conv/MatMul/Gemm as LceBconv2d patterns; None to fall back to float."""
     chain = tr.chain(match)
     src = tr.binarized_source(_binarization(tr, match))
@@ -278,16 +273,16 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
     return Value(None, "flat4", acc=y, m=scale, b=bias)
 
 
-def dense(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     """Float MatMul / Gemm with a constant right-hand side."""
     attrs = attributes(node)
     kernel = tr.const(node.input[1])
     x = inputs[0]
     if kernel is None or x is None or kernel.ndim != 2 or len(x.shape()) != 2:
-        raise _unsupported(tr, node, "only [N, F] x constant [F, O] products")
+        raise unsupported(node, "only [N, F] x constant [F, O] products")
     if node.op_type == "Gemm":
         if attrs.get("transA", 0):
-            raise _unsupported(tr, node, "transA=1")
+            raise unsupported(node, "transA=1")
         if attrs.get("transB", 0):
             kernel = kernel.T
         kernel = kernel * np.float32(attrs.get("alpha", 1.0))
@@ -298,7 +293,7 @@ def dense(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         c = tr.const(node.input[2])
         if c is None:
-            raise _unsupported(tr, node, "the bias must be a constant")
+            raise unsupported(node, "the bias must be a constant")
         y = y + tf().constant((c * np.float32(attrs.get("beta", 1.0))).astype(np.float32))
     return Value(y, "plain")
 
@@ -309,9 +304,9 @@ def _pool_attrs(tr, node, x: Value):
     strides = list(attrs.get("strides", [1, 1]))
     pads = list(attrs.get("pads", [0, 0, 0, 0]))
     if len(kernel) != 2 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
-        raise _unsupported(tr, node, "only 2-D pooling without dilation")
+        raise unsupported(node, "only 2-D pooling without dilation")
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise _unsupported(tr, node, f"auto_pad={attrs['auto_pad']}")
+        raise unsupported(node, f"auto_pad={attrs['auto_pad']}")
     if attrs.get("ceil_mode", 0):
         h, w = x.shape()[2:]
         for size, k, s, b, a in (
@@ -319,18 +314,18 @@ def _pool_attrs(tr, node, x: Value):
             (w, kernel[1], strides[1], pads[1], pads[3]),
         ):
             if (size + b + a - k) % s:
-                raise _unsupported(tr, node, "ceil_mode=1 where it changes the output size")
+                raise unsupported(node, "ceil_mode=1 where it changes the output size")
     return kernel, strides, pads, attrs
 
 
-def max_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def max_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     kernel, strides, pads, _ = _pool_attrs(tr, node, x)
     t, mode = pool_pads(x.t, kernel, strides, pads, float(np.finfo(np.float32).min))
     return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
 
 
-def average_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def average_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     kernel, strides, pads, attrs = _pool_attrs(tr, node, x)
     t = x.t
@@ -341,27 +336,25 @@ def average_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) ->
     else:
         mode = _padding_mode(t, kernel, strides, [1, 1], pads)
         if mode is None:
-            raise _unsupported(tr, node, "padding that excludes the border but is not SAME")
+            raise unsupported(node, "padding that excludes the border but is not SAME")
     return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
 
 
-def global_pool(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def global_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     reduce = tf().reduce_mean if node.op_type == "GlobalAveragePool" else tf().reduce_max
     return Value(reduce(x.t, axis=[1, 2], keepdims=True), "nhwc")
 
 
-def batch_norm(tr: Translator, node: NodeProto, inputs: list[Value | None]) -> Value:
+def batch_norm(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     gamma, beta, mean, var = (tr.const(n) for n in node.input[1:5])
     if any(c is None for c in (gamma, beta, mean, var)):
-        raise _unsupported(tr, node, "statistics must be constants (inference mode)")
+        raise unsupported(node, "statistics must be constants (inference mode)")
     eps = attributes(node).get("epsilon", 1e-5)
     m = (gamma / np.sqrt(var.astype(np.float64) + eps)).astype(np.float32)
     b = (beta - mean * m).astype(np.float32)
-    from converters.tf_elementwise import channel_affine
-
-    return channel_affine(tr, node, x, m, b)
+    return channel_affine(x, m, b)
 
 
 HANDLERS = {

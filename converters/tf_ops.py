@@ -26,9 +26,17 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+from converters.errors import UnsupportedOpError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from converters.graph import Graph
+    from converters.patterns import Binarization, BinaryLayerMatch
 
 LAYOUTS = ("nhwc", "plain", "flat4", "perm")
 
@@ -280,3 +288,51 @@ def per_channel(c: np.ndarray, channels: int) -> np.ndarray | None:
     if all(d == 1 for d in c.shape[:-1]) and c.shape[-1] in (1, channels):
         return np.broadcast_to(c.reshape(-1), (channels,)).astype(np.float32)
     return None
+
+
+def unsupported(node: Any, why: str) -> UnsupportedOpError:
+    """The error for an ONNX `node` of a supported op type that this translator cannot take
+    (the translator adds the list of supported op types)."""
+    return UnsupportedOpError(node.name or node.output[0], node.op_type, why=why)
+
+
+def stored_channels(x: Value) -> int | None:
+    """Channel count when the stored layout keeps channels on the last axis."""
+    shape = x.shape()
+    if x.layout in ("nhwc", "flat4") or (x.layout == "plain" and len(shape) == 2):
+        return shape[1]
+    return None
+
+
+def channel_affine(x: Value, m: np.ndarray, b: np.ndarray) -> Value:
+    """x * m + b with per-channel (logical axis 1) constants."""
+    channels = stored_channels(x)
+    if x.is_affine and channels is not None:
+        return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b)
+    if channels is not None:
+        # 1-D constants: LCE folds a Mul/Add after a bconv into its [C] multiplier and bias,
+        # and a 4-D [1, 1, 1, C] constant there makes the flatbuffer fail to load
+        mc, bc = m.astype(np.float32), b.astype(np.float32)
+    else:
+        shape = [1, len(m)] + [1] * (len(x.shape()) - 2)
+        mc = onnx_const_to_layout(m.reshape(shape), x)
+        bc = onnx_const_to_layout(b.reshape(shape), x)
+    return Value(x.t * tf().constant(mc) + tf().constant(bc), x.layout, x.perm)
+
+
+class TranslatorView(Protocol):
+    """What a handler (`HANDLERS[op](tr, node, inputs) -> Value`) may use of the translator."""
+
+    graph: Graph
+
+    def const(self, name: str) -> np.ndarray | None:
+        """A folded constant input, or None."""
+
+    def binarized_source(self, found: Binarization) -> Value:
+        """The float tensor a binarization reads, with torch's tie-break at exact zeros."""
+
+    def chain(self, match: BinaryLayerMatch) -> list[onnx.NodeProto]:
+        """Nodes between a binary layer's binarization and its data input."""
+
+    def replay(self, node: onnx.NodeProto, x: Value) -> Value:
+        """Apply a shape-only node (or max-pool) to `x` instead of its ONNX input."""
