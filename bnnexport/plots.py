@@ -12,17 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bnnexport.reports import save_figure_atomic
+from bnnexport.reports import pyplot, save_figure_atomic
 from bnnexport.runs import RunDir, read_jsonl
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_training(run: RunDir | str | os.PathLike) -> list[Path]:
@@ -31,7 +22,7 @@ def plot_training(run: RunDir | str | os.PathLike) -> list[Path]:
     records = read_jsonl(run.metrics)
     epochs = [r for r in records if r.get("kind") == "epoch"]
     steps = [r for r in records if r.get("kind") == "step"]
-    plt = _pyplot()
+    plt = pyplot()
     written = []
     if epochs:
         fig, ax = plt.subplots(figsize=(6, 4))

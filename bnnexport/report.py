@@ -16,16 +16,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from bnnexport.reports import save_figure_atomic, write_bytes_atomic
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from bnnexport.reports import pyplot, save_figure_atomic, write_bytes_atomic
 
 
 def _label(backend: Any) -> str:
@@ -34,7 +25,7 @@ def _label(backend: Any) -> str:
 
 def _bar(path: Path, labels: list[str], values: list[float], ylabel: str, title: str,
          errors: list[list[float]] | None = None, log: bool = False) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels)), 3.6))
     bars = ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
     ax.bar_label(bars, fmt="%.3g", padding=2)

@@ -98,6 +98,16 @@ def write_bytes_atomic(path: str | os.PathLike, payload: bytes) -> Path:
     return path
 
 
+def pyplot():  # noqa: ANN201 (matplotlib.pyplot, imported on first use)
+    """matplotlib.pyplot with the file-only Agg backend (no display needed, e.g. over SSH)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure_atomic(figure: Any, path: str | os.PathLike, dpi: int = 100) -> Path:
     """Save a matplotlib figure as PNG through `write_bytes_atomic` (an interrupt mid-way
     leaves the previous image, never half of one)."""

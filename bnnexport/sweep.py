@@ -126,9 +126,9 @@ def flip_ordering(settings: list[SweepSetting]) -> dict[str, Any]:
 
 def plot_sweep(settings: list[SweepSetting], path: str | Path) -> Path:
     """Test accuracy per epoch and π_t over steps, one curve per setting, in one figure."""
-    from bnnexport.plots import _pyplot
+    from bnnexport.reports import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for setting in settings:
         run = RunDir(setting.run_dir)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from bnnexport.errors import DependencyError
+from bnnexport.errors import ConfigError, DependencyError
 from bnnexport.reports import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -119,3 +119,18 @@ def emit(report: Report | dict[str, Any], as_json: bool, title: str | None = Non
         width = max((len(k) for k in data), default=0)
         for key, value in data.items():
             click.echo(f"{key.ljust(width)}  {value}")
+
+
+def number_or_schedule(value: str) -> float | str:
+    """A --lr/--gamma/--threshold value: a number, or a schedule string checked here (one
+    ConfigError line when it is neither)."""
+    try:
+        return float(value)
+    except ValueError:
+        from bnnexport.schedules import parse_schedule
+
+        try:
+            parse_schedule(value)
+        except ValueError as error:
+            raise ConfigError(f"{value!r}: {error}") from None
+        return value

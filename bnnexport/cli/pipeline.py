@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from bnnexport.cli.bench import bench_command
-from bnnexport.cli.common import emit, handle_errors
-from bnnexport.cli.train import _number_or_text, train_command
+from bnnexport.cli.common import emit, handle_errors, number_or_schedule
+from bnnexport.cli.train import train_command
 
 _TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
 _BENCH = [p for p in bench_command.params
@@ -35,8 +35,8 @@ def _pipeline(**options: Any) -> None:
     as_json = options.pop("as_json")
     config = TrainConfig(
         model=options["model"], dataset=options["dataset"], data_dir=options["data_dir"],
-        optimizer=options["optimizer"], gamma=_number_or_text(options["gamma"]),
-        threshold=_number_or_text(options["threshold"]), lr=_number_or_text(options["lr"]),
+        optimizer=options["optimizer"], gamma=number_or_schedule(options["gamma"]),
+        threshold=number_or_schedule(options["threshold"]), lr=number_or_schedule(options["lr"]),
         epochs=options["epochs"], batch_size=options["batch_size"], seed=options["seed"],
         out=options["out"] or default_out(options["model"], options["dataset"]),
         device=options["train_device"],

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import emit, handle_errors, json_option, number_or_schedule
 from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
@@ -76,7 +76,8 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
     """
     config = TrainConfig(
         model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizer,
-        gamma=_number_or_text(gamma), threshold=_number_or_text(threshold), lr=_number_or_text(lr),
+        gamma=number_or_schedule(gamma), threshold=number_or_schedule(threshold),
+        lr=number_or_schedule(lr),
         epochs=epochs, batch_size=batch_size, seed=seed,
         out=out or default_out(model, dataset), device=device, amp=amp,
     )
@@ -100,14 +101,3 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
         emit(report, as_json, title=title)
 
 
-def _number_or_text(value: str) -> float | str:
-    try:
-        return float(value)
-    except ValueError:
-        from bnnexport.schedules import parse_schedule
-
-        try:
-            parse_schedule(value)
-        except ValueError as error:
-            raise ConfigError(f"{value!r}: {error}") from None
-        return value

@@ -1,0 +1,133 @@
+"""The package graph: no import cycles, converters/ and deploy/ independent of what is above
+them, and no module importing another module's private names. Read from the source with `ast`,
+lazy (in-function) imports included; `if TYPE_CHECKING:` blocks are annotations only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bnnexport", "converters", "deploy", "benchmarks")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) for every absolute import of a module of ours."""
+    found = []
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return [(m, names) for m, names in found if m.split(".")[0] in PACKAGES]
+
+
+def _edges(name: str) -> set[str]:
+    """The modules `name` imports: `from pkg import sub` is an edge to pkg.sub, not pkg."""
+    edges = set()
+    for module, names in _imports(MODULES[name]):
+        submodules = {f"{module}.{n}" for n in names} & set(MODULES)
+        edges |= submodules or {module}
+        if submodules and len(submodules) < len(names):
+            edges.add(module)
+    edges.discard(name)
+    return {e for e in edges if e in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_there_are_no_import_cycles():
+    assert _cycles({name: _edges(name) for name in MODULES}) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("converters", ("bnnexport",)), ("deploy", ("bnnexport", "converters"))],
+)
+def test_lower_packages_never_import_higher_ones(package, forbidden):
+    offending = [
+        f"{name} imports {module}"
+        for name, path in MODULES.items() if name.split(".")[0] == package
+        for module, _ in _imports(path) if module.split(".")[0] in forbidden
+    ]  # fmt: skip
+    assert offending == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    offending = [
+        f"{name} imports {module}.{n}"
+        for name, path in MODULES.items()
+        for module, names in _imports(path) if module != name
+        for n in names if n.startswith("_") and not n.startswith("__")
+    ]  # fmt: skip
+    assert offending == []
