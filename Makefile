@@ -7,7 +7,7 @@ TORCH_PIN := torch==2.13.0
 STACK := "numpy<2" "ml-dtypes==0.5.4" tensorflow-cpu==2.21.0 larq-compute-engine==0.16.0
 DEMO_RUN ?= runs/demo
 
-.PHONY: install install-dev demo test lint clean ssh-tools device-tools
+.PHONY: install install-dev demo test test-all lint clean ssh-tools device-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,12 @@ device-tools:
 		|| echo "could not install $(DEVICE_TOOLS): the aarch64 device tests will be skipped"; \
 	fi
 
+# `make test`: the suite without the tests marked `long` (full-size conversions, minutes in all);
+# `make test-all`: everything.
 test: install ssh-tools device-tools
+	$(BIN)/python -m pytest -q -m "not long"
+
+test-all: install ssh-tools device-tools
 	$(BIN)/python -m pytest -q
 
 lint: install

@@ -46,6 +46,7 @@ class BinaryNet(nn.Module):
         return x
 
 
+@pytest.mark.long  # 1000 samples through LCE and torch: ~45 s
 def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
     from converters.lce import convert_onnx
     from converters.validate import compare, run_lce

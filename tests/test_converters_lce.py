@@ -168,8 +168,14 @@ def test_hardtanh_clip_and_global_average_pool(tmp_path):
     _assert_exact_binary(result, torch_check, 1)
 
 
-def test_exact_zero_accumulators_binarize_to_plus_one_like_torch(tmp_path):
-    # fresh BatchNorm (mean 0, beta 0) and an even fan-in: many pre-activations are exactly 0
+def test_exact_zero_accumulators_under_negative_multipliers_convert_exactly(tmp_path):
+    """Fresh BatchNorm (mean 0, beta 0), an even fan-in and negative multipliers: many
+    pre-activations are exactly 0 or -0.0, and the flatbuffer still binarizes them like torch.
+
+    This scenario passes even with `tie_break_bias` disabled (LCE adds the fused bias, +0.0,
+    after the multiplier here, which clears the sign bit); what guards the tie-break itself is
+    `test_converters_tf_ops.py` (every integer accumulator, in NumPy) and the BinaryNet mutation
+    test in `test_converters_binarynet.py` (convert exits 1 without it)."""
     class Net(nn.Module):
         def __init__(self):
             super().__init__()

@@ -28,14 +28,22 @@ def test_approx_sign_gradient_is_two_minus_two_abs_x():
     assert torch.allclose(x.grad, torch.tensor([0.0, 1.0, 2.0, 1.5, 0.0]))
 
 
-def test_swish_sign_gradient_matches_its_formula():
-    x = torch.tensor([-0.4, 0.0, 0.1, 0.7], requires_grad=True)
+def test_swish_sign_gradient_is_the_derivative_of_the_sign_swish_function():
+    """The backward pass is d/dx of SignSwish (BNN+), 2 sigmoid(bx) (1 + bx (1 - sigmoid(bx))) - 1
+    with b = 5, checked against central finite differences of that function."""
+    beta, h = 5.0, 1e-6
+    points = [-0.9, -0.4, -0.05, 0.0, 0.1, 0.7, 1.5]
+    x = torch.tensor(points, requires_grad=True)
     get_quantizer("swish_sign")(x).sum().backward()
-    beta = 5.0
-    bx = beta * x.detach()
-    expected = beta * (2 - bx * torch.tanh(bx / 2)) / (1 + torch.cosh(bx))
-    assert torch.allclose(x.grad, expected)
-    assert x.grad[1] == pytest.approx(beta)  # the peak at 0
+
+    def sign_swish(v: torch.Tensor) -> torch.Tensor:
+        s = torch.sigmoid(beta * v)
+        return 2 * s * (1 + beta * v * (1 - s)) - 1
+
+    at = torch.tensor(points, dtype=torch.float64)
+    numeric = (sign_swish(at + h) - sign_swish(at - h)) / (2 * h)
+    assert torch.allclose(x.grad.double(), numeric, rtol=1e-4, atol=1e-5)
+    assert x.grad[3] == pytest.approx(beta)  # the peak at 0
 
 
 def test_unknown_quantizer_names_the_known_ones():

@@ -20,8 +20,13 @@ from bnnexport.cli import main
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-def _params(rows: list[Row]) -> list:
-    return [pytest.param(r, id=r.id, marks=[pytest.mark.slow] if r.slow else []) for r in rows]
+def _params(rows: list[Row], long: bool = False) -> list:
+    """Rows as parameters; with `long`, the full-size bitorch ResNets and QuickNetSmall (20-30 s
+    each) are in the long tier (`make test-all`)."""
+    def marks(row: Row) -> list:
+        return ([pytest.mark.slow] + ([pytest.mark.long] if long else [])) if row.slow else []
+
+    return [pytest.param(r, id=r.id, marks=marks(r)) for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def exported(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("row", _params(ROWS))
+@pytest.mark.parametrize("row", _params(ROWS, long=True))
 def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, exported):
     from converters.lce import convert_onnx
 
