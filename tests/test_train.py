@@ -123,7 +123,7 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [*CLI, "train", "--epochs", "4", "--batch-size", "100", "--out", str(out), "--json"],
+        [*CLI, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
@@ -137,12 +137,13 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
     process.send_signal(signal.SIGKILL)
     process.wait()
     saved = torch.load(checkpoint, weights_only=True)  # not corrupt
-    assert saved["epoch"] >= 1
-    result = run_cli("train", "--out", str(out), "--resume", "--json")
+    assert 1 <= saved["epoch"] < 50
+    finish = saved["epoch"] + 1  # one more epoch proves the resume; 50 were never reachable
+    result = run_cli("train", "--out", str(out), "--resume", "--epochs", str(finish), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["epochs"] == 4 and report["resumed_from_epoch"] == saved["epoch"]
-    assert torch.load(checkpoint, weights_only=True)["epoch"] == 4
+    assert report["epochs"] == finish and report["resumed_from_epoch"] == saved["epoch"]
+    assert torch.load(checkpoint, weights_only=True)["epoch"] == finish
 
 
 def test_every_command_has_help_for_every_option():
