@@ -31,7 +31,7 @@ from torch import nn
 
 from bnnexport.errors import CheckpointError, RunLockedError
 from bnnexport.packed import PACKED_NAME, load_packed_state
-from bnnexport.reports import write_bytes_atomic, write_json_atomic
+from bnnexport.reports import write_bytes_atomic
 
 CHECKPOINT_FORMAT = "bnnexport-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -289,6 +289,3 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
             continue
     return records
 
-
-def write_config(run: RunDir, config: dict[str, Any]) -> None:
-    write_json_atomic(run.config, config)

@@ -167,8 +167,3 @@ class Graph:
         """The folded value of tensor `name`, or None when it depends on a graph input."""
         return self.constants.get(name)
 
-    def only_consumer(self, name: str) -> onnx.NodeProto | None:
-        """The single node reading `name`, or None when there are none or several."""
-        readers = self.consumers.get(name, [])
-        outputs = {o.name for o in self.outputs}
-        return readers[0] if len(readers) == 1 and name not in outputs else None

@@ -38,9 +38,6 @@ if TYPE_CHECKING:
     from converters.graph import Graph
     from converters.patterns import Binarization, BinaryLayerMatch
 
-LAYOUTS = ("nhwc", "plain", "flat4", "perm")
-
-
 def tf():  # noqa: ANN201 - TensorFlow is imported lazily, only by conversions
     """The tensorflow module, imported on first use (training never pays for it).
 
@@ -71,6 +68,9 @@ class Value:
     """A translated tensor: the stored TF tensor plus how it maps to the ONNX tensor."""
 
     stored: Any
+    # "plain": ONNX's own layout; "nhwc": a 4-D NCHW tensor stored NHWC; "flat4": a flattened
+    # NHWC tensor (columns in NHWC order); "perm": a flat tensor whose columns are permuted by
+    # `perm` relative to ONNX's
     layout: str = "plain"
     perm: np.ndarray | None = None
     # pending per-channel affine over a binary conv's integer accumulator (see module doc)
