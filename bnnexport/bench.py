@@ -349,7 +349,7 @@ def bench(
     if raw is not None:
         write_bytes_atomic(run.root / "bench_device.log", raw.encode())
     if write_report:
-        from bnnexport.report import write_report as render
+        from bnnexport.report_md import write_report as render
 
         report.report_md = str(render(report, run.root))
     write_json_atomic(run.root / "bench.json", report.to_json())
