@@ -72,6 +72,7 @@ test-all: install ssh-tools device-tools
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

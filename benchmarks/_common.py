@@ -44,14 +44,18 @@ def interleaved(
     medians: dict[str, list[float]] = {n: [] for n in names}
     minima: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             stats = time_calls(calls[name], runs, warmup if r == 0 else 0)
             medians[name].append(stats["median"])
             minima[name].append(stats["min"])
     return {
-        n: {"median": statistics.median(medians[n]), "min": min(minima[n]), "rounds": rounds,
-            "runs_per_round": runs}
+        n: {
+            "median": statistics.median(medians[n]),
+            "min": min(minima[n]),
+            "rounds": rounds,
+            "runs_per_round": runs,
+        }
         for n in names
     }
 
@@ -114,8 +118,13 @@ def log(message: str) -> None:
 LARQ_VENV = ROOT / "benchmarks" / ".venv-larq"
 # docs/LCE_NOTES.md §1: the stack of the main venv (minus torch), plus larq; tf-keras without its
 # deps.
-LARQ_STACK = ["numpy<2", "ml-dtypes==0.5.4", "tensorflow-cpu==2.21.0",
-              "larq-compute-engine==0.16.0", "larq==0.14.0"]
+LARQ_STACK = [
+    "numpy<2",
+    "ml-dtypes==0.5.4",
+    "tensorflow-cpu==2.21.0",
+    "larq-compute-engine==0.16.0",
+    "larq==0.14.0",
+]
 LARQ_NO_DEPS = ["tf-keras==2.21.0"]
 
 
@@ -154,8 +163,13 @@ def larq_json(args: Sequence[str], timeout: float = 900) -> dict[str, Any]:
     """Run `larq_side.py ARGS` in the larq venv; its last stdout line, parsed."""
     import subprocess
 
-    done = subprocess.run([str(larq_python()), str(ROOT / "benchmarks" / "larq_side.py"), *args],
-                          capture_output=True, text=True, env=larq_env(), timeout=timeout)
+    done = subprocess.run(
+        [str(larq_python()), str(ROOT / "benchmarks" / "larq_side.py"), *args],
+        capture_output=True,
+        text=True,
+        env=larq_env(),
+        timeout=timeout,
+    )
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"larq side failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -209,8 +223,13 @@ def register_binarynet_convs() -> str:
     return name
 
 
-def torch_pipeline(model: str, out: Path, input_shape: Sequence[int] | None = None,
-                   samples: int = 16, fmt: str = "lce") -> dict[str, Any]:
+def torch_pipeline(
+    model: str,
+    out: Path,
+    input_shape: Sequence[int] | None = None,
+    samples: int = 16,
+    fmt: str = "lce",
+) -> dict[str, Any]:
     """init -> export -> convert of an initialised `model` in `out`; reports and seconds."""
     import time
 
@@ -229,9 +248,16 @@ def torch_pipeline(model: str, out: Path, input_shape: Sequence[int] | None = No
     t_export = time.perf_counter()
     convert = convert_run(out, target="arm64", fmt=fmt)
     t_convert = time.perf_counter()
-    return {"init": init, "export": export, "convert": convert,
-            "seconds": {"init": t_init - start, "export": t_export - t_init,
-                        "convert": t_convert - t_export}}
+    return {
+        "init": init,
+        "export": export,
+        "convert": convert,
+        "seconds": {
+            "init": t_init - start,
+            "export": t_export - t_init,
+            "convert": t_convert - t_export,
+        },
+    }
 
 
 def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
@@ -240,8 +266,9 @@ def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
     import numpy as np
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
-    interpreter = Interpreter(Path(flatbuffer).read_bytes(), num_threads=threads,
-                              use_indirect_bgemm=True)
+    interpreter = Interpreter(
+        Path(flatbuffer).read_bytes(), num_threads=threads, use_indirect_bgemm=True
+    )
     shape = interpreter.input_shapes[0]
     x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
     raw = interpreter.interpreter

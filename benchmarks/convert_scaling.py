@@ -68,8 +68,9 @@ def parse_models(spec: str) -> list[tuple[str, tuple[int, int, int]]]:
 
 def prepare(name: str, shape: tuple[int, int, int], out: Path, samples: int = 16) -> dict[str, Any]:
     """init + export in this process; returns what describes the model's size."""
-    dataset = None if name == "mnist-bnn" else synthetic_dataset(shape,
-                                                                 model_info(name).num_classes)
+    dataset = (
+        None if name == "mnist-bnn" else synthetic_dataset(shape, model_info(name).num_classes)
+    )
     init = init_run(name, input_shape=shape, out=out, force=True, dataset=dataset)
     gate, ties = None, None
     try:
@@ -78,9 +79,14 @@ def prepare(name: str, shape: tuple[int, int, int], out: Path, samples: int = 16
         gate = str(error)
         log(f"{name}: export gate failed, exporting without it: {gate[:200]}")
         raw_export(out)
-    return {"parameters": init.parameters, "binary_parameters": init.binary_parameters,
-            "binary_layers": init.binary_layers, "onnx_bytes": (out / "model.onnx").stat().st_size,
-            "export_gate_error": gate, "export_sign_ties": ties}
+    return {
+        "parameters": init.parameters,
+        "binary_parameters": init.binary_parameters,
+        "binary_layers": init.binary_layers,
+        "onnx_bytes": (out / "model.onnx").stat().st_size,
+        "export_gate_error": gate,
+        "export_sign_ties": ties,
+    }
 
 
 def raw_export(run: Path) -> None:
@@ -97,9 +103,16 @@ def raw_export(run: Path) -> None:
         dummy = torch.from_numpy(data["inputs"][:1].astype(np.float32))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, dummy, str(run / "model.onnx"), dynamo=False, opset_version=17,
-                          do_constant_folding=False, input_names=["input"],
-                          output_names=["logits"])
+        torch.onnx.export(
+            model,
+            dummy,
+            str(run / "model.onnx"),
+            dynamo=False,
+            opset_version=17,
+            do_constant_folding=False,
+            input_names=["input"],
+            output_names=["logits"],
+        )
 
 
 # Linux carries a forked child's resident set over into its ru_maxrss when it execs, so a child
@@ -130,9 +143,21 @@ def convert_child(run: Path) -> dict[str, Any]:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         child = subprocess.Popen(
-            [sys.executable, "-c", RUN_AND_REPORT_PEAK, "convert", str(run), "--target", "arm64",
-             "--json"], stdout=out, stderr=err, cwd=ROOT,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+            [
+                sys.executable,
+                "-c",
+                RUN_AND_REPORT_PEAK,
+                "convert",
+                str(run),
+                "--target",
+                "arm64",
+                "--json",
+            ],
+            stdout=out,
+            stderr=err,
+            cwd=ROOT,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
         _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
         wall = time.perf_counter() - start
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -146,18 +171,24 @@ def convert_child(run: Path) -> dict[str, Any]:
         lines = [ln for ln in stderr.strip().splitlines() if not ln.startswith(PEAK_MARK)]
         error = (lines or ["?"])[-1][:300]
         log(f"convert {run.name} exited {child.returncode}: {error}")
-    return {"wall_seconds": wall, "convert_seconds": report.get("seconds"),
-            "peak_rss_mib": _reported_peak_mib(stderr) or usage.ru_maxrss / 1024,
-            "lce_bytes": report.get("lce_bytes"),
-            "lce_bconv2d": report.get("lce_bconv2d"), "binary_layers": report.get("binary_layers"),
-            "argmax_agreement": report.get("argmax_agreement"),
-            "resolved_argmax_agreement": _check(report, "ONNX Runtime", "argmax_agreement"),
-            "torch_argmax_agreement": report.get("torch_argmax_agreement"),
-            "torch_resolved_argmax_agreement": _check(report, "PyTorch", "argmax_agreement"),
-            "sign_ties": len(report["tie_samples"]) if "tie_samples" in report else None,
-            "tie_positions": report.get("tie_positions"),
-            "twin_max_abs_diff": report.get("twin_max_abs_diff"),
-            "samples": report.get("samples"), "exit_code": child.returncode, "error": error}
+    return {
+        "wall_seconds": wall,
+        "convert_seconds": report.get("seconds"),
+        "peak_rss_mib": _reported_peak_mib(stderr) or usage.ru_maxrss / 1024,
+        "lce_bytes": report.get("lce_bytes"),
+        "lce_bconv2d": report.get("lce_bconv2d"),
+        "binary_layers": report.get("binary_layers"),
+        "argmax_agreement": report.get("argmax_agreement"),
+        "resolved_argmax_agreement": _check(report, "ONNX Runtime", "argmax_agreement"),
+        "torch_argmax_agreement": report.get("torch_argmax_agreement"),
+        "torch_resolved_argmax_agreement": _check(report, "PyTorch", "argmax_agreement"),
+        "sign_ties": len(report["tie_samples"]) if "tie_samples" in report else None,
+        "tie_positions": report.get("tie_positions"),
+        "twin_max_abs_diff": report.get("twin_max_abs_diff"),
+        "samples": report.get("samples"),
+        "exit_code": child.returncode,
+        "error": error,
+    }
 
 
 def _check(report: dict[str, Any], reference: str, field: str) -> Any:
@@ -174,11 +205,16 @@ def _pair(a: Any, b: Any) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__)
-    p.add_argument("--models", default=DEFAULT,
-                   help=f"comma-separated name[@size] (default {DEFAULT})")
+    p.add_argument(
+        "--models", default=DEFAULT, help=f"comma-separated name[@size] (default {DEFAULT})"
+    )
     p.add_argument("--repeat", type=int, default=1, help="conversions per model (default 1)")
-    p.add_argument("--samples", type=int, default=16,
-                   help="samples the export and convert gates check (default 16)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=16,
+        help="samples the export and convert gates check (default 16)",
+    )
     args = p.parse_args(argv)
     models = parse_models(args.models)
     result: dict[str, Any] = {"machine": machine(), "repeat": args.repeat, "models": {}}
@@ -188,8 +224,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             key = f"{name}@{shape[1]}"
             log(f"{key}: init + export")
             runs[key] = (Path(tmp) / key, shape)
-            result["models"][key] = {"input_shape": list(shape),
-                                     **prepare(name, shape, runs[key][0], args.samples)}
+            result["models"][key] = {
+                "input_shape": list(shape),
+                **prepare(name, shape, runs[key][0], args.samples),
+            }
         samples: dict[str, list[dict[str, Any]]] = {k: [] for k in runs}
         for r in range(args.repeat):
             for key, (run, _) in runs.items():
@@ -201,36 +239,76 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for field in ("wall_seconds", "convert_seconds", "peak_rss_mib"):
             values = [m[field] for m in measured if m[field] is not None]
             entry[field] = statistics.median(values) if values else None
-        last = ("lce_bytes", "lce_bconv2d", "error", "argmax_agreement",
-                "resolved_argmax_agreement", "torch_argmax_agreement",
-                "torch_resolved_argmax_agreement", "sign_ties", "tie_positions",
-                "twin_max_abs_diff", "samples")
+        last = (
+            "lce_bytes",
+            "lce_bconv2d",
+            "error",
+            "argmax_agreement",
+            "resolved_argmax_agreement",
+            "torch_argmax_agreement",
+            "torch_resolved_argmax_agreement",
+            "sign_ties",
+            "tie_positions",
+            "twin_max_abs_diff",
+            "samples",
+        )
         entry.update({k: measured[-1][k] for k in last})
         entry["all"] = measured
         lce_mb = entry["lce_bytes"] / 1e6 if entry["lce_bytes"] else None
         bconv = f"{entry['lce_bconv2d']}/{entry['binary_layers']}" if lce_mb else "-"
-        rows.append([key, "x".join(map(str, entry["input_shape"])), entry["parameters"],
-                     entry["onnx_bytes"] / 1e6, lce_mb, bconv,
-                     _pair(entry["argmax_agreement"], entry["resolved_argmax_agreement"]),
-                     _pair(entry["torch_argmax_agreement"],
-                           entry["torch_resolved_argmax_agreement"]),
-                     f"{entry['export_sign_ties']}/{entry['sign_ties']}/{entry['samples']}",
-                     entry["tie_positions"], entry["twin_max_abs_diff"],
-                     entry["convert_seconds"],
-                     entry["wall_seconds"], entry["peak_rss_mib"],
-                     "ok" if not entry["error"] else "refused by gate" if "FidelityError" in
-                     str(entry["error"]) or "disagree" in str(entry["error"]) else "failed"])
+        rows.append(
+            [
+                key,
+                "x".join(map(str, entry["input_shape"])),
+                entry["parameters"],
+                entry["onnx_bytes"] / 1e6,
+                lce_mb,
+                bconv,
+                _pair(entry["argmax_agreement"], entry["resolved_argmax_agreement"]),
+                _pair(entry["torch_argmax_agreement"], entry["torch_resolved_argmax_agreement"]),
+                f"{entry['export_sign_ties']}/{entry['sign_ties']}/{entry['samples']}",
+                entry["tie_positions"],
+                entry["twin_max_abs_diff"],
+                entry["convert_seconds"],
+                entry["wall_seconds"],
+                entry["peak_rss_mib"],
+                "ok"
+                if not entry["error"]
+                else "refused by gate"
+                if "FidelityError" in str(entry["error"]) or "disagree" in str(entry["error"])
+                else "failed",
+            ]
+        )
         if entry["export_gate_error"] or entry["error"]:
-            notes.append(f"{key}: export gate: {entry['export_gate_error'] or 'passed'}; "
-                         f"convert: {entry['error'] or 'passed'}")
-    text = table(["model", "input", "parameters", "onnx MB", "lce MB", "bconv/binary",
-                  "agree plain/resolved", "torch plain/resolved",
-                  "tie samples export/convert/of", "tie pos", "twin |diff|", "convert s",
-                  "child wall s",
-                  "peak RSS MiB", "gate"], rows)
+            notes.append(
+                f"{key}: export gate: {entry['export_gate_error'] or 'passed'}; "
+                f"convert: {entry['error'] or 'passed'}"
+            )
+    text = table(
+        [
+            "model",
+            "input",
+            "parameters",
+            "onnx MB",
+            "lce MB",
+            "bconv/binary",
+            "agree plain/resolved",
+            "torch plain/resolved",
+            "tie samples export/convert/of",
+            "tie pos",
+            "twin |diff|",
+            "convert s",
+            "child wall s",
+            "peak RSS MiB",
+            "gate",
+        ],
+        rows,
+    )
     text += "".join(f"\n{n}" for n in notes)
-    text += (f"\n\none child process per conversion (medians of {args.repeat}); "
-             f"load {result['machine']['load_average']}")
+    text += (
+        f"\n\none child process per conversion (medians of {args.repeat}); "
+        f"load {result['machine']['load_average']}"
+    )
     emit(result, text, args.json)
     return result
 

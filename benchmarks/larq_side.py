@@ -34,22 +34,28 @@ def say(obj: dict) -> None:
     print(json.dumps(obj), flush=True)
 
 
-def build_binarynet(conv_only: bool = False, input_shape: tuple[int, int, int] = (32, 32, 3),
-                    num_classes: int = 10):  # noqa: ANN201 - a tf.keras.Model
+def build_binarynet(
+    conv_only: bool = False, input_shape: tuple[int, int, int] = (32, 32, 3), num_classes: int = 10
+):  # noqa: ANN201 - a tf.keras.Model
     """bnnexport's BinaryNet in larq; `conv_only` stops after the last max-pool (flattened)."""
     import larq as lq
     import tensorflow as tf
 
     widths, hidden = (128, 128, 256, 256, 512, 512), 1024
-    binary = {"input_quantizer": "ste_sign", "kernel_quantizer": "ste_sign",
-              "kernel_constraint": "weight_clip", "use_bias": False}
+    binary = {
+        "input_quantizer": "ste_sign",
+        "kernel_quantizer": "ste_sign",
+        "kernel_constraint": "weight_clip",
+        "use_bias": False,
+    }
 
     def bn(x):  # noqa: ANN001, ANN202
         return tf.keras.layers.BatchNormalization(scale=False, momentum=0.9, epsilon=1e-5)(x)
 
     inputs = tf.keras.Input(input_shape)
-    x = lq.layers.QuantConv2D(widths[0], 3, kernel_quantizer="ste_sign",
-                              kernel_constraint="weight_clip", use_bias=False)(inputs)
+    x = lq.layers.QuantConv2D(
+        widths[0], 3, kernel_quantizer="ste_sign", kernel_constraint="weight_clip", use_bias=False
+    )(inputs)
     x = bn(x)
     for index, cout in enumerate(widths[1:]):
         x = bn(lq.layers.QuantConv2D(cout, 3, padding="same", pad_values=1.0, **binary)(x))
@@ -95,17 +101,29 @@ def serve_train(batch: int, threads: int, gamma: float, threshold: float, lr: fl
         (lq.optimizers.Bop.is_binary_variable, lq.optimizers.Bop(threshold=threshold, gamma=gamma)),
         default_optimizer=tf.keras.optimizers.legacy.Adam(lr),
     )
-    model.compile(optimizer=optimizer,
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     rng = np.random.default_rng(0)
     x = tf.constant(rng.uniform(-1, 1, (batch, 32, 32, 3)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, batch).astype("int64"))
-    binary = sum(int(np.prod(v.shape)) for v in model.trainable_variables
-                 if lq.optimizers.Bop.is_binary_variable(v))
-    say({"ready": True, "tensorflow": tf.__version__, "larq": lq.__version__,
-         "parameters": int(model.count_params()), "binary_parameters": binary,
-         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()})
+    binary = sum(
+        int(np.prod(v.shape))
+        for v in model.trainable_variables
+        if lq.optimizers.Bop.is_binary_variable(v)
+    )
+    say(
+        {
+            "ready": True,
+            "tensorflow": tf.__version__,
+            "larq": lq.__version__,
+            "parameters": int(model.count_params()),
+            "binary_parameters": binary,
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        }
+    )
     for line in sys.stdin:
         line = line.strip()
         if not line or line == "quit":
@@ -114,8 +132,13 @@ def serve_train(batch: int, threads: int, gamma: float, threshold: float, lr: fl
         start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             model.train_on_batch(x, y)
-        say({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
-             "steps": steps})
+        say(
+            {
+                "seconds": time.perf_counter() - start,
+                "cpu_seconds": time.process_time() - cpu,
+                "steps": steps,
+            }
+        )
 
 
 def convert(out: str, conv_only: bool, threads: int) -> None:
@@ -129,13 +152,21 @@ def convert(out: str, conv_only: bool, threads: int) -> None:
     seconds = time.perf_counter() - start
     with open(out, "wb") as handle:
         handle.write(flatbuffer)
-    say({"output": out, "bytes": len(flatbuffer), "seconds": seconds,
-         "parameters": int(model.count_params()), "lce": lce.__version__})
+    say(
+        {
+            "output": out,
+            "bytes": len(flatbuffer),
+            "seconds": seconds,
+            "parameters": int(model.count_params()),
+            "lce": lce.__version__,
+        }
+    )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("serve-train", help="train BinaryNet steps on request")
     t.add_argument("--batch", type=int, default=50)

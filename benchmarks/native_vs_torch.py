@@ -59,20 +59,34 @@ def compare_variant(variant: str, tmp: Path, rounds: int, runs: int) -> dict[str
     hist_native = op_histogram(native_path.read_bytes())
     hist_ours = op_histogram(ours_path.read_bytes())
     log(f"[{variant}] LCE latency, interleaved: {rounds} rounds x {runs} runs")
-    times = interleaved({"bnnexport": lce_caller(ours_path), "native": lce_caller(native_path)},
-                        rounds=rounds, runs=runs, warmup=5)
+    times = interleaved(
+        {"bnnexport": lce_caller(ours_path), "native": lce_caller(native_path)},
+        rounds=rounds,
+        runs=runs,
+        warmup=5,
+    )
     b_native, b_ours = native_path.stat().st_size, ours_path.stat().st_size
     return {
         "model": model,
-        "native": {"bytes": b_native, "op_histogram": hist_native, "latency_ms": times["native"],
-                   "convert_seconds": native["seconds"], "keras_parameters": native["parameters"]},
-        "bnnexport": {"bytes": b_ours, "op_histogram": hist_ours,
-                      "latency_ms": times["bnnexport"],
-                      "convert_seconds": ours["seconds"]["convert"],
-                      "parameters": ours["init"].parameters},
+        "native": {
+            "bytes": b_native,
+            "op_histogram": hist_native,
+            "latency_ms": times["native"],
+            "convert_seconds": native["seconds"],
+            "keras_parameters": native["parameters"],
+        },
+        "bnnexport": {
+            "bytes": b_ours,
+            "op_histogram": hist_ours,
+            "latency_ms": times["bnnexport"],
+            "convert_seconds": ours["seconds"]["convert"],
+            "parameters": ours["init"].parameters,
+        },
         "binary_ops_identical": binary_ops(hist_native) == binary_ops(hist_ours),
-        "lce_bconv2d": {"native": hist_native.get("LceBconv2d", 0),
-                        "bnnexport": hist_ours.get("LceBconv2d", 0)},
+        "lce_bconv2d": {
+            "native": hist_native.get("LceBconv2d", 0),
+            "bnnexport": hist_ours.get("LceBconv2d", 0),
+        },
         "bytes_ratio": b_ours / b_native,
         "latency_ratio": times["bnnexport"]["median"] / times["native"]["median"],
     }
@@ -85,30 +99,69 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--runs", type=int, default=10, help="timed inferences per round (default 10)")
     args = p.parse_args(argv)
     register_binarynet_convs()
-    result: dict[str, Any] = {"machine": machine(), "threads": 1, "use_indirect_bgemm": True,
-                              "rounds": args.rounds, "runs_per_round": args.runs, "variants": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "threads": 1,
+        "use_indirect_bgemm": True,
+        "rounds": args.rounds,
+        "runs_per_round": args.runs,
+        "variants": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-native-") as tmp:
         for variant in args.variants.split(","):
-            result["variants"][variant] = compare_variant(variant.strip(), Path(tmp), args.rounds,
-                                                          args.runs)
+            result["variants"][variant] = compare_variant(
+                variant.strip(), Path(tmp), args.rounds, args.runs
+            )
     rows, ops = [], []
     for variant, r in result["variants"].items():
         for side in ("native", "bnnexport"):
             s = r[side]
-            rows.append([variant, side, s["bytes"], s["latency_ms"]["median"],
-                         s["latency_ms"]["min"], s["op_histogram"].get("LceBconv2d", 0),
-                         s["op_histogram"].get("FULLY_CONNECTED", 0),
-                         s["op_histogram"].get("CONV_2D", 0)])
+            rows.append(
+                [
+                    variant,
+                    side,
+                    s["bytes"],
+                    s["latency_ms"]["median"],
+                    s["latency_ms"]["min"],
+                    s["op_histogram"].get("LceBconv2d", 0),
+                    s["op_histogram"].get("FULLY_CONNECTED", 0),
+                    s["op_histogram"].get("CONV_2D", 0),
+                ]
+            )
             ops.append([variant, side, ", ".join(f"{k} {v}" for k, v in s["op_histogram"].items())])
-        rows.append([variant, "ratio bnnexport/native", r["bytes_ratio"], r["latency_ratio"], None,
-                     None, None, None])
-    text = table(["variant", "path", "bytes", "LCE ms (median)", "LCE ms (min)", "LceBconv2d",
-                  "FULLY_CONNECTED", "CONV_2D"], rows)
+        rows.append(
+            [
+                variant,
+                "ratio bnnexport/native",
+                r["bytes_ratio"],
+                r["latency_ratio"],
+                None,
+                None,
+                None,
+                None,
+            ]
+        )
+    text = table(
+        [
+            "variant",
+            "path",
+            "bytes",
+            "LCE ms (median)",
+            "LCE ms (min)",
+            "LceBconv2d",
+            "FULLY_CONNECTED",
+            "CONV_2D",
+        ],
+        rows,
+    )
     text += "\n\n" + table(["variant", "path", "op histogram"], ops)
     text += "\n\nbinary (Lce*) op counts identical: " + ", ".join(
-        f"{v}: {r['binary_ops_identical']}" for v, r in result["variants"].items())
-    text += (f"\nLCE interpreter, 1 thread, use_indirect_bgemm=True, batch 1, {args.rounds} rounds"
-             f" x {args.runs} runs interleaved; load {result['machine']['load_average']}")
+        f"{v}: {r['binary_ops_identical']}" for v, r in result["variants"].items()
+    )
+    text += (
+        f"\nLCE interpreter, 1 thread, use_indirect_bgemm=True, batch 1, {args.rounds} rounds"
+        f" x {args.runs} runs interleaved; load {result['machine']['load_average']}"
+    )
     emit(result, text, args.json)
     return result
 

@@ -69,8 +69,9 @@ class CompactBop(Bop):
     (unbiased: add 16 random low bits, truncate). Benchmark-local: measured, not shipped.
     """
 
-    def __init__(self, params: Any, gamma: float, threshold: float, stochastic: bool,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, params: Any, gamma: float, threshold: float, stochastic: bool, seed: int = 0
+    ) -> None:
         super().__init__(params, gamma, threshold)
         self.stochastic = stochastic
         self.generator = torch.Generator().manual_seed(seed)
@@ -78,8 +79,9 @@ class CompactBop(Bop):
     def _store(self, m32: torch.Tensor, out: torch.Tensor) -> None:
         if self.stochastic:
             bits = m32.view(torch.int32)
-            bits.add_(torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32,
-                                    generator=self.generator))
+            bits.add_(
+                torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=self.generator)
+            )
             bits.bitwise_and_(-65536)  # keep the top 16 bits: exactly representable in bf16
         out.copy_(m32)
 
@@ -132,17 +134,21 @@ def contenders(include_compact: bool) -> dict[str, tuple[torch.optim.Optimizer, 
     torch.manual_seed(0)
     base = create_model("binarynet", input_shape=(3, 32, 32))
     out: dict[str, tuple[torch.optim.Optimizer, bool]] = {}
-    out["bop"] = (bop_with_adam(copy.deepcopy(base), GAMMA, THRESHOLD, LR).optimizers["bop"],
-                  False)
+    out["bop"] = (bop_with_adam(copy.deepcopy(base), GAMMA, THRESHOLD, LR).optimizers["bop"], False)
     out["adam-latent"] = (latent_adam(copy.deepcopy(base), LR).optimizers["latent"], True)
-    out["bop-reference"] = (ReferenceBop(binary_parameters(copy.deepcopy(base)), GAMMA,
-                                         THRESHOLD), False)
+    out["bop-reference"] = (
+        ReferenceBop(binary_parameters(copy.deepcopy(base)), GAMMA, THRESHOLD),
+        False,
+    )
     if "bop2" in OPTIMIZERS:  # a colleague's second-order Bop, when present
         model = copy.deepcopy(base)
         binary = {id(q) for q in binary_parameters(model)}
         case = OPTIMIZERS["bop2"](model)
-        owner = next(o for o in case.optimizers.values()
-                     if all(id(q) in binary for g in o.param_groups for q in g["params"]))
+        owner = next(
+            o
+            for o in case.optimizers.values()
+            if all(id(q) in binary for g in o.param_groups for q in g["params"])
+        )
         out["bop2"] = (owner, False)
     if include_compact:
         for name, stochastic in (("bop-bf16", False), ("bop-bf16-sr", True)):
@@ -155,11 +161,13 @@ def binary_parameters_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]
     return [q for g in optimizer.param_groups for q in g["params"]]
 
 
-def gradient_sets(params: list[nn.Parameter], sets: int, scale: float = 1e-3,
-                  seed: int = 1) -> list[list[torch.Tensor]]:
+def gradient_sets(
+    params: list[nn.Parameter], sets: int, scale: float = 1e-3, seed: int = 1
+) -> list[list[torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
-    return [[torch.randn(p.shape, generator=generator) * scale for p in params]
-            for _ in range(sets)]
+    return [
+        [torch.randn(p.shape, generator=generator) * scale for p in params] for _ in range(sets)
+    ]
 
 
 def stepper(optimizer: torch.optim.Optimizer, grads: list[list[torch.Tensor]]) -> Callable[[], Any]:
@@ -189,8 +197,11 @@ def fidelity(steps: int, signal: float = 3e-4, noise: float = 1e-3) -> dict[str,
     optims: dict[str, torch.optim.Optimizer] = {}
     for name, stochastic in runs.items():
         params = binary_parameters(models[name])
-        optims[name] = (Bop(params, GAMMA, THRESHOLD) if stochastic is None
-                        else CompactBop(params, GAMMA, THRESHOLD, stochastic))
+        optims[name] = (
+            Bop(params, GAMMA, THRESHOLD)
+            if stochastic is None
+            else CompactBop(params, GAMMA, THRESHOLD, stochastic)
+        )
     ref_params = binary_parameters(models["bop"])
     generator = torch.Generator().manual_seed(2)
     mean = [torch.randn(p.shape, generator=generator) * signal for p in ref_params]
@@ -201,17 +212,22 @@ def fidelity(steps: int, signal: float = 3e-4, noise: float = 1e-3) -> dict[str,
             for p, g in zip(binary_parameters(models[name]), grads, strict=True):
                 p.grad = g
             opt.step()
-            flips[name].append(sum(int(opt.state[p]["flips"])
-                                   for p in binary_parameters(models[name])))
+            flips[name].append(
+                sum(int(opt.state[p]["flips"]) for p in binary_parameters(models[name]))
+            )
     total = sum(p.numel() for p in ref_params)
     tail = max(1, steps // 10)
     out = {}
     for name in runs:
-        differ = sum(int((a != b).sum()) for a, b in
-                     zip(binary_parameters(models[name]), ref_params, strict=True))
-        out[name] = {"total_flips": sum(flips[name]),
-                     "flips_per_step_tail": sum(flips[name][-tail:]) / tail,
-                     "final_sign_differs_from_fp32": differ / total}
+        differ = sum(
+            int((a != b).sum())
+            for a, b in zip(binary_parameters(models[name]), ref_params, strict=True)
+        )
+        out[name] = {
+            "total_flips": sum(flips[name]),
+            "flips_per_step_tail": sum(flips[name][-tail:]) / tail,
+            "final_sign_differs_from_fp32": differ / total,
+        }
     return out
 
 
@@ -221,20 +237,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--no-compact", action="store_true", help="skip the bf16-momentum variants")
-    p.add_argument("--fidelity-steps", type=int, default=200,
-                   help="steps of the bf16 flip comparison (0 = skip; default 200)")
+    p.add_argument(
+        "--fidelity-steps",
+        type=int,
+        default=200,
+        help="steps of the bf16 flip comparison (0 = skip; default 200)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     opts = contenders(not args.no_compact)
     first = next(iter(opts.values()))[0]
     params = binary_parameters_of(first)
     grads = gradient_sets(params, sets=3)
-    log(f"timing {', '.join(opts)}: {args.rounds} rounds x {args.steps} steps, "
-        f"{sum(q.numel() for q in params):,} binary weights")
-    times = interleaved({n: stepper(o, grads) for n, (o, _) in opts.items()},
-                        rounds=args.rounds, runs=args.steps, warmup=2)
-    rows, result = [], {"machine": machine(), "threads": args.threads, "rounds": args.rounds,
-                        "steps_per_round": args.steps, "gamma": GAMMA, "threshold": THRESHOLD}
+    log(
+        f"timing {', '.join(opts)}: {args.rounds} rounds x {args.steps} steps, "
+        f"{sum(q.numel() for q in params):,} binary weights"
+    )
+    times = interleaved(
+        {n: stepper(o, grads) for n, (o, _) in opts.items()},
+        rounds=args.rounds,
+        runs=args.steps,
+        warmup=2,
+    )
+    rows, result = (
+        [],
+        {
+            "machine": machine(),
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "gamma": GAMMA,
+            "threshold": THRESHOLD,
+        },
+    )
     per_weight: dict[str, float] = {}
     for name, (opt, latent) in opts.items():
         total, scalars, weights = state_bytes(opt, latent)
@@ -247,36 +282,62 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ref = result["adam_latent_step_ms"]
     for name in opts:
         key = name.replace("-", "_")
-        rows.append([name, result[f"{key}_step_ms"], times[name]["min"],
-                     result[f"{key}_step_ms"] / ref, per_weight[name],
-                     per_weight[name] / per_weight["adam-latent"]])
+        rows.append(
+            [
+                name,
+                result[f"{key}_step_ms"],
+                times[name]["min"],
+                result[f"{key}_step_ms"] / ref,
+                per_weight[name],
+                per_weight[name] / per_weight["adam-latent"],
+            ]
+        )
     result["bop_identical_to_reference"] = all(
-        torch.equal(a, b) and torch.equal(opts["bop"][0].state[a]["momentum"],
-                                          opts["bop-reference"][0].state[b]["momentum"])
-        for a, b in zip(*(binary_parameters_of(opts[n][0]) for n in ("bop", "bop-reference")),
-                        strict=True))
+        torch.equal(a, b)
+        and torch.equal(
+            opts["bop"][0].state[a]["momentum"], opts["bop-reference"][0].state[b]["momentum"]
+        )
+        for a, b in zip(
+            *(binary_parameters_of(opts[n][0]) for n in ("bop", "bop-reference")), strict=True
+        )
+    )
     result["bop_step_ratio_vs_adam_latent"] = result["bop_step_ms"] / ref
     result["bop_state_ratio_vs_adam_latent"] = per_weight["bop"] / per_weight["adam-latent"]
     result["targets_met"] = {
         "step_no_slower": result["bop_step_ratio_vs_adam_latent"] <= 1.0,
         "state_at_most_one_third": 3 * per_weight["bop"] <= per_weight["adam-latent"],
     }
-    text = table(["optimizer", "step ms (median)", "step ms (min)", "x adam-latent",
-                  "state B/weight", "x adam-latent"], rows)
+    text = table(
+        [
+            "optimizer",
+            "step ms (median)",
+            "step ms (min)",
+            "x adam-latent",
+            "state B/weight",
+            "x adam-latent",
+        ],
+        rows,
+    )
     if args.fidelity_steps > 0 and not args.no_compact:
         log(f"bf16 momentum vs float32 Bop over {args.fidelity_steps} steps")
         fid = fidelity(args.fidelity_steps)
         result["compact_fidelity"] = {"steps": args.fidelity_steps, **fid}
         text += "\n\n" + table(
             ["variant", "total flips", "flips/step (last 10%)", "final signs != fp32 Bop"],
-            [[n, v["total_flips"], v["flips_per_step_tail"], v["final_sign_differs_from_fp32"]]
-             for n, v in fid.items()])
-        text += (f"\n({args.fidelity_steps} steps, g = mu + sigma*eps, gamma={GAMMA}, "
-                 f"tau={THRESHOLD})")
+            [
+                [n, v["total_flips"], v["flips_per_step_tail"], v["final_sign_differs_from_fp32"]]
+                for n, v in fid.items()
+            ],
+        )
+        text += (
+            f"\n({args.fidelity_steps} steps, g = mu + sigma*eps, gamma={GAMMA}, tau={THRESHOLD})"
+        )
     same = result["bop_identical_to_reference"]
     text += f"\nbop bit-identical to bop-reference (weights, momenta) after the run: {same}"
-    text += (f"\n\n{result['binary_weights']:,} binary weights, {args.threads} thread(s), "
-             f"{args.rounds} rounds x {args.steps} steps, load {result['machine']['load_average']}")
+    text += (
+        f"\n\n{result['binary_weights']:,} binary weights, {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.steps} steps, load {result['machine']['load_average']}"
+    )
     emit(result, text, args.json)
     return result
 

@@ -45,8 +45,9 @@ from bnnexport.optimizers import FlipCounter, bop_with_adam
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2
 
 
-def torch_stepper(batch: int, count_flips: bool,
-                  channels_last: bool = False) -> Callable[[int], tuple[float, float]]:
+def torch_stepper(
+    batch: int, count_flips: bool, channels_last: bool = False
+) -> Callable[[int], tuple[float, float]]:
     """run(steps) -> (wall, CPU) seconds of `steps` bnnexport training steps on one batch."""
     torch.manual_seed(0)
     model = create_model("binarynet", input_shape=(3, 32, 32)).train()
@@ -82,11 +83,27 @@ class LarqTrainer:
 
     def __init__(self, python: Path, batch: int, threads: int) -> None:
         self.process = subprocess.Popen(
-            [str(python), str(ROOT / "benchmarks" / "larq_side.py"), "serve-train",
-             "--batch", str(batch), "--threads", str(threads), "--gamma", str(GAMMA),
-             "--threshold", str(THRESHOLD), "--lr", str(LR)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=larq_env())
+            [
+                str(python),
+                str(ROOT / "benchmarks" / "larq_side.py"),
+                "serve-train",
+                "--batch",
+                str(batch),
+                "--threads",
+                str(threads),
+                "--gamma",
+                str(GAMMA),
+                "--threshold",
+                str(THRESHOLD),
+                "--lr",
+                str(LR),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=larq_env(),
+        )
         self.info = self._read()
 
     def _read(self) -> dict[str, Any]:
@@ -113,14 +130,19 @@ class LarqTrainer:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__)
     p.add_argument("--batch", type=int, default=50, help="batch size (default 50, the paper's)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="intra-op threads on both sides (default 1: the machine is shared)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads on both sides (default 1: the machine is shared)",
+    )
     p.add_argument("--steps", type=int, default=2, help="timed steps per round (default 2)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--no-flips", action="store_true", help="skip the bnnexport+flips contender")
-    p.add_argument("--no-channels-last", action="store_true",
-                   help="skip the bnnexport-channels-last contender")
+    p.add_argument(
+        "--no-channels-last", action="store_true", help="skip the bnnexport-channels-last contender"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
@@ -130,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log("starting the larq side")
     larq = LarqTrainer(larq_python(), args.batch, args.threads)
     runners: dict[str, Callable[[int], tuple[float, float]]] = {
-        "bnnexport": torch_stepper(args.batch, False)}
+        "bnnexport": torch_stepper(args.batch, False)
+    }
     if not args.no_flips:
         runners["bnnexport+flips"] = torch_stepper(args.batch, True)
     if not args.no_channels_last:
@@ -144,21 +167,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         names = list(runners)
         images = args.batch * args.steps
         for r in range(args.rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 wall, cpu = runners[name](args.steps)
                 rates[name].append(images / wall)
                 per_cpu[name].append(images / cpu)
-            log(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{n} {v[-1]:.1f} img/s" for n, v in rates.items()))
+            log(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{n} {v[-1]:.1f} img/s" for n, v in rates.items())
+            )
     finally:
         larq.close()
     median = {n: statistics.median(v) for n, v in rates.items()}
     median_cpu = {n: statistics.median(v) for n, v in per_cpu.items()}
     result: dict[str, Any] = {
-        "machine": machine(), "batch": args.batch, "threads": args.threads,
-        "rounds": args.rounds, "steps_per_round": args.steps,
-        "torch": torch.__version__, "larq_side": larq.info,
-        "images_per_s": median, "images_per_s_all_rounds": rates,
+        "machine": machine(),
+        "batch": args.batch,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "torch": torch.__version__,
+        "larq_side": larq.info,
+        "images_per_s": median,
+        "images_per_s_all_rounds": rates,
         "images_per_cpu_s": median_cpu,
         "cpu_ratio_bnnexport_vs_larq": median_cpu["bnnexport"] / median_cpu["larq"],
         "ratio_bnnexport_vs_larq": median["bnnexport"] / median["larq"],
@@ -166,14 +196,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if "bnnexport+flips" in median:
         result["ratio_bnnexport_flips_vs_larq"] = median["bnnexport+flips"] / median["larq"]
-    rows = [[n, median[n], min(rates[n]), max(rates[n]), median[n] / median["larq"],
-             median_cpu[n], median_cpu[n] / median_cpu["larq"]] for n in runners]
-    text = table(["trainer", "img/s (median)", "min", "max", "x larq", "img/CPU-s",
-                  "x larq (CPU)"], rows)
-    text += (f"\n\nBinaryNet 3x32x32, batch {args.batch}, {args.threads} thread(s), "
-             f"{args.rounds} rounds x {args.steps} steps interleaved; torch {torch.__version__}, "
-             f"larq {larq.info.get('larq')} / TF {larq.info.get('tensorflow')}; "
-             f"load {result['machine']['load_average']}")
+    rows = [
+        [
+            n,
+            median[n],
+            min(rates[n]),
+            max(rates[n]),
+            median[n] / median["larq"],
+            median_cpu[n],
+            median_cpu[n] / median_cpu["larq"],
+        ]
+        for n in runners
+    ]
+    text = table(
+        ["trainer", "img/s (median)", "min", "max", "x larq", "img/CPU-s", "x larq (CPU)"], rows
+    )
+    text += (
+        f"\n\nBinaryNet 3x32x32, batch {args.batch}, {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.steps} steps interleaved; torch {torch.__version__}, "
+        f"larq {larq.info.get('larq')} / TF {larq.info.get('tensorflow')}; "
+        f"load {result['machine']['load_average']}"
+    )
     emit(result, text, args.json)
     return result
 

@@ -30,8 +30,9 @@ from bnnexport.models import list_models, model_info
 from bnnexport.runs import RunDir
 
 
-def measure(model: str, tmp: Path, input_size: int | None, rounds: int,
-            runs: int) -> dict[str, Any]:
+def measure(
+    model: str, tmp: Path, input_size: int | None, rounds: int, runs: int
+) -> dict[str, Any]:
     info = model_info(model)
     shape = info.input_shape
     if input_size is not None and shape[1] > input_size:  # only ever shrinks (ImageNet models)
@@ -54,35 +55,55 @@ def measure(model: str, tmp: Path, input_size: int | None, rounds: int,
         torch.set_num_threads(threads)
     convert = made["convert"]
     return {
-        "input_shape": list(shape), "native_input_shape": list(info.input_shape),
-        "parameters": made["init"].parameters, "binary_layers": made["init"].binary_layers,
+        "input_shape": list(shape),
+        "native_input_shape": list(info.input_shape),
+        "parameters": made["init"].parameters,
+        "binary_layers": made["init"].binary_layers,
         "lce_bconv2d": convert.lce_bconv2d,
         "latency_ms": {n: t["median"] for n, t in times.items()},
         "latency_min_ms": {n: t["min"] for n, t in times.items()},
-        "bytes": {"onnx": convert.onnx_bytes, "tflite_float": convert.tflite_float_bytes,
-                  "lce": convert.lce_bytes, "checkpoint": sizes.get("pytorch")},
+        "bytes": {
+            "onnx": convert.onnx_bytes,
+            "tflite_float": convert.tflite_float_bytes,
+            "lce": convert.lce_bytes,
+            "checkpoint": sizes.get("pytorch"),
+        },
         "pipeline_seconds": pipeline_s,
     }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__)
-    p.add_argument("--models", default=",".join(list_models()),
-                   help="comma-separated zoo models (default: all of them)")
-    p.add_argument("--input-size", type=int, default=None,
-                   help="cap the input's height and width (e.g. 64 for the ImageNet models)")
+    p.add_argument(
+        "--models",
+        default=",".join(list_models()),
+        help="comma-separated zoo models (default: all of them)",
+    )
+    p.add_argument(
+        "--input-size",
+        type=int,
+        default=None,
+        help="cap the input's height and width (e.g. 64 for the ImageNet models)",
+    )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per backend per round")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    result: dict[str, Any] = {"machine": machine(), "threads": 1, "batch": 1,
-                              "rounds": args.rounds, "runs_per_round": args.runs, "models": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "threads": 1,
+        "batch": 1,
+        "rounds": args.rounds,
+        "runs_per_round": args.runs,
+        "models": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
         for model in models:
             log(f"{model}: init -> export -> convert, then timing")
             try:
-                result["models"][model] = measure(model, Path(tmp), args.input_size,
-                                                  args.rounds, args.runs)
+                result["models"][model] = measure(
+                    model, Path(tmp), args.input_size, args.rounds, args.runs
+                )
             except Exception as error:  # noqa: BLE001 - one failing model must not hide the rest
                 result["models"][model] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"{model}: FAILED: {result['models'][model]['error'][:300]}")
@@ -92,17 +113,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             failed.append(f"{model}: {r['error'][:200]}")
             continue
         lat, b = r["latency_ms"], r["bytes"]
-        rows.append([model, "x".join(map(str, r["input_shape"])), lat["pytorch"],
-                     lat["onnxruntime"], lat["tflite-float"], lat["lce"],
-                     lat["pytorch"] / lat["lce"], lat["tflite-float"] / lat["lce"],
-                     f"{r['lce_bconv2d']}/{r['binary_layers']}", b["onnx"] / 1e6,
-                     b["tflite_float"] / 1e6, b["lce"] / 1e6])
-    text = table(["model", "input", "pytorch ms", "ort ms", "tflite ms", "lce ms",
-                  "pytorch/lce", "tflite/lce", "bconv/binary", "onnx MB", "tflite MB", "lce MB"],
-                 rows)
+        rows.append(
+            [
+                model,
+                "x".join(map(str, r["input_shape"])),
+                lat["pytorch"],
+                lat["onnxruntime"],
+                lat["tflite-float"],
+                lat["lce"],
+                lat["pytorch"] / lat["lce"],
+                lat["tflite-float"] / lat["lce"],
+                f"{r['lce_bconv2d']}/{r['binary_layers']}",
+                b["onnx"] / 1e6,
+                b["tflite_float"] / 1e6,
+                b["lce"] / 1e6,
+            ]
+        )
+    text = table(
+        [
+            "model",
+            "input",
+            "pytorch ms",
+            "ort ms",
+            "tflite ms",
+            "lce ms",
+            "pytorch/lce",
+            "tflite/lce",
+            "bconv/binary",
+            "onnx MB",
+            "tflite MB",
+            "lce MB",
+        ],
+        rows,
+    )
     text += "".join(f"\nFAILED {f}" for f in failed)
-    text += (f"\n\nbatch 1, 1 thread, medians of {args.rounds} interleaved rounds x {args.runs} "
-             f"runs; load {result['machine']['load_average']}")
+    text += (
+        f"\n\nbatch 1, 1 thread, medians of {args.rounds} interleaved rounds x {args.runs} "
+        f"runs; load {result['machine']['load_average']}"
+    )
     emit(result, text, args.json)
     return result
 

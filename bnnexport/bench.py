@@ -54,26 +54,48 @@ class BenchReport(Report):
 
     def to_table(self) -> str:
         """One line per backend: accuracy, agreement, latency, size."""
-        head = ["backend", "where", "top1", "top5", "agree", "max|diff|", "median ms", "p90 ms",
-                "mean ms", "std ms", "min ms", "size KB"]
+        head = [
+            "backend",
+            "where",
+            "top1",
+            "top5",
+            "agree",
+            "max|diff|",
+            "median ms",
+            "p90 ms",
+            "mean ms",
+            "std ms",
+            "min ms",
+            "size KB",
+        ]
         rows = [head]
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         for b in self.backends:
             lat = b.latency_ms
-            rows.append([
-                b.name, b.where, fmt(b.top1, ".4f"), fmt(b.top5, ".4f"),
-                fmt(b.argmax_agreement, ".4f"), fmt(b.max_abs_diff, ".2g"),
-                fmt(lat.get("median"), ".3f"), fmt(lat.get("p90"), ".3f"),
-                fmt(lat.get("mean"), ".3f"), fmt(lat.get("std"), ".3f"),
-                fmt(lat.get("min"), ".3f"),
-                fmt(None if b.size_bytes is None else b.size_bytes / 1024, ".1f"),
-            ])
+            rows.append(
+                [
+                    b.name,
+                    b.where,
+                    fmt(b.top1, ".4f"),
+                    fmt(b.top5, ".4f"),
+                    fmt(b.argmax_agreement, ".4f"),
+                    fmt(b.max_abs_diff, ".2g"),
+                    fmt(lat.get("median"), ".3f"),
+                    fmt(lat.get("p90"), ".3f"),
+                    fmt(lat.get("mean"), ".3f"),
+                    fmt(lat.get("std"), ".3f"),
+                    fmt(lat.get("min"), ".3f"),
+                    fmt(None if b.size_bytes is None else b.size_bytes / 1024, ".1f"),
+                ]
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                 for r in rows]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        footer = [f"{self.samples} samples, {self.runs} timed runs at batch 1, "
-                  f"{self.threads} thread(s)"]
+        footer = [
+            f"{self.samples} samples, {self.runs} timed runs at batch 1, {self.threads} thread(s)"
+        ]
         if self.device:
             footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
         for name, why in self.skipped.items():
@@ -158,8 +180,9 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
 
         def predict(x: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                return np.concatenate([model(torch.from_numpy(x[i:i + 100])).numpy()
-                                       for i in range(0, len(x), 100)])
+                return np.concatenate(
+                    [model(torch.from_numpy(x[i : i + 100])).numpy() for i in range(0, len(x), 100)]
+                )
 
         def call() -> None:
             with torch.inference_mode():
@@ -177,8 +200,9 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
         inputs = session.get_inputs()
         if len(inputs) != 1:  # bench feeds one image tensor, as every exported BNN takes
             names = ", ".join(i.name for i in inputs)
-            raise InvalidModelError(f"{onnx_path} has {len(inputs)} inputs ({names}); bench "
-                                    "runs models with one input")
+            raise InvalidModelError(
+                f"{onnx_path} has {len(inputs)} inputs ({names}); bench runs models with one input"
+            )
         name = inputs[0].name
         return (lambda x: run_onnx(onnx_path, x)), (lambda: session.run(None, {name: x1}))
 
@@ -201,8 +225,12 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
         raw = lce_interpreter(lce_path, threads).interpreter
         return (lambda x: run_lce(lce_path, x, num_threads=threads)), (lambda: raw.predict([x1]))
 
-    return [("pytorch", run.checkpoint, pytorch), ("onnxruntime", onnx_path, onnxruntime),
-            ("tflite-float", float_path, tflite_float), ("lce", lce_path, lce)]
+    return [
+        ("pytorch", run.checkpoint, pytorch),
+        ("onnxruntime", onnx_path, onnxruntime),
+        ("tflite-float", float_path, tflite_float),
+        ("lce", lce_path, lce),
+    ]
 
 
 def usable_backends(
@@ -233,10 +261,24 @@ def usable_backends(
 
 
 def _device_backend(
-    device: str, run: RunDir, target: str, inputs: np.ndarray, labels: np.ndarray,
-    reference: np.ndarray, runs: int, threads: int, warmup: int, runner: str,
-    port: int | None, ssh_key: str | None, ssh_options: Sequence[str], benchmark_binary: str | None,
-    remote_python: str, remote_tmp: str, timeout: float, host_lce: np.ndarray | None = None,
+    device: str,
+    run: RunDir,
+    target: str,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    reference: np.ndarray,
+    runs: int,
+    threads: int,
+    warmup: int,
+    runner: str,
+    port: int | None,
+    ssh_key: str | None,
+    ssh_options: Sequence[str],
+    benchmark_binary: str | None,
+    remote_python: str,
+    remote_tmp: str,
+    timeout: float,
+    host_lce: np.ndarray | None = None,
     device_batch: int = 64,
 ) -> tuple[list[BackendResult], dict[str, Any], str | None]:
     """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
@@ -247,8 +289,9 @@ def _device_backend(
     from bnnexport.provenance import require_current
 
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
-    client = SshClient(device, port=port, identity_file=ssh_key, options=ssh_options,
-                       remote_tmp=remote_tmp)
+    client = SshClient(
+        device, port=port, identity_file=ssh_key, options=ssh_options, remote_tmp=remote_tmp
+    )
     identity = {"destination": device, **client.identity().to_json()}
     if runner == "auto":
         runner = "python" if has_lce_python(client, remote_python) else "lce_benchmark_model"
@@ -257,29 +300,55 @@ def _device_backend(
             samples = Path(tmp) / "samples.npz"
             np.savez(samples, inputs=inputs, labels=labels)  # exactly the host's samples
             result, outputs = run_remote_runner(
-                client, flatbuffer, samples=samples, runs=runs, threads=threads, warmup=warmup,
-                python=remote_python, timeout=timeout)
+                client,
+                flatbuffer,
+                samples=samples,
+                runs=runs,
+                threads=threads,
+                warmup=warmup,
+                python=remote_python,
+                timeout=timeout,
+            )
         latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
-        extra = {"runner": "python", "lce_version": result.get("lce_version"),
-                 "device_accuracy": result.get("accuracy")}
-        return ([score("lce", device, flatbuffer, outputs, labels, reference, latency, extra)],
-                identity, None)
+        extra = {
+            "runner": "python",
+            "lce_version": result.get("lce_version"),
+            "device_accuracy": result.get("accuracy"),
+        }
+        return (
+            [score("lce", device, flatbuffer, outputs, labels, reference, latency, extra)],
+            identity,
+            None,
+        )
     from bnnexport.device_accuracy import device_lce_rows
     from deploy.device_accuracy import DeviceOptions
 
-    options = DeviceOptions(threads=threads, runs=runs, warmup_runs=warmup,
-                            binary=benchmark_binary, timeout=timeout)
-    rows, raw = device_lce_rows(client, run.root, target, inputs, labels, reference, host_lce,
-                                options, device_batch)
+    options = DeviceOptions(
+        threads=threads, runs=runs, warmup_runs=warmup, binary=benchmark_binary, timeout=timeout
+    )
+    rows, raw = device_lce_rows(
+        client, run.root, target, inputs, labels, reference, host_lce, options, device_batch
+    )
     return rows, identity, raw
 
 
 def bench(
-    run_dir: str | Path, runs: int = 100, threads: int = 1, samples: int | None = 1000,
-    device: str | None = None, target: str = "arm64", warmup: int = 10, port: int | None = None,
-    ssh_key: str | None = None, ssh_options: Sequence[str] = (),
-    benchmark_binary: str | None = None, runner: str = "auto", remote_python: str = "python3",
-    remote_tmp: str = "/tmp", timeout: float = 600.0, write_report: bool = True,
+    run_dir: str | Path,
+    runs: int = 100,
+    threads: int = 1,
+    samples: int | None = 1000,
+    device: str | None = None,
+    target: str = "arm64",
+    warmup: int = 10,
+    port: int | None = None,
+    ssh_key: str | None = None,
+    ssh_options: Sequence[str] = (),
+    benchmark_binary: str | None = None,
+    runner: str = "auto",
+    remote_python: str = "python3",
+    remote_tmp: str = "/tmp",
+    timeout: float = 600.0,
+    write_report: bool = True,
     progress: bool = False,
     device_batch: int = 64,
 ) -> BenchReport:
@@ -334,17 +403,43 @@ def bench(
     identity = raw = None
     if device:
         rows, identity, raw = _device_backend(
-            device, run, target, inputs, labels, reference, runs, threads, warmup, runner,
-            port, ssh_key, ssh_options, benchmark_binary, remote_python, remote_tmp, timeout,
-            host_outputs.get("lce"), device_batch)
+            device,
+            run,
+            target,
+            inputs,
+            labels,
+            reference,
+            runs,
+            threads,
+            warmup,
+            runner,
+            port,
+            ssh_key,
+            ssh_options,
+            benchmark_binary,
+            remote_python,
+            remote_tmp,
+            timeout,
+            host_outputs.get("lce"),
+            device_batch,
+        )
         results.extend(rows)
     report = BenchReport(
-        run_dir=str(run.root), samples=len(inputs), runs=runs, threads=threads,
+        run_dir=str(run.root),
+        samples=len(inputs),
+        runs=runs,
+        threads=threads,
         num_classes=int(reference.shape[1]),
-        host={"uname": " ".join(part for part in platform.uname() if part),
-              "machine": platform.machine(), "cpu_model": host_cpu(),
-              "python": platform.python_version()},
-        backends=results, device=identity, files=_file_sizes(run, target), skipped=skipped,
+        host={
+            "uname": " ".join(part for part in platform.uname() if part),
+            "machine": platform.machine(),
+            "cpu_model": host_cpu(),
+            "python": platform.python_version(),
+        },
+        backends=results,
+        device=identity,
+        files=_file_sizes(run, target),
+        skipped=skipped,
     )
     if raw is not None:
         write_bytes_atomic(run.root / "bench_device.log", raw.encode())
@@ -383,8 +478,13 @@ def _progress(backends: list, show: bool) -> Any:
 
 def _file_sizes(run: RunDir, target: str) -> dict[str, int]:
     """Bytes of each model file present (checkpoint.pt also holds optimizer state)."""
-    names = ["checkpoint.pt", "model.safetensors", "model.onnx", "model-float.tflite",
-             run.flatbuffer(target).name]
+    names = [
+        "checkpoint.pt",
+        "model.safetensors",
+        "model.onnx",
+        "model-float.tflite",
+        run.flatbuffer(target).name,
+    ]
     return {n: (run.root / n).stat().st_size for n in names if (run.root / n).is_file()}
 
 

@@ -54,8 +54,15 @@ def _check_twin(twin: Path, inputs: np.ndarray, batch: int) -> None:
 
 
 def device_lce_rows(
-    client: Any, run_dir: Path, target: str, inputs: np.ndarray, labels: np.ndarray,
-    reference: np.ndarray, host_lce: np.ndarray | None, options: Any, batch: int = DEFAULT_BATCH,
+    client: Any,
+    run_dir: Path,
+    target: str,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    reference: np.ndarray,
+    host_lce: np.ndarray | None,
+    options: Any,
+    batch: int = DEFAULT_BATCH,
 ) -> tuple[list[Any], str]:
     """Run the LCE flatbuffer on the device with `lce_benchmark_model`; return rows and raw log.
 
@@ -70,30 +77,56 @@ def device_lce_rows(
     job = note = None
     if twin.is_file():
         _check_twin(twin, inputs, batch)
-        job = AccuracyJob(twin, np.ascontiguousarray(inputs, np.float32), batch,
-                          outputs_per_sample=int(reference.shape[1]))
+        job = AccuracyJob(
+            twin,
+            np.ascontiguousarray(inputs, np.float32),
+            batch,
+            outputs_per_sample=int(reference.shape[1]),
+        )
     else:
-        note = (f"no batch-{batch} twin {twin.name}: accuracy not measured on the device, latency "
-                f"only (`bnnexport convert {run_dir} --batch-twin {batch}` writes it)")
+        note = (
+            f"no batch-{batch} twin {twin.name}: accuracy not measured on the device, latency "
+            f"only (`bnnexport convert {run_dir} --batch-twin {batch}` writes it)"
+        )
     device = run_on_device(client, flatbuffer, options, job)
     note = device.note or note
     parsed = device.result
     # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
-    latency = {"min": parsed.min_ms, "median": None, "p90": None, "mean": parsed.mean_ms,
-               "std": parsed.std_ms}
-    extra = {"runner": "lce_benchmark_model", "max_ms": parsed.max_ms, "init_ms": parsed.init_ms,
-             "peak_memory_mb": parsed.peak_memory_mb,
-             "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
-             "ops": [dataclasses.asdict(o) for o in parsed.ops],
-             "accuracy_model": twin.name if device.outputs is not None else None,
-             "accuracy_batch": batch if device.outputs is not None else None,
-             "accuracy_invocations": device.invocations,
-             "accuracy_seconds": device.accuracy_seconds, "note": note}
+    latency = {
+        "min": parsed.min_ms,
+        "median": None,
+        "p90": None,
+        "mean": parsed.mean_ms,
+        "std": parsed.std_ms,
+    }
+    extra = {
+        "runner": "lce_benchmark_model",
+        "max_ms": parsed.max_ms,
+        "init_ms": parsed.init_ms,
+        "peak_memory_mb": parsed.peak_memory_mb,
+        "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
+        "ops": [dataclasses.asdict(o) for o in parsed.ops],
+        "accuracy_model": twin.name if device.outputs is not None else None,
+        "accuracy_batch": batch if device.outputs is not None else None,
+        "accuracy_invocations": device.invocations,
+        "accuracy_seconds": device.accuracy_seconds,
+        "note": note,
+    }
     where = client.destination
     rows = [score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
     if device.outputs is not None and host_lce is not None:
-        rows.append(score(VERSUS_HOST, where, twin, device.outputs, labels, host_lce, {},
-                           {"reference": "host lce"}))
+        rows.append(
+            score(
+                VERSUS_HOST,
+                where,
+                twin,
+                device.outputs,
+                labels,
+                host_lce,
+                {},
+                {"reference": "host lce"},
+            )
+        )
     if note:
         print(f"bnnexport: note: {note}", file=sys.stderr)
     return rows, device.raw

@@ -130,8 +130,13 @@ def init_run(
 
 
 def _write_init_run(
-    run: RunDir, name: str, model: nn.Module, seed: int, dataset: str | None,
-    data_dir: str | None, start: float,
+    run: RunDir,
+    name: str,
+    model: nn.Module,
+    seed: int,
+    dataset: str | None,
+    data_dir: str | None,
+    start: float,
 ) -> InitReport:
     kwargs = {k: v for k, v in model.bnnexport_config.items() if k != "name"}
     config = {

@@ -44,22 +44,42 @@ class PipelineReport(Report):
 
 def _highlight(name: str, stages: dict[str, dict[str, Any]]) -> str:
     """A few telling numbers of a stage's report, for the summary line."""
-    keys = {"train": ("test_accuracy",), "verify": ("strict", "binary_parameters"),
-            "pack": ("packed_bytes", "ratio"), "export": ("onnx_accuracy", "argmax_agreement"),
-            "convert": ("lce_bconv2d", "argmax_agreement", "lce_bytes")}.get(name, ())
+    keys = {
+        "train": ("test_accuracy",),
+        "verify": ("strict", "binary_parameters"),
+        "pack": ("packed_bytes", "ratio"),
+        "export": ("onnx_accuracy", "argmax_agreement"),
+        "convert": ("lce_bconv2d", "argmax_agreement", "lce_bytes"),
+    }.get(name, ())
     data = stages.get(name, {})
-    parts = [f"{k}={data[k]:.4g}" if isinstance(data[k], float) else f"{k}={data[k]}"
-             for k in keys if k in data]
+    parts = [
+        f"{k}={data[k]:.4g}" if isinstance(data[k], float) else f"{k}={data[k]}"
+        for k in keys
+        if k in data
+    ]
     return f"  ({', '.join(parts)})" if parts else ""
 
 
 def pipeline(
-    config: TrainConfig, target: str = "arm64", runs: int = 100, threads: int = 1,
-    samples: int = 1000, warmup: int = 10, resume: bool = False, force: bool = False,
-    progress: bool | None = None, log: Callable[[str], None] | None = None,
-    device: str | None = None, port: int | None = None, ssh_key: str | None = None,
-    ssh_options: Sequence[str] = (), benchmark_binary: str | None = None, runner: str = "auto",
-    remote_python: str = "python3", remote_tmp: str = "/tmp", timeout: float = 600.0,
+    config: TrainConfig,
+    target: str = "arm64",
+    runs: int = 100,
+    threads: int = 1,
+    samples: int = 1000,
+    warmup: int = 10,
+    resume: bool = False,
+    force: bool = False,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = None,
+    device: str | None = None,
+    port: int | None = None,
+    ssh_key: str | None = None,
+    ssh_options: Sequence[str] = (),
+    benchmark_binary: str | None = None,
+    runner: str = "auto",
+    remote_python: str = "python3",
+    remote_tmp: str = "/tmp",
+    timeout: float = 600.0,
     device_batch: int = 64,
 ) -> PipelineReport:
     """Run every stage on `config.out`; return their reports.
@@ -102,16 +122,35 @@ def pipeline(
         stage("pack", lambda: pack(run_dir))
         stage("export", lambda: export_onnx(run_dir, samples=samples))
         twin = twin_batch(samples, device_batch) if device and runner != "python" else None
-        stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite",
-                                             batch_twin=twin))
-        result = stage("bench", lambda: bench(
-            run_dir, runs=runs, threads=threads, samples=samples, warmup=warmup, target=target,
-            device=device,
-            port=port, ssh_key=ssh_key, ssh_options=ssh_options, benchmark_binary=benchmark_binary,
-            runner=runner, remote_python=remote_python, remote_tmp=remote_tmp, timeout=timeout,
-            device_batch=device_batch))
-    return PipelineReport(run_dir=str(run_dir), stages=stages, seconds=seconds, bench=result,
-                          report_md=result.report_md)
+        stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite", batch_twin=twin))
+        result = stage(
+            "bench",
+            lambda: bench(
+                run_dir,
+                runs=runs,
+                threads=threads,
+                samples=samples,
+                warmup=warmup,
+                target=target,
+                device=device,
+                port=port,
+                ssh_key=ssh_key,
+                ssh_options=ssh_options,
+                benchmark_binary=benchmark_binary,
+                runner=runner,
+                remote_python=remote_python,
+                remote_tmp=remote_tmp,
+                timeout=timeout,
+                device_batch=device_batch,
+            ),
+        )
+    return PipelineReport(
+        run_dir=str(run_dir),
+        stages=stages,
+        seconds=seconds,
+        bench=result,
+        report_md=result.report_md,
+    )
 
 
 STAGES = ("train", "verify", "pack", "export", "convert", "bench")

@@ -110,9 +110,7 @@ def epoch_steps(dataset: str, data_dir: str | None, batch_size: int) -> int:
     return max(1, -(-len(data.train) // batch_size))
 
 
-def recipe_config(
-    name: str, steps_per_epoch: int | None = None, **overrides: Any
-) -> TrainConfig:
+def recipe_config(name: str, steps_per_epoch: int | None = None, **overrides: Any) -> TrainConfig:
     """The TrainConfig of recipe `name`, with `overrides` (TrainConfig fields) applied.
 
     `steps_per_epoch` is computed from the (possibly overridden) data set and batch size when

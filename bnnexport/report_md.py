@@ -23,8 +23,15 @@ def _label(backend: Any) -> str:
     return backend.name if backend.where == "host" else f"{backend.name}\n@{backend.where}"
 
 
-def _bar(path: Path, labels: list[str], values: list[float], ylabel: str, title: str,
-         errors: list[list[float]] | None = None, log: bool = False) -> Path:
+def _bar(
+    path: Path,
+    labels: list[str],
+    values: list[float],
+    ylabel: str,
+    title: str,
+    errors: list[list[float]] | None = None,
+    log: bool = False,
+) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels)), 3.6))
     bars = ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
@@ -46,22 +53,45 @@ def plot_bench(report: Any, out: Path) -> list[Path]:
     if timed:
         # bar = median (mean where the tool gives no median); whiskers down to min, up to p90
         centre = [b.latency_ms.get("median") or b.latency_ms["mean"] for b in timed]
-        low = [max(c - (b.latency_ms.get("min") or c), 0.0) for b, c in zip(timed, centre,
-                                                                         strict=True)]
-        high = [max((b.latency_ms.get("p90") or c) - c, 0.0) for b, c in zip(timed, centre,
-                                                                           strict=True)]
-        written.append(_bar(
-            out / "bench_latency.png", [_label(b) for b in timed], centre, "ms",
-            f"Batch-1 latency, {report.threads} thread(s): median (min..p90)", [low, high]))
+        low = [
+            max(c - (b.latency_ms.get("min") or c), 0.0) for b, c in zip(timed, centre, strict=True)
+        ]
+        high = [
+            max((b.latency_ms.get("p90") or c) - c, 0.0) for b, c in zip(timed, centre, strict=True)
+        ]
+        written.append(
+            _bar(
+                out / "bench_latency.png",
+                [_label(b) for b in timed],
+                centre,
+                "ms",
+                f"Batch-1 latency, {report.threads} thread(s): median (min..p90)",
+                [low, high],
+            )
+        )
     sized = {name: size / 1024 for name, size in report.files.items()}
     if sized:
-        written.append(_bar(out / "bench_size.png", list(sized), list(sized.values()), "KB",
-                            "Model file size", log=max(sized.values()) > 20 * min(sized.values())))
+        written.append(
+            _bar(
+                out / "bench_size.png",
+                list(sized),
+                list(sized.values()),
+                "KB",
+                "Model file size",
+                log=max(sized.values()) > 20 * min(sized.values()),
+            )
+        )
     scored = [b for b in report.backends if b.top1 is not None]
     if scored:
-        written.append(_bar(out / "bench_accuracy.png", [_label(b) for b in scored],
-                            [100 * b.top1 for b in scored], "top-1 %",
-                            f"Top-1 accuracy on {report.samples} test samples"))
+        written.append(
+            _bar(
+                out / "bench_accuracy.png",
+                [_label(b) for b in scored],
+                [100 * b.top1 for b in scored],
+                "top-1 %",
+                f"Top-1 accuracy on {report.samples} test samples",
+            )
+        )
     return written
 
 
@@ -72,13 +102,17 @@ def _fmt(value: Any, spec: str) -> str:
 def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
     """The report text: tables, the device's identity and op profile, plot links."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# Benchmark of `{report.run_dir}`", "",
-             f"{now}. {report.samples} test samples from samples.npz, {report.runs} timed runs "
-             f"at batch 1 after warm-up, {report.threads} thread(s). Agreement is with PyTorch "
-             "on the same samples.", "",
-             "| backend | where | top-1 | top-5 | argmax agreement | max abs diff | median ms "
-             "| p90 ms | mean ms | std ms | min ms | size KB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Benchmark of `{report.run_dir}`",
+        "",
+        f"{now}. {report.samples} test samples from samples.npz, {report.runs} timed runs "
+        f"at batch 1 after warm-up, {report.threads} thread(s). Agreement is with PyTorch "
+        "on the same samples.",
+        "",
+        "| backend | where | top-1 | top-5 | argmax agreement | max abs diff | median ms "
+        "| p90 ms | mean ms | std ms | min ms | size KB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for b in report.backends:
         lat = b.latency_ms
         size = None if b.size_bytes is None else b.size_bytes / 1024
@@ -87,37 +121,60 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
             f"{_fmt(b.argmax_agreement, '.4f')} | {_fmt(b.max_abs_diff, '.3g')} | "
             f"{_fmt(lat.get('median'), '.3f')} | {_fmt(lat.get('p90'), '.3f')} | "
             f"{_fmt(lat.get('mean'), '.3f')} | {_fmt(lat.get('std'), '.3f')} | "
-            f"{_fmt(lat.get('min'), '.3f')} | {_fmt(size, '.1f')} |")
+            f"{_fmt(lat.get('min'), '.3f')} | {_fmt(size, '.1f')} |"
+        )
     if report.files:
         lines += ["", "| file | KB |", "|---|---|"]
         lines += [f"| {name} | {size / 1024:.1f} |" for name, size in report.files.items()]
-        lines += ["", "checkpoint.pt also holds the optimizer state; model.safetensors (from "
-                  "`pack`) holds the bit-packed weights."]
+        lines += [
+            "",
+            "checkpoint.pt also holds the optimizer state; model.safetensors (from "
+            "`pack`) holds the bit-packed weights.",
+        ]
     host = report.host
-    lines += ["", "## Machines", "",
-              f"- host: {host.get('cpu_model')} ({host.get('machine')}), `{host.get('uname')}`"]
+    lines += [
+        "",
+        "## Machines",
+        "",
+        f"- host: {host.get('cpu_model')} ({host.get('machine')}), `{host.get('uname')}`",
+    ]
     if report.device:
         d = report.device
         board = f", board {d['board']}" if d.get("board") else ""
-        lines.append(f"- device `{d.get('destination')}`: {d.get('cpu_model')}, {d.get('cores')} "
-                     f"cores{board}, {d.get('os')}; `{d.get('uname')}`")
+        lines.append(
+            f"- device `{d.get('destination')}`: {d.get('cpu_model')}, {d.get('cores')} "
+            f"cores{board}, {d.get('os')}; `{d.get('uname')}`"
+        )
     for b in report.backends:
         if b.extra.get("op_types"):
-            lines += ["", f"## Op profile on {b.where} (lce_benchmark_model)", "",
-                      "| op type | nodes | avg ms | % |", "|---|---|---|---|"]
-            lines += [f"| {t['node_type']} | {t['count']} | {t['avg_ms']:.3f} | "
-                      f"{t['percent']:.1f} |" for t in b.extra["op_types"]]
+            lines += [
+                "",
+                f"## Op profile on {b.where} (lce_benchmark_model)",
+                "",
+                "| op type | nodes | avg ms | % |",
+                "|---|---|---|---|",
+            ]
+            lines += [
+                f"| {t['node_type']} | {t['count']} | {t['avg_ms']:.3f} | {t['percent']:.1f} |"
+                for t in b.extra["op_types"]
+            ]
             if b.extra.get("peak_memory_mb") is not None:
                 lines += ["", f"Peak memory footprint: {b.extra['peak_memory_mb']} MB."]
         if b.extra.get("runner") == "lce_benchmark_model":
-            lines += ["", "lce_benchmark_model reports min/mean/std only, so the device's median "
-                      "and p90 are not given."]
+            lines += [
+                "",
+                "lce_benchmark_model reports min/mean/std only, so the device's median "
+                "and p90 are not given.",
+            ]
             if b.extra.get("accuracy_batch"):
-                lines += ["", f"Accuracy on the device: `{b.extra['accuracy_model']}` in "
-                          f"{b.extra['accuracy_invocations']} invocations of "
-                          f"{b.extra['accuracy_batch']} samples (one model load each), "
-                          f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
-                          "`lce vs host lce` compares its outputs with the host's LCE interpreter."]
+                lines += [
+                    "",
+                    f"Accuracy on the device: `{b.extra['accuracy_model']}` in "
+                    f"{b.extra['accuracy_invocations']} invocations of "
+                    f"{b.extra['accuracy_batch']} samples (one model load each), "
+                    f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
+                    "`lce vs host lce` compares its outputs with the host's LCE interpreter.",
+                ]
             if b.extra.get("note"):
                 lines += ["", f"Note: {b.extra['note']}."]
     lines += ["", "## Plots", ""]

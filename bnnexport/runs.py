@@ -288,4 +288,3 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
-

@@ -40,9 +40,16 @@ class BackendResult:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def score(name: str, where: str, model: Path | None, outputs: np.ndarray | None,
-           labels: np.ndarray, reference: np.ndarray | None, latency: dict[str, Any],
-           extra: dict[str, Any] | None = None) -> BackendResult:
+def score(
+    name: str,
+    where: str,
+    model: Path | None,
+    outputs: np.ndarray | None,
+    labels: np.ndarray,
+    reference: np.ndarray | None,
+    latency: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> BackendResult:
     """One result row: top-1/top-5 of `outputs` against `labels` (None without ground truth),
     argmax agreement and max |diff| against `reference`, the model file's size, `latency`."""
     top1 = top5 = agree = diff = None
@@ -54,8 +61,15 @@ def score(name: str, where: str, model: Path | None, outputs: np.ndarray | None,
             agreement = compare(reference, outputs)
             agree, diff = agreement.argmax_agreement, agreement.max_abs_diff
     return BackendResult(
-        name=name, where=where, model=str(model) if model else None,
+        name=name,
+        where=where,
+        model=str(model) if model else None,
         size_bytes=model.stat().st_size if model and model.is_file() else None,
-        samples=len(labels), top1=top1, top5=top5, argmax_agreement=agree, max_abs_diff=diff,
-        latency_ms=latency, extra=extra or {},
+        samples=len(labels),
+        top1=top1,
+        top5=top5,
+        argmax_agreement=agree,
+        max_abs_diff=diff,
+        latency_ms=latency,
+        extra=extra or {},
     )

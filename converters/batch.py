@@ -120,8 +120,9 @@ def rebatch(model: Any, batch: int) -> Any:
     return twin
 
 
-def rebatch_onnx(source: str | Path, target: str | Path, batch: int,
-                 inputs: np.ndarray | None = None) -> Path:
+def rebatch_onnx(
+    source: str | Path, target: str | Path, batch: int, inputs: np.ndarray | None = None
+) -> Path:
     """Write the batch-`batch` twin of the ONNX file `source` to `target`, checked with ORT.
 
     ONNX Runtime runs both on the same samples (`inputs`, else random ones); the twin must run
@@ -172,10 +173,20 @@ def convert_twin(
     output = twin_path(flatbuffer, batch)
     with tempfile.TemporaryDirectory(prefix="bnnexport-twin-") as tmp:
         twin_onnx = rebatch_onnx(onnx_path, Path(tmp) / f"model-b{batch}.onnx", batch, inputs)
-        result = convert_onnx(twin_onnx, output, target=target, inputs=inputs,
-                              options=options or ConvertOptions(), references=references)
+        result = convert_onnx(
+            twin_onnx,
+            output,
+            target=target,
+            inputs=inputs,
+            options=options or ConvertOptions(),
+            references=references,
+        )
     gate = result.gate("ONNX Runtime")
-    return TwinResult(output=str(result.output), batch=batch,
-                      argmax_agreement=gate.plain_argmax_agreement,
-                      max_abs_diff=gate.plain_max_abs_diff, samples=result.samples,
-                      lce_bytes=result.lce_bytes)
+    return TwinResult(
+        output=str(result.output),
+        batch=batch,
+        argmax_agreement=gate.plain_argmax_agreement,
+        max_abs_diff=gate.plain_max_abs_diff,
+        samples=result.samples,
+        lce_bytes=result.lce_bytes,
+    )

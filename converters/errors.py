@@ -23,9 +23,7 @@ class ConverterError(Exception):
 class UnsupportedOpError(ConverterError):
     """An ONNX node the translator cannot turn into TensorFlow exactly."""
 
-    def __init__(
-        self, node_name: str, op_type: str, supported: Iterable[str] = (), why: str = ""
-    ):
+    def __init__(self, node_name: str, op_type: str, supported: Iterable[str] = (), why: str = ""):
         super().__init__(node_name, op_type, why)
         self.node_name = node_name
         self.op_type = op_type

@@ -166,4 +166,3 @@ class Graph:
     def const(self, name: str) -> np.ndarray | None:
         """The folded value of tensor `name`, or None when it depends on a graph input."""
         return self.constants.get(name)
-

@@ -62,8 +62,7 @@ def arithmetic(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
         if node.op_type == "Add":
             return channel_affine(x, ones, vec)
         if node.op_type == "Sub":
-            return channel_affine(x, -ones if const_first else ones, vec if const_first else -vec
-            )
+            return channel_affine(x, -ones if const_first else ones, vec if const_first else -vec)
         if node.op_type == "Mul":
             return channel_affine(x, vec, zeros)
         if not const_first:

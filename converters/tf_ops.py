@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from converters.graph import Graph
     from converters.patterns import Binarization, BinaryLayerMatch
 
+
 def tf():  # noqa: ANN201 - TensorFlow is imported lazily, only by conversions
     """The tensorflow module, imported on first use (training never pays for it).
 

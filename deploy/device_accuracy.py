@@ -52,8 +52,13 @@ from deploy.lce_benchmark import (
 INPUT_NAME = "x"  # binding is by position; a neutral name needs no ':' escaping
 OUTPUT_FLAG = "--output_filepath"
 _CHUNK = "\0chunk\0"  # placeholder for the loop variable in chunk_script
-ONE_PASS = ("--num_runs=1", "--warmup_runs=0", "--warmup_min_secs=0", "--min_secs=0",
-            "--enable_op_profiling=false")
+ONE_PASS = (
+    "--num_runs=1",
+    "--warmup_runs=0",
+    "--warmup_min_secs=0",
+    "--min_secs=0",
+    "--enable_op_profiling=false",
+)
 
 
 @dataclasses.dataclass
@@ -109,13 +114,20 @@ class DeviceRun:
     accuracy_seconds: float | None = None  # wall time of upload, all chunks and fetch
 
 
-def accuracy_command(binary: str, graph: str, chunk: str, job: AccuracyJob,
-                     options: DeviceOptions) -> list[str]:
+def accuracy_command(
+    binary: str, graph: str, chunk: str, job: AccuracyJob, options: DeviceOptions
+) -> list[str]:
     """The argv of one pass over one chunk, writing `chunk`.out."""
-    argv = [binary, f"--graph={graph}", f"--input_layer={INPUT_NAME}",
-            f"--input_layer_shape={job.input_shape()}",
-            f"--input_layer_value_files={INPUT_NAME}:{chunk}", f"{OUTPUT_FLAG}={chunk}.out",
-            f"--num_threads={options.threads}", *ONE_PASS]
+    argv = [
+        binary,
+        f"--graph={graph}",
+        f"--input_layer={INPUT_NAME}",
+        f"--input_layer_shape={job.input_shape()}",
+        f"--input_layer_value_files={INPUT_NAME}:{chunk}",
+        f"{OUTPUT_FLAG}={chunk}.out",
+        f"--num_threads={options.threads}",
+        *ONE_PASS,
+    ]
     if options.use_xnnpack is not None:
         argv.append(f"--use_xnnpack={str(options.use_xnnpack).lower()}")
     if options.use_indirect_bgemm is not None:
@@ -130,36 +142,46 @@ def chunk_script(binary: str, graph: str, job: AccuracyJob, options: DeviceOptio
     """
     chunk_bytes = len(job.raw_inputs()) // job.chunks
     # the chunk's name is the loop variable: quote everything around it, never "$c" itself
-    run_one = " ".join('"$c"'.join(shlex.quote(part) if part else "" for part in arg.split(_CHUNK))
-                       for arg in accuracy_command(binary, graph, _CHUNK, job, options))
-    return "\n".join([
-        "set -e",
-        f"split -b {chunk_bytes} -d -a 6 samples.f32 chunk.",
-        "rm samples.f32",
-        ": > outputs.f32",
-        "for c in chunk.*; do",
-        f"  if ! {run_one} > \"$c.log\" 2>&1; then",
-        "    why=''  # the tool's last error line; plain sh, nothing beyond coreutils needed",
-        "    while IFS= read -r line; do case \"$line\" in *ERROR*|*rror*) why=\"$line\";; esac",
-        "    done < \"$c.log\"",
-        "    echo \"$c: ${why:-$(tail -n 1 \"$c.log\")}\" >&2; exit 1",
-        "  fi",
-        "  [ -f \"$c.out\" ] || { echo \"$c: no output file written\" >&2; exit 1; }",
-        "  cat \"$c.out\" >> outputs.f32",
-        "  rm -f \"$c\" \"$c.out\" \"$c.log\"",
-        "done",
-    ])
+    run_one = " ".join(
+        '"$c"'.join(shlex.quote(part) if part else "" for part in arg.split(_CHUNK))
+        for arg in accuracy_command(binary, graph, _CHUNK, job, options)
+    )
+    return "\n".join(
+        [
+            "set -e",
+            f"split -b {chunk_bytes} -d -a 6 samples.f32 chunk.",
+            "rm samples.f32",
+            ": > outputs.f32",
+            "for c in chunk.*; do",
+            f'  if ! {run_one} > "$c.log" 2>&1; then',
+            "    why=''  # the tool's last error line; plain sh, nothing beyond coreutils needed",
+            '    while IFS= read -r line; do case "$line" in *ERROR*|*rror*) why="$line";; esac',
+            '    done < "$c.log"',
+            '    echo "$c: ${why:-$(tail -n 1 "$c.log")}" >&2; exit 1',
+            "  fi",
+            '  [ -f "$c.out" ] || { echo "$c: no output file written" >&2; exit 1; }',
+            '  cat "$c.out" >> outputs.f32',
+            '  rm -f "$c" "$c.out" "$c.log"',
+            "done",
+        ]
+    )
 
 
 def supports_output_file(client: Any, remote_binary: str, timeout: float = 120.0) -> bool:
     """True when the binary's `--help` lists --output_filepath (LCE <= 0.7 does not)."""
-    done = client.run([remote_binary, "--help"], timeout=timeout, check=False, merge_stderr=True,
-                      limit_remote=True)
+    done = client.run(
+        [remote_binary, "--help"],
+        timeout=timeout,
+        check=False,
+        merge_stderr=True,
+        limit_remote=True,
+    )
     return OUTPUT_FLAG.lstrip("-") in done.stdout
 
 
-def _device_outputs(client: Any, work: str, remote_binary: str, job: AccuracyJob,
-                    options: DeviceOptions) -> np.ndarray:
+def _device_outputs(
+    client: Any, work: str, remote_binary: str, job: AccuracyJob, options: DeviceOptions
+) -> np.ndarray:
     graph = f"{work}/{job.flatbuffer.name}"
     client.put(job.flatbuffer, graph)
     with tempfile.TemporaryDirectory(prefix="bnnexport-device-") as local:
@@ -167,8 +189,7 @@ def _device_outputs(client: Any, work: str, remote_binary: str, job: AccuracyJob
         samples.write_bytes(job.raw_inputs())
         client.put(samples, f"{work}/samples.f32")
         script = chunk_script(remote_binary, graph, job, options)
-        done = client.run(script, timeout=options.timeout, cwd=work, limit_remote=True,
-                          check=False)
+        done = client.run(script, timeout=options.timeout, cwd=work, limit_remote=True, check=False)
         if done.returncode != 0:
             lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
             raise RemoteCommandError(
@@ -188,8 +209,9 @@ def _device_outputs(client: Any, work: str, remote_binary: str, job: AccuracyJob
     return outputs[: len(job.inputs)].astype(np.float32)
 
 
-def run_on_device(client: Any, flatbuffer: str | Path, options: DeviceOptions,
-                  accuracy: AccuracyJob | None = None) -> DeviceRun:
+def run_on_device(
+    client: Any, flatbuffer: str | Path, options: DeviceOptions, accuracy: AccuracyJob | None = None
+) -> DeviceRun:
     """Benchmark `flatbuffer` (batch 1) and, with `accuracy`, compute its outputs on the device.
 
     One temporary directory on the device holds the binary (if uploaded), both flatbuffers and
@@ -202,17 +224,26 @@ def run_on_device(client: Any, flatbuffer: str | Path, options: DeviceOptions,
         graph = f"{work}/{Path(flatbuffer).name}"
         client.put(flatbuffer, graph)
         argv = benchmark_command(
-            remote_binary, graph, options.threads, options.runs, options.warmup_runs,
-            options.op_profiling, max_secs=options.timeout,
-            use_indirect_bgemm=options.use_indirect_bgemm)
-        done = client.run(argv, timeout=options.timeout, cwd=work, merge_stderr=True,
-                          limit_remote=True)
+            remote_binary,
+            graph,
+            options.threads,
+            options.runs,
+            options.warmup_runs,
+            options.op_profiling,
+            max_secs=options.timeout,
+            use_indirect_bgemm=options.use_indirect_bgemm,
+        )
+        done = client.run(
+            argv, timeout=options.timeout, cwd=work, merge_stderr=True, limit_remote=True
+        )
         run = DeviceRun(parse_benchmark_output(done.stdout), done.stdout)
         if accuracy is None:
             return run
         if not supports_output_file(client, remote_binary):
-            run.note = (f"{remote_binary} on {client.destination} has no {OUTPUT_FLAG} "
-                        "(LCE <= 0.7): accuracy not measured on the device, latency only")
+            run.note = (
+                f"{remote_binary} on {client.destination} has no {OUTPUT_FLAG} "
+                "(LCE <= 0.7): accuracy not measured on the device, latency only"
+            )
             return run
         start = time.perf_counter()
         run.outputs = _device_outputs(client, work, remote_binary, accuracy, options)

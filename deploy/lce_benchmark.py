@@ -29,9 +29,15 @@ BINARY_NAME = "lce_benchmark_model"
 _ELF_MACHINES = {0x03: "i386", 0x28: "arm", 0x3E: "x86_64", 0xB7: "aarch64"}
 # `uname -m` spellings -> the ELF architecture a native binary has there.
 _UNAME_TO_ELF = {
-    "x86_64": "x86_64", "amd64": "x86_64", "i386": "i386", "i686": "i386",
-    "aarch64": "aarch64", "arm64": "aarch64",
-    "armv6l": "arm", "armv7l": "arm", "armv8l": "arm",
+    "x86_64": "x86_64",
+    "amd64": "x86_64",
+    "i386": "i386",
+    "i686": "i386",
+    "aarch64": "aarch64",
+    "arm64": "aarch64",
+    "armv6l": "arm",
+    "armv7l": "arm",
+    "armv8l": "arm",
 }
 
 _COUNT_LINE = re.compile(r"^(?:INFO:\s*)?count=(\d+)\s+(.*)$")
@@ -155,17 +161,30 @@ def _parse_profile(lines: list[str]) -> tuple[list[OpTime], list[OpTypeTime], in
             for row in rows:
                 col = lambda *n, r=row, h=headers: float(_column(h, r, *n) or "nan")  # noqa: E731
                 if table == "run":
-                    ops.append(OpTime(
-                        node_type=row[0], name=row[-1], first_ms=col("first"),
-                        avg_ms=col("avg ms"), percent=col("%"), cdf_percent=col("cdf%"),
-                        mem_kb=col("mem kb"), times_called=int(col("times called")),
-                    ))
+                    ops.append(
+                        OpTime(
+                            node_type=row[0],
+                            name=row[-1],
+                            first_ms=col("first"),
+                            avg_ms=col("avg ms"),
+                            percent=col("%"),
+                            cdf_percent=col("cdf%"),
+                            mem_kb=col("mem kb"),
+                            times_called=int(col("times called")),
+                        )
+                    )
                 else:
-                    op_types.append(OpTypeTime(
-                        node_type=row[0], count=int(col("count")), avg_ms=col("avg ms"),
-                        percent=col("avg %"), cdf_percent=col("cdf %"),
-                        mem_kb=col("mem kb"), times_called=int(col("times called")),
-                    ))
+                    op_types.append(
+                        OpTypeTime(
+                            node_type=row[0],
+                            count=int(col("count")),
+                            avg_ms=col("avg ms"),
+                            percent=col("avg %"),
+                            cdf_percent=col("cdf %"),
+                            mem_kb=col("mem kb"),
+                            times_called=int(col("times called")),
+                        )
+                    )
             table = None
             continue
         index += 1
@@ -243,14 +262,24 @@ def check_architecture(binary: str, binary_arch: str | None, uname_m: str) -> No
 
 
 def benchmark_command(
-    binary: str, graph: str, threads: int = 1, runs: int = 100, warmup_runs: int = 10,
-    op_profiling: bool = True, max_secs: float | None = None,
+    binary: str,
+    graph: str,
+    threads: int = 1,
+    runs: int = 100,
+    warmup_runs: int = 10,
+    op_profiling: bool = True,
+    max_secs: float | None = None,
     use_indirect_bgemm: bool | None = None,
 ) -> list[str]:
     """Return the argv that benchmarks `graph` for exactly `runs` runs after `warmup_runs`."""
     argv = [
-        binary, f"--graph={graph}", f"--num_threads={threads}", f"--num_runs={runs}",
-        "--min_secs=0", f"--warmup_runs={warmup_runs}", "--warmup_min_secs=0",
+        binary,
+        f"--graph={graph}",
+        f"--num_threads={threads}",
+        f"--num_runs={runs}",
+        "--min_secs=0",
+        f"--warmup_runs={warmup_runs}",
+        "--warmup_min_secs=0",
         f"--enable_op_profiling={str(op_profiling).lower()}",
         "--report_peak_memory_footprint=true",
     ]
@@ -286,17 +315,21 @@ def device_binary(client: Any, work: str, binary: Path | None, uname_m: str) -> 
             f"{BINARY_NAME} is not on the PATH of {client.destination}; "
             f"pass --benchmark-binary PATH to upload one (see deploy/README.md)"
         )
-    header = client.run(
-        f"od -An -tx1 -N20 {shlex.quote(remote_binary)}", timeout=60
-    ).stdout.split()
+    header = client.run(f"od -An -tx1 -N20 {shlex.quote(remote_binary)}", timeout=60).stdout.split()
     arch = elf_architecture(bytes(int(b, 16) for b in header))
     check_architecture(f"{client.destination}:{remote_binary}", arch, uname_m)
     return remote_binary
 
 
 def run_lce_benchmark(
-    client: Any, flatbuffer: str | Path, threads: int = 1, runs: int = 100, warmup_runs: int = 10,
-    binary: str | Path | None = None, timeout: float = 600.0, op_profiling: bool = True,
+    client: Any,
+    flatbuffer: str | Path,
+    threads: int = 1,
+    runs: int = 100,
+    warmup_runs: int = 10,
+    binary: str | Path | None = None,
+    timeout: float = 600.0,
+    op_profiling: bool = True,
     use_indirect_bgemm: bool | None = None,
 ) -> tuple[BenchmarkResult, str]:
     """Copy `flatbuffer` (and `binary` if given) to the device, benchmark, clean up.
@@ -312,8 +345,14 @@ def run_lce_benchmark(
         graph = f"{work}/{Path(flatbuffer).name}"
         client.put(flatbuffer, graph)
         argv = benchmark_command(
-            remote_binary, graph, threads, runs, warmup_runs, op_profiling,
-            max_secs=timeout, use_indirect_bgemm=use_indirect_bgemm,
+            remote_binary,
+            graph,
+            threads,
+            runs,
+            warmup_runs,
+            op_profiling,
+            max_secs=timeout,
+            use_indirect_bgemm=use_indirect_bgemm,
         )
         done = client.run(argv, timeout=timeout, cwd=work, merge_stderr=True, limit_remote=True)
     return parse_benchmark_output(done.stdout), done.stdout

@@ -36,8 +36,13 @@ def has_lce_python(client: SshClient, python: str = "python3") -> bool:
 
 
 def run_remote_runner(
-    client: SshClient, flatbuffer: str | Path, samples: str | Path | None = None,
-    runs: int = 100, threads: int = 1, warmup: int = 10, python: str = "python3",
+    client: SshClient,
+    flatbuffer: str | Path,
+    samples: str | Path | None = None,
+    runs: int = 100,
+    threads: int = 1,
+    warmup: int = 10,
+    python: str = "python3",
     timeout: float = 600.0,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     """Copy runner, model and samples to a fresh directory on the device, run, fetch, clean up.
@@ -54,8 +59,19 @@ def run_remote_runner(
         client.put(RUNNER, f"{work}/runner.py")
         model = f"{work}/{Path(flatbuffer).name}"
         client.put(flatbuffer, model)
-        argv = [python, f"{work}/runner.py", "--model", model, "--runs", str(runs),
-                "--threads", str(threads), "--warmup", str(warmup), "--json"]
+        argv = [
+            python,
+            f"{work}/runner.py",
+            "--model",
+            model,
+            "--runs",
+            str(runs),
+            "--threads",
+            str(threads),
+            "--warmup",
+            str(warmup),
+            "--json",
+        ]
         if samples is not None:
             client.put(samples, f"{work}/samples.npz")
             argv += ["--samples", f"{work}/samples.npz", "--outputs", f"{work}/outputs.npz"]

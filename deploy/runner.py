@@ -68,8 +68,10 @@ def match_layout(batch: np.ndarray, model_shape: list) -> np.ndarray:
         nhwc = batch.transpose(0, 2, 3, 1)
         if list(nhwc.shape[1:]) == list(model_shape[1:]):
             return np.ascontiguousarray(nhwc)
-    raise SystemExit(f"runner: samples have shape {list(batch.shape[1:])} per sample but "
-                     f"the model takes {list(model_shape[1:])}")
+    raise SystemExit(
+        f"runner: samples have shape {list(batch.shape[1:])} per sample but "
+        f"the model takes {list(model_shape[1:])}"
+    )
 
 
 def run(model: str, samples: str | None, runs: int, threads: int, warmup: int) -> tuple:
@@ -82,8 +84,11 @@ def run(model: str, samples: str | None, runs: int, threads: int, warmup: int) -
             inputs = match_layout(data["inputs"], shape)
             labels = np.asarray(data["labels"], dtype=np.int64) if "labels" in data else None
     # timing input: a real sample when there is one (binary nets may branch on data), else noise
-    probe = inputs[:1] if inputs is not None else np.random.default_rng(0).standard_normal(
-        [1, *shape[1:]]).astype(np.float32)
+    probe = (
+        inputs[:1]
+        if inputs is not None
+        else np.random.default_rng(0).standard_normal([1, *shape[1:]]).astype(np.float32)
+    )
     # time the wrapper's own predict: the Python-side `predict` adds a generator and a concat
     raw = interpreter.interpreter
     for _ in range(warmup):
@@ -140,8 +145,10 @@ def main(argv: list | None = None) -> int:
         print(json.dumps(result))
     else:
         lat = result["latency_ms"]
-        print(f"latency ms: min {lat['min']:.3f} median {lat['median']:.3f} "
-              f"p90 {lat['p90']:.3f} mean {lat['mean']:.3f} std {lat['std']:.3f}")
+        print(
+            f"latency ms: min {lat['min']:.3f} median {lat['median']:.3f} "
+            f"p90 {lat['p90']:.3f} mean {lat['mean']:.3f} std {lat['std']:.3f}"
+        )
         if "accuracy" in result:
             print(f"accuracy: {result['accuracy']}")
     return 0

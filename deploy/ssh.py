@@ -33,12 +33,23 @@ from deploy.errors import (
 )
 
 _UNREACHABLE = (
-    "connection refused", "no route to host", "could not resolve hostname", "connection timed out",
-    "network is unreachable", "operation timed out", "connection closed by",
-    "connection reset", "name or service not known",
+    "connection refused",
+    "no route to host",
+    "could not resolve hostname",
+    "connection timed out",
+    "network is unreachable",
+    "operation timed out",
+    "connection closed by",
+    "connection reset",
+    "name or service not known",
 )
-_AUTH = ("permission denied", "host key verification failed", "too many authentication failures",
-         "remote host identification has changed", "no matching host key")
+_AUTH = (
+    "permission denied",
+    "host key verification failed",
+    "too many authentication failures",
+    "remote host identification has changed",
+    "no matching host key",
+)
 # exit codes of coreutils `timeout`: 124 when the limit hit, 137 when it had to SIGKILL
 _TIMEOUT_CODES = (124, 137)
 
@@ -73,9 +84,16 @@ class SshClient:
     """
 
     def __init__(
-        self, destination: str, port: int | None = None, identity_file: str | Path | None = None,
-        connect_timeout: float = 10, options: Sequence[str] = (), remote_tmp: str = "/tmp",
-        remote_path: Sequence[str] = (), ssh: str = "ssh", scp: str = "scp",
+        self,
+        destination: str,
+        port: int | None = None,
+        identity_file: str | Path | None = None,
+        connect_timeout: float = 10,
+        options: Sequence[str] = (),
+        remote_tmp: str = "/tmp",
+        remote_path: Sequence[str] = (),
+        ssh: str = "ssh",
+        scp: str = "scp",
     ) -> None:
         self.destination = destination
         self.port = port
@@ -88,8 +106,16 @@ class SshClient:
         self.scp = scp
 
     def _common(self) -> list[str]:
-        args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.connect_timeout)}",
-                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        args = [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={int(self.connect_timeout)}",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=4",
+        ]
         if self.identity_file:
             # only this key: an agent offering many keys first can exhaust MaxAuthTries
             args += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
@@ -118,8 +144,12 @@ class SshClient:
     def _exec(self, argv: list[str], timeout: float, what: str) -> subprocess.CompletedProcess:
         try:
             return subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                errors="replace", timeout=timeout,
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired as error:
             raise DeviceTimeoutError(
@@ -129,8 +159,13 @@ class SshClient:
             raise DeviceError(f"{argv[0]} not found on this machine; install OpenSSH") from error
 
     def run(
-        self, command: Sequence[str] | str, timeout: float = 60.0, check: bool = True,
-        cwd: str | None = None, merge_stderr: bool = False, limit_remote: bool = False,
+        self,
+        command: Sequence[str] | str,
+        timeout: float = 60.0,
+        check: bool = True,
+        cwd: str | None = None,
+        merge_stderr: bool = False,
+        limit_remote: bool = False,
     ) -> subprocess.CompletedProcess:
         """Run `command` (argv, or a shell string) on the device; return its CompletedProcess.
 
@@ -162,8 +197,7 @@ class SshClient:
         if check and done.returncode != 0:
             line = _last_line(done.stderr) or _last_line(done.stdout) or "no message"
             raise RemoteCommandError(
-                f"`{Path(name).name}` failed on {self.destination} "
-                f"(exit {done.returncode}): {line}"
+                f"`{Path(name).name}` failed on {self.destination} (exit {done.returncode}): {line}"
             )
         return done
 
@@ -172,15 +206,17 @@ class SshClient:
 
     def put(self, local: str | Path, remote: str, timeout: float = 300.0) -> None:
         """Copy a local file to `remote` (a path on the device)."""
-        done = self._exec([*self._scp_args(), "--", str(local), self._remote(remote)], timeout,
-                          "copying a file")
+        done = self._exec(
+            [*self._scp_args(), "--", str(local), self._remote(remote)], timeout, "copying a file"
+        )
         if done.returncode != 0:
             raise self._classify(done.stderr, f"copying {Path(local).name}")
 
     def get(self, remote: str, local: str | Path, timeout: float = 300.0) -> None:
         """Copy `remote` (a path on the device) to a local file."""
-        done = self._exec([*self._scp_args(), "--", self._remote(remote), str(local)], timeout,
-                          "fetching a file")
+        done = self._exec(
+            [*self._scp_args(), "--", self._remote(remote), str(local)], timeout, "fetching a file"
+        )
         if done.returncode != 0:
             raise self._classify(done.stderr, f"fetching {Path(remote).name}")
 
@@ -241,7 +277,8 @@ class SshClient:
             uname=first("uname"),
             machine=first("machine"),
             # lscpu names ARM cores (Cortex-A72); x86 /proc/cpuinfo has "model name"
-            cpu_model=field("lscpu", "model name") or field("cpuinfo", "model name", "hardware")
+            cpu_model=field("lscpu", "model name")
+            or field("cpuinfo", "model name", "hardware")
             or "unknown",
             cores=int(cores) if cores.isdigit() else 0,
             os=os_name or "unknown",

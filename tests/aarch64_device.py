@@ -48,11 +48,26 @@ from sshd_fixture import _keygen, free_port
 # bump when the recipe changes: a cached tree made by another recipe is rebuilt
 RECIPE = "bookworm-arm64-v1"
 SUITE = "bookworm"
-PACKAGES = ("dash", "bash", "base-passwd", "python3", "python3-numpy", "openssh-server",
-            "libpython3.11", "libstdc++6", "coreutils", "procps")
-TOOLS = {"mmdebstrap": "mmdebstrap", "update-binfmts": "binfmt-support",
-         "arch-test": "arch-test", "qemu-aarch64-static": "qemu-user-static",
-         "unshare": "util-linux", "chroot": "coreutils"}
+PACKAGES = (
+    "dash",
+    "bash",
+    "base-passwd",
+    "python3",
+    "python3-numpy",
+    "openssh-server",
+    "libpython3.11",
+    "libstdc++6",
+    "coreutils",
+    "procps",
+)
+TOOLS = {
+    "mmdebstrap": "mmdebstrap",
+    "update-binfmts": "binfmt-support",
+    "arch-test": "arch-test",
+    "qemu-aarch64-static": "qemu-user-static",
+    "unshare": "util-linux",
+    "chroot": "coreutils",
+}
 MARKER = ".bnnexport-device"
 SESSION_MOUNT = "bnnexport-session"  # where the session's directory appears inside the device
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -85,11 +100,11 @@ def check_host() -> None:
         raise DeviceUnavailable("building and chrooting into the aarch64 tree needs root")
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
     if missing:
-        raise DeviceUnavailable(f"Debian packages missing: {' '.join(missing)} "
-                                "(`make device-tools` installs them)")
+        raise DeviceUnavailable(
+            f"Debian packages missing: {' '.join(missing)} (`make device-tools` installs them)"
+        )
     if not (BINFMT / "register").exists():
-        _run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)],
-             "mounting binfmt_misc")
+        _run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], "mounting binfmt_misc")
     if not (BINFMT / "qemu-aarch64").exists():
         _run(["update-binfmts", "--enable", "qemu-aarch64"], "registering qemu-aarch64")
     if not (BINFMT / "qemu-aarch64").read_text().startswith("enabled"):
@@ -126,9 +141,20 @@ def build(target: Path) -> float:
     scratch = target.with_name(f"{target.name}.building-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
-        _run(["mmdebstrap", "--quiet", "--mode=root", "--variant=extract", "--arch=arm64",
-              f"--include={','.join(PACKAGES)}", SUITE, str(scratch)],
-             f"mmdebstrap {SUITE} arm64", timeout=900)
+        _run(
+            [
+                "mmdebstrap",
+                "--quiet",
+                "--mode=root",
+                "--variant=extract",
+                "--arch=arm64",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(scratch),
+            ],
+            f"mmdebstrap {SUITE} arm64",
+            timeout=900,
+        )
         _fix_up(scratch)
         (scratch / MARKER).write_text(RECIPE + "\n")
         shutil.rmtree(target, ignore_errors=True)
@@ -172,15 +198,23 @@ class ArmDevice:
 
     @property
     def options(self) -> list[str]:
-        return [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes",
-                "GlobalKnownHostsFile=/dev/null"]
+        return [
+            f"UserKnownHostsFile={self.known_hosts}",
+            "StrictHostKeyChecking=yes",
+            "GlobalKnownHostsFile=/dev/null",
+        ]
 
     def client(self, **kwargs):
         from deploy.ssh import SshClient
 
         # everything on the device runs under qemu: give connections time
-        settings = dict(port=self.port, identity_file=self.key, options=self.options,
-                        remote_tmp=self.remote_tmp, connect_timeout=30)
+        settings = dict(
+            port=self.port,
+            identity_file=self.key,
+            options=self.options,
+            remote_tmp=self.remote_tmp,
+            connect_timeout=30,
+        )
         settings.update(kwargs)
         return SshClient(self.destination, **settings)
 
@@ -190,8 +224,9 @@ class ArmDevice:
 
 
 @contextlib.contextmanager
-def running_device(session: Path, rootfs: Path, build_seconds: float | None = None
-                   ) -> Iterator[ArmDevice]:
+def running_device(
+    session: Path, rootfs: Path, build_seconds: float | None = None
+) -> Iterator[ArmDevice]:
     """Run sshd in `rootfs` (private namespaces) with its keys and config in `session`.
 
     Raises DeviceUnavailable when it does not start; stops it (and its namespaces) on exit.
@@ -205,14 +240,28 @@ def running_device(session: Path, rootfs: Path, build_seconds: float | None = No
     (session / "tmp").mkdir(exist_ok=True)
     inside = f"/{SESSION_MOUNT}"
     port = free_port()
-    (session / "sshd_config").write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1",
-        "HostKey /etc/ssh/ssh_host_ed25519_key", f"PidFile {inside}/sshd.pid",
-        f"AuthorizedKeysFile {inside}/authorized_keys", "StrictModes no", "UsePAM no",
-        "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "AllowUsers root",
-        "MaxStartups 100", "LogLevel ERROR", "Subsystem sftp /usr/lib/openssh/sftp-server", "",
-    ]))
+    (session / "sshd_config").write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                "HostKey /etc/ssh/ssh_host_ed25519_key",
+                f"PidFile {inside}/sshd.pid",
+                f"AuthorizedKeysFile {inside}/authorized_keys",
+                "StrictModes no",
+                "UsePAM no",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                "PermitRootLogin prohibit-password",
+                "AllowUsers root",
+                "MaxStartups 100",
+                "LogLevel ERROR",
+                "Subsystem sftp /usr/lib/openssh/sftp-server",
+                "",
+            ]
+        )
+    )
     host_pub = (rootfs / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
     known = session / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
@@ -223,24 +272,47 @@ def running_device(session: Path, rootfs: Path, build_seconds: float | None = No
     )
     log = (session / "sshd.log").open("w")
     process = subprocess.Popen(
-        ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
-         "sh", "-c", script], stdout=log, stderr=log)
-    device = ArmDevice(port=port, key=session / "user", other_key=session / "other",
-                       known_hosts=known, remote_tmp=f"{inside}/tmp", host_tmp=session / "tmp",
-                       rootfs=rootfs, build_seconds=build_seconds)
+        [
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    device = ArmDevice(
+        port=port,
+        key=session / "user",
+        other_key=session / "other",
+        known_hosts=known,
+        remote_tmp=f"{inside}/tmp",
+        host_tmp=session / "tmp",
+        rootfs=rootfs,
+        build_seconds=build_seconds,
+    )
     try:
         deadline = time.monotonic() + 60  # sshd starts under emulation
         while True:
             if process.poll() is not None:
-                raise DeviceUnavailable(f"sshd in the aarch64 tree did not start: "
-                                        f"{(session / 'sshd.log').read_text()[-300:]}")
+                raise DeviceUnavailable(
+                    f"sshd in the aarch64 tree did not start: "
+                    f"{(session / 'sshd.log').read_text()[-300:]}"
+                )
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise DeviceUnavailable("sshd in the aarch64 tree did not listen within 60 s"
-                                            ) from None
+                    raise DeviceUnavailable(
+                        "sshd in the aarch64 tree did not listen within 60 s"
+                    ) from None
                 time.sleep(0.2)
         yield device
     finally:
@@ -267,7 +339,8 @@ def arm_device(tmp_path_factory):
     with contextlib.ExitStack() as stack:
         try:
             device = stack.enter_context(
-                running_device(tmp_path_factory.mktemp("arm-device"), rootfs, seconds))
+                running_device(tmp_path_factory.mktemp("arm-device"), rootfs, seconds)
+            )
         except DeviceUnavailable as error:
             pytest.skip(f"no emulated aarch64 device: {error}")
         yield device
@@ -286,8 +359,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"built {rootfs} in {seconds:.0f} s", flush=True)
         with running_device(args.session.resolve(), rootfs, seconds) as device:
             options = " ".join(f"--ssh-option {o}" for o in device.options)
-            print(f"--device {device.destination} --port {device.port} --ssh-key {device.key} "
-                  f"--remote-tmp {device.remote_tmp} {options}", flush=True)
+            print(
+                f"--device {device.destination} --port {device.port} --ssh-key {device.key} "
+                f"--remote-tmp {device.remote_tmp} {options}",
+                flush=True,
+            )
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
     except DeviceUnavailable as error:
         print(f"no emulated aarch64 device: {error}", file=sys.stderr)

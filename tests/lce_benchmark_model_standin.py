@@ -12,6 +12,7 @@ tool's format. Runs under the device's python3 with numpy; imports nothing from 
 Tests set LOG (each invocation's argv as a JSON line) and WRITES_OUTPUTS (False: an LCE <= 0.7
 binary, which lacks --output_filepath) in a copy.
 """
+
 import json
 import os
 import sys
@@ -52,8 +53,9 @@ if "input_layer_value_files" in flags:
     assert name == flags["input_layer"], "value file for an unknown layer"
     size = 4 * int(np.prod(shape))
     if os.path.getsize(path) != size:
-        sys.stderr.write(f"ERROR: file {path} has {os.path.getsize(path)} bytes, "
-                         f"the tensor {size}\n")
+        sys.stderr.write(
+            f"ERROR: file {path} has {os.path.getsize(path)} bytes, the tensor {size}\n"
+        )
         sys.stderr.flush()
         os.abort()
     x = np.fromfile(path, "<f4").reshape(shape[0], -1)

@@ -47,19 +47,40 @@ def _binary(arm_device, tmp_path) -> str:
 
 
 def _bench(run, arm_device, binary, *args):
-    argv = [str(run), "--runs", "2", "--warmup", "1", "--samples", str(SAMPLES),
-            "--device", arm_device.destination, "--port", str(arm_device.port),
-            "--ssh-key", str(arm_device.key), "--remote-tmp", arm_device.remote_tmp,
-            "--runner", "lce_benchmark_model", "--benchmark-binary", binary,
-            "--timeout", "900", "--json", *args]
+    argv = [
+        str(run),
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "--samples",
+        str(SAMPLES),
+        "--device",
+        arm_device.destination,
+        "--port",
+        str(arm_device.port),
+        "--ssh-key",
+        str(arm_device.key),
+        "--remote-tmp",
+        arm_device.remote_tmp,
+        "--runner",
+        "lce_benchmark_model",
+        "--benchmark-binary",
+        binary,
+        "--timeout",
+        "900",
+        "--json",
+        *args,
+    ]
     for option in arm_device.options:
         argv += ["--ssh-option", option]
     return CliRunner().invoke(bench_command, argv)
 
 
 def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp_path):
-    result = _bench(twin_run, arm_device, _binary(arm_device, tmp_path),
-                    "--device-batch", str(BATCH))
+    result = _bench(
+        twin_run, arm_device, _binary(arm_device, tmp_path), "--device-batch", str(BATCH)
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["device"]["machine"] == "aarch64"
@@ -91,8 +112,9 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
         for row, reference in ((device, torch), (versus_host, lce)):
             agree = float(np.mean(expected.argmax(1) == reference.argmax(1)))
             assert row["argmax_agreement"] == pytest.approx(agree)
-            assert row["max_abs_diff"] == pytest.approx(np.abs(expected - reference).max(),
-                                                        rel=1e-4)
+            assert row["max_abs_diff"] == pytest.approx(
+                np.abs(expected - reference).max(), rel=1e-4
+            )
     report = (twin_run / "report.md").read_text()
     assert "Accuracy on the device" in report and "| lce vs host lce |" in report
     assert arm_device.leftovers() == []

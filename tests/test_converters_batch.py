@@ -15,9 +15,12 @@ SHAPE = [1, 2, 3, 3]
 
 def _model(nodes, initializers=(), out_shape=(1, 18)) -> onnx.ModelProto:
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
-        initializer=list(initializers))
+        initializer=list(initializers),
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -33,23 +36,29 @@ def _dims(value_info) -> list:
 
 def test_flatten_model_runs_at_batch_n_like_at_batch_1(tmp_path):
     weights = numpy_helper.from_array(np.arange(18 * 4, dtype=np.float32).reshape(18, 4), "w")
-    model = _model([helper.make_node("Flatten", ["x"], ["f"]),
-                    helper.make_node("MatMul", ["f", "w"], ["y"])], [weights], (1, 4))
+    model = _model(
+        [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("MatMul", ["f", "w"], ["y"])],
+        [weights],
+        (1, 4),
+    )
     onnx.save(model, tmp_path / "m.onnx")
     twin = rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b8.onnx", 8, _inputs(11))
     loaded = onnx.load(str(twin))
     assert _dims(loaded.graph.input[0]) == [8, 2, 3, 3]
     inputs = _inputs(11)  # not a multiple of 8: the last chunk is padded by run_onnx
-    np.testing.assert_allclose(run_onnx(twin, inputs), run_onnx(tmp_path / "m.onnx", inputs),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        run_onnx(twin, inputs), run_onnx(tmp_path / "m.onnx", inputs), rtol=1e-6
+    )
 
 
 def test_reshape_to_a_constant_batch_1_is_refused_by_name():
     shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
-    model = _model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="/head/Reshape")],
-                   [shape])
-    with pytest.raises(HardCodedBatchError, match=r"/head/Reshape \(Reshape\) hard-codes batch 1"
-                       ) as info:
+    model = _model(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="/head/Reshape")], [shape]
+    )
+    with pytest.raises(
+        HardCodedBatchError, match=r"/head/Reshape \(Reshape\) hard-codes batch 1"
+    ) as info:
         rebatch(model, 4)
     assert info.value.exit_code == 2 and "\n" not in str(info.value)
 
@@ -61,17 +70,25 @@ def test_batch_free_reshape_is_accepted():
 
 
 def test_output_fixed_at_batch_1_is_refused():
-    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), n)
-                          for v, n in ((0, "s"), (1, "e"), (0, "a")))
-    model = _model([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])],
-                   [starts, ends, axes], (1, 2, 3, 3))
+    starts, ends, axes = (
+        numpy_helper.from_array(np.array([v], np.int64), n)
+        for v, n in ((0, "s"), (1, "e"), (0, "a"))
+    )
+    model = _model(
+        [helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])], [starts, ends, axes], (1, 2, 3, 3)
+    )
     with pytest.raises(HardCodedBatchError, match="output y keeps batch 1 when the input takes 4"):
         rebatch(model, 4)
 
 
 def test_graph_that_mixes_samples_is_refused(tmp_path):
-    model = _model([helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
-                    helper.make_node("Sub", ["x", "m"], ["y"])], out_shape=SHAPE)
+    model = _model(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+            helper.make_node("Sub", ["x", "m"], ["y"]),
+        ],
+        out_shape=SHAPE,
+    )
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(HardCodedBatchError, match="the graph mixes samples"):
         rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b4.onnx", 4, _inputs(8))

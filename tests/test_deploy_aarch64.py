@@ -69,8 +69,9 @@ def stand_in(arm_device, tmp_path):
 
     def make(writes_outputs: bool = True) -> Path:
         name = "lce_benchmark_model" if writes_outputs else "lce_benchmark_model_07"
-        return write_stand_in(tmp_path / name, f"{Path(arm_device.remote_tmp).parent}/stand-in.log",
-                              writes_outputs)
+        return write_stand_in(
+            tmp_path / name, f"{Path(arm_device.remote_tmp).parent}/stand-in.log", writes_outputs
+        )
 
     graph = tmp_path / "model-b4.json"
     graph.write_text(json.dumps({"classes": 10}))
@@ -89,10 +90,15 @@ def test_missing_packages_become_a_skip_reason_naming_them(monkeypatch):
     import aarch64_device
 
     monkeypatch.setattr(aarch64_device.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(aarch64_device.shutil, "which",
-                        lambda tool: None if tool == "mmdebstrap" else f"/usr/bin/{tool}")
-    with pytest.raises(aarch64_device.DeviceUnavailable,
-                       match=r"Debian packages missing: mmdebstrap \(`make device-tools`"):
+    monkeypatch.setattr(
+        aarch64_device.shutil,
+        "which",
+        lambda tool: None if tool == "mmdebstrap" else f"/usr/bin/{tool}",
+    )
+    with pytest.raises(
+        aarch64_device.DeviceUnavailable,
+        match=r"Debian packages missing: mmdebstrap \(`make device-tools`",
+    ):
         aarch64_device.check_host()
 
 
@@ -170,8 +176,13 @@ def test_stand_in_outputs_come_back_in_sample_order(arm_device, stand_in):
         assert flags["input_layer"] == "x" and flags["input_layer_shape"] == "4,1,3,2"
         assert flags["input_layer_value_files"].startswith("x:")
         assert flags["graph"].endswith("/model-b4.json") and "output_filepath" in flags
-        assert (flags["num_runs"], flags["warmup_runs"], flags["warmup_min_secs"],
-                flags["min_secs"], flags["enable_op_profiling"]) == ("1", "0", "0", "0", "false")
+        assert (
+            flags["num_runs"],
+            flags["warmup_runs"],
+            flags["warmup_min_secs"],
+            flags["min_secs"],
+            flags["enable_op_profiling"],
+        ) == ("1", "0", "0", "0", "false")
     assert arm_device.leftovers() == []
 
 
@@ -180,8 +191,10 @@ def test_wrong_input_shape_aborts_and_cleans_up(arm_device, stand_in):
     inputs = np.zeros((8, 1, 3, 2), np.float32)
     job = AccuracyJob(graph, inputs, batch=4, outputs_per_sample=10)
     job.input_shape = lambda: "4,1,3,3"  # a shape that does not match the file's bytes
-    expected = (r"failed on .* computing outputs on chunk\.000000: "
-                r"ERROR: file chunk\.000000 has 96 bytes, the tensor 144")
+    expected = (
+        r"failed on .* computing outputs on chunk\.000000: "
+        r"ERROR: file chunk\.000000 has 96 bytes, the tensor 144"
+    )
     with pytest.raises(RemoteCommandError, match=expected) as info:
         run_on_device(arm_device.client(), graph, DeviceOptions(binary=make()), job)
     assert "\n" not in str(info.value) and info.value.exit_code == 2
@@ -215,8 +228,11 @@ def test_binary_without_output_filepath_gives_latency_and_one_note(arm_device, s
 BATCH_MODEL = "tf.TensorSpec([1, 8, 8, 32]"
 
 
-@pytest.mark.skipif(not REAL_BINARY, reason="set BNNEXPORT_LCE_BENCHMARK_AARCH64 to the real "
-                    "lce_benchmark_model_aarch64 to run it under emulation")
+@pytest.mark.skipif(
+    not REAL_BINARY,
+    reason="set BNNEXPORT_LCE_BENCHMARK_AARCH64 to the real "
+    "lce_benchmark_model_aarch64 to run it under emulation",
+)
 def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
     from sshd_fixture import TINY_MODEL_SOURCE
 
@@ -226,8 +242,9 @@ def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
     assert BATCH_MODEL in TINY_MODEL_SOURCE and "[1, -1]" in TINY_MODEL_SOURCE
     source = TINY_MODEL_SOURCE.replace(BATCH_MODEL, f"tf.TensorSpec([{batch}, 8, 8, 32]")
     (tmp_path / "make.py").write_text(source.replace("[1, -1]", f"[{batch}, -1]"))
-    subprocess.run([sys.executable, str(tmp_path / "make.py"), str(tmp_path)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(tmp_path / "make.py"), str(tmp_path)], check=True, capture_output=True
+    )
     flatbuffer = tmp_path / f"tiny-b{batch}.tflite"
     (tmp_path / "tiny.tflite").rename(flatbuffer)
     inputs = np.random.default_rng(3).standard_normal((10, 8, 8, 32)).astype(np.float32)
@@ -236,11 +253,16 @@ def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
     host = Interpreter(flatbuffer.read_bytes(), use_indirect_bgemm=True)
     padded = np.concatenate([inputs, np.zeros((2, 8, 8, 32), np.float32)])
     # one invocation per chunk, as on the device (the wrapper's predict() feeds batch-1 slices)
-    reference = np.concatenate([host.interpreter.predict([padded[i:i + batch]])[0]
-                                for i in range(0, 12, batch)])
+    reference = np.concatenate(
+        [host.interpreter.predict([padded[i : i + batch]])[0] for i in range(0, 12, batch)]
+    )
     job = AccuracyJob(flatbuffer, inputs, batch=batch, outputs_per_sample=10)
-    run = run_on_device(arm_device.client(), flatbuffer,
-                        DeviceOptions(binary=REAL_BINARY, runs=2, warmup_runs=1, timeout=900), job)
+    run = run_on_device(
+        arm_device.client(),
+        flatbuffer,
+        DeviceOptions(binary=REAL_BINARY, runs=2, warmup_runs=1, timeout=900),
+        job,
+    )
     assert run.note is None and run.invocations == 3
     np.testing.assert_allclose(run.outputs, reference[:10], rtol=1e-4, atol=1e-4)
     assert arm_device.leftovers() == []

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def _params(rows: list[Row], long: bool = False) -> list:
     """Rows as parameters; with `long`, the full-size bitorch ResNets and QuickNetSmall (20-30 s
     each) are in the long tier (`make test-all`)."""
+
     def marks(row: Row) -> list:
         return ([pytest.mark.slow] + ([pytest.mark.long] if long else [])) if row.slow else []
 

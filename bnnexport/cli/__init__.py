@@ -32,9 +32,14 @@ from bnnexport.cli.zoo import zoo_command
 class BnnExportGroup(click.Group):
     """The command group, with click's own usage errors turned into bnnexport's one line."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         # tf-keras 2 instead of Keras 3 would change how TensorFlow loads; bnnexport needs neither
         os.environ.pop("TF_USE_LEGACY_KERAS", None)
         if not standalone_mode:
@@ -52,8 +57,10 @@ class BnnExportGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(cls=BnnExportGroup,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=BnnExportGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="bnnexport")
 def main() -> None:
     """Train binarized neural networks in PyTorch with Bop and take them to Larq Compute Engine.

@@ -9,35 +9,76 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 @click.command("convert")
 @click.argument("source", metavar="RUN_DIR|MODEL.onnx", type=click.Path())
-@click.option("--target", type=click.Choice(["arm64", "arm32"]), default="arm64",
-              show_default=True,
-              help="Device the flatbuffer is for. Both use LCE's target \"arm\"; the file is "
-                   "named model-arm64.tflite or model-arm32.tflite.")
-@click.option("--format", "fmt", type=click.Choice(["lce", "tflite"]), default="lce",
-              show_default=True,
-              help="lce: the LCE flatbuffer only. tflite: also a plain float TFLite model "
-                   "(model-float.tflite) that the stock TFLite interpreter runs, for comparison.")
-@click.option("--samples", type=click.IntRange(min=1), default=None,
-              help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]")
-@click.option("--allow-float", "allow_float", multiple=True, metavar="LAYER|all",
-              help="Let this binary layer (its ONNX node name, as the error names it) stay a "
-                   "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
-                   "layers are listed in the report's float_fallbacks.")
-@click.option("--batch-twin", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
-                   "by the same gate, for accuracy on a device (`bench --device-batch N`).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Batch size fixed in place of a dynamic batch dimension (tf2onnx and "
-                   "dynamic-axes exports); the flatbuffer takes exactly this batch.")
-@click.option("--disable-rewrite", "disabled", multiple=True, metavar="PASS",
-              help="Skip one pass of the normalising front end (e.g. bitorch-sign); repeatable. "
-                   "A diagnostic: the conversion then names the node that pass would rewrite.")
+@click.option(
+    "--target",
+    type=click.Choice(["arm64", "arm32"]),
+    default="arm64",
+    show_default=True,
+    help='Device the flatbuffer is for. Both use LCE\'s target "arm"; the file is '
+    "named model-arm64.tflite or model-arm32.tflite.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["lce", "tflite"]),
+    default="lce",
+    show_default=True,
+    help="lce: the LCE flatbuffer only. tflite: also a plain float TFLite model "
+    "(model-float.tflite) that the stock TFLite interpreter runs, for comparison.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]",
+)
+@click.option(
+    "--allow-float",
+    "allow_float",
+    multiple=True,
+    metavar="LAYER|all",
+    help="Let this binary layer (its ONNX node name, as the error names it) stay a "
+    "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
+    "layers are listed in the report's float_fallbacks.",
+)
+@click.option(
+    "--batch-twin",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
+    "by the same gate, for accuracy on a device (`bench --device-batch N`).",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Batch size fixed in place of a dynamic batch dimension (tf2onnx and "
+    "dynamic-axes exports); the flatbuffer takes exactly this batch.",
+)
+@click.option(
+    "--disable-rewrite",
+    "disabled",
+    multiple=True,
+    metavar="PASS",
+    help="Skip one pass of the normalising front end (e.g. bitorch-sign); repeatable. "
+    "A diagnostic: the conversion then names the node that pass would rewrite.",
+)
 @json_option
 @handle_errors
 @locks_run("source")
-def convert_command(source: str, target: str, fmt: str, samples: int | None,
-                    allow_float: tuple[str, ...], batch_twin: int | None, batch: int,
-                    disabled: tuple[str, ...], as_json: bool) -> None:
+def convert_command(
+    source: str,
+    target: str,
+    fmt: str,
+    samples: int | None,
+    allow_float: tuple[str, ...],
+    batch_twin: int | None,
+    batch: int,
+    disabled: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
 
     Every binary layer (a Conv/MatMul/Gemm with a ±1 kernel fed by a binarization) must become an
@@ -62,9 +103,18 @@ def convert_command(source: str, target: str, fmt: str, samples: int | None,
 
     unknown = sorted(set(disabled) - set(REWRITES))
     if unknown:
-        raise click.BadParameter(f"unknown pass {unknown[0]!r}; passes: {', '.join(REWRITES)}",
-                                 param_hint="--disable-rewrite")
-    report = convert_run(source, target=target, fmt=fmt, samples=samples,
-                         allow_float=allow_float, batch_twin=batch_twin, batch=batch,
-                         disabled_rewrites=disabled)
+        raise click.BadParameter(
+            f"unknown pass {unknown[0]!r}; passes: {', '.join(REWRITES)}",
+            param_hint="--disable-rewrite",
+        )
+    report = convert_run(
+        source,
+        target=target,
+        fmt=fmt,
+        samples=samples,
+        allow_float=allow_float,
+        batch_twin=batch_twin,
+        batch=batch,
+        disabled_rewrites=disabled,
+    )
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

@@ -9,12 +9,27 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 
 @click.command("export")
 @click.argument("run_dir", type=click.Path())
-@click.option("--opset", type=click.IntRange(13, 18), default=17, show_default=True,
-              help="ONNX opset to write (the legacy exporter honours 13-18).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Batch dimension written into model.onnx (LCE runs batch 1).")
-@click.option("--samples", type=click.IntRange(min=1), default=1000, show_default=True,
-              help="Test samples written to RUN_DIR/samples.npz and checked in ONNX Runtime.")
+@click.option(
+    "--opset",
+    type=click.IntRange(13, 18),
+    default=17,
+    show_default=True,
+    help="ONNX opset to write (the legacy exporter honours 13-18).",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Batch dimension written into model.onnx (LCE runs batch 1).",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Test samples written to RUN_DIR/samples.npz and checked in ONNX Runtime.",
+)
 @json_option
 @handle_errors
 @locks_run("run_dir")

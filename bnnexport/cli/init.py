@@ -21,25 +21,51 @@ def _shape(_ctx: click.Context, _param: click.Parameter, value: str | None):
 
 
 @click.command("init")
-@click.option("--model", required=True, type=click.Choice(list_models()),
-              help="Model from the registry (`bnnexport zoo list`).")
-@click.option("--input-shape", callback=_shape, default=None,
-              help="C,H,W [default: the model's native size].")
-@click.option("--num-classes", type=click.IntRange(min=1), default=None,
-              help="Number of classes [default: the model's native number].")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Run directory to write. [default: runs/MODEL-init]")
+@click.option(
+    "--model",
+    required=True,
+    type=click.Choice(list_models()),
+    help="Model from the registry (`bnnexport zoo list`).",
+)
+@click.option(
+    "--input-shape", callback=_shape, default=None, help="C,H,W [default: the model's native size]."
+)
+@click.option(
+    "--num-classes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Number of classes [default: the model's native number].",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Run directory to write. [default: runs/MODEL-init]",
+)
 @click.option("--force", is_flag=True, help="Replace a run already in --out.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed for the kernels and the BatchNorm statistics.")
-@click.option("--dataset", default=None,
-              help="Data set whose test images `bnnexport export` should use (recorded only).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Directory of that data set (recorded only).")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed for the kernels and the BatchNorm statistics.",
+)
+@click.option(
+    "--dataset",
+    default=None,
+    help="Data set whose test images `bnnexport export` should use (recorded only).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory of that data set (recorded only).",
+)
 @json_option
 @handle_errors
-def init_command(model, input_shape, num_classes, out, force, seed, dataset, data_dir,
-                 as_json) -> None:
+def init_command(
+    model, input_shape, num_classes, out, force, seed, dataset, data_dir, as_json
+) -> None:
     """Write an initialised, untrained run (±1 kernels, randomised BatchNorm statistics),
     ready for export, convert and bench."""
     from bnnexport.init import init_run

@@ -16,8 +16,7 @@ from bnnexport.cli.common import emit, handle_errors, number_or_schedule
 from bnnexport.cli.train import train_command
 
 _TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
-_BENCH = [p for p in bench_command.params
-          if isinstance(p, click.Option) and p.name != "as_json"]
+_BENCH = [p for p in bench_command.params if isinstance(p, click.Option) and p.name != "as_json"]
 
 
 @handle_errors
@@ -34,22 +33,40 @@ def _pipeline(**options: Any) -> None:
 
     as_json = options.pop("as_json")
     config = TrainConfig(
-        model=options["model"], dataset=options["dataset"], data_dir=options["data_dir"],
-        optimizer=options["optimizer"], gamma=number_or_schedule(options["gamma"]),
-        threshold=number_or_schedule(options["threshold"]), lr=number_or_schedule(options["lr"]),
-        epochs=options["epochs"], batch_size=options["batch_size"], seed=options["seed"],
+        model=options["model"],
+        dataset=options["dataset"],
+        data_dir=options["data_dir"],
+        optimizer=options["optimizer"],
+        gamma=number_or_schedule(options["gamma"]),
+        threshold=number_or_schedule(options["threshold"]),
+        lr=number_or_schedule(options["lr"]),
+        epochs=options["epochs"],
+        batch_size=options["batch_size"],
+        seed=options["seed"],
         out=options["out"] or default_out(options["model"], options["dataset"]),
         device=options["train_device"],
     )
     report = pipeline(
-        config, target=options["target"], runs=options["runs"], threads=options["threads"],
-        samples=options["samples"], warmup=options["warmup"], resume=options["resume"],
-        force=options["force"], progress=None if not as_json else False,
-        log=lambda line: click.echo(line, err=True), device=options["device"],
-        port=options["port"], ssh_key=options["ssh_key"], ssh_options=options["ssh_options"],
-        benchmark_binary=options["benchmark_binary"], runner=options["runner"],
-        remote_python=options["remote_python"], remote_tmp=options["remote_tmp"],
-        timeout=options["timeout"], device_batch=options["device_batch"],
+        config,
+        target=options["target"],
+        runs=options["runs"],
+        threads=options["threads"],
+        samples=options["samples"],
+        warmup=options["warmup"],
+        resume=options["resume"],
+        force=options["force"],
+        progress=None if not as_json else False,
+        log=lambda line: click.echo(line, err=True),
+        device=options["device"],
+        port=options["port"],
+        ssh_key=options["ssh_key"],
+        ssh_options=options["ssh_options"],
+        benchmark_binary=options["benchmark_binary"],
+        runner=options["runner"],
+        remote_python=options["remote_python"],
+        remote_tmp=options["remote_tmp"],
+        timeout=options["timeout"],
+        device_batch=options["device_batch"],
     )
     emit(report, as_json)
 
@@ -61,10 +78,17 @@ pipeline_command = click.Command(
     short_help="Train -> verify -> pack -> export -> convert -> bench, in one command.",
     params=[
         *_TRAIN,
-        click.Option(["--train-device"], default="cpu", show_default=True,
-                     help="Torch device to train on (cpu, cuda, cuda:1)."),
+        click.Option(
+            ["--train-device"],
+            default="cpu",
+            show_default=True,
+            help="Torch device to train on (cpu, cuda, cuda:1).",
+        ),
         *_BENCH,
-        click.Option(["--json", "as_json"], is_flag=True,
-                     help="Print exactly one JSON object on stdout (every stage's report)."),
+        click.Option(
+            ["--json", "as_json"],
+            is_flag=True,
+            help="Print exactly one JSON object on stdout (every stage's report).",
+        ),
     ],
 )

@@ -23,24 +23,67 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
 
 
 @click.command("sweep")
-@click.option("--gamma", "gammas", required=True, callback=_numbers,
-              help="Adaptivity rates γ, comma-separated (e.g. 1e-2,1e-3,1e-4).")
-@click.option("--threshold", "thresholds", required=True, callback=_numbers,
-              help="Thresholds τ, comma-separated (e.g. 1e-6,0).")
-@click.option("--optimizer", default=DEFAULTS.optimizer, show_default=True,
-              type=click.Choice(sorted(k for k in OPTIMIZERS if k != "adam-latent")),
-              help="A Bop variant (γ and τ are its hyperparameters).")
-@click.option("--lr", type=float, default=DEFAULTS.lr, show_default=True,
-              help="Adam learning rate for the real-valued parameters.")
-@click.option("--epochs", type=click.IntRange(min=1), default=DEFAULTS.epochs, show_default=True,
-              help="Epochs per run.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs/sweep", show_default=True,
-              help="Directory for the runs (OUT/gamma=G,threshold=T), sweep.png, sweep.json.")
+@click.option(
+    "--gamma",
+    "gammas",
+    required=True,
+    callback=_numbers,
+    help="Adaptivity rates γ, comma-separated (e.g. 1e-2,1e-3,1e-4).",
+)
+@click.option(
+    "--threshold",
+    "thresholds",
+    required=True,
+    callback=_numbers,
+    help="Thresholds τ, comma-separated (e.g. 1e-6,0).",
+)
+@click.option(
+    "--optimizer",
+    default=DEFAULTS.optimizer,
+    show_default=True,
+    type=click.Choice(sorted(k for k in OPTIMIZERS if k != "adam-latent")),
+    help="A Bop variant (γ and τ are its hyperparameters).",
+)
+@click.option(
+    "--lr",
+    type=float,
+    default=DEFAULTS.lr,
+    show_default=True,
+    help="Adam learning rate for the real-valued parameters.",
+)
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=DEFAULTS.epochs,
+    show_default=True,
+    help="Epochs per run.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="runs/sweep",
+    show_default=True,
+    help="Directory for the runs (OUT/gamma=G,threshold=T), sweep.png, sweep.json.",
+)
 @click.option("--force", is_flag=True, help="Replace runs already in OUT.")
 @json_option
 @handle_errors
-def sweep_command(gammas, thresholds, model, dataset, data_dir, optimizer, lr, epochs,
-                  batch_size, seed, device, out, force, as_json) -> None:
+def sweep_command(
+    gammas,
+    thresholds,
+    model,
+    dataset,
+    data_dir,
+    optimizer,
+    lr,
+    epochs,
+    batch_size,
+    seed,
+    device,
+    out,
+    force,
+    as_json,
+) -> None:
     """Train once per (γ, τ) setting and compare: the paper's Fig. 2 analysis on any data set.
 
     Writes one run per setting, OUT/sweep.png (test accuracy and flip rate π_t per setting)

@@ -19,53 +19,132 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
 
 
 @click.command("train")
-@click.option("--model", default=DEFAULTS.model, show_default=True,
-              type=click.Choice(list_models()),
-              help="Model from the registry (`bnnexport zoo list`).")
-@click.option("--dataset", default=DEFAULTS.dataset, show_default=True,
-              type=click.Choice(list_datasets()),
-              help="mnist5k ships inside the package; cifar10 reads a local cifar-10-batches-py.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Directory of the data set (cifar10: the cifar-10-batches-py folder).")
-@click.option("--optimizer", default=DEFAULTS.optimizer, show_default=True,
-              type=click.Choice(sorted(OPTIMIZERS)),
-              help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
-                   "real latent weights binarized with the STE (the baseline).")
-@click.option("--gamma", default=str(DEFAULTS.gamma), show_default=True,
-              help="Bop adaptivity rate γ: a number, 'step:G0,FACTOR,EVERY_STEPS' or "
-                   "'linear:START,END,STEPS'.")
-@click.option("--threshold", default=str(DEFAULTS.threshold), show_default=True,
-              help="Bop flip threshold τ: a number or a schedule as for --gamma.")
-@click.option("--lr", default=str(DEFAULTS.lr), show_default=True,
-              help="Adam learning rate for real-valued parameters (and latent weights with "
-                   "adam-latent): a number or a schedule.")
-@click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help="Epochs to train [default: 5]; with --resume, the total to reach "
-                   "[default: the run's own].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULTS.batch_size,
-              show_default=True, help="Images per optimizer step.")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
-              help="Seed for initialisation, shuffling and augmentation.")
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Run directory to write. [default: runs/MODEL-DATASET]")
-@click.option("--resume", is_flag=True,
-              help="Continue the run in --out from its last checkpoint.")
-@click.option("--force", is_flag=True,
-              help="Start over in --out even if it already holds a run (its files are replaced).")
-@click.option("--torch-device", "--device", "device", default="cpu", show_default=True,
-              help="Torch device to train on (cpu, cuda). Under torchrun each process takes the "
-                   "GPU of its LOCAL_RANK. (--device is the deprecated spelling: in bench and "
-                   "pipeline --device is the SSH target.)")
-@click.option("--amp", is_flag=True,
-              help="Mixed precision: bf16 autocast for activations; binary weights and Bop's "
-                   "state stay float32.")
-@click.option("--recipe", default=None, metavar="NAME",
-              help="Start from one of the paper's recipes (`bnnexport recipes`); flags given "
-                   "explicitly override it, and a different --epochs rescales its schedules.")
+@click.option(
+    "--model",
+    default=DEFAULTS.model,
+    show_default=True,
+    type=click.Choice(list_models()),
+    help="Model from the registry (`bnnexport zoo list`).",
+)
+@click.option(
+    "--dataset",
+    default=DEFAULTS.dataset,
+    show_default=True,
+    type=click.Choice(list_datasets()),
+    help="mnist5k ships inside the package; cifar10 reads a local cifar-10-batches-py.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory of the data set (cifar10: the cifar-10-batches-py folder).",
+)
+@click.option(
+    "--optimizer",
+    default=DEFAULTS.optimizer,
+    show_default=True,
+    type=click.Choice(sorted(OPTIMIZERS)),
+    help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
+    "real latent weights binarized with the STE (the baseline).",
+)
+@click.option(
+    "--gamma",
+    default=str(DEFAULTS.gamma),
+    show_default=True,
+    help="Bop adaptivity rate γ: a number, 'step:G0,FACTOR,EVERY_STEPS' or "
+    "'linear:START,END,STEPS'.",
+)
+@click.option(
+    "--threshold",
+    default=str(DEFAULTS.threshold),
+    show_default=True,
+    help="Bop flip threshold τ: a number or a schedule as for --gamma.",
+)
+@click.option(
+    "--lr",
+    default=str(DEFAULTS.lr),
+    show_default=True,
+    help="Adam learning rate for real-valued parameters (and latent weights with "
+    "adam-latent): a number or a schedule.",
+)
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Epochs to train [default: 5]; with --resume, the total to reach "
+    "[default: the run's own].",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=DEFAULTS.batch_size,
+    show_default=True,
+    help="Images per optimizer step.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=DEFAULTS.seed,
+    show_default=True,
+    help="Seed for initialisation, shuffling and augmentation.",
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Run directory to write. [default: runs/MODEL-DATASET]",
+)
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Start over in --out even if it already holds a run (its files are replaced).",
+)
+@click.option(
+    "--torch-device",
+    "--device",
+    "device",
+    default="cpu",
+    show_default=True,
+    help="Torch device to train on (cpu, cuda). Under torchrun each process takes the "
+    "GPU of its LOCAL_RANK. (--device is the deprecated spelling: in bench and "
+    "pipeline --device is the SSH target.)",
+)
+@click.option(
+    "--amp",
+    is_flag=True,
+    help="Mixed precision: bf16 autocast for activations; binary weights and Bop's "
+    "state stay float32.",
+)
+@click.option(
+    "--recipe",
+    default=None,
+    metavar="NAME",
+    help="Start from one of the paper's recipes (`bnnexport recipes`); flags given "
+    "explicitly override it, and a different --epochs rescales its schedules.",
+)
 @json_option
 @handle_errors
-def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epochs, batch_size,
-                  seed, out, resume, force, device, amp, recipe, as_json) -> None:
+def train_command(
+    model,
+    dataset,
+    data_dir,
+    optimizer,
+    gamma,
+    threshold,
+    lr,
+    epochs,
+    batch_size,
+    seed,
+    out,
+    resume,
+    force,
+    device,
+    amp,
+    recipe,
+    as_json,
+) -> None:
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
 
     Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
@@ -75,15 +154,26 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
     --resume. Progress bars appear only on a terminal and never with --json.
     """
     config = TrainConfig(
-        model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizer,
-        gamma=number_or_schedule(gamma), threshold=number_or_schedule(threshold),
+        model=model,
+        dataset=dataset,
+        data_dir=data_dir,
+        optimizer=optimizer,
+        gamma=number_or_schedule(gamma),
+        threshold=number_or_schedule(threshold),
         lr=number_or_schedule(lr),
-        epochs=epochs, batch_size=batch_size, seed=seed,
-        out=out or default_out(model, dataset), device=device, amp=amp,
+        epochs=epochs,
+        batch_size=batch_size,
+        seed=seed,
+        out=out or default_out(model, dataset),
+        device=device,
+        amp=amp,
     )
     ctx = click.get_current_context()
-    explicit = {name for name in TrainConfig.__dataclass_fields__
-                if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    explicit = {
+        name
+        for name in TrainConfig.__dataclass_fields__
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    }
     if recipe is not None:
         from bnnexport.recipes import recipe_config
 
@@ -94,10 +184,13 @@ def train_command(model, dataset, data_dir, optimizer, gamma, threshold, lr, epo
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         }  # fmt: skip
         config = recipe_config(recipe, **given, out=out, device=device, amp=amp)
-    report = train(config, resume=resume, force=force, progress=None if not as_json else False,
-                   explicit=explicit)
+    report = train(
+        config,
+        resume=resume,
+        force=force,
+        progress=None if not as_json else False,
+        explicit=explicit,
+    )
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
         title = f"trained {report.model} on {report.dataset} -> {report.run_dir}"
         emit(report, as_json, title=title)
-
-

@@ -171,4 +171,5 @@ def load_dataset(
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}")
     return _LOADERS[name](data_dir, augment=augment)
 
+
 register_dataset("imagefolder", load_imagefolder)

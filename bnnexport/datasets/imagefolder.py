@@ -125,6 +125,7 @@ def load_imagefolder(
     train = ImageFolder(_scan(root / "train", classes), size, train=augment)
     test = ImageFolder(_scan(root / "val", classes), size, train=False)
     if len(classes) < 2:  # one class trains to accuracy 1.0 and means nothing
-        raise DataError(f"{root / 'train'} needs at least 2 class folders, found only "
-                        f"{classes[0]!r}")
+        raise DataError(
+            f"{root / 'train'} needs at least 2 class folders, found only {classes[0]!r}"
+        )
     return DatasetSplits("imagefolder", train, test, len(classes), (3, size, size))

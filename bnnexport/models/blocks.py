@@ -102,9 +102,7 @@ def same_pads(size: int, kernel: int, stride: int = 1) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def same_conv(
-    conv: nn.Conv2d, height: int, width: int
-) -> tuple[nn.Module, tuple[int, int]]:
+def same_conv(conv: nn.Conv2d, height: int, width: int) -> tuple[nn.Module, tuple[int, int]]:
     """Wrap an unpadded conv in Keras "same" zero padding for a known input size.
 
     Returns the module and its output (height, width). The padding is explicit and may be
