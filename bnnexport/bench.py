@@ -20,7 +20,7 @@ import platform
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,31 @@ from bnnexport.scoring import BackendResult, score
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
 EXPORT_HINT = "run `bnnexport export {run}` first"
 RUNNERS = ("auto", "python", "lce_benchmark_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceTarget:
+    """Where and how `bench` runs the LCE flatbuffer on a device over SSH.
+
+    Example:
+        >>> DeviceTarget("pi@raspberrypi.local", port=2222).runner
+        'auto'
+    """
+
+    host: str  # `user@host` or an ~/.ssh/config alias
+    port: int | None = None
+    ssh_key: str | None = None
+    ssh_options: tuple[str, ...] = ()  # `-o KEY=VALUE` options
+    runner: str = "auto"  # python, lce_benchmark_model, or auto (python when the device can)
+    benchmark_binary: str | None = None  # a local lce_benchmark_model to upload
+    remote_python: str = "python3"
+    remote_tmp: str = "/tmp"  # where working directories go on the device
+    timeout: float = 600.0  # seconds one device command may run
+    batch: int = 64  # accuracy with lce_benchmark_model: the batch-N twin's N (capped by samples)
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
 
 
 @dataclasses.dataclass
@@ -261,27 +286,18 @@ def usable_backends(
 
 
 def _device_backend(
-    device: str,
+    device: DeviceTarget,
     run: RunDir,
     target: str,
     inputs: np.ndarray,
     labels: np.ndarray,
     reference: np.ndarray,
-    runs: int,
-    threads: int,
-    warmup: int,
-    runner: str,
-    port: int | None,
-    ssh_key: str | None,
-    ssh_options: Sequence[str],
-    benchmark_binary: str | None,
-    remote_python: str,
-    remote_tmp: str,
-    timeout: float,
+    timing: tuple[int, int, int],
     host_lce: np.ndarray | None = None,
-    device_batch: int = 64,
 ) -> tuple[list[BackendResult], dict[str, Any], str | None]:
-    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
+    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output.
+    `timing` is (runs, threads, warmup)."""
+    runs, threads, warmup = timing
     from deploy.remote_runner import has_lce_python, run_remote_runner
     from deploy.ssh import SshClient
 
@@ -290,11 +306,16 @@ def _device_backend(
 
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
     client = SshClient(
-        device, port=port, identity_file=ssh_key, options=ssh_options, remote_tmp=remote_tmp
+        device.host,
+        port=device.port,
+        identity_file=device.ssh_key,
+        options=device.ssh_options,
+        remote_tmp=device.remote_tmp,
     )
-    identity = {"destination": device, **client.identity().to_json()}
+    identity = {"destination": device.host, **client.identity().to_json()}
+    runner = device.runner
     if runner == "auto":
-        runner = "python" if has_lce_python(client, remote_python) else "lce_benchmark_model"
+        runner = "python" if has_lce_python(client, device.remote_python) else "lce_benchmark_model"
     if runner == "python":
         with tempfile.TemporaryDirectory(prefix="bnnexport-bench-") as tmp:
             samples = Path(tmp) / "samples.npz"
@@ -306,8 +327,8 @@ def _device_backend(
                 runs=runs,
                 threads=threads,
                 warmup=warmup,
-                python=remote_python,
-                timeout=timeout,
+                python=device.remote_python,
+                timeout=device.timeout,
             )
         latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
         extra = {
@@ -316,7 +337,7 @@ def _device_backend(
             "device_accuracy": result.get("accuracy"),
         }
         return (
-            [score("lce", device, flatbuffer, outputs, labels, reference, latency, extra)],
+            [score("lce", device.host, flatbuffer, outputs, labels, reference, latency, extra)],
             identity,
             None,
         )
@@ -324,10 +345,14 @@ def _device_backend(
     from deploy.device_accuracy import DeviceOptions
 
     options = DeviceOptions(
-        threads=threads, runs=runs, warmup_runs=warmup, binary=benchmark_binary, timeout=timeout
+        threads=threads,
+        runs=runs,
+        warmup_runs=warmup,
+        binary=device.benchmark_binary,
+        timeout=device.timeout,
     )
     rows, raw = device_lce_rows(
-        client, run.root, target, inputs, labels, reference, host_lce, options, device_batch
+        client, run.root, target, inputs, labels, reference, host_lce, options, device.batch
     )
     return rows, identity, raw
 
@@ -337,20 +362,11 @@ def bench(
     runs: int = 100,
     threads: int = 1,
     samples: int | None = 1000,
-    device: str | None = None,
+    device: DeviceTarget | None = None,
     target: str = "arm64",
     warmup: int = 10,
-    port: int | None = None,
-    ssh_key: str | None = None,
-    ssh_options: Sequence[str] = (),
-    benchmark_binary: str | None = None,
-    runner: str = "auto",
-    remote_python: str = "python3",
-    remote_tmp: str = "/tmp",
-    timeout: float = 600.0,
     write_report: bool = True,
     progress: bool = False,
-    device_batch: int = 64,
 ) -> BenchReport:
     """Measure every backend of `run_dir` on the host (and the LCE model on `device`).
 
@@ -360,24 +376,15 @@ def bench(
         runs, warmup: timed and untimed batch-1 runs per backend.
         threads: threads for every runtime (PyTorch, ONNX Runtime, TFLite, LCE).
         samples: how many test samples to score (the first ones of samples.npz; None = all).
-        device: `user@host` (or an ~/.ssh/config alias) to run the LCE flatbuffer on.
-        runner: on the device, `python` (deploy/runner.py, needs python3 + larq_compute_engine
-            there; also measures accuracy), `lce_benchmark_model` (op profile, peak memory) or
-            `auto` (python when the device can, else lce_benchmark_model).
-        port, ssh_key, ssh_options: for ssh (`-p`, `-i`, `-o KEY=VALUE`).
-        benchmark_binary: a local lce_benchmark_model to upload instead of the device's own.
-        remote_python, remote_tmp: the device's interpreter and where working directories go.
-        timeout: seconds one device command may run before it is stopped.
-        device_batch: with `lce_benchmark_model`, accuracy on the device runs the batch-N twin
-            RUN_DIR/model-TARGET-bN.tflite, N = min(device_batch, samples), in N-sample chunks.
+        device: where and how to run the LCE flatbuffer on a device too (`DeviceTarget`). With
+            `lce_benchmark_model`, accuracy on the device runs the batch-N twin
+            RUN_DIR/model-TARGET-bN.tflite, N = min(device.batch, samples), in N-sample chunks.
         progress: a progress bar over the backends on stderr.
     Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
     """
     if runs < 1 or threads < 1 or (samples is not None and samples < 1):
         raise ValueError("runs, threads and samples must be at least 1")
-    if runner not in RUNNERS:
-        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
     run = RunDir(run_dir).require()
     inputs, labels = load_samples(run, samples)
     _require_input_shape(run, inputs)
@@ -401,28 +408,11 @@ def bench(
     finally:
         torch.set_num_threads(torch_threads)
     identity = raw = None
-    if device:
+    if device is not None:
         rows, identity, raw = _device_backend(
-            device,
-            run,
-            target,
-            inputs,
-            labels,
-            reference,
-            runs,
-            threads,
-            warmup,
-            runner,
-            port,
-            ssh_key,
-            ssh_options,
-            benchmark_binary,
-            remote_python,
-            remote_tmp,
-            timeout,
+            device, run, target, inputs, labels, reference, (runs, threads, warmup),
             host_outputs.get("lce"),
-            device_batch,
-        )
+        )  # fmt: skip
         results.extend(rows)
     report = BenchReport(
         run_dir=str(run.root),

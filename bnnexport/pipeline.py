@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from bnnexport.bench import BenchReport, bench
+from bnnexport.bench import BenchReport, DeviceTarget, bench
 from bnnexport.reports import Report
 from bnnexport.runs import lock_run
 from bnnexport.train import TrainConfig, train
@@ -71,16 +71,7 @@ def pipeline(
     force: bool = False,
     progress: bool | None = None,
     log: Callable[[str], None] | None = None,
-    device: str | None = None,
-    port: int | None = None,
-    ssh_key: str | None = None,
-    ssh_options: Sequence[str] = (),
-    benchmark_binary: str | None = None,
-    runner: str = "auto",
-    remote_python: str = "python3",
-    remote_tmp: str = "/tmp",
-    timeout: float = 600.0,
-    device_batch: int = 64,
+    device: DeviceTarget | None = None,
 ) -> PipelineReport:
     """Run every stage on `config.out`; return their reports.
 
@@ -92,9 +83,8 @@ def pipeline(
             export writes to samples.npz.
         resume, force, progress: as for `train`.
         log: called with one line as each stage starts (e.g. `click.echo` to stderr).
-        device and the rest: as for `bench`, to include a device. With a device, convert also
-            writes the batch-N twin bench needs for accuracy there (N = min(device_batch,
-            samples)).
+        device: as for `bench`, to include a device. With a device, convert also writes the
+            batch-N twin bench needs for accuracy there (N = min(device.batch, samples)).
     """
     from bnnexport.convert import convert_run
     from bnnexport.device_accuracy import twin_batch
@@ -121,7 +111,9 @@ def pipeline(
         stage("verify", lambda: require_strict(verify_run(run_dir)))
         stage("pack", lambda: pack(run_dir))
         stage("export", lambda: export_onnx(run_dir, samples=samples))
-        twin = twin_batch(samples, device_batch) if device and runner != "python" else None
+        twin = None
+        if device is not None and device.runner != "python":
+            twin = twin_batch(samples, device.batch)
         stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite", batch_twin=twin))
         result = stage(
             "bench",
@@ -133,15 +125,6 @@ def pipeline(
                 warmup=warmup,
                 target=target,
                 device=device,
-                port=port,
-                ssh_key=ssh_key,
-                ssh_options=ssh_options,
-                benchmark_binary=benchmark_binary,
-                runner=runner,
-                remote_python=remote_python,
-                remote_tmp=remote_tmp,
-                timeout=timeout,
-                device_batch=device_batch,
             ),
         )
     return PipelineReport(

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
+
+if TYPE_CHECKING:
+    from bnnexport.bench import DeviceTarget
 
 
 @click.command("bench", short_help="Accuracy, agreement with PyTorch and latency of every backend.")
@@ -112,25 +116,7 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
 @json_option
 @handle_errors
 @locks_run("run_dir")
-def bench_command(
-    run_dir: str,
-    runs: int,
-    warmup: int,
-    threads: int,
-    samples: int,
-    target: str,
-    device: str | None,
-    port: int | None,
-    ssh_key: str | None,
-    ssh_options: tuple[str, ...],
-    runner: str,
-    benchmark_binary: str | None,
-    remote_python: str,
-    remote_tmp: str,
-    timeout: float,
-    device_batch: int,
-    as_json: bool,
-) -> None:
+def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
     """Accuracy, agreement with PyTorch and batch-1 latency of PyTorch, ONNX Runtime, the float
     TFLite model and the LCE flatbuffer of RUN_DIR, on the same test samples; with --device, of
     the LCE flatbuffer on that device too.
@@ -144,21 +130,33 @@ def bench_command(
 
     report = bench(
         run_dir,
-        runs=runs,
-        threads=threads,
-        samples=samples,
-        device=device,
-        target=target,
-        warmup=warmup,
-        port=port,
-        ssh_key=ssh_key,
-        ssh_options=ssh_options,
-        benchmark_binary=benchmark_binary,
-        runner=runner,
-        remote_python=remote_python,
-        remote_tmp=remote_tmp,
-        timeout=timeout,
-        device_batch=device_batch,
+        runs=options["runs"],
+        threads=options["threads"],
+        samples=options["samples"],
+        device=device_target(options),
+        target=options["target"],
+        warmup=options["warmup"],
         progress=not as_json and sys.stderr.isatty(),
     )
     emit(report, as_json)
+
+
+def device_target(options: dict[str, Any]) -> DeviceTarget | None:
+    """The --device options of `bench` and `pipeline` as one `DeviceTarget` (None without
+    --device)."""
+    from bnnexport.bench import DeviceTarget
+
+    if not options["device"]:
+        return None
+    return DeviceTarget(
+        host=options["device"],
+        port=options["port"],
+        ssh_key=options["ssh_key"],
+        ssh_options=tuple(options["ssh_options"]),
+        runner=options["runner"],
+        benchmark_binary=options["benchmark_binary"],
+        remote_python=options["remote_python"],
+        remote_tmp=options["remote_tmp"],
+        timeout=options["timeout"],
+        batch=options["device_batch"],
+    )

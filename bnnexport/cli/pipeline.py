@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bnnexport.cli.bench import bench_command
+from bnnexport.cli.bench import bench_command, device_target
 from bnnexport.cli.common import emit, handle_errors, number_or_schedule
 from bnnexport.cli.train import train_command
 
@@ -57,16 +57,7 @@ def _pipeline(**options: Any) -> None:
         force=options["force"],
         progress=None if not as_json else False,
         log=lambda line: click.echo(line, err=True),
-        device=options["device"],
-        port=options["port"],
-        ssh_key=options["ssh_key"],
-        ssh_options=options["ssh_options"],
-        benchmark_binary=options["benchmark_binary"],
-        runner=options["runner"],
-        remote_python=options["remote_python"],
-        remote_tmp=options["remote_tmp"],
-        timeout=options["timeout"],
-        device_batch=options["device_batch"],
+        device=device_target(options),
     )
     emit(report, as_json)
 
