@@ -1,6 +1,6 @@
 """Does torch -> ONNX -> LCE give the flatbuffer larq's own path gives? Ops, bytes, latency.
 
-Question (issue 8, item 3): BinaryNet at 3x32x32 built in larq (Keras, in benchmarks/.venv-larq,
+Question: BinaryNet at 3x32x32 built in larq (Keras, in benchmarks/.venv-larq,
 `larq_side.py`) and converted by LCE's `convert_keras_model`, against the same architecture
 through bnnexport (`init` -> `export` -> `convert --target arm64`): op histograms, flatbuffer
 bytes, and batch-1 latency in LCE's interpreter with identical settings (num_threads=1,

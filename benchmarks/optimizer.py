@@ -1,6 +1,6 @@
 """Is Bop cheaper than Adam on latent weights? Step time and state bytes per binary weight.
 
-Question (issue 8, item 1): on BinaryNet's binary kernels (`create_model("binarynet")`, 3x32x32,
+Question: on BinaryNet's binary kernels (`create_model("binarynet")`, 3x32x32,
 about 10.5 M binary weights), how long does one optimizer step take and how many bytes of
 optimizer state does each binary weight cost, for Bop (bnnexport's `bop_with_adam`, its Bop part)
 against the latent-weight baseline (`latent_adam`, its Adam-on-latent-weights part) -- and `bop2`

@@ -1,6 +1,6 @@
 """Does bnnexport train BinaryNet as fast as larq does? Training images per second, side by side.
 
-Question (issue 8, item 2): BinaryNet (CIFAR shape 3x32x32, 10 classes), synthetic data (one
+Question: BinaryNet (CIFAR shape 3x32x32, 10 classes), synthetic data (one
 fixed batch of uniform [-1, 1] images and random labels), the same batch size and the same
 number of threads on both sides:
 - `bnnexport`: one training step as `bnnexport train` takes it -- forward, cross-entropy,

@@ -1,6 +1,6 @@
 """How fast does every zoo model run on this host, per backend? Batch-1 latency and file sizes.
 
-Question (issue 8, item 4): each zoo model at its native input (or `--input-size`), initialised
+Question: each zoo model at its native input (or `--input-size`), initialised
 (`bnnexport init`: ±1 kernels, randomised BatchNorm), exported and converted in a temporary
 directory (`export`, `convert --format tflite`), then timed at batch 1 with 1 thread in
 PyTorch (float, eager), ONNX Runtime, TFLite (float, stock interpreter) and LCE (LCE's

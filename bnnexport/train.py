@@ -508,24 +508,75 @@ def _train(
     trainer = _Trainer(config, run, checkpoint, context, changes)
     context.barrier()  # every rank has checked before rank 0 changes anything
     if context.is_main:
-        if checkpoint is None:
-            # --force: every artifact of the old run; else leftovers of a run interrupted
-            # before its first checkpoint, whose metrics would otherwise be appended to.
-            clear_run(run.root) if force else _remove(run.root, TRAIN_OWNED)
-        else:
-            if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was
-                remove_derived(run.root, "checkpoint.pt")  # exported from it would be stale
-            # Work after the last checkpoint is redone: drop its metrics so curves do not double.
-            kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= trainer.step]
-            if changes:
-                kept.append({"kind": "resume", "step": trainer.step,
-                             "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
-            write_bytes_atomic(run.metrics, "".join(_json_line(r) for r in kept).encode())
-        write_json_atomic(run.config, config.to_json())
+        _prepare_run(run, trainer, checkpoint is not None, force, changes)
     context.barrier()
 
     show = context.is_main and (sys.stderr.isatty() if progress is None else progress)
     started = time.perf_counter()
+    result, test_acc, epoch_seconds = _run_epochs(trainer, run, context, show)
+    if checkpoint is not None and not epoch_seconds:
+        test_acc = _stored_results(run, result)  # nothing left to train: the stored state
+    if config.optimizer == "adam-latent":
+        set_latent(trainer.model, False)
+    mismatched = context.count_mismatches(binary_parameters(trainer.model))
+
+    report = TrainReport(
+        run_dir=str(run.root),
+        model=config.model,
+        dataset=config.dataset,
+        optimizer=config.optimizer,
+        epochs=config.epochs,
+        train_accuracy=result.accuracy,
+        test_accuracy=test_acc,
+        train_loss=result.loss,
+        seconds=time.perf_counter() - started,
+        seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
+        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
+        flip_rate=result.flip_rate,
+        resumed_from_epoch=trainer.start_epoch,
+        world_size=context.world_size,
+        rank_mismatched_weights=mismatched,
+        resume_changes=changes,
+    )
+    if context.is_main:
+        from bnnexport.plots import plot_training
+        from bnnexport.verify import require_strict, verify_run
+
+        # no non-binary model leaves training silently: recorded in train.json, then raised
+        verified = verify_run(run.root)
+        report.strict = verified.strict
+        plot_training(run)
+        report.save(run.train_report)
+        require_strict(verified)
+    return report
+
+
+def _prepare_run(
+    run: RunDir, trainer: _Trainer, resuming: bool, force: bool, changes: dict[str, list]
+) -> None:
+    """Rank 0, once every input is checked: make the run directory ready for training."""
+    config = trainer.config
+    if not resuming:
+        # --force: every artifact of the old run; else leftovers of a run interrupted
+        # before its first checkpoint, whose metrics would otherwise be appended to.
+        clear_run(run.root) if force else _remove(run.root, TRAIN_OWNED)
+    else:
+        if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was
+            remove_derived(run.root, "checkpoint.pt")  # exported from it would be stale
+        # Work after the last checkpoint is redone: drop its metrics so curves do not double.
+        kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= trainer.step]
+        if changes:
+            kept.append({"kind": "resume", "step": trainer.step,
+                         "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
+        write_bytes_atomic(run.metrics, "".join(_json_line(r) for r in kept).encode())
+    write_json_atomic(run.config, config.to_json())
+
+
+def _run_epochs(
+    trainer: _Trainer, run: RunDir, context: DistributedContext, show: bool
+) -> tuple[_EpochResult, float, list[float]]:
+    """Train the remaining epochs: (last epoch's result, test accuracy, seconds per epoch)."""
+    config = trainer.config
     epoch_seconds: list[float] = []
     result = _EpochResult(float("nan"), float("nan"), {}, trainer.step)
     test_acc = float("nan")
@@ -561,50 +612,22 @@ def _train(
                 f"train {result.accuracy:.4f} test {test_acc:.4f} ({epoch_seconds[-1]:.1f} s)",
                 file=sys.stderr,
             )
+    return result, test_acc, epoch_seconds
 
-    if checkpoint is not None and not epoch_seconds:
-        # Nothing left to train: report the stored state.
-        records = read_jsonl(run.metrics)
-        last = [r for r in records if r.get("kind") == "epoch"]
-        if last:
-            result.loss, result.accuracy = last[-1]["train_loss"], last[-1]["train_accuracy"]
-            test_acc = last[-1]["test_accuracy"]
-        steps = [r for r in records if r.get("kind") == "step"]
-        if steps:  # never record emptied flip rates for a run that has them
-            result.flip_rate = steps[-1].get("flip_rate", {})
-    if config.optimizer == "adam-latent":
-        set_latent(trainer.model, False)
-    mismatched = context.count_mismatches(binary_parameters(trainer.model))
 
-    report = TrainReport(
-        run_dir=str(run.root),
-        model=config.model,
-        dataset=config.dataset,
-        optimizer=config.optimizer,
-        epochs=config.epochs,
-        train_accuracy=result.accuracy,
-        test_accuracy=test_acc,
-        train_loss=result.loss,
-        seconds=time.perf_counter() - started,
-        seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
-        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
-        flip_rate=result.flip_rate,
-        resumed_from_epoch=trainer.start_epoch,
-        world_size=context.world_size,
-        rank_mismatched_weights=mismatched,
-        resume_changes=changes,
-    )
-    if context.is_main:
-        from bnnexport.plots import plot_training
-        from bnnexport.verify import require_strict, verify_run
-
-        # no non-binary model leaves training silently: recorded in train.json, then raised
-        verified = verify_run(run.root)
-        report.strict = verified.strict
-        plot_training(run)
-        report.save(run.train_report)
-        require_strict(verified)
-    return report
+def _stored_results(run: RunDir, result: _EpochResult) -> float:
+    """A resumed run with nothing left to train: its last recorded loss, accuracies and flip
+    rates (into `result`); returns the stored test accuracy."""
+    records = read_jsonl(run.metrics)
+    test_acc = float("nan")
+    last = [r for r in records if r.get("kind") == "epoch"]
+    if last:
+        result.loss, result.accuracy = last[-1]["train_loss"], last[-1]["train_accuracy"]
+        test_acc = last[-1]["test_accuracy"]
+    steps = [r for r in records if r.get("kind") == "step"]
+    if steps:  # never record emptied flip rates for a run that has them
+        result.flip_rate = steps[-1].get("flip_rate", {})
+    return test_acc
 
 
 def _stored_report(run: RunDir) -> TrainReport | None:
