@@ -212,7 +212,7 @@ def test_unreachable_device(trained_run):
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "on pi@127.0.0.1 failed" in result.stderr, result.stderr
+    assert "cannot reach pi@127.0.0.1" in result.stderr, result.stderr
 
 
 def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
