@@ -152,6 +152,52 @@ def larq_python(create: bool = True) -> Path:
     return python
 
 
+# larq-zoo and tf2onnx for `larq_zoo_tf2onnx.py` (docs/BENCHMARKS.md §8), added to the same venv
+# on first use. larq-zoo 2.4.0 and zookeeper pin protobuf<3.21 and tensorflow-datasets<4.9, which
+# TensorFlow 2.21 (protobuf 7) cannot share, so they go in without their deps; zookeeper's import
+# of tensorflow_datasets needs 4.9.9 (protos regenerated for protobuf 7) and its small deps.
+LARQ_ZOO_NO_DEPS = [
+    "larq-zoo==2.4.0",
+    "zookeeper==1.4.0",
+    "tensorflow-datasets==4.9.9",
+    "tf2onnx==1.17.0",
+]
+LARQ_ZOO_DEPS = [
+    "onnx==1.23.2",
+    "click==8.5.1",
+    "typeguard==4.6.0",
+    "etils[epath,epy]==1.15.0",
+    "dm-tree==0.1.10",
+    "toml==0.10.2",
+    "promise==2.3",
+    "tensorflow-metadata==1.21.0",
+    "immutabledict==4.3.1",
+]
+
+
+def larq_zoo_python() -> Path:
+    """The larq venv's Python with larq-zoo and tf2onnx installed (added on first use).
+
+    Raises RuntimeError with pip's last lines when the installation fails.
+    """
+    import subprocess
+
+    python = larq_python()
+    probe = [str(python), "-c", "import larq_zoo, tf2onnx"]
+    if subprocess.run(probe, capture_output=True, env=larq_env()).returncode == 0:
+        return python
+    log(f"adding larq-zoo and tf2onnx to {LARQ_VENV} (first use)")
+    for step in (
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", *LARQ_ZOO_NO_DEPS],
+        [str(python), "-m", "pip", "install", "-q", *LARQ_ZOO_DEPS],
+    ):
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+            raise RuntimeError(f"`{' '.join(step)}` failed:\n{tail}")
+    return python
+
+
 def larq_env() -> dict[str, str]:
     """Environment for the larq subprocess: legacy Keras (tf-keras), quiet TensorFlow."""
     env = dict(os.environ)
@@ -159,12 +205,15 @@ def larq_env() -> dict[str, str]:
     return env
 
 
-def larq_json(args: Sequence[str], timeout: float = 900) -> dict[str, Any]:
-    """Run `larq_side.py ARGS` in the larq venv; its last stdout line, parsed."""
+def larq_json(
+    args: Sequence[str], timeout: float = 900, python: Path | None = None
+) -> dict[str, Any]:
+    """Run `larq_side.py ARGS` in the larq venv (or `python`); its last stdout line, parsed."""
     import subprocess
 
+    python = python or larq_python()
     done = subprocess.run(
-        [str(larq_python()), str(ROOT / "benchmarks" / "larq_side.py"), *args],
+        [str(python), str(ROOT / "benchmarks" / "larq_side.py"), *args],
         capture_output=True,
         text=True,
         env=larq_env(),

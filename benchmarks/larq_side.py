@@ -1,9 +1,9 @@
 """The larq (Keras) side of the side-by-side benchmarks; runs inside benchmarks/.venv-larq.
 
-Never imports bnnexport or torch: it is started as a subprocess by `train_throughput.py` and
-`native_vs_torch.py` with the larq venv's Python (created by `_common.larq_python()`,
-docs/LCE_NOTES.md §1: larq 0.14.0 + `pip install --no-deps tf-keras==2.21.0`,
-`TF_USE_LEGACY_KERAS=1`). Every answer is one JSON object per line on stdout.
+Never imports bnnexport or torch: it is started as a subprocess by `train_throughput.py`,
+`native_vs_torch.py` and `larq_zoo_tf2onnx.py` with the larq venv's Python (created by
+`_common.larq_python()`, docs/LCE_NOTES.md §1: larq 0.14.0 + `pip install --no-deps
+tf-keras==2.21.0`, `TF_USE_LEGACY_KERAS=1`). Every answer is one JSON object per line on stdout.
 
 BinaryNet here is bnnexport's layout (bnnexport/models/binarynet.py) written with larq layers:
 a 3x3 VALID conv with a ste_sign kernel on the real-valued image, five 3x3 "same" binary convs
@@ -16,6 +16,12 @@ Commands:
         (`train_on_batch`, Bop for binary kernels + Adam for the rest) and prints {"seconds": s}
     python benchmarks/larq_side.py convert --out model.tflite [--conv-only]
         builds the model, converts it with `larq_compute_engine.convert_keras_model`, writes it
+    python benchmarks/larq_side.py zoo --model QuickNet --out DIR [--samples 200]
+        builds a larq-zoo model (weights=None: kernels drawn with --seed, random BatchNorm
+        statistics; its final softmax removed unless --softmax, so outputs are logits) and
+        writes into DIR: native.tflite (`convert_keras_model`), model.onnx (tf2onnx),
+        inputs.npy (NHWC samples) and keras.npy (the Keras outputs on them). Needs the extra
+        packages `_common.larq_zoo_python()` installs (larq-zoo, tf2onnx).
 """
 
 from __future__ import annotations
@@ -80,7 +86,10 @@ def randomize_batchnorm(model, seed: int = 0) -> None:  # noqa: ANN001
             n = layer.moving_mean.shape[0]
             layer.moving_mean.assign(rng.standard_normal(n).astype("float32") * 0.5)
             layer.moving_variance.assign((rng.random(n) * 1.5 + 0.5).astype("float32"))
-            layer.beta.assign(rng.standard_normal(n).astype("float32") * 0.1)
+            if layer.beta is not None:  # center=False (larq-zoo's QuickNet stem) has none
+                layer.beta.assign(rng.standard_normal(n).astype("float32") * 0.1)
+            if layer.gamma is not None:  # BinaryNet's have none (scale=False): draws unchanged
+                layer.gamma.assign((rng.random(n) + 0.5).astype("float32"))
 
 
 def set_threads(threads: int) -> None:
@@ -163,6 +172,123 @@ def convert(out: str, conv_only: bool, threads: int) -> None:
     )
 
 
+ZOO_MODELS = (
+    "QuickNetSmall",
+    "QuickNet",
+    "QuickNetLarge",
+    "BinaryAlexNet",
+    "BiRealNet",
+    "RealToBinaryNet",
+    "XNORNet",
+    "BinaryResNetE18",
+    "BinaryDenseNet28",
+    "DoReFaNet",
+)
+
+
+def zoo_binary_layers(model) -> int:  # noqa: ANN001
+    """Keras layers whose input and kernel both have a quantizer: the layers LCE can binarize."""
+    return sum(
+        1
+        for layer in model.layers
+        if getattr(layer, "input_quantizer", None) is not None
+        and getattr(layer, "kernel_quantizer", None) is not None
+    )
+
+
+def without_softmax(model):  # noqa: ANN001, ANN201 - tf.keras.Model in and out
+    """The model up to its logits: a final softmax (Activation or Softmax layer) removed.
+
+    A randomly initialised zoo model saturates its softmax (one-hot outputs), which hides any
+    difference but the argmax; the logits show them.
+    """
+    import tensorflow as tf
+
+    last = model.layers[-1]
+    name = getattr(getattr(last, "activation", None), "__name__", None)
+    if isinstance(last, tf.keras.layers.Softmax) or name == "softmax":
+        return tf.keras.Model(model.inputs, last.input, name=model.name)
+    return model
+
+
+def zoo(
+    name: str,
+    out: str,
+    samples: int,
+    size: int,
+    batch: str,
+    opset: int,
+    seed: int,
+    threads: int,
+    softmax: bool,
+) -> None:
+    """larq-zoo model -> native flatbuffer + tf2onnx ONNX + inputs + Keras outputs (in `out`)."""
+    set_threads(threads)
+    from pathlib import Path
+
+    import larq_compute_engine as lce
+    import larq_zoo
+    import numpy as np
+    import tensorflow as tf
+    import tf2onnx
+
+    factory = getattr(larq_zoo.sota, name, None) or getattr(larq_zoo.literature, name)
+    tf.keras.utils.set_random_seed(seed)  # the kernels' random initialisation, reproducible
+    model = factory(weights=None, input_shape=(size, size, 3))
+    randomize_batchnorm(model, seed)
+    if not softmax:
+        model = without_softmax(model)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    flatbuffer = lce.convert_keras_model(model)
+    native_seconds = time.perf_counter() - start
+    (folder / "native.tflite").write_bytes(flatbuffer)
+    spec = (
+        tf.TensorSpec((1 if batch == "static" else None, size, size, 3), tf.float32, name="input"),
+    )
+    start = time.perf_counter()
+    tf2onnx.convert.from_keras(
+        model, input_signature=spec, opset=opset, output_path=str(folder / "model.onnx")
+    )
+    tf2onnx_seconds = time.perf_counter() - start
+    x = np.random.default_rng(seed).standard_normal((samples, size, size, 3)).astype("float32")
+    start = time.perf_counter()
+    y = model.predict(x, batch_size=16, verbose=0)
+    np.save(folder / "inputs.npy", x)
+    np.save(folder / "keras.npy", np.asarray(y, dtype="float32"))
+    say(
+        {
+            "model": name,
+            "output": str(folder),
+            "native_bytes": len(flatbuffer),
+            "native_seconds": native_seconds,
+            "tf2onnx_seconds": tf2onnx_seconds,
+            "keras_seconds": time.perf_counter() - start,
+            "onnx_bytes": (folder / "model.onnx").stat().st_size,
+            "parameters": int(model.count_params()),
+            "keras_binary_layers": zoo_binary_layers(model),
+            "samples": samples,
+            "softmax": softmax,
+            "output_layer": model.layers[-1].name,
+            "versions": {
+                "tensorflow": tf.__version__,
+                "lce": lce.__version__,
+                "tf2onnx": tf2onnx.__version__,
+                "larq": _version("larq"),
+                "larq_zoo": _version("larq-zoo"),
+                "opset": opset,
+            },
+        }
+    )
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import version
+
+    return version(distribution)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,8 +304,35 @@ def main() -> None:
     c.add_argument("--out", required=True)
     c.add_argument("--conv-only", action="store_true")
     c.add_argument("--threads", type=int, default=1)
+    z = sub.add_parser("zoo", help="larq-zoo model -> native flatbuffer, tf2onnx ONNX, samples")
+    z.add_argument("--model", required=True, choices=ZOO_MODELS)
+    z.add_argument("--out", required=True, help="folder for the four files")
+    z.add_argument("--samples", type=int, default=200)
+    z.add_argument("--size", type=int, default=224)
+    z.add_argument(
+        "--batch",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="the ONNX input's batch dimension (static: 1)",
+    )
+    z.add_argument("--opset", type=int, default=13)
+    z.add_argument("--seed", type=int, default=0)
+    z.add_argument("--threads", type=int, default=1)
+    z.add_argument("--softmax", action="store_true", help="keep the final softmax")
     args = p.parse_args()
-    if args.command == "serve-train":
+    if args.command == "zoo":
+        zoo(
+            args.model,
+            args.out,
+            args.samples,
+            args.size,
+            args.batch,
+            args.opset,
+            args.seed,
+            args.threads,
+            args.softmax,
+        )
+    elif args.command == "serve-train":
         serve_train(args.batch, args.threads, args.gamma, args.threshold, args.lr)
     else:
         convert(args.out, args.conv_only, args.threads)
