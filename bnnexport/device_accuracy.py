@@ -25,14 +25,16 @@ import numpy as np
 
 from bnnexport.errors import CheckpointError
 from bnnexport.scoring import score
+from converters.batch import twin_path as flatbuffer_twin_path
 
 DEFAULT_BATCH = 64
 VERSUS_HOST = "lce vs host lce"
 
 
 def twin_path(run_dir: str | Path, target: str, batch: int) -> Path:
-    """Where the batch-`batch` twin of RUN_DIR/model-TARGET.tflite lives."""
-    return Path(run_dir) / f"model-{target}-b{batch}.tflite"
+    """Where the batch-`batch` twin of RUN_DIR/model-TARGET.tflite lives (the name `convert
+    --batch-twin` gives it, `converters.batch.twin_path`)."""
+    return flatbuffer_twin_path(Path(run_dir) / f"model-{target}.tflite", batch)
 
 
 def twin_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:

@@ -44,9 +44,8 @@ from deploy.lce_benchmark import (
     BINARY_NAME,
     BenchmarkResult,
     benchmark_command,
-    check_local_binary,
-    device_binary,
     parse_benchmark_output,
+    staged_graph,
 )
 
 INPUT_NAME = "x"  # binding is by position; a neutral name needs no ':' escaping
@@ -217,12 +216,7 @@ def run_on_device(
     One temporary directory on the device holds the binary (if uploaded), both flatbuffers and
     the samples; it is removed in every case. Errors are `deploy.errors` exceptions.
     """
-    uname_m = client.run(["uname", "-m"], timeout=60).stdout.strip()
-    binary = check_local_binary(options.binary, uname_m) if options.binary else None
-    with client.workdir() as work:
-        remote_binary = device_binary(client, work, binary, uname_m)
-        graph = f"{work}/{Path(flatbuffer).name}"
-        client.put(flatbuffer, graph)
+    with staged_graph(client, flatbuffer, options.binary or None) as (work, remote_binary, graph):
         argv = benchmark_command(
             remote_binary,
             graph,

@@ -15,9 +15,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +323,23 @@ def device_binary(client: Any, work: str, binary: Path | None, uname_m: str) -> 
     return remote_binary
 
 
+@contextlib.contextmanager
+def staged_graph(
+    client: Any, flatbuffer: str | Path, binary: str | Path | None
+) -> Iterator[tuple[str, str, str]]:
+    """A fresh working directory on the device holding `flatbuffer` and the benchmark binary
+    (`binary` uploaded after its architecture is checked, else the device's own): yields
+    (directory, binary, flatbuffer) paths on the device; the directory is removed afterwards."""
+    uname_m = client.run(["uname", "-m"], timeout=60).stdout.strip()
+    if binary is not None:
+        binary = check_local_binary(binary, uname_m)
+    with client.workdir() as work:
+        remote_binary = device_binary(client, work, binary, uname_m)
+        graph = f"{work}/{Path(flatbuffer).name}"
+        client.put(flatbuffer, graph)
+        yield work, remote_binary, graph
+
+
 def run_lce_benchmark(
     client: Any,
     flatbuffer: str | Path,
@@ -337,13 +356,7 @@ def run_lce_benchmark(
     `client` is a `deploy.ssh.SshClient`. Without `binary`, `lce_benchmark_model` must be on the
     device's PATH. Returns the parsed result and the raw output.
     """
-    uname_m = client.run(["uname", "-m"], timeout=60).stdout.strip()
-    if binary is not None:
-        binary = check_local_binary(binary, uname_m)
-    with client.workdir() as work:
-        remote_binary = device_binary(client, work, binary, uname_m)
-        graph = f"{work}/{Path(flatbuffer).name}"
-        client.put(flatbuffer, graph)
+    with staged_graph(client, flatbuffer, binary) as (work, remote_binary, graph):
         argv = benchmark_command(
             remote_binary,
             graph,

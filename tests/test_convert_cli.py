@@ -295,3 +295,14 @@ def test_a_plain_sign_without_its_rewrite_is_refused_with_what_was_seen(tmp_path
     line = result.stderr.strip()
     assert "plain Sign, which maps 0 to 0" in line and "sign(sign(x) + 0.1)" in line
     assert len(line.splitlines()) == 1
+
+
+def test_an_unknown_rewrite_pass_is_one_line_naming_the_passes(tmp_path):
+    path = export(plain_sign_net(torch.sign), (1, 4, 6, 6), tmp_path / "plain.onnx")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = invoke("convert", path, "--disable-rewrite", "no-such-pass")
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "unknown pass 'no-such-pass'" in line
+    assert "plain-sign" in line  # the passes it knows
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
