@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd_fixture import _keygen, free_port
+from sshd_fixture import LoopbackSsh, free_port, keygen
 
 # bump when the recipe changes: a cached tree made by another recipe is rebuilt
 RECIPE = "bookworm-arm64-v1"
@@ -179,8 +179,10 @@ def ensure_rootfs() -> tuple[Path, float | None]:
 
 
 @dataclasses.dataclass
-class ArmDevice:
+class ArmDevice(LoopbackSsh):
     """What a test needs to talk to the emulated device (mirrors `sshd_fixture.Sshd`)."""
+
+    CONNECT_TIMEOUT = 30  # everything on the device runs under qemu: give connections time
 
     port: int
     key: Path
@@ -191,32 +193,6 @@ class ArmDevice:
     rootfs: Path
     build_seconds: float | None
     user: str = "root"
-
-    @property
-    def destination(self) -> str:
-        return f"{self.user}@127.0.0.1"
-
-    @property
-    def options(self) -> list[str]:
-        return [
-            f"UserKnownHostsFile={self.known_hosts}",
-            "StrictHostKeyChecking=yes",
-            "GlobalKnownHostsFile=/dev/null",
-        ]
-
-    def client(self, **kwargs):
-        from deploy.ssh import SshClient
-
-        # everything on the device runs under qemu: give connections time
-        settings = dict(
-            port=self.port,
-            identity_file=self.key,
-            options=self.options,
-            remote_tmp=self.remote_tmp,
-            connect_timeout=30,
-        )
-        settings.update(kwargs)
-        return SshClient(self.destination, **settings)
 
     def leftovers(self) -> list[str]:
         """What is left in the device's temporary directory."""
@@ -235,7 +211,7 @@ def running_device(
     session.chmod(0o755)
     for name in ("user", "other"):
         if not (session / name).is_file():
-            _keygen(session / name)
+            keygen(session / name)
     (session / "authorized_keys").write_text((session / "user.pub").read_text())
     (session / "tmp").mkdir(exist_ok=True)
     inside = f"/{SESSION_MOUNT}"

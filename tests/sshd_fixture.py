@@ -28,21 +28,12 @@ SFTP_CANDIDATES = (
 )
 
 
-@dataclasses.dataclass
-class Sshd:
-    """What a test needs to talk to the server."""
+class LoopbackSsh:
+    """An SSH server on 127.0.0.1 reached with a test key and its own known_hosts: what the
+    loopback sshd and the emulated aarch64 device share (both dataclasses with `user`, `port`,
+    `key`, `known_hosts`, `remote_tmp`)."""
 
-    port: int
-    user: str
-    key: Path
-    other_key: Path  # a valid key the server does not accept
-    known_hosts: Path
-    remote_tmp: Path  # where the tests' working directories must be made (and vanish)
-
-    @staticmethod
-    def closed_port() -> int:
-        """A port on 127.0.0.1 where nothing listens: an unreachable device."""
-        return free_port()
+    CONNECT_TIMEOUT = 5  # seconds
 
     @property
     def destination(self) -> str:
@@ -64,10 +55,27 @@ class Sshd:
             identity_file=self.key,
             options=self.options,
             remote_tmp=str(self.remote_tmp),
-            connect_timeout=5,
+            connect_timeout=self.CONNECT_TIMEOUT,
         )
         settings.update(kwargs)
         return SshClient(self.destination, **settings)
+
+
+@dataclasses.dataclass
+class Sshd(LoopbackSsh):
+    """What a test needs to talk to the server."""
+
+    port: int
+    user: str
+    key: Path
+    other_key: Path  # a valid key the server does not accept
+    known_hosts: Path
+    remote_tmp: Path  # where the tests' working directories must be made (and vanish)
+
+    @staticmethod
+    def closed_port() -> int:
+        """A port on 127.0.0.1 where nothing listens: an unreachable device."""
+        return free_port()
 
 
 def free_port() -> int:
@@ -77,7 +85,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _keygen(path: Path) -> None:
+def keygen(path: Path) -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bnnexport-test", "-f", str(path)],
         check=True,
@@ -93,7 +101,7 @@ def sshd(tmp_path_factory):
     sftp = next((p for p in SFTP_CANDIDATES if os.access(p, os.X_OK)), None)
     root = tmp_path_factory.mktemp("sshd")
     for name in ("host", "user", "other"):
-        _keygen(root / name)
+        keygen(root / name)
     (root / "authorized_keys").write_text((root / "user.pub").read_text())
     port = free_port()
     config = root / "sshd_config"

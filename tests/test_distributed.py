@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from sshd_fixture import free_port
 
 from bnnexport.layers import binary_parameters
 from bnnexport.runs import load_model
-
-
-def _free_port() -> int:
-    """A port no one listens on now (a fixed port collides with a concurrent test run)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_process_gloo_run_matches_across_ranks_and_writes_one_run_directory(
@@ -33,7 +26,7 @@ def test_two_process_gloo_run_matches_across_ranks_and_writes_one_run_directory(
             str(torchrun),
             "--nproc-per-node=2",
             "--master-addr=127.0.0.1",
-            f"--master-port={_free_port()}",
+            f"--master-port={free_port()}",
             "-m",
             "bnnexport",
             "train",
