@@ -2,14 +2,17 @@
 
 Question: BinaryNet (CIFAR shape 3x32x32, 10 classes), synthetic data (one
 fixed batch of uniform [-1, 1] images and random labels), the same batch size and the same
-number of threads on both sides:
-- `bnnexport`: one training step as `bnnexport train` takes it -- forward, cross-entropy,
-  zero_grad, backward, `bop_with_adam` step (Bop for the binary kernels, Adam for the rest);
-- `bnnexport+flips`: the same plus the per-step flip counting `bnnexport train` does for its
-  flip-rate metrics (`FlipCounter`);
-- `bnnexport-channels-last`: `bnnexport` with model and batch in `torch.channels_last` (NHWC,
-  TensorFlow's layout; oneDNN's convolutions need no reorder then). Not what `bnnexport train`
-  does today: it shows what that one-line change would give;
+number of threads on both sides. Every bnnexport row is one training step -- forward,
+cross-entropy, zero_grad, backward, `bop_with_adam` step (Bop for the binary kernels, Adam for
+the rest) -- and the rows differ in one technique each, so the table shows what each one buys:
+- `bnnexport`: the step as `bnnexport train` takes it by default: model and batch in
+  `torch.channels_last` (NHWC, so oneDNN needs no layout reorder around each conv), flip
+  counting (`FlipCounter`, for the flip-rate metrics) and `--precision auto`, which on a CPU
+  with bf16 arithmetic is `bf16-exact` (`bnnexport.precision`);
+- `float32`: the same with `--precision float32` (the previous default);
+- `float32-nchw`: `float32` in torch's default NCHW layout (what channels_last buys);
+- `bf16`: `--precision bf16`, the binary layers' backward in bf16 too (opt-in, not exact);
+- `amp`: `--precision amp`, bf16 autocast over the whole model (opt-in, not exact);
 - `larq`: the same network written with larq layers (`larq_side.py`), `model.train_on_batch`
   with larq's `CaseOptimizer(Bop, tf.keras.optimizers.legacy.Adam)`, run in its own venv
   (benchmarks/.venv-larq, created on first use) as a subprocess that answers in JSON.
@@ -21,13 +24,15 @@ gets more of the CPU, which wall-clock rates alone would hide. Data loading, met
 and checkpoints are outside the timed region on both sides.
 
 Run:
-    .venv/bin/python benchmarks/train_throughput.py                  # ~3-4 minutes
-    .venv/bin/python benchmarks/train_throughput.py --batch 100 --threads 2 --rounds 10 --json
+    .venv/bin/python benchmarks/train_throughput.py                  # ~4 minutes
+    .venv/bin/python benchmarks/train_throughput.py --threads 0      # all cores
+    .venv/bin/python benchmarks/train_throughput.py --only bnnexport,bf16 --rounds 10 --json
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -39,42 +44,52 @@ import torch
 import torch.nn.functional as F
 from _common import ROOT, emit, larq_env, larq_python, log, machine, parser, table
 
+from bnnexport.layers import bf16_counts, set_precision
 from bnnexport.models import create_model
 from bnnexport.optimizers import FlipCounter, bop_with_adam
+from bnnexport.precision import resolve_precision
 
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2
 
+# row -> (precision, channels_last); every row counts flips as `bnnexport train` does
+TORCH_ROWS = {
+    "bnnexport": ("auto", True),
+    "float32": ("float32", True),
+    "float32-nchw": ("float32", False),
+    "bf16": ("bf16", True),
+    "amp": ("amp", True),
+}
 
-def torch_stepper(
-    batch: int, count_flips: bool, channels_last: bool = False
-) -> Callable[[int], tuple[float, float]]:
-    """run(steps) -> (wall, CPU) seconds of `steps` bnnexport training steps on one batch."""
-    torch.manual_seed(0)
-    model = create_model("binarynet", input_shape=(3, 32, 32)).train()
-    optimizer = bop_with_adam(model, GAMMA, THRESHOLD, LR)
-    counter = FlipCounter(model) if count_flips else None
-    generator = torch.Generator().manual_seed(0)
-    x = torch.rand((batch, 3, 32, 32), generator=generator) * 2 - 1
-    if channels_last:  # NHWC, as TensorFlow lays tensors out; parameters stay the same objects
-        model = model.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,), generator=generator)
 
-    def run(steps: int) -> tuple[float, float]:
+class TorchTrainer:
+    """`run(steps) -> (wall, CPU) seconds` of bnnexport training steps on one fixed batch."""
+
+    def __init__(self, batch: int, precision: str, channels_last: bool) -> None:
+        torch.manual_seed(0)
+        self.precision = resolve_precision(precision, "cpu")
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = create_model("binarynet", input_shape=(3, 32, 32)).train()
+        self.model = self.model.to(memory_format=layout)
+        set_precision(self.model, self.precision)
+        self.optimizer = bop_with_adam(self.model, GAMMA, THRESHOLD, LR)
+        self.counter = FlipCounter(self.model)
+        generator = torch.Generator().manual_seed(0)
+        x = torch.rand((batch, 3, 32, 32), generator=generator) * 2 - 1
+        self.x = x.contiguous(memory_format=layout)
+        self.y = torch.randint(0, 10, (batch,), generator=generator)
+
+    def run(self, steps: int) -> tuple[float, float]:
         start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "amp"):
+                loss = F.cross_entropy(self.model(self.x).float(), self.y)
+            self.optimizer.zero_grad()
             loss.backward()
-            if counter is not None:
-                counter.before_step()
-            optimizer.step()
-            if counter is not None:
-                counter.after_step()
+            self.counter.before_step()
+            self.optimizer.step()
+            self.counter.after_step()
             loss.item()
         return time.perf_counter() - start, time.process_time() - cpu
-
-    return run
 
 
 class LarqTrainer:
@@ -134,16 +149,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--threads",
         type=int,
         default=1,
-        help="intra-op threads on both sides (default 1: the machine is shared)",
+        help="intra-op threads on both sides (default 1: the machine is shared; 0: all cores)",
     )
     p.add_argument("--steps", type=int, default=2, help="timed steps per round (default 2)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--no-flips", action="store_true", help="skip the bnnexport+flips contender")
     p.add_argument(
-        "--no-channels-last", action="store_true", help="skip the bnnexport-channels-last contender"
+        "--only",
+        default=",".join(TORCH_ROWS),
+        help=f"comma-separated bnnexport rows to run beside larq (default all: "
+        f"{','.join(TORCH_ROWS)})",
     )
     args = p.parse_args(argv)
+    rows = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(rows) - set(TORCH_ROWS))
+    if unknown or not rows:
+        p.error(f"--only: unknown row(s) {', '.join(unknown)}; known: {', '.join(TORCH_ROWS)}")
+    args.threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(args.threads)
     try:
         torch.set_num_interop_threads(1)
@@ -151,13 +173,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pass
     log("starting the larq side")
     larq = LarqTrainer(larq_python(), args.batch, args.threads)
+    trainers = {name: TorchTrainer(args.batch, *TORCH_ROWS[name]) for name in rows}
     runners: dict[str, Callable[[int], tuple[float, float]]] = {
-        "bnnexport": torch_stepper(args.batch, False)
+        name: trainer.run for name, trainer in trainers.items()
     }
-    if not args.no_flips:
-        runners["bnnexport+flips"] = torch_stepper(args.batch, True)
-    if not args.no_channels_last:
-        runners["bnnexport-channels-last"] = torch_stepper(args.batch, False, channels_last=True)
     runners["larq"] = larq.run
     try:
         for run in runners.values():
@@ -177,6 +196,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
     finally:
         larq.close()
+    result = summarize(args, larq.info, trainers, rates, per_cpu)
+    text = render(result)
+    emit(result, text, args.json)
+    return result
+
+
+TARGET = 1.5  # docs/BENCHMARKS.md §2: the default path at least 1.5x larq's images/s
+
+
+def summarize(
+    args: Any,
+    larq_info: dict[str, Any],
+    trainers: dict[str, TorchTrainer],
+    rates: dict[str, list[float]],
+    per_cpu: dict[str, list[float]],
+) -> dict[str, Any]:
+    """The JSON result: medians, ratios to larq, each row's precision and bf16 fallbacks."""
     median = {n: statistics.median(v) for n, v in rates.items()}
     median_cpu = {n: statistics.median(v) for n, v in per_cpu.items()}
     result: dict[str, Any] = {
@@ -186,39 +222,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rounds": args.rounds,
         "steps_per_round": args.steps,
         "torch": torch.__version__,
-        "larq_side": larq.info,
+        "larq_side": larq_info,
+        "precision": {n: t.precision for n, t in trainers.items()},
+        "bf16": {n: bf16_counts(t.model) for n, t in trainers.items()},
         "images_per_s": median,
         "images_per_s_all_rounds": rates,
         "images_per_cpu_s": median_cpu,
-        "cpu_ratio_bnnexport_vs_larq": median_cpu["bnnexport"] / median_cpu["larq"],
-        "ratio_bnnexport_vs_larq": median["bnnexport"] / median["larq"],
-        "target_met": median["bnnexport"] >= median["larq"],
+        "ratio_vs_larq": {n: median[n] / median["larq"] for n in median},
+        "cpu_ratio_vs_larq": {n: median_cpu[n] / median_cpu["larq"] for n in median},
     }
-    if "bnnexport+flips" in median:
-        result["ratio_bnnexport_flips_vs_larq"] = median["bnnexport+flips"] / median["larq"]
+    if "bnnexport" in median:
+        result["target_met"] = result["ratio_vs_larq"]["bnnexport"] >= TARGET
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    median, rates = result["images_per_s"], result["images_per_s_all_rounds"]
     rows = [
         [
             n,
+            result["precision"].get(n, "-"),
             median[n],
             min(rates[n]),
             max(rates[n]),
-            median[n] / median["larq"],
-            median_cpu[n],
-            median_cpu[n] / median_cpu["larq"],
+            result["ratio_vs_larq"][n],
+            result["images_per_cpu_s"][n],
+            result["cpu_ratio_vs_larq"][n],
         ]
-        for n in runners
+        for n in median
     ]
-    text = table(
-        ["trainer", "img/s (median)", "min", "max", "x larq", "img/CPU-s", "x larq (CPU)"], rows
+    header = ["trainer", "precision", "img/s (median)", "min", "max", "x larq", "img/CPU-s"]
+    text = table([*header, "x larq (CPU)"], rows)
+    larq = result["larq_side"]
+    return text + (
+        f"\n\nBinaryNet 3x32x32, batch {result['batch']}, {result['threads']} thread(s), "
+        f"{result['rounds']} rounds x {result['steps_per_round']} steps interleaved; "
+        f"torch {result['torch']}, larq {larq.get('larq')} / TF {larq.get('tensorflow')}; "
+        f"load {result['machine']['load_average']}; bf16-exact fallbacks "
+        + ", ".join(
+            f"{n} {c['bf16_fallbacks']}/{c['bf16_calls']}"
+            for n, c in result["bf16"].items()
+            if c["bf16_calls"]
+        )  # fmt: skip
     )
-    text += (
-        f"\n\nBinaryNet 3x32x32, batch {args.batch}, {args.threads} thread(s), "
-        f"{args.rounds} rounds x {args.steps} steps interleaved; torch {torch.__version__}, "
-        f"larq {larq.info.get('larq')} / TF {larq.info.get('tensorflow')}; "
-        f"load {result['machine']['load_average']}"
-    )
-    emit(result, text, args.json)
-    return result
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bnnexport.precision import BinaryProduct, exact_bound
 from bnnexport.quantizers import Quantizer, binarize, get_quantizer
 
 PAD_VALUES = ("one", "zero")
@@ -44,6 +45,8 @@ class BinaryLayer(nn.Module):
     latent: bool
     input_quantizer: Quantizer | None
     kernel_quantizer: Quantizer
+    product: BinaryProduct | None = None  # set_precision: the bf16 map, None for float32
+    grad_bf16 = False  # set_precision: the bf16 map's backward in bf16 too
 
     def _init_binary(self, input_quantizer: str | Quantizer | None) -> None:
         self.input_quantizer = get_quantizer(input_quantizer)
@@ -58,6 +61,26 @@ class BinaryLayer(nn.Module):
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         return self.input_quantizer(x) if self.input_quantizer is not None else x
+
+    def bf16_product(self, x: torch.Tensor) -> BinaryProduct | None:
+        """The bf16 map to use for this call (`set_precision`), or None for plain float32.
+
+        Only where both operands are ±1: a binarized input (never the first layer's image),
+        no bias, not while exporting to ONNX, on a CPU or CUDA tensor.
+        """
+        if (
+            self.product is None
+            or self.input_quantizer is None
+            or self.bias is not None
+            or x.device.type not in ("cpu", "cuda")
+            or torch.onnx.is_in_onnx_export()
+        ):
+            return None
+        return self.product
+
+    def make_product(self) -> BinaryProduct:
+        """The layer's map as a `BinaryProduct` (each layer type says how)."""
+        raise NotImplementedError
 
 
 class BinaryConv2d(nn.Conv2d, BinaryLayer):
@@ -91,10 +114,24 @@ class BinaryConv2d(nn.Conv2d, BinaryLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.quantize_input(x)
         pad_h, pad_w = self.padding  # type: ignore[misc]
+        padding = self.padding
         if self.pad_value == "one" and (pad_h or pad_w):
             x = F.pad(x, (pad_w, pad_w, pad_h, pad_h), value=1.0)
-            return F.conv2d(x, self.binary_kernel(), self.bias, self.stride)
-        return F.conv2d(x, self.binary_kernel(), self.bias, self.stride, self.padding)
+            padding = (0, 0)
+        product = self.bf16_product(x)
+        if product is not None:
+            return product.forward(x, self.binary_kernel(), self.grad_bf16)
+        return F.conv2d(x, self.binary_kernel(), self.bias, self.stride, padding)
+
+    def make_product(self) -> BinaryProduct:
+        """The bf16 map of this conv (its padding as `forward` applies it)."""
+        one_padded = self.pad_value == "one" or not any(self.padding)  # type: ignore[arg-type]
+        padding = (0, 0) if self.pad_value == "one" else tuple(self.padding)
+        return BinaryProduct(
+            exact_bound(self.weight[0].numel(), all_terms_binary=one_padded),
+            stride=tuple(self.stride),  # type: ignore[arg-type]
+            padding=padding,  # type: ignore[arg-type]
+        )
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", pad_value={self.pad_value!r}"
@@ -117,7 +154,15 @@ class BinaryLinear(nn.Linear, BinaryLayer):
         self._init_binary(input_quantizer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.quantize_input(x), self.binary_kernel(), self.bias)
+        x = self.quantize_input(x)
+        product = self.bf16_product(x)
+        if product is not None:
+            return product.forward(x, self.binary_kernel(), self.grad_bf16)
+        return F.linear(x, self.binary_kernel(), self.bias)
+
+    def make_product(self) -> BinaryProduct:
+        """The bf16 map of this layer."""
+        return BinaryProduct(exact_bound(self.in_features, all_terms_binary=True))
 
 
 def binary_layers(model: nn.Module) -> list[tuple[str, BinaryLayer]]:
@@ -144,6 +189,25 @@ def set_latent(
         if not enabled:
             with torch.no_grad():
                 layer.weight.copy_(binarize(layer.weight))
+
+
+def set_precision(model: nn.Module, precision: str) -> None:
+    """How every binary layer of `model` computes (`bnnexport.precision`; already resolved, so
+    not ``auto``): ``bf16-exact`` and ``bf16`` give each layer a `BinaryProduct`, ``float32``
+    and ``amp`` take it away (autocast then decides)."""
+    for _, layer in binary_layers(model):
+        bf16 = precision in ("bf16-exact", "bf16")
+        layer.product = layer.make_product() if bf16 else None
+        layer.grad_bf16 = precision == "bf16"
+
+
+def bf16_counts(model: nn.Module) -> dict[str, int]:
+    """{"bf16_calls", "bf16_fallbacks"} summed over the binary layers (`BinaryProduct`)."""
+    products = [layer.product for _, layer in binary_layers(model) if layer.product is not None]
+    return {
+        "bf16_calls": sum(p.calls for p in products),
+        "bf16_fallbacks": sum(p.fallbacks for p in products),
+    }
 
 
 @torch.no_grad()

@@ -32,9 +32,16 @@ from tqdm import tqdm
 from bnnexport.datasets import load_dataset
 from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
-from bnnexport.layers import binary_parameters, init_latent_weights, set_latent
+from bnnexport.layers import (
+    bf16_counts,
+    binary_parameters,
+    init_latent_weights,
+    set_latent,
+    set_precision,
+)
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter, flip_rate
+from bnnexport.precision import PRECISIONS, resolve_precision
 from bnnexport.provenance import remove_derived
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import (
@@ -76,7 +83,9 @@ class TrainConfig:
     device: str = "cpu"
     num_workers: int = 0
     log_every: int = 0  # steps between step records; 0 = about 100 records per epoch
-    amp: bool = False  # bf16 autocast for activations; binary weights and Bop state stay float32
+    # bnnexport.precision: "auto" = bf16 for the binary layers' forward where that is exact
+    # (training identical to float32 bit for bit) on bf16 hardware, float32 elsewhere
+    precision: str = "auto"
     # Before each evaluation and checkpoint, re-estimate BatchNorm statistics on this many
     # training batches (0 = off): flips shift pre-activations faster than running averages follow.
     bn_recalibration_batches: int = 20
@@ -106,6 +115,9 @@ class TrainReport(Report):
     rank_mismatched_weights: int = 0  # binary weights differing from rank 0's; must stay 0
     strict: bool = False  # the saved checkpoint verified strictly binary (bnnexport.verify)
     resume_changes: dict[str, list] = field(default_factory=dict)  # option: [old, new]
+    precision: str = "float32"  # how the binary layers computed (--precision, auto resolved)
+    bf16_fallbacks: int = 0  # bf16-exact forward calls recomputed in float32 (sums too large)
+    bf16_calls: int = 0
 
 
 @torch.no_grad()
@@ -173,7 +185,7 @@ def _binary_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # What a resumed run may change (recorded in config.json and metrics.jsonl); every other option
 # that differs from the run's own is refused by name rather than silently ignored.
-RESUMABLE = ("lr", "gamma", "threshold", "batch_size", "epochs", "data_dir", "device", "amp",
+RESUMABLE = ("lr", "gamma", "threshold", "batch_size", "epochs", "data_dir", "device", "precision",
              "num_workers", "log_every")  # fmt: skip
 TRAIN_OWNED = ("config.json", "metrics.jsonl", "train.json", "accuracy.png", "flip_rate.png")
 
@@ -183,6 +195,8 @@ def validate_config(config: TrainConfig) -> None:
     _check_hyperparameter("--lr", config.lr, lambda v: v > 0, "must be > 0")
     _check_hyperparameter("--gamma", config.gamma, lambda v: 0 < v <= 1, "must be in (0, 1]")
     _check_hyperparameter("--threshold", config.threshold, lambda v: v >= 0, "must be >= 0")
+    if config.precision not in PRECISIONS:
+        raise ConfigError(f"--precision {config.precision!r} is not one of {', '.join(PRECISIONS)}")
     if config.batch_size < 1 or (config.epochs is not None and config.epochs < 1):
         raise ConfigError("--batch-size and --epochs must be at least 1")
     try:
@@ -236,6 +250,9 @@ def resumed_config(
             f"{source} was written by `bnnexport init` (an untrained model), not by train: "
             "there is nothing to resume; train a new run with another --out or --force"
         )
+    saved_json = dict(saved_json)
+    if "amp" in saved_json:  # runs from before --precision: --amp was the only other mode
+        saved_json.setdefault("precision", "amp" if saved_json.pop("amp") else "float32")
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(saved_json) - known)
     if unknown:
@@ -335,6 +352,10 @@ class _Trainer:
             torch.channels_last if len(self.data.input_shape) == 3 else torch.contiguous_format
         )
         self.model = model.to(context.device, memory_format=self.memory_format)
+        self.precision = resolve_precision(config.precision, context.device)
+        set_precision(self.model, self.precision)
+        # autocast computes on bf16 copies; the parameters themselves stay float32
+        self.amp = self.precision == "amp"
         self.optimizer = _make_optimizer(self.model, config)
         if config.optimizer == "adam-latent" and checkpoint is None:
             init_latent_weights(self.model)
@@ -390,8 +411,7 @@ class _Trainer:
         for inputs, labels in bar:
             inputs = inputs.to(device, memory_format=self.memory_format)
             labels = labels.to(device)
-            # Autocast computes in bf16 on copies; the ±1 parameters themselves stay float32.
-            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=config.amp):
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=self.amp):
                 logits = self.forward(inputs)
                 loss = F.cross_entropy(logits.float(), labels)
             self.optimizer.zero_grad()
@@ -537,6 +557,8 @@ def _train(
         world_size=context.world_size,
         rank_mismatched_weights=mismatched,
         resume_changes=changes,
+        precision=trainer.precision,
+        **bf16_counts(trainer.model),
     )
     if context.is_main:
         from bnnexport.plots import plot_training

@@ -11,6 +11,7 @@ from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
 from bnnexport.optimizers import OPTIMIZERS
+from bnnexport.precision import PRECISIONS
 from bnnexport.train import TrainConfig, default_out, train
 
 DEFAULTS = TrainConfig()
@@ -112,11 +113,18 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     "pipeline --device is the SSH target.)",
 )
 @click.option(
-    "--amp",
-    is_flag=True,
-    help="Mixed precision: bf16 autocast for activations; binary weights and Bop's "
-    "state stay float32.",
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default=DEFAULTS.precision,
+    show_default=True,
+    help="How the binary layers compute. bf16-exact: their forward in bf16 where the ±1 sums "
+    "are exact (checked per call, float32 otherwise), so training equals float32 bit for bit; "
+    "bf16: their backward in bf16 too (gradients rounded, faster, not exact); amp: bf16 "
+    "autocast over the whole model, first layer and BatchNorm included (fastest, not exact); "
+    "auto: bf16-exact on hardware with bf16 arithmetic, else float32. Binary weights and "
+    "Bop's state always stay float32.",
 )
+@click.option("--amp", is_flag=True, hidden=True, help="Deprecated spelling of --precision amp.")
 @click.option(
     "--recipe",
     default=None,
@@ -141,6 +149,7 @@ def train_command(
     resume,
     force,
     device,
+    precision,
     amp,
     recipe,
     as_json,
@@ -166,7 +175,7 @@ def train_command(
         seed=seed,
         out=out or default_out(model, dataset),
         device=device,
-        amp=amp,
+        precision="amp" if amp else precision,
     )
     ctx = click.get_current_context()
     explicit = {
@@ -183,7 +192,7 @@ def train_command(
             name: getattr(config, name) for name in RECIPE_OVERRIDABLE
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         }  # fmt: skip
-        config = recipe_config(recipe, **given, out=out, device=device, amp=amp)
+        config = recipe_config(recipe, **given, out=out, device=device, precision=config.precision)
     report = train(
         config,
         resume=resume,
