@@ -1,14 +1,16 @@
 """Layer handlers of the translator: convolutions, dense layers, pooling, BatchNorm.
 
-Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (docs/LCE_NOTES.md §2):
+Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (docs/LCE_NOTES.md §2);
+a conv's form is chosen by `converters.padding.plan_binary_padding`:
 
 - no padding: binarize -> VALID conv;
 - one-padding equal to TF's SAME: binarize -> `tf.pad(..., 1)` -> VALID conv (pad_values=1);
 - zero-padding equal to TF's SAME: binarize -> SAME conv (LCE's exact border correction);
 - any other padding (stride 2 on an even size, asymmetric, mixed): the float tensor is padded
-  with +1 BEFORE binarizing, then a VALID binary conv, then a constant correction map for the
-  zero-padded positions, subtracted behind a reshape. This sidesteps LCE bug 1 (Pad + strided
-  VALID conv rewritten to SAME) and bug 2 (spatial constant fused into the bias);
+  with +1 (-1 where torch pads with -1) BEFORE binarizing, then a VALID binary conv, then a
+  constant correction map for the zero-padded positions, subtracted behind a reshape. This
+  sidesteps LCE bug 1 (Pad + strided VALID conv rewritten to SAME) and bug 2 (spatial constant
+  fused into the bias);
 - dense (MatMul/Gemm): reshape to [N, 1, 1, C], binarize, 1x1 conv.
 
 The kernel is emitted as exact ±1; a per-channel scale, the bias and a following BatchNorm stay
@@ -20,11 +22,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from converters.graph import attributes
+from converters.padding import PaddingPlan, padding_mode, plan_binary_padding
 from converters.tf_ops import (
     TranslatorView,
     Value,
@@ -32,7 +36,6 @@ from converters.tf_ops import (
     channel_affine,
     correction_map,
     effective_pads,
-    is_same,
     pad_constant,
     pool_pads,
     subtract_spatial,
@@ -80,16 +83,9 @@ def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
     return (kh, kw), strides, dilations, pads, int(attrs.get("group", 1))
 
 
-def _padding_mode(x, ksize, strides, dilations, pads) -> str | None:
-    """ "VALID", "SAME", or None when an explicit pad is needed."""
-    if not any(pads):
-        return "VALID"
-    h, w = int(x.shape[1]), int(x.shape[2])
-    if is_same(h, ksize[0], strides[0], dilations[0], pads[0], pads[2]) and is_same(
-        w, ksize[1], strides[1], dilations[1], pads[1], pads[3]
-    ):
-        return "SAME"
-    return None
+def _hw(t: Any) -> tuple[int, int]:
+    """(height, width) of an NHWC tensor."""
+    return int(t.shape[1]), int(t.shape[2])
 
 
 def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
@@ -100,7 +96,7 @@ def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
     (docs/LCE_NOTES.md §2, bug 1): torch's (1, 1) for a 3x3/2 conv on an even size became SAME's (0,
     1). Trailing rows/columns no window reaches are dropped (the leading ones are always read by the
     first window): what is left has SAME's total whenever the output size is SAME's, so LCE's
-    rewrite then only fires when the pads are exactly SAME's (`_padding_mode` already emits those as
+    rewrite then only fires when the pads are exactly SAME's (`padding_mode` already emits those as
     SAME), and the VALID conv's output size is unchanged.
     """
     out = []
@@ -119,7 +115,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
     x = _nhwc(tr, node, inputs[0])
     ksize, strides, dilations, pads, group = _conv_attrs(tr, node, kernel, x)
     t = x.t
-    mode = _padding_mode(t, ksize, strides, dilations, pads)
+    mode = padding_mode(_hw(t), ksize, strides, dilations, pads)
     if mode is None:
         t = pad_constant(t, _read_pads(t, ksize, strides, dilations, pads), 0.0)
         mode = "VALID"
@@ -161,87 +157,122 @@ def _sign_and_scale(match, kernel: np.ndarray, out_axis: int):
 
 
 def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
+    walked = _inner_padding(tr, chain, src)
+    if walked is None:
+        return None
+    inner, inner_value, src = walked
+    if src.layout != "nhwc":
+        return None
+    ksize, strides, dilations, outer, group = _conv_attrs(tr, node, match.kernel, src)
+    if group != 1:
+        return None
+    signs, scale = _sign_and_scale(match, match.kernel, 0)
+    conv = _BinaryConv(np.transpose(signs, (2, 3, 1, 0)), strides, dilations)
+    x = src.t
+    plan = plan_binary_padding(_hw(x), ksize, strides, dilations, inner, inner_value, outer)
+    y, correction = _EMITTERS[plan.strategy](x, plan, conv)
+    y, bias = _apply_correction(y, _conv_bias(tr, node, len(scale)), correction, scale)
+    return Value(None, "nhwc", acc=y, m=scale, b=bias)
+
+
+def _inner_padding(tr, chain, src: Value) -> tuple[list[int], float, Value] | None:
+    """(pads, value, source) of the one Pad between a binarization and its conv, with the
+    max-pools before it replayed on the source; None for any other chain."""
     inner = [0, 0, 0, 0]
     inner_value = 0.0
     for step in chain:
         if step.op_type == "Pad":
-            if any(inner):
+            found = None if any(inner) else _constant_pad(tr, step)
+            if found is None:
                 return None
-            pads = tr.const(step.input[1]) if len(step.input) > 1 else attributes(step)["pads"]
-            if pads is None or len(pads) != 8 or any(pads[k] for k in (0, 1, 4, 5)):
-                return None
-            inner = [int(pads[2]), int(pads[3]), int(pads[6]), int(pads[7])]
-            value = tr.const(step.input[2]) if len(step.input) > 2 and step.input[2] else None
-            inner_value = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
+            inner, inner_value = found
         elif step.op_type in ("MaxPool", "Identity") and not any(inner):
             src = tr.replay(step, src)
         else:
             return None
-    if src.layout != "nhwc":
-        return None
-    kernel = match.kernel
-    ksize, strides, dilations, outer, group = _conv_attrs(tr, node, kernel, src)
-    if group != 1:
-        return None
-    signs, scale = _sign_and_scale(match, kernel, 0)
-    k_hwio = np.transpose(signs, (2, 3, 1, 0))
-    x = src.t
-    conv2d = lambda t, mode: tf().nn.conv2d(  # noqa: E731
-        t, tf().constant(k_hwio), [1, *strides, 1], mode, dilations=[1, *dilations, 1]
-    )
-    ones = inner_value == 1.0 and any(inner)
-    correction = None
-    if not any(inner) and not any(outer):
-        y = conv2d(binarize(x), "VALID")
-    elif ones and not any(outer) and _padding_mode(x, ksize, strides, dilations, inner) == "SAME":
-        padded = tf().pad(
-            binarize(x), [[0, 0], inner[0::2], inner[1::2], [0, 0]], constant_values=1.0
-        )
-        y = conv2d(padded, "VALID")
-    elif (
-        (not any(inner) or inner_value == 0.0)
-        and _padding_mode(
-            x, ksize, strides, dilations, [a + b for a, b in zip(inner, outer, strict=True)]
-        )
-        == "SAME"
-        # LCE 0.16's border correction for zero-padded SAME bconvs is wrong when the kernel
-        # is larger than the input (measured: 1x1 and 2x2 inputs with a 3x3 kernel)
-        and all(int(x.shape[1 + k]) >= (ksize[k] - 1) * dilations[k] + 1 for k in (0, 1))
-    ):
-        y = conv2d(binarize(x), "SAME")
-    else:
-        y, correction = _padded_binary_conv(
-            x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d
-        )
-    bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    bias = np.zeros(len(scale), np.float32) if bias is None else bias.astype(np.float32)
-    if correction is not None:
-        if np.all(correction == correction[:1, :1]):
-            # the same at every position (e.g. a 1x1 output): it is per channel, so it folds
-            # into the bias; a reshaped Sub would be moved back and fused with a 2-D bias
-            bias = (bias - correction[0, 0] * scale).astype(np.float32)
-        else:
-            y = subtract_spatial(y, correction)
-    return Value(None, "nhwc", acc=y, m=scale, b=bias)
+    return inner, inner_value, src
 
 
-def _padded_binary_conv(x, inner, inner_value, outer, k_hwio, strides, dilations, conv2d):
-    """Pad the float tensor (+1 for one- and zero-padding, -1 for minus-one padding), binarize,
-    VALID binary conv. Returns it with the [H, W, O] correction map (what the +1s contributed
-    where torch had zeros, to subtract), or None when there is none."""
-    h, w = int(x.shape[1]), int(x.shape[2])
-    fill = -1.0 if inner_value == -1.0 else 1.0
-    padded = pad_constant(x, [(inner[0], inner[2]), (inner[1], inner[3])], fill)
+def _constant_pad(tr, step) -> tuple[list[int], float] | None:
+    """The spatial (top, left, bottom, right) pads and the value of a 4-D constant Pad node."""
+    pads = tr.const(step.input[1]) if len(step.input) > 1 else attributes(step)["pads"]
+    if pads is None or len(pads) != 8 or any(pads[k] for k in (0, 1, 4, 5)):
+        return None
+    inner = [int(pads[2]), int(pads[3]), int(pads[6]), int(pads[7])]
+    value = tr.const(step.input[2]) if len(step.input) > 2 and step.input[2] else None
+    return inner, 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
+
+
+@dataclass(frozen=True)
+class _BinaryConv:
+    """A ±1 HWIO kernel with its strides and dilations; called as `conv(t, padding)`."""
+
+    k_hwio: np.ndarray
+    strides: list[int]
+    dilations: list[int]
+
+    def __call__(self, t: Any, padding: str) -> Any:
+        k = tf().constant(self.k_hwio)
+        return tf().nn.conv2d(
+            t, k, [1, *self.strides, 1], padding, dilations=[1, *self.dilations, 1]
+        )
+
+
+# Each emitter returns the conv and the [H, W, O] correction map to subtract (or None); the
+# forms are the ones LCE turns into LceBconv2d (docs/LCE_NOTES.md §2).
+
+
+def _emit_valid(x, plan: PaddingPlan, conv: _BinaryConv):
+    return conv(binarize(x), "VALID"), None
+
+
+def _emit_one_padded(x, plan: PaddingPlan, conv: _BinaryConv):
+    inner = plan.inner
+    pads = [[0, 0], [inner[0], inner[2]], [inner[1], inner[3]], [0, 0]]
+    return conv(tf().pad(binarize(x), pads, constant_values=plan.fill), "VALID"), None
+
+
+def _emit_same(x, plan: PaddingPlan, conv: _BinaryConv):
+    return conv(binarize(x), "SAME"), None
+
+
+def _emit_corrected(x, plan: PaddingPlan, conv: _BinaryConv):
+    """Pad the float tensor (with `plan.fill` inside, +1 outside), binarize, VALID binary conv.
+
+    Padding before the sign, with concat, keeps LCE from seeing a Pad + VALID conv that bug 1
+    would rewrite to SAME (docs/LCE_NOTES.md §2); the +1s that stand for torch's zeros are
+    taken back by the correction map."""
+    inner, outer = plan.inner, plan.outer
+    padded = pad_constant(x, [(inner[0], inner[2]), (inner[1], inner[3])], plan.fill)
     padded = pad_constant(padded, [(outer[0], outer[2]), (outer[1], outer[3])], 1.0)
-    zero = np.zeros((h, w))
-    if inner_value == 0.0:  # the inner pad is zero padding too
-        zero = np.pad(zero, [(inner[0], inner[2]), (inner[1], inner[3])], constant_values=1.0)
-    else:
-        zero = np.pad(zero, [(inner[0], inner[2]), (inner[1], inner[3])], constant_values=0.0)
-    zero = np.pad(zero, [(outer[0], outer[2]), (outer[1], outer[3])], constant_values=1.0)
-    y = conv2d(binarize(padded), "VALID")
-    correction = correction_map(zero, k_hwio.astype(np.float64), strides, dilations)
+    mask = plan.zero_mask(_hw(x))
+    y = conv(binarize(padded), "VALID")
+    correction = correction_map(mask, conv.k_hwio.astype(np.float64), conv.strides, conv.dilations)
     return y, (correction if np.any(correction) else None)
+
+
+_EMITTERS = {
+    "valid": _emit_valid,
+    "one_padded": _emit_one_padded,
+    "same": _emit_same,
+    "corrected": _emit_corrected,
+}
+
+
+def _conv_bias(tr, node, channels: int) -> np.ndarray:
+    bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    return np.zeros(channels, np.float32) if bias is None else bias.astype(np.float32)
+
+
+def _apply_correction(y, bias: np.ndarray, correction: np.ndarray | None, scale: np.ndarray):
+    """(y, bias) with a correction map subtracted from the accumulator."""
+    if correction is None:
+        return y, bias
+    if np.all(correction == correction[:1, :1]):
+        # the same at every position (e.g. a 1x1 output): it is per channel, so it folds
+        # into the bias; a reshaped Sub would be moved back and fused with a 2-D bias
+        return y, (bias - correction[0, 0] * scale).astype(np.float32)
+    return subtract_spatial(y, correction), bias
 
 
 def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
@@ -334,7 +365,7 @@ def average_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]
         t = pad_constant(t, _read_pads(t, kernel, strides, [1, 1], pads), 0.0)
         mode = "VALID"
     else:
-        mode = _padding_mode(t, kernel, strides, [1, 1], pads)
+        mode = padding_mode(_hw(t), kernel, strides, [1, 1], pads)
         if mode is None:
             raise unsupported(node, "padding that excludes the border but is not SAME")
     return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
