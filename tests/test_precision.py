@@ -157,3 +157,24 @@ def test_auto_is_bf16_exact_only_with_bf16_hardware():
     assert resolve_precision("auto", "cpu") == ("bf16-exact" if cpu_has_bf16() else "float32")
     with pytest.raises(ValueError, match="unknown precision 'half'"):
         resolve_precision("half", "cpu")
+
+
+def test_runs_saved_with_amp_resume_with_the_matching_precision(tmp_path):
+    """config.json from before --precision has `amp`; a resume reads it as the same mode."""
+    from bnnexport.train import TrainConfig, resumed_config
+
+    for amp, precision in ((True, "amp"), (False, "float32")):
+        saved = {k: v for k, v in TrainConfig().to_json().items() if k != "precision"}
+        saved["amp"] = amp
+        config, changes = resumed_config({"config": saved}, TrainConfig(), None, tmp_path)
+        assert config.precision == precision and changes == {}
+
+
+def test_bad_precision_is_one_line_exit_2():
+    from click.testing import CliRunner
+
+    from bnnexport.cli import main
+
+    result = CliRunner().invoke(main, ["train", "--precision", "half"])
+    assert result.exit_code == 2
+    assert "'half' is not one of" in result.output and "Traceback" not in result.output
