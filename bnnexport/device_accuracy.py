@@ -55,6 +55,36 @@ def _check_twin(twin: Path, inputs: np.ndarray, batch: int) -> None:
         )
 
 
+def _device_measurements(
+    device: Any, twin_name: str, batch: int, note: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The latency statistics and the extra fields of the device's `lce` row."""
+    parsed = device.result
+    measured = device.outputs is not None
+    # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
+    latency = {
+        "min": parsed.min_ms,
+        "median": None,
+        "p90": None,
+        "mean": parsed.mean_ms,
+        "std": parsed.std_ms,
+    }
+    extra = {
+        "runner": "lce_benchmark_model",
+        "max_ms": parsed.max_ms,
+        "init_ms": parsed.init_ms,
+        "peak_memory_mb": parsed.peak_memory_mb,
+        "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
+        "ops": [dataclasses.asdict(o) for o in parsed.ops],
+        "accuracy_model": twin_name if measured else None,
+        "accuracy_batch": batch if measured else None,
+        "accuracy_invocations": device.invocations,
+        "accuracy_seconds": device.accuracy_seconds,
+        "note": note,
+    }
+    return latency, extra
+
+
 def device_lce_rows(
     client: Any,
     run_dir: Path,
@@ -92,28 +122,7 @@ def device_lce_rows(
         )
     device = run_on_device(client, flatbuffer, options, job)
     note = device.note or note
-    parsed = device.result
-    # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
-    latency = {
-        "min": parsed.min_ms,
-        "median": None,
-        "p90": None,
-        "mean": parsed.mean_ms,
-        "std": parsed.std_ms,
-    }
-    extra = {
-        "runner": "lce_benchmark_model",
-        "max_ms": parsed.max_ms,
-        "init_ms": parsed.init_ms,
-        "peak_memory_mb": parsed.peak_memory_mb,
-        "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
-        "ops": [dataclasses.asdict(o) for o in parsed.ops],
-        "accuracy_model": twin.name if device.outputs is not None else None,
-        "accuracy_batch": batch if device.outputs is not None else None,
-        "accuracy_invocations": device.invocations,
-        "accuracy_seconds": device.accuracy_seconds,
-        "note": note,
-    }
+    latency, extra = _device_measurements(device, twin.name, batch, note)
     where = client.destination
     rows = [score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
     if device.outputs is not None and host_lce is not None:

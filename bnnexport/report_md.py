@@ -109,11 +109,27 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
         f"at batch 1 after warm-up, {report.threads} thread(s). Agreement is with PyTorch "
         "on the same samples.",
         "",
+        *_backend_table(report.backends),
+        *_file_table(report.files),
+        *_machines(report.host, report.device),
+    ]
+    for backend in report.backends:
+        lines += _device_sections(backend)
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    curves = [name for name in ("accuracy.png", "flip_rate.png") if (out / name).is_file()]
+    if curves:
+        lines += ["", "## Training", ""] + [f"![{Path(c).stem}]({c})" for c in curves]
+    return "\n".join(lines) + "\n"
+
+
+def _backend_table(backends: list[Any]) -> list[str]:
+    lines = [
         "| backend | where | top-1 | top-5 | argmax agreement | max abs diff | median ms "
         "| p90 ms | mean ms | std ms | min ms | size KB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for b in report.backends:
+    for b in backends:
         lat = b.latency_ms
         size = None if b.size_bytes is None else b.size_bytes / 1024
         lines.append(
@@ -123,66 +139,75 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
             f"{_fmt(lat.get('mean'), '.3f')} | {_fmt(lat.get('std'), '.3f')} | "
             f"{_fmt(lat.get('min'), '.3f')} | {_fmt(size, '.1f')} |"
         )
-    if report.files:
-        lines += ["", "| file | KB |", "|---|---|"]
-        lines += [f"| {name} | {size / 1024:.1f} |" for name, size in report.files.items()]
-        lines += [
-            "",
-            "checkpoint.pt also holds the optimizer state; model.safetensors (from "
-            "`pack`) holds the bit-packed weights.",
-        ]
-    host = report.host
-    lines += [
+    return lines
+
+
+def _file_table(files: dict[str, int]) -> list[str]:
+    if not files:
+        return []
+    return [
+        "",
+        "| file | KB |",
+        "|---|---|",
+        *(f"| {name} | {size / 1024:.1f} |" for name, size in files.items()),
+        "",
+        "checkpoint.pt also holds the optimizer state; model.safetensors (from "
+        "`pack`) holds the bit-packed weights.",
+    ]
+
+
+def _machines(host: dict[str, Any], device: dict[str, Any] | None) -> list[str]:
+    lines = [
         "",
         "## Machines",
         "",
         f"- host: {host.get('cpu_model')} ({host.get('machine')}), `{host.get('uname')}`",
     ]
-    if report.device:
-        d = report.device
-        board = f", board {d['board']}" if d.get("board") else ""
+    if device:
+        board = f", board {device['board']}" if device.get("board") else ""
         lines.append(
-            f"- device `{d.get('destination')}`: {d.get('cpu_model')}, {d.get('cores')} "
-            f"cores{board}, {d.get('os')}; `{d.get('uname')}`"
+            f"- device `{device.get('destination')}`: {device.get('cpu_model')}, "
+            f"{device.get('cores')} cores{board}, {device.get('os')}; `{device.get('uname')}`"
         )
-    for b in report.backends:
-        if b.extra.get("op_types"):
-            lines += [
-                "",
-                f"## Op profile on {b.where} (lce_benchmark_model)",
-                "",
-                "| op type | nodes | avg ms | % |",
-                "|---|---|---|---|",
-            ]
-            lines += [
-                f"| {t['node_type']} | {t['count']} | {t['avg_ms']:.3f} | {t['percent']:.1f} |"
-                for t in b.extra["op_types"]
-            ]
-            if b.extra.get("peak_memory_mb") is not None:
-                lines += ["", f"Peak memory footprint: {b.extra['peak_memory_mb']} MB."]
-        if b.extra.get("runner") == "lce_benchmark_model":
-            lines += [
-                "",
-                "lce_benchmark_model reports min/mean/std only, so the device's median "
-                "and p90 are not given.",
-            ]
-            if b.extra.get("accuracy_batch"):
-                lines += [
-                    "",
-                    f"Accuracy on the device: `{b.extra['accuracy_model']}` in "
-                    f"{b.extra['accuracy_invocations']} invocations of "
-                    f"{b.extra['accuracy_batch']} samples (one model load each), "
-                    f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
-                    "`lce vs host lce` compares its outputs with the host's LCE interpreter.",
-                ]
-            if b.extra.get("note"):
-                lines += ["", f"Note: {b.extra['note']}."]
-    lines += ["", "## Plots", ""]
-    lines += [f"![{p.stem}]({p.name})" for p in plots]
-    curves = [name for name in ("accuracy.png", "flip_rate.png") if (out / name).is_file()]
-    if curves:
-        lines += ["", "## Training", ""] + [f"![{Path(c).stem}]({c})" for c in curves]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _device_sections(b: Any) -> list[str]:
+    """The op profile, and how the device's latency and accuracy were measured."""
+    lines: list[str] = []
+    if b.extra.get("op_types"):
+        lines += [
+            "",
+            f"## Op profile on {b.where} (lce_benchmark_model)",
+            "",
+            "| op type | nodes | avg ms | % |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {t['node_type']} | {t['count']} | {t['avg_ms']:.3f} | {t['percent']:.1f} |"
+            for t in b.extra["op_types"]
+        ]
+        if b.extra.get("peak_memory_mb") is not None:
+            lines += ["", f"Peak memory footprint: {b.extra['peak_memory_mb']} MB."]
+    if b.extra.get("runner") != "lce_benchmark_model":
+        return lines
+    lines += [
+        "",
+        "lce_benchmark_model reports min/mean/std only, so the device's median "
+        "and p90 are not given.",
+    ]
+    if b.extra.get("accuracy_batch"):
+        lines += [
+            "",
+            f"Accuracy on the device: `{b.extra['accuracy_model']}` in "
+            f"{b.extra['accuracy_invocations']} invocations of "
+            f"{b.extra['accuracy_batch']} samples (one model load each), "
+            f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
+            "`lce vs host lce` compares its outputs with the host's LCE interpreter.",
+        ]
+    if b.extra.get("note"):
+        lines += ["", f"Note: {b.extra['note']}."]
+    return lines
 
 
 def write_report(report: Any, run_dir: str | Path) -> Path:

@@ -511,17 +511,9 @@ def _train(
     changes: dict[str, list] = {}
     if checkpoint is not None:
         config, changes = resumed_config(checkpoint, config, explicit, run.checkpoint)
-        done = int(checkpoint.get("epoch", 0))
-        if done >= config.epochs:  # a finished run: report it, rewrite nothing
-            if changes:
-                raise ConfigError(
-                    f"{run.root} has finished its {done} epoch(s), so "
-                    f"{', '.join('--' + n.replace('_', '-') for n in changes)} would change "
-                    "nothing: raise --epochs to train on with them"
-                )
-            stored = _stored_report(run)
-            if stored is not None:
-                return stored
+        stored = _finished_report(run, checkpoint, config, changes)
+        if stored is not None:
+            return stored
     config.epochs = config.epochs or DEFAULT_EPOCHS
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.
@@ -539,27 +531,9 @@ def _train(
     if config.optimizer == "adam-latent":
         set_latent(trainer.model, False)
     mismatched = context.count_mismatches(binary_parameters(trainer.model))
-
-    report = TrainReport(
-        run_dir=str(run.root),
-        model=config.model,
-        dataset=config.dataset,
-        optimizer=config.optimizer,
-        epochs=config.epochs,
-        train_accuracy=result.accuracy,
-        test_accuracy=test_acc,
-        train_loss=result.loss,
-        seconds=time.perf_counter() - started,
-        seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
-        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
-        flip_rate=result.flip_rate,
-        resumed_from_epoch=trainer.start_epoch,
-        world_size=context.world_size,
-        rank_mismatched_weights=mismatched,
-        resume_changes=changes,
-        precision=trainer.precision,
-        **bf16_counts(trainer.model),
-    )
+    report = _report(trainer, run, result, test_acc, epoch_seconds, changes)
+    report.seconds = time.perf_counter() - started
+    report.rank_mismatched_weights = mismatched
     if context.is_main:
         from bnnexport.plots import plot_training
         from bnnexport.verify import require_strict, verify_run
@@ -571,6 +545,52 @@ def _train(
         report.save(run.train_report)
         require_strict(verified)
     return report
+
+
+def _finished_report(
+    run: RunDir, checkpoint: dict, config: TrainConfig, changes: dict[str, list]
+) -> TrainReport | None:
+    """A run that has trained all its epochs: its stored report (nothing is rewritten)."""
+    done = int(checkpoint.get("epoch", 0))
+    if done < config.epochs:  # type: ignore[operator]
+        return None
+    if changes:
+        raise ConfigError(
+            f"{run.root} has finished its {done} epoch(s), so "
+            f"{', '.join('--' + n.replace('_', '-') for n in changes)} would change "
+            "nothing: raise --epochs to train on with them"
+        )
+    return _stored_report(run)
+
+
+def _report(
+    trainer: _Trainer,
+    run: RunDir,
+    result: _EpochResult,
+    test_acc: float,
+    epoch_seconds: list[float],
+    changes: dict[str, list],
+) -> TrainReport:
+    config, context = trainer.config, trainer.context
+    return TrainReport(
+        run_dir=str(run.root),
+        model=config.model,
+        dataset=config.dataset,
+        optimizer=config.optimizer,
+        epochs=config.epochs,
+        train_accuracy=result.accuracy,
+        test_accuracy=test_acc,
+        train_loss=result.loss,
+        seconds=0.0,  # the caller's wall clock
+        seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
+        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
+        flip_rate=result.flip_rate,
+        resumed_from_epoch=trainer.start_epoch,
+        world_size=context.world_size,
+        resume_changes=changes,
+        precision=trainer.precision,
+        **bf16_counts(trainer.model),
+    )
 
 
 def _prepare_run(
