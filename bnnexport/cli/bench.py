@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
+from bnnexport.cli.common import (
+    choice_option,
+    count_option,
+    emit,
+    handle_errors,
+    json_option,
+    locks_run,
+)
 
 if TYPE_CHECKING:
     from bnnexport.bench import DeviceTarget
@@ -15,39 +22,22 @@ if TYPE_CHECKING:
 
 @click.command("bench", short_help="Accuracy, agreement with PyTorch and latency of every backend.")
 @click.argument("run_dir", type=click.Path())
-@click.option(
-    "--runs",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Timed runs at batch 1 per backend, after --warmup untimed ones.",
+@count_option(
+    "--runs", default=100, help="Timed runs at batch 1 per backend, after --warmup untimed ones."
 )
-@click.option(
-    "--warmup",
-    type=click.IntRange(min=0),
-    default=10,
-    show_default=True,
-    help="Untimed runs before timing.",
-)
-@click.option(
+@count_option("--warmup", minimum=0, default=10, help="Untimed runs before timing.")
+@count_option(
     "--threads",
-    type=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Threads for every runtime (PyTorch, ONNX Runtime, TFLite, LCE, the device).",
 )
-@click.option(
-    "--samples",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="Test samples to score: the first N of RUN_DIR/samples.npz.",
+@count_option(
+    "--samples", default=1000, help="Test samples to score: the first N of RUN_DIR/samples.npz."
 )
-@click.option(
+@choice_option(
     "--target",
-    type=click.Choice(["arm64", "arm32"]),
+    choices=["arm64", "arm32"],
     default="arm64",
-    show_default=True,
     help="Which LCE flatbuffer: RUN_DIR/model-TARGET.tflite.",
 )
 @click.option(
@@ -69,11 +59,10 @@ if TYPE_CHECKING:
     metavar="KEY=VALUE",
     help="Extra ssh option (ssh -o), repeatable, e.g. UserKnownHostsFile=PATH.",
 )
-@click.option(
+@choice_option(
     "--runner",
-    type=click.Choice(["auto", "python", "lce_benchmark_model"]),
+    choices=["auto", "python", "lce_benchmark_model"],
     default="auto",
-    show_default=True,
     help="On the device: `python` runs bnnexport's runner (needs python3 with "
     "larq_compute_engine there; also measures accuracy on the samples), "
     "`lce_benchmark_model` runs LCE's benchmark tool (op profile, peak memory), "
@@ -104,11 +93,9 @@ if TYPE_CHECKING:
     show_default=True,
     help="Seconds a command on the device may run before it is stopped.",
 )
-@click.option(
+@count_option(
     "--device-batch",
-    type=click.IntRange(min=1),
     default=64,
-    show_default=True,
     help="With lce_benchmark_model: accuracy on the device runs the batch-N twin "
     "RUN_DIR/model-TARGET-bN.tflite (N = min(this, --samples); written by "
     "`convert --batch-twin N`), one invocation per N samples.",

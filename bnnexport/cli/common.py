@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -25,6 +25,36 @@ OPTIONAL_MODULES = {
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout, no table."
 )
+
+
+def count_option(
+    *names: str, default: int | None, help: str, minimum: int = 1, **extra: Any
+) -> Callable[[F], F]:
+    """A click option taking an integer >= `minimum`; `--help` shows the default when there is
+    one (a None default is explained in `help`)."""
+    return click.option(
+        *names,
+        type=click.IntRange(min=minimum),
+        default=default,
+        show_default=default is not None,
+        help=help,
+        **extra,
+    )
+
+
+def choice_option(
+    *names: str, choices: Sequence[str], default: str | None, help: str, **extra: Any
+) -> Callable[[F], F]:
+    """A click option taking one of `choices` (an unknown value is a one-line exit 2);
+    `--help` lists them and shows the default when there is one."""
+    return click.option(
+        *names,
+        type=click.Choice(list(choices)),
+        default=default,
+        show_default=default is not None,
+        help=help,
+        **extra,
+    )
 
 
 def fail(message: str, exit_code: int = 2, as_json: bool = False) -> None:

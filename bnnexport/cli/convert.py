@@ -4,31 +4,35 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
+from bnnexport.cli.common import (
+    choice_option,
+    count_option,
+    emit,
+    handle_errors,
+    json_option,
+    locks_run,
+)
 
 
 @click.command("convert")
 @click.argument("source", metavar="RUN_DIR|MODEL.onnx", type=click.Path())
-@click.option(
+@choice_option(
     "--target",
-    type=click.Choice(["arm64", "arm32"]),
+    choices=["arm64", "arm32"],
     default="arm64",
-    show_default=True,
     help='Device the flatbuffer is for. Both use LCE\'s target "arm"; the file is '
     "named model-arm64.tflite or model-arm32.tflite.",
 )
-@click.option(
+@choice_option(
     "--format",
     "fmt",
-    type=click.Choice(["lce", "tflite"]),
+    choices=["lce", "tflite"],
     default="lce",
-    show_default=True,
     help="lce: the LCE flatbuffer only. tflite: also a plain float TFLite model "
     "(model-float.tflite) that the stock TFLite interpreter runs, for comparison.",
 )
-@click.option(
+@count_option(
     "--samples",
-    type=click.IntRange(min=1),
     default=None,
     help="Check on only the first N samples of RUN_DIR/samples.npz. [default: all]",
 )
@@ -41,19 +45,16 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
     "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
     "layers are listed in the report's float_fallbacks.",
 )
-@click.option(
+@count_option(
     "--batch-twin",
-    type=click.IntRange(min=1),
     default=None,
     metavar="N",
     help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
     "by the same gate, for accuracy on a device (`bench --device-batch N`).",
 )
-@click.option(
+@count_option(
     "--batch",
-    type=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Batch size fixed in place of a dynamic batch dimension (tf2onnx and "
     "dynamic-axes exports); the flatbuffer takes exactly this batch.",
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
+from bnnexport.cli.common import count_option, emit, handle_errors, json_option, locks_run
 
 
 @click.command("export")
@@ -16,18 +16,12 @@ from bnnexport.cli.common import emit, handle_errors, json_option, locks_run
     show_default=True,
     help="ONNX opset to write (the legacy exporter honours 13-18).",
 )
-@click.option(
-    "--batch",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Batch dimension written into model.onnx (LCE runs batch 1).",
+@count_option(
+    "--batch", default=1, help="Batch dimension written into model.onnx (LCE runs batch 1)."
 )
-@click.option(
+@count_option(
     "--samples",
-    type=click.IntRange(min=1),
     default=1000,
-    show_default=True,
     help="Test samples written to RUN_DIR/samples.npz and checked in ONNX Runtime.",
 )
 @json_option

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import count_option, emit, handle_errors, json_option
 from bnnexport.models import list_models
 
 
@@ -30,11 +30,8 @@ def _shape(_ctx: click.Context, _param: click.Parameter, value: str | None):
 @click.option(
     "--input-shape", callback=_shape, default=None, help="C,H,W [default: the model's native size]."
 )
-@click.option(
-    "--num-classes",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Number of classes [default: the model's native number].",
+@count_option(
+    "--num-classes", default=None, help="Number of classes [default: the model's native number]."
 )
 @click.option(
     "--out",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option
+from bnnexport.cli.common import choice_option, count_option, emit, handle_errors, json_option
 from bnnexport.cli.train import train_command
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.train import TrainConfig
@@ -37,11 +37,10 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
     callback=_numbers,
     help="Thresholds τ, comma-separated (e.g. 1e-6,0).",
 )
-@click.option(
+@choice_option(
     "--optimizer",
+    choices=sorted(k for k in OPTIMIZERS if k != "adam-latent"),
     default=DEFAULTS.optimizer,
-    show_default=True,
-    type=click.Choice(sorted(k for k in OPTIMIZERS if k != "adam-latent")),
     help="A Bop variant (γ and τ are its hyperparameters).",
 )
 @click.option(
@@ -51,13 +50,7 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
     show_default=True,
     help="Adam learning rate for the real-valued parameters.",
 )
-@click.option(
-    "--epochs",
-    type=click.IntRange(min=1),
-    default=DEFAULTS.epochs,
-    show_default=True,
-    help="Epochs per run.",
-)
+@count_option("--epochs", default=DEFAULTS.epochs, help="Epochs per run.")
 @click.option(
     "--out",
     type=click.Path(file_okay=False),

@@ -6,7 +6,14 @@ import os
 
 import click
 
-from bnnexport.cli.common import emit, handle_errors, json_option, number_or_schedule
+from bnnexport.cli.common import (
+    choice_option,
+    count_option,
+    emit,
+    handle_errors,
+    json_option,
+    number_or_schedule,
+)
 from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
@@ -20,18 +27,16 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
 
 
 @click.command("train")
-@click.option(
+@choice_option(
     "--model",
+    choices=list_models(),
     default=DEFAULTS.model,
-    show_default=True,
-    type=click.Choice(list_models()),
     help="Model from the registry (`bnnexport zoo list`).",
 )
-@click.option(
+@choice_option(
     "--dataset",
+    choices=list_datasets(),
     default=DEFAULTS.dataset,
-    show_default=True,
-    type=click.Choice(list_datasets()),
     help="mnist5k ships inside the package; cifar10 reads a local cifar-10-batches-py.",
 )
 @click.option(
@@ -40,11 +45,10 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     default=None,
     help="Directory of the data set (cifar10: the cifar-10-batches-py folder).",
 )
-@click.option(
+@choice_option(
     "--optimizer",
+    choices=sorted(OPTIMIZERS),
     default=DEFAULTS.optimizer,
-    show_default=True,
-    type=click.Choice(sorted(OPTIMIZERS)),
     help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
     "real latent weights binarized with the STE (the baseline).",
 )
@@ -68,20 +72,13 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     help="Adam learning rate for real-valued parameters (and latent weights with "
     "adam-latent): a number or a schedule.",
 )
-@click.option(
+@count_option(
     "--epochs",
-    type=click.IntRange(min=1),
     default=None,
     help="Epochs to train [default: 5]; with --resume, the total to reach "
     "[default: the run's own].",
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=DEFAULTS.batch_size,
-    show_default=True,
-    help="Images per optimizer step.",
-)
+@count_option("--batch-size", default=DEFAULTS.batch_size, help="Images per optimizer step.")
 @click.option(
     "--seed",
     type=int,
@@ -112,11 +109,10 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     "GPU of its LOCAL_RANK. (--device is the deprecated spelling: in bench and "
     "pipeline --device is the SSH target.)",
 )
-@click.option(
+@choice_option(
     "--precision",
-    type=click.Choice(PRECISIONS),
+    choices=PRECISIONS,
     default=DEFAULTS.precision,
-    show_default=True,
     help="How the binary layers compute. bf16-exact: their forward in bf16 where the ±1 sums "
     "are exact (checked per call, float32 otherwise), so training equals float32 bit for bit; "
     "bf16: their backward in bf16 too (gradients rounded, faster, not exact); amp: bf16 "
