@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from waiting import training_in_epoch, wait_until
 
 from bnnexport.cli import main
 
@@ -223,10 +224,9 @@ def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 300
-    while not (out / "checkpoint.pt").exists() and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)
+    # mid-epoch 2: a checkpoint exists and the next one is not written yet
+    wait_until(training_in_epoch(out, 2), 300, "step record of epoch 2", process)
+    assert (out / "checkpoint.pt").exists()
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130 and "interrupted" in stderr  # 50 epochs: not finished
@@ -463,9 +463,7 @@ def test_two_trains_on_one_out_do_not_both_run(tmp_path):
     out = tmp_path / "run"
     command = [*CLI, "train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json"]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
-        time.sleep(0.1)
+    wait_until(training_in_epoch(out, 1), 120, "step record", first)
     second = run_cli("train", "--epochs", "1", "--out", str(out), "--force")
     assert_one_line_error(second, 2, "being written by another")
     first.communicate(timeout=300)

@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from waiting import training_in_epoch, wait_until
 
 from bnnexport.layers import binary_parameters
 from bnnexport.runs import load_model, read_jsonl
@@ -129,11 +129,9 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
         env=env,
     )
     checkpoint = out / "checkpoint.pt"
-    deadline = time.time() + 240
-    while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.2)
+    # inside epoch 2: the first checkpoint is written and the second is not
+    wait_until(training_in_epoch(out, 2), 240, "step record of epoch 2", process)
     assert checkpoint.exists(), "no checkpoint after the first epoch"
-    time.sleep(1.0)  # well inside epoch 2
     process.send_signal(signal.SIGKILL)
     process.wait()
     saved = torch.load(checkpoint, weights_only=True)  # not corrupt
