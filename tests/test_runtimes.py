@@ -95,3 +95,23 @@ def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
     with pytest.raises(InvalidModelError, match="TFL3"):
         read_flatbuffer(_model())
     assert read_flatbuffer(b"\0\0\0\0TFL3rest") == b"\0\0\0\0TFL3rest"
+
+
+def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
+    import converters.runtimes
+    import converters.validate
+    from bnnexport.bench import host_backends
+    from bnnexport.runs import RunDir
+
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # host_backends only checks it is there
+    (tmp_path / "model.onnx").write_bytes(_model("N"))
+    opened = []
+    recorded = lambda *a, **k: opened.append((a, k)) or ort_session(*a, **k)  # noqa: E731
+    for module in (converters.runtimes, converters.validate):  # run_onnx opens through validate's
+        monkeypatch.setattr(module, "ort_session", recorded)
+    factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=2)}
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    predict, call = factories["onnxruntime"](x[:1])
+    np.testing.assert_array_equal(predict(x), x * 2 + 1)
+    call()
+    assert opened == [((tmp_path / "model.onnx", 2), {})]
