@@ -19,7 +19,6 @@ import dataclasses
 import platform
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,10 @@ import numpy as np
 
 from bnnexport.errors import CheckpointError, DataError
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
-from bnnexport.runs import RunDir, load_model
+from bnnexport.runs import EXPORT_HINT, RunDir, load_model, load_samples
 from bnnexport.scoring import BackendResult, score
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
-EXPORT_HINT = "run `bnnexport export {run}` first"
 RUNNERS = ("auto", "python", "lce_benchmark_model")
 
 
@@ -134,31 +132,6 @@ def _require(path: Path, hint: str) -> Path:
     if not path.is_file():
         raise CheckpointError(f"{path} not found: {hint}")
     return path
-
-
-def load_samples(run: RunDir, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """The export stage's test samples (NCHW float32, int64 labels), the first `limit` of them."""
-    path = _require(run.samples, EXPORT_HINT.format(run=run.root))
-    hint = EXPORT_HINT.format(run=run.root)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if "inputs" not in data or "labels" not in data:
-                raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
-            inputs = np.asarray(data["inputs"], np.float32)
-            labels = np.asarray(data["labels"], np.int64)
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
-        raise CheckpointError(
-            f"{path} is truncated or not a samples archive ({type(error).__name__}): {hint}"
-        ) from None
-    if inputs.ndim < 2 or labels.shape != inputs.shape[:1]:
-        raise CheckpointError(
-            f"{path} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}: {hint}"
-        )
-    if limit is not None:
-        inputs, labels = inputs[:limit], labels[:limit]
-    if len(inputs) == 0:
-        raise CheckpointError(f"{path} holds no samples")
-    return inputs, labels
 
 
 def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
