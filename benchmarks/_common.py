@@ -313,12 +313,11 @@ def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
     """One batch-1 inference in LCE's interpreter (indirect BGEMM, docs/LCE_NOTES.md §4), random
     input."""
     import numpy as np
-    from larq_compute_engine.tflite.python.interpreter import Interpreter
 
-    interpreter = Interpreter(
-        Path(flatbuffer).read_bytes(), num_threads=threads, use_indirect_bgemm=True
-    )
+    from converters.runtimes import lce_batch_predict, lce_interpreter
+
+    interpreter = lce_interpreter(flatbuffer, threads)
     shape = interpreter.input_shapes[0]
     x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
-    raw = interpreter.interpreter
-    return lambda: raw.predict([x])
+    predict = lce_batch_predict(interpreter)
+    return lambda: predict([x])

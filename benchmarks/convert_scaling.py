@@ -93,14 +93,12 @@ def raw_export(run: Path) -> None:
     """model.onnx with the export stage's exporter settings but without its fidelity gate."""
     import warnings
 
-    import numpy as np
     import torch
 
-    from bnnexport.runs import load_model
+    from bnnexport.runs import RunDir, load_model, load_samples
 
     model = load_model(run)
-    with np.load(run / "samples.npz") as data:
-        dummy = torch.from_numpy(data["inputs"][:1].astype(np.float32))
+    dummy = torch.from_numpy(load_samples(RunDir(run), 1)[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(

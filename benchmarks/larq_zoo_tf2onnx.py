@@ -14,7 +14,7 @@ difference), converted by `convert_keras_model` (the native flatbuffer) and by t
 process: `convert_onnx(model.onnx, ours.tflite, inputs=the samples, options=ConvertOptions(
 batch=1))` (its gate compares with ONNX Runtime on those samples), and both flatbuffers are
 compared with the Keras outputs (argmax agreement, max |diff|) and timed in LCE's interpreter
-(`converters.validate.lce_interpreter`: 1 thread, indirect BGEMM, batch 1), interleaved: each
+(`converters.runtimes.lce_interpreter`: 1 thread, indirect BGEMM, batch 1), interleaved: each
 round runs native then ours (order swapped every round), `--runs` inferences each; the figure
 is the median over `--rounds` of each round's median.
 
@@ -47,7 +47,8 @@ from _common import emit, interleaved, larq_json, larq_zoo_python, log, machine,
 from converters.errors import ConverterError
 from converters.gate import TIE_RTOL, GateOptions
 from converters.lce import ConvertOptions, convert_onnx
-from converters.validate import lce_interpreter, op_histogram, run_lce
+from converters.runtimes import lce_batch_predict, lce_interpreter
+from converters.validate import op_histogram, run_lce
 
 DEFAULT_MODELS = "QuickNetSmall,QuickNet,BinaryAlexNet,BiRealNet,RealToBinaryNet"
 
@@ -64,9 +65,9 @@ def agreement(outputs: np.ndarray, keras: np.ndarray) -> dict[str, float]:
 
 def caller(flatbuffer: Path, sample: np.ndarray):  # noqa: ANN201 - a zero-argument callable
     """One batch-1 inference in LCE's interpreter (1 thread, indirect BGEMM) on `sample`."""
-    raw = lce_interpreter(flatbuffer, num_threads=1).interpreter
+    predict = lce_batch_predict(lce_interpreter(flatbuffer, threads=1))
     x = np.ascontiguousarray(sample[None], dtype=np.float32)
-    return lambda: raw.predict([x])
+    return lambda: predict([x])
 
 
 def our_conversion(

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from _common import emit, interleaved, log, machine, parser, table, torch_pipeline
 
-from bnnexport.bench import host_backends, load_samples
+from bnnexport.bench import host_backends
 from bnnexport.models import list_models, model_info
-from bnnexport.runs import RunDir
+from bnnexport.runs import RunDir, load_samples
 
 
 def measure(

@@ -19,7 +19,6 @@ import dataclasses
 import platform
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,10 @@ import numpy as np
 
 from bnnexport.errors import CheckpointError, DataError
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
-from bnnexport.runs import RunDir, load_model
+from bnnexport.runs import EXPORT_HINT, RunDir, load_model, load_samples
 from bnnexport.scoring import BackendResult, score
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
-EXPORT_HINT = "run `bnnexport export {run}` first"
 RUNNERS = ("auto", "python", "lce_benchmark_model")
 
 
@@ -136,31 +134,6 @@ def _require(path: Path, hint: str) -> Path:
     return path
 
 
-def load_samples(run: RunDir, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """The export stage's test samples (NCHW float32, int64 labels), the first `limit` of them."""
-    path = _require(run.samples, EXPORT_HINT.format(run=run.root))
-    hint = EXPORT_HINT.format(run=run.root)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if "inputs" not in data or "labels" not in data:
-                raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
-            inputs = np.asarray(data["inputs"], np.float32)
-            labels = np.asarray(data["labels"], np.int64)
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
-        raise CheckpointError(
-            f"{path} is truncated or not a samples archive ({type(error).__name__}): {hint}"
-        ) from None
-    if inputs.ndim < 2 or labels.shape != inputs.shape[:1]:
-        raise CheckpointError(
-            f"{path} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}: {hint}"
-        )
-    if limit is not None:
-        inputs, labels = inputs[:limit], labels[:limit]
-    if len(inputs) == 0:
-        raise CheckpointError(f"{path} holds no samples")
-    return inputs, labels
-
-
 def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
     """Samples of another model (e.g. a stale samples.npz after `train --force`) are refused."""
     from bnnexport.runs import load_checkpoint
@@ -188,11 +161,21 @@ def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, flo
 
 
 def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Path | None, Any]]:
-    """(name, model file, factory) per host backend; a factory returns (predict_all, call_one)."""
+    """(name, model file, factory) per host backend; a factory returns (predict_all, call_one).
+
+    Each factory opens its runtime once (`converters.runtimes`, `threads` threads) and both
+    functions use it, so the outputs bench scores come from the session or interpreter it times.
+    """
     import torch
 
     from converters.errors import InvalidModelError
-    from converters.validate import lce_interpreter, run_lce, run_onnx, run_tflite
+    from converters.runtimes import (
+        lce_batch_predict,
+        lce_interpreter,
+        ort_session,
+        tflite_interpreter,
+    )
+    from converters.validate import run_lce, run_onnx, run_tflite
 
     onnx_path, float_path, lce_path = (run.onnx, run.root / "model-float.tflite",
                                        run.flatbuffer(target))  # fmt: skip
@@ -216,12 +199,7 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
         return predict, call
 
     def onnxruntime(x1: np.ndarray):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        session = ort_session(onnx_path, threads)
         inputs = session.get_inputs()
         if len(inputs) != 1:  # bench feeds one image tensor, as every exported BNN takes
             names = ", ".join(i.name for i in inputs)
@@ -229,13 +207,10 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
                 f"{onnx_path} has {len(inputs)} inputs ({names}); bench runs models with one input"
             )
         name = inputs[0].name
-        return (lambda x: run_onnx(onnx_path, x)), (lambda: session.run(None, {name: x1}))
+        return (lambda x: run_onnx(session, x)), (lambda: session.run(None, {name: x1}))
 
     def tflite_float(x1: np.ndarray):
-        from converters.tf_ops import tf
-
-        interpreter = tf().lite.Interpreter(model_path=str(float_path), num_threads=threads)
-        interpreter.allocate_tensors()
+        interpreter = tflite_interpreter(float_path, threads)
         source = interpreter.get_input_details()[0]["index"]
         target_index = interpreter.get_output_details()[0]["index"]
 
@@ -244,11 +219,12 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
             interpreter.invoke()
             interpreter.get_tensor(target_index)
 
-        return (lambda x: run_tflite(float_path, x, num_threads=threads)), call
+        return (lambda x: run_tflite(interpreter, x)), call
 
     def lce(x1: np.ndarray):
-        raw = lce_interpreter(lce_path, threads).interpreter
-        return (lambda x: run_lce(lce_path, x, num_threads=threads)), (lambda: raw.predict([x1]))
+        interpreter = lce_interpreter(lce_path, threads)
+        predict = lce_batch_predict(interpreter)  # one call, without predict()'s per-sample loop
+        return (lambda x: run_lce(interpreter, x)), (lambda: predict([x1]))
 
     return [
         ("pytorch", run.checkpoint, pytorch),
@@ -443,7 +419,7 @@ def bench(
 
 def _require_flatbuffer(path: Path) -> None:
     from converters.errors import InvalidModelError
-    from converters.validate import read_flatbuffer
+    from converters.runtimes import read_flatbuffer
 
     try:
         read_flatbuffer(path)

@@ -29,7 +29,7 @@ import numpy as np
 from bnnexport import provenance
 from bnnexport.errors import CheckpointError, FidelityError
 from bnnexport.reports import Report, format_value
-from bnnexport.runs import RunDir
+from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
@@ -141,16 +141,6 @@ def _locate(path: Path, target: str) -> tuple[Path, Path, Path, RunDir | None]:
     return path, Path(f"{stem}-{target}.tflite"), Path(f"{stem}-float.tflite"), None
 
 
-def _samples(run: RunDir | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-    if run is None or not run.samples.is_file():
-        return None, None
-    try:
-        with np.load(run.samples) as data:
-            return data["inputs"].astype(np.float32), data["labels"]
-    except (OSError, KeyError, ValueError) as error:
-        raise CheckpointError(f"{run.samples} is not a readable samples file ({error})") from None
-
-
 def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
     """PyTorch as a `converters.lce.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
@@ -202,9 +192,9 @@ def convert_run(
     onnx_path, output, float_output, run = _locate(Path(path), target)
     if run is not None:
         provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
-    inputs, _labels = _samples(run)
-    if inputs is not None and samples is not None:
-        inputs = inputs[:samples]
+    inputs = None  # without samples, the converter checks on random inputs
+    if run is not None:
+        inputs, _labels = load_samples(run, samples, required=False)
 
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions

@@ -44,7 +44,7 @@ def twin_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
 
 def _check_twin(twin: Path, inputs: np.ndarray, batch: int) -> None:
     """Raise CheckpointError unless the twin takes exactly `batch` samples of the inputs' shape."""
-    from converters.validate import lce_interpreter
+    from converters.runtimes import lce_interpreter
 
     shape = [int(d) for d in lce_interpreter(twin, 1).input_shapes[0]]
     expected = [batch, *inputs.shape[1:]]

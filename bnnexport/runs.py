@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -46,6 +47,7 @@ ARTIFACTS = (
     "provenance.json",
 )  # fmt: skip
 ARTIFACT_PATTERNS = ("bench_*.png", ".*.tmp")  # bench plots; temporaries of atomic writes
+EXPORT_HINT = "run `bnnexport export {run}` first"
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,48 @@ def clear_run(root: str | os.PathLike) -> list[Path]:
     for path in doomed:
         path.unlink()
     return doomed
+
+
+def load_samples(
+    run: RunDir, limit: int | None = None, required: bool = True
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """The export stage's test samples (NCHW float32 inputs, int64 labels), the first `limit`.
+
+    A missing samples.npz raises CheckpointError when `required` and gives (None, None)
+    otherwise (`convert` then checks on random inputs); a truncated or malformed one, labels
+    that do not match the inputs, or no samples at all raise CheckpointError, one line.
+
+    Example:
+        >>> import tempfile
+        >>> load_samples(RunDir(tempfile.mkdtemp()), required=False)
+        (None, None)
+    """
+    path = run.samples
+    hint = EXPORT_HINT.format(run=run.root)
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path} not found: {hint}")
+        return None, None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "inputs" not in data or "labels" not in data:
+                raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
+            inputs = np.asarray(data["inputs"], np.float32)
+            labels = np.asarray(data["labels"], np.int64)
+    # a bare .npy array is not a context manager: TypeError
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError) as error:
+        raise CheckpointError(
+            f"{path} is truncated or not a samples archive ({type(error).__name__}): {hint}"
+        ) from None
+    if inputs.ndim < 2 or labels.shape != inputs.shape[:1]:
+        raise CheckpointError(
+            f"{path} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}: {hint}"
+        )
+    if limit is not None:
+        inputs, labels = inputs[:limit], labels[:limit]
+    if len(inputs) == 0:
+        raise CheckpointError(f"{path} holds no samples: {hint}")
+    return inputs, labels
 
 
 _held_locks: dict[Path, int] = {}  # run directory -> nesting depth in this process

@@ -55,7 +55,8 @@ import onnx
 from converters.errors import ConversionMismatchError
 from converters.graph import Graph, load_onnx
 from converters.patterns import binarizations_in
-from converters.validate import SCALING_FUSIONS, check_input_shape, compare
+from converters.runtimes import ort_session
+from converters.validate import check_input_shape, compare
 
 RTOL = 1e-4  # the one tolerance: max |diff| as a fraction of the reference's logit range
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
@@ -277,18 +278,13 @@ class OnnxProbe:
 
     For each binarization input `x` (non-constant source of a binarization pattern) the graph
     gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
-    `x` itself becomes an output. ORT's kernel-scaling fusions stay off, as in `run_onnx`.
+    `x` itself becomes an output. It runs in `converters.runtimes.ort_session`, as `run_onnx` does.
     """
 
     def __init__(self, onnx_path: str | Path | onnx.ModelProto):
-        import onnxruntime as ort
-
         model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
         model, self.sources = _rewired(model)
-        self.session = ort.InferenceSession(
-            model.SerializeToString(), providers=["CPUExecutionProvider"],
-            disabled_optimizers=SCALING_FUSIONS,
-        )  # fmt: skip
+        self.session = ort_session(model.SerializeToString())
         self.input = self.session.get_inputs()[0]
 
     def run(

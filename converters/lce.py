@@ -50,16 +50,9 @@ from converters.gate import (
 from converters.graph import Graph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in
+from converters.runtimes import lce_interpreter, ort_session, tf, tflite_interpreter
 from converters.twin import exact_grid_twin, grid_inputs
-from converters.validate import (
-    lce_interpreter,
-    op_histogram,
-    run_lce,
-    run_onnx,
-    run_tflite,
-    signature_outputs,
-    tflite_interpreter,
-)
+from converters.validate import op_histogram, run_lce, run_onnx, run_tflite, signature_outputs
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -134,7 +127,6 @@ class WitnessModels:
     def _convert(self) -> dict[str, bytes]:
         if self._flatbuffers is None:
             from converters.onnx_to_tf import save_saved_model
-            from converters.tf_ops import tf
 
             tf()
             import larq_compute_engine as lce
@@ -242,7 +234,6 @@ def _refuse_fallbacks(why: dict[str, str], allowed: Sequence[str]) -> list[str]:
 def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
     """(LCE flatbuffer, float flatbuffer or None, TranslationInfo)."""
     from converters.onnx_to_tf import save_saved_model
-    from converters.tf_ops import tf
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
     import larq_compute_engine as lce
@@ -262,19 +253,12 @@ def binarization_inputs(
 ) -> dict[str, np.ndarray]:
     """ONNX Runtime's values of tensors `sources` of `model` on `inputs` (one sample at a
     time, so a model whose batch was fixed to 1 takes any number of samples)."""
-    import onnxruntime as ort
-
-    from converters.validate import SCALING_FUSIONS
-
     probe = onnx.ModelProto.FromString(model.SerializeToString())
     known = {o.name for o in probe.graph.output}
     for name in sources:
         if name not in known:
             probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    session = ort.InferenceSession(
-        probe.SerializeToString(), providers=["CPUExecutionProvider"],
-        disabled_optimizers=SCALING_FUSIONS,
-    )  # fmt: skip
+    session = ort_session(probe.SerializeToString())
     first = session.get_inputs()[0]
     batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
     names = list(sources)

@@ -54,6 +54,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from converters.errors import InvalidModelError
+from converters.runtimes import ort_session
 
 ONNX_DOMAINS = ("", "ai.onnx")
 QONNX_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general")
@@ -297,15 +298,7 @@ def _evaluate(work: Work, node: onnx.NodeProto, feeds: dict[str, np.ndarray]) ->
     model = helper.make_model(graph, opset_imports=list(work.model.opset_import))
     model.ir_version = work.model.ir_version
     try:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        session = ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        return session.run(None, feeds)
+        return ort_session(model.SerializeToString(), optimize=False).run(None, feeds)
     except Exception:  # an op or type ONNX Runtime lacks: the reference evaluator
         from onnx.reference import ReferenceEvaluator
 

@@ -24,44 +24,19 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from converters.errors import UnsupportedOpError
+from converters.runtimes import tf  # the translator modules take `tf` from here
 
 if TYPE_CHECKING:
     import onnx
 
     from converters.graph import Graph
     from converters.patterns import Binarization, BinaryLayerMatch
-
-
-def tf():  # noqa: ANN201 - TensorFlow is imported lazily, only by conversions
-    """The tensorflow module, imported on first use (training never pays for it).
-
-    Call it before importing larq_compute_engine: TF's native libraries print start-up log lines
-    straight to file descriptor 2 (TF_CPP_MIN_LOG_LEVEL no longer silences them), which would
-    break the CLI's promise of one line per error. They are discarded during the first import.
-    """
-    import sys
-
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-    return tensorflow
 
 
 @dataclass

@@ -3,6 +3,7 @@
 - `run_onnx`: ONNX Runtime (the reference the converted model must match);
 - `run_lce`: Larq Compute Engine's interpreter, with its fastest x86 setting (docs/LCE_NOTES.md §4);
 - `run_tflite`: the stock TFLite interpreter, for the float model;
+  (each takes a model file, its bytes, or a session/interpreter opened by `converters.runtimes`)
 - `op_histogram`: which ops a flatbuffer holds (LCE's custom ops by name, e.g. LceBconv2d);
 - `validate_outputs`: argmax agreement and max |diff| relative to the logit range, raising
   `ConversionMismatchError` with the worst difference when they fall short.
@@ -20,16 +21,27 @@ from __future__ import annotations
 
 import importlib.util
 import struct
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from converters.errors import ConversionMismatchError, InputShapeError, InvalidModelError
+from converters.runtimes import (
+    lce_batch_predict,
+    lce_interpreter,
+    ort_session,
+    read_flatbuffer,
+    tflite_interpreter,
+)
+
+if TYPE_CHECKING:
+    import onnxruntime
+    from larq_compute_engine.tflite.python.interpreter import Interpreter as LceInterpreter
+    from tensorflow.lite import Interpreter as TfliteInterpreter
 
 
 def check_input_shape(expected: Sequence[Any], inputs: np.ndarray, model: str) -> None:
@@ -59,96 +71,53 @@ def _batched(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch:
     return np.concatenate(outputs)
 
 
-# ORT fusions that fold a constant scale into a kernel: on a ±1 kernel the rounding of the
-# scaled sums turns a binary conv's exact zeros into tiny signed values, and sign(0) = +1 flips
-SCALING_FUSIONS = ["ConvBNFusion", "ConvMulFusion", "MatmulBNFusion", "MatMulScaleFusion"]
+def _opened(model: object) -> bool:
+    """Whether `model` is an open session or interpreter rather than a file or bytes."""
+    return not isinstance(model, (str, Path, bytes))
 
 
-def run_onnx(path: str | Path | bytes, inputs: np.ndarray, optimize: bool = True) -> np.ndarray:
+def run_onnx(
+    model: str | Path | bytes | onnxruntime.InferenceSession,
+    inputs: np.ndarray,
+    optimize: bool = True,
+    threads: int = 0,
+) -> np.ndarray:
     """Outputs of ONNX Runtime (CPU) for an NCHW float32 batch.
 
-    ORT's kernel-scaling fusions are always off (see SCALING_FUSIONS), so ONNX Runtime computes
-    the binary layers exactly as PyTorch does; `optimize=False` turns every optimization off.
+    `model` is a path, a serialized model (opened with `converters.runtimes.ort_session`, with
+    `optimize` and `threads`) or a session opened there. ORT's kernel-scaling fusions are always
+    off, so ONNX Runtime computes the binary layers exactly as PyTorch does.
     """
-    import onnxruntime as ort
-
-    label = "(in memory)" if isinstance(path, bytes) else path
-    options = ort.SessionOptions()
-    if not optimize:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        session = ort.InferenceSession(
-            path if isinstance(path, bytes) else str(path), sess_options=options,
-            providers=["CPUExecutionProvider"],
-            disabled_optimizers=SCALING_FUSIONS,
-        )  # fmt: skip
-    except Exception as error:
-        raise InvalidModelError(f"ONNX Runtime cannot load {label}: {error}") from None
-    name = session.get_inputs()[0].name
-    check_input_shape(session.get_inputs()[0].shape, np.asarray(inputs), f"ONNX model {label}")
-    batch = session.get_inputs()[0].shape[0]
-    batch = batch if isinstance(batch, int) else None
-    return _batched(lambda x: session.run(None, {name: x})[0], inputs, batch)
+    session = model if _opened(model) else ort_session(model, threads, optimize=optimize)
+    label = model if isinstance(model, (str, Path)) else "(in memory)"
+    first = session.get_inputs()[0]
+    check_input_shape(first.shape, np.asarray(inputs), f"ONNX model {label}")
+    batch = first.shape[0] if isinstance(first.shape[0], int) else None
+    return _batched(lambda x: session.run(None, {first.name: x})[0], inputs, batch)
 
 
-def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:
-    """The bytes of a TFLite flatbuffer; InvalidModelError when missing or not a flatbuffer."""
-    if isinstance(path_or_bytes, bytes):
-        data = path_or_bytes
-    else:
-        path = Path(path_or_bytes)
-        if not path.is_file():
-            raise InvalidModelError(f"no such flatbuffer: {path}")
-        data = path.read_bytes()
-    if len(data) < 8 or data[4:8] != b"TFL3":
-        raise InvalidModelError("not a TFLite flatbuffer (no TFL3 identifier)")
-    return data
+def run_lce(
+    flatbuffer: str | Path | bytes | LceInterpreter, inputs: np.ndarray, num_threads: int = 1
+) -> np.ndarray:
+    """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch.
 
-
-def lce_interpreter(flatbuffer: str | Path | bytes, num_threads: int = 1):  # noqa: ANN201
-    """LCE's Python interpreter for a flatbuffer (indirect BGEMM, the fast x86 kernels)."""
-    from converters.tf_ops import tf
-
-    tf()  # first, so TensorFlow's start-up log lines are discarded
-    from larq_compute_engine.tflite.python.interpreter import Interpreter
-
-    data = read_flatbuffer(flatbuffer)
-    try:
-        return Interpreter(data, num_threads=num_threads, use_indirect_bgemm=True)
-    except Exception as error:
-        raise InvalidModelError(f"LCE cannot load the flatbuffer: {error}") from None
-
-
-def run_lce(flatbuffer_path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
-    """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch."""
-    interpreter = lce_interpreter(flatbuffer_path, num_threads)
+    `flatbuffer` is a path, its bytes, or an interpreter from `converters.runtimes`."""
+    interpreter = flatbuffer if _opened(flatbuffer) else lce_interpreter(flatbuffer, num_threads)
     check_input_shape(list(interpreter.input_shapes[0]), np.asarray(inputs), "the LCE flatbuffer")
     batch = interpreter.input_shapes[0][0]
     if batch == 1:
         return np.asarray(interpreter.predict(np.ascontiguousarray(inputs, dtype=np.float32)))
-    # `predict` feeds one sample at a time; a batch-N flatbuffer takes whole batches from the
-    # interpreter it wraps (docs/LCE_NOTES.md §4).
-    return _batched(lambda x: interpreter.interpreter.predict([x])[0], inputs, batch)
+    predict = lce_batch_predict(interpreter)  # a batch-N flatbuffer takes whole batches
+    return _batched(lambda x: predict([x])[0], inputs, batch)
 
 
-def tflite_interpreter(flatbuffer: str | Path | bytes, num_threads: int = 1):  # noqa: ANN201
-    """The stock TFLite interpreter for a float flatbuffer, tensors allocated."""
-    from converters.tf_ops import tf
+def run_tflite(
+    flatbuffer: str | Path | bytes | TfliteInterpreter, inputs: np.ndarray, num_threads: int = 1
+) -> np.ndarray:
+    """Outputs of the stock TFLite interpreter (float model) for an NCHW batch.
 
-    data = read_flatbuffer(flatbuffer)
-    with warnings.catch_warnings():  # "tf.lite.Interpreter is deprecated": still the stock one
-        warnings.simplefilter("ignore")
-        try:
-            interpreter = tf().lite.Interpreter(model_content=data, num_threads=num_threads)
-            interpreter.allocate_tensors()
-        except Exception as error:
-            raise InvalidModelError(f"TFLite cannot load the flatbuffer: {error}") from None
-    return interpreter
-
-
-def run_tflite(path: str | Path | bytes, inputs: np.ndarray, num_threads: int = 1):
-    """Outputs of the stock TFLite interpreter (float model) for an NCHW batch."""
-    interpreter = tflite_interpreter(path, num_threads)
+    `flatbuffer` is a path, its bytes, or an interpreter from `converters.runtimes`."""
+    interpreter = flatbuffer if _opened(flatbuffer) else tflite_interpreter(flatbuffer, num_threads)
     source = interpreter.get_input_details()[0]
     check_input_shape(list(source["shape"]), np.asarray(inputs), "the TFLite flatbuffer")
     target = interpreter.get_output_details()[0]

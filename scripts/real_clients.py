@@ -30,7 +30,7 @@ def main() -> None:
     from tf2onnx_nets import larq_like
 
     from converters.lce import convert_onnx
-    from converters.tf_ops import tf
+    from converters.runtimes import tf
 
     tf()  # TensorFlow's and LCE's import time is not the first row's conversion time
     import larq_compute_engine  # noqa: F401

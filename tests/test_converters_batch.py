@@ -101,7 +101,8 @@ def test_twin_is_named_after_the_batch_1_file():
 def test_convert_run_writes_a_gated_twin(trained_run):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
-    from converters.validate import lce_interpreter, run_lce
+    from converters.runtimes import lce_interpreter
+    from converters.validate import run_lce
 
     export_onnx(trained_run, samples=40)
     report = convert_run(trained_run, samples=40, batch_twin=16)

@@ -248,14 +248,12 @@ def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
     flatbuffer = tmp_path / f"tiny-b{batch}.tflite"
     (tmp_path / "tiny.tflite").rename(flatbuffer)
     inputs = np.random.default_rng(3).standard_normal((10, 8, 8, 32)).astype(np.float32)
-    from larq_compute_engine.tflite.python.interpreter import Interpreter
+    from converters.runtimes import lce_batch_predict, lce_interpreter
 
-    host = Interpreter(flatbuffer.read_bytes(), use_indirect_bgemm=True)
+    host = lce_batch_predict(lce_interpreter(flatbuffer))
     padded = np.concatenate([inputs, np.zeros((2, 8, 8, 32), np.float32)])
     # one invocation per chunk, as on the device (the wrapper's predict() feeds batch-1 slices)
-    reference = np.concatenate(
-        [host.interpreter.predict([padded[i : i + batch]])[0] for i in range(0, 12, batch)]
-    )
+    reference = np.concatenate([host([padded[i : i + batch]])[0] for i in range(0, 12, batch)])
     job = AccuracyJob(flatbuffer, inputs, batch=batch, outputs_per_sample=10)
     run = run_on_device(
         arm_device.client(),

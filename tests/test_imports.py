@@ -1,6 +1,8 @@
 """The package graph: no import cycles, converters/ and deploy/ independent of what is above
-them, and no module importing another module's private names. Read from the source with `ast`,
-lazy (in-function) imports included; `if TYPE_CHECKING:` blocks are annotations only."""
+them, and no module importing or reaching into another module's private names. Read from the
+source with `ast`, lazy (in-function) imports included; `if TYPE_CHECKING:` blocks are
+annotations only. The benchmark scripts import their siblings by bare name (`from _common
+import ...`, run with benchmarks/ on sys.path); those count as `benchmarks.<name>`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bnnexport", "converters", "deploy", "benchmarks")
+SCRIPT_DIRS = ("benchmarks",)  # scripts, not a package: siblings are imported by bare name
 
 
 def _modules() -> dict[str, Path]:
@@ -37,15 +40,45 @@ def _runtime_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _qualified(module: str, path: Path) -> str:
+    """`module` as imported from `path`: a benchmark script's bare sibling gets its package."""
+    directory = path.parent.relative_to(ROOT)
+    if str(directory) in SCRIPT_DIRS and (path.parent / f"{module.split('.')[0]}.py").is_file():
+        return f"{directory}.{module}"
+    return module
+
+
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
     """(module, names) for every absolute import of a module of ours."""
     found = []
     for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found += [(alias.name, []) for alias in node.names]
+            found += [(_qualified(alias.name, path), []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, [alias.name for alias in node.names]))
+            found.append((_qualified(node.module, path), [alias.name for alias in node.names]))
     return [(m, names) for m, names in found if m.split(".")[0] in PACKAGES]
+
+
+def _private_attributes(path: Path) -> list[str]:
+    """`module._name` for every private attribute read through a module of ours bound to a
+    name (`import converters.lce as lce`, `from bnnexport import bench`, then `bench._x`)."""
+    tree = ast.parse(path.read_text())
+    bound = {}
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = _qualified(alias.name, path)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{_qualified(node.module, path)}.{alias.name}"
+    return [
+        f"{bound[node.value.id]}.{node.attr}"
+        for node in _runtime_nodes(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and bound.get(node.value.id) in MODULES
+        and node.attr.startswith("_") and not node.attr.startswith("__")
+    ]  # fmt: skip
 
 
 def _edges(name: str) -> set[str]:
@@ -131,3 +164,17 @@ def test_no_module_imports_another_modules_private_names():
         for n in names if n.startswith("_") and not n.startswith("__")
     ]  # fmt: skip
     assert offending == []
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    offending = [
+        f"{name} reads {attribute}"
+        for name, path in MODULES.items()
+        for attribute in _private_attributes(path)
+        if attribute.rsplit(".", 1)[0] != name
+    ]  # fmt: skip
+    assert offending == []
+
+
+def test_benchmark_scripts_imports_of_their_siblings_are_in_the_graph():
+    assert "benchmarks._common" in _edges("benchmarks.zoo_latency")

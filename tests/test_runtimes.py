@@ -1,0 +1,117 @@
+"""converters.runtimes: one set of ONNX Runtime options for every caller, one-line refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from converters.errors import InvalidModelError
+from converters.runtimes import ort_session, read_flatbuffer
+from converters.validate import run_onnx
+
+
+def _model(batch: int | str = 1) -> bytes:
+    """y = x * 2 + 1 on [batch, 3]."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "two"], ["m"]),
+            helper.make_node("Add", ["m", "one"], ["y"]),
+        ],
+        "affine",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ort_session_runs_with_the_threads_asked_and_one_inter_op_thread(threads):
+    options = ort_session(_model(), threads).get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (threads, 1)
+
+
+def test_ort_session_without_optimization_turns_every_optimization_off():
+    import onnxruntime as ort
+
+    level = ort_session(_model(), optimize=False).get_session_options().graph_optimization_level
+    assert level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert ort_session(_model()).get_session_options().graph_optimization_level != level
+
+
+def test_a_scaled_binary_conv_keeps_its_exact_zeros():
+    """ORT's ConvMulFusion would fold the scale into the ±1 kernel: the sums then round, and
+    exact zeros (where sign(0) = +1 decides) become tiny signed values (SCALING_FUSIONS)."""
+    rng = np.random.default_rng(0)
+    signs = lambda shape: np.where(rng.standard_normal(shape) >= 0, 1.0, -1.0)  # noqa: E731
+    kernel, x = signs((8, 16, 3, 3)).astype(np.float32), signs((1, 16, 6, 6)).astype(np.float32)
+    scale = rng.uniform(0.05, 0.3, (8, 1, 1)).astype(np.float32)
+    weights = [numpy_helper.from_array(kernel, "w"), numpy_helper.from_array(scale, "s")]
+    conv = helper.make_node("Conv", ["x", "w"], ["c"])
+
+    def model(nodes, out):
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6])],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], weights,
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    sums = ort_session(model([conv], "c").SerializeToString()).run(None, {"x": x})[0]
+    scaled = model([conv, helper.make_node("Mul", ["c", "s"], ["y"])], "y").SerializeToString()
+    outputs = ort_session(scaled, 1).run(None, {"x": x})[0]
+    assert (sums == 0).sum() > 0  # ±1 sums of 144 terms: exact in any order
+    np.testing.assert_array_equal(outputs, sums * scale)
+
+
+def test_run_onnx_takes_a_path_bytes_or_an_open_session_alike(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_model("N"))
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    expected = x * 2 + 1
+    for model in (path, str(path), _model("N"), ort_session(path, 1)):
+        np.testing.assert_array_equal(run_onnx(model, x), expected)
+
+
+def test_run_onnx_runs_a_batch_one_model_sample_by_sample():
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    np.testing.assert_array_equal(run_onnx(ort_session(_model(1), 1), x), x * 2 + 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [(b"not onnx", "cannot load (in memory)"), ("/nonexistent/m.onnx", "/nonexistent/m.onnx")],
+)
+def test_a_model_onnx_runtime_cannot_load_is_one_line(model, why):
+    with pytest.raises(InvalidModelError, match="ONNX Runtime cannot load") as caught:
+        ort_session(model)
+    assert why in str(caught.value) and "\n" not in str(caught.value).strip()
+
+
+def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
+    with pytest.raises(InvalidModelError, match="no such flatbuffer"):
+        read_flatbuffer(tmp_path / "missing.tflite")
+    with pytest.raises(InvalidModelError, match="TFL3"):
+        read_flatbuffer(_model())
+    assert read_flatbuffer(b"\0\0\0\0TFL3rest") == b"\0\0\0\0TFL3rest"
+
+
+def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
+    import converters.runtimes
+    import converters.validate
+    from bnnexport.bench import host_backends
+    from bnnexport.runs import RunDir
+
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # host_backends only checks it is there
+    (tmp_path / "model.onnx").write_bytes(_model("N"))
+    opened = []
+    recorded = lambda *a, **k: opened.append((a, k)) or ort_session(*a, **k)  # noqa: E731
+    for module in (converters.runtimes, converters.validate):  # run_onnx opens through validate's
+        monkeypatch.setattr(module, "ort_session", recorded)
+    factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=2)}
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    predict, call = factories["onnxruntime"](x[:1])
+    np.testing.assert_array_equal(predict(x), x * 2 + 1)
+    call()
+    assert opened == [((tmp_path / "model.onnx", 2), {})]
