@@ -56,9 +56,8 @@ from converters.errors import ConversionMismatchError
 from converters.graph import Graph, load_onnx
 from converters.patterns import binarizations_in
 from converters.runtimes import ort_session
-from converters.validate import check_input_shape, compare
+from converters.validate import RTOL, check_input_shape, compare
 
-RTOL = 1e-4  # the one tolerance: max |diff| as a fraction of the reference's logit range
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
 TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...
 MIN_TIES = 2  # ... or this many, whichever is larger, per sample

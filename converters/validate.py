@@ -38,6 +38,10 @@ from converters.runtimes import (
     tflite_interpreter,
 )
 
+# The one tolerance: max |diff| as a fraction of the reference's logit range (at least 1), for
+# every comparison of a converted model with its reference (converters.gate uses it too).
+RTOL = 1e-4
+
 if TYPE_CHECKING:
     import onnxruntime
     from larq_compute_engine.tflite.python.interpreter import Interpreter as LceInterpreter
@@ -256,8 +260,13 @@ class Agreement:
     tolerance: float
     samples: int
 
+    @property
+    def passed(self) -> bool:
+        """Every top class agrees and no output is further than the tolerance (NaN fails)."""
+        return self.argmax_agreement >= 1.0 and self.max_abs_diff <= self.tolerance
 
-def compare(reference: np.ndarray, candidate: np.ndarray, rtol: float = 1e-4) -> Agreement:
+
+def compare(reference: np.ndarray, candidate: np.ndarray, rtol: float = RTOL) -> Agreement:
     """Max |diff| and argmax agreement; tolerance = rtol x the reference's value range."""
     ref, out = (np.asarray(a, np.float64) for a in (reference, candidate))
     ref, out = (a.reshape(len(a), -1 if len(a) else 0) for a in (ref, out))  # 0 samples: 0 x 0
@@ -279,12 +288,12 @@ def compare(reference: np.ndarray, candidate: np.ndarray, rtol: float = 1e-4) ->
 
 
 def validate_outputs(
-    reference: np.ndarray, candidate: np.ndarray, rtol: float = 1e-4, what: str = "converted model"
+    reference: np.ndarray, candidate: np.ndarray, rtol: float = RTOL, what: str = "converted model"
 ) -> Agreement:
     """`compare`, raising `ConversionMismatchError` when argmax agreement < 100 % or the worst
     |diff| exceeds the tolerance; the message names the worst sample and output."""
     result = compare(reference, candidate, rtol)
-    if result.argmax_agreement < 1.0 or not result.max_abs_diff <= result.tolerance:
+    if not result.passed:
         ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
         out = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
         sample, index = np.unravel_index(np.nanargmax(np.abs(ref - out)), ref.shape)
