@@ -7,8 +7,8 @@ SSH, through `lce_benchmark_model` or bnnexport's own device-side runner (`deplo
 Latency is batch 1 after warm-up; all times are milliseconds.
 
 Example:
-    >>> from bnnexport.bench import bench
-    >>> report = bench("runs/demo", runs=100, threads=1)                # doctest: +SKIP
+    >>> from bnnexport.bench import BenchOptions, bench
+    >>> report = bench("runs/demo", BenchOptions(runs=100, threads=1))   # doctest: +SKIP
     >>> [(b.name, b.top1, b.latency_ms["median"]) for b in report.backends]  # doctest: +SKIP
     [('pytorch', 0.91, 0.41), ('onnxruntime', 0.91, 0.05), ...]
 """
@@ -57,6 +57,28 @@ class DeviceTarget:
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """What `bench` measures and how (the `bnnexport bench` options other than the device's).
+
+    Example:
+        >>> BenchOptions(runs=20, samples=None).threads
+        1
+    """
+
+    runs: int = 100  # timed batch-1 runs per backend
+    warmup: int = 10  # untimed runs before them
+    threads: int = 1  # for every runtime (PyTorch, ONNX Runtime, TFLite, LCE, the device)
+    samples: int | None = 1000  # the first N of samples.npz; None = all
+    target: str = "arm64"  # which LCE flatbuffer: model-TARGET.tflite
+
+    def __post_init__(self) -> None:
+        if self.runs < 1 or self.threads < 1 or self.warmup < 0:
+            raise ValueError("runs and threads must be at least 1, warmup at least 0")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError("samples must be at least 1 (or None for all)")
 
 
 @dataclasses.dataclass
@@ -264,16 +286,14 @@ def usable_backends(
 def _device_backend(
     device: DeviceTarget,
     run: RunDir,
-    target: str,
+    options: BenchOptions,
     inputs: np.ndarray,
     labels: np.ndarray,
     reference: np.ndarray,
-    timing: tuple[int, int, int],
     host_lce: np.ndarray | None = None,
 ) -> tuple[list[BackendResult], dict[str, Any], str | None]:
-    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output.
-    `timing` is (runs, threads, warmup)."""
-    runs, threads, warmup = timing
+    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
+    runs, threads, warmup, target = options.runs, options.threads, options.warmup, options.target
     from deploy.remote_runner import has_lce_python, run_remote_runner
     from deploy.ssh import SshClient
 
@@ -335,12 +355,8 @@ def _device_backend(
 
 def bench(
     run_dir: str | Path,
-    runs: int = 100,
-    threads: int = 1,
-    samples: int | None = 1000,
+    options: BenchOptions = BenchOptions(),
     device: DeviceTarget | None = None,
-    target: str = "arm64",
-    warmup: int = 10,
     write_report: bool = True,
     progress: bool = False,
 ) -> BenchReport:
@@ -349,9 +365,7 @@ def bench(
     Args:
         run_dir: a run directory with checkpoint.pt, samples.npz, model.onnx, model-float.tflite
             and model-<target>.tflite.
-        runs, warmup: timed and untimed batch-1 runs per backend.
-        threads: threads for every runtime (PyTorch, ONNX Runtime, TFLite, LCE).
-        samples: how many test samples to score (the first ones of samples.npz; None = all).
+        options: runs, warm-up, threads, samples and target (`BenchOptions`).
         device: where and how to run the LCE flatbuffer on a device too (`DeviceTarget`). With
             `lce_benchmark_model`, accuracy on the device runs the batch-N twin
             RUN_DIR/model-TARGET-bN.tflite, N = min(device.batch, samples), in N-sample chunks.
@@ -359,10 +373,9 @@ def bench(
     Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
     """
-    if runs < 1 or threads < 1 or (samples is not None and samples < 1):
-        raise ValueError("runs, threads and samples must be at least 1")
     run = RunDir(run_dir).require()
-    inputs, labels = load_samples(run, samples)
+    target, threads = options.target, options.threads
+    inputs, labels = load_samples(run, options.samples)
     _require_input_shape(run, inputs)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     x1 = np.ascontiguousarray(inputs[:1])
@@ -379,21 +392,20 @@ def bench(
             if reference is None:  # PyTorch comes first: the reference for every other backend
                 reference = outputs
             host_outputs[name] = outputs
-            latency = time_calls(call, runs, warmup)
+            latency = time_calls(call, options.runs, options.warmup)
             results.append(score(name, "host", path, outputs, labels, reference, latency))
     finally:
         torch.set_num_threads(torch_threads)
     identity = raw = None
     if device is not None:
         rows, identity, raw = _device_backend(
-            device, run, target, inputs, labels, reference, (runs, threads, warmup),
-            host_outputs.get("lce"),
-        )  # fmt: skip
+            device, run, options, inputs, labels, reference, host_outputs.get("lce")
+        )
         results.extend(rows)
     report = BenchReport(
         run_dir=str(run.root),
         samples=len(inputs),
-        runs=runs,
+        runs=options.runs,
         threads=threads,
         num_classes=int(reference.shape[1]),
         host={

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bnnexport.bench import BenchReport, DeviceTarget, bench
+from bnnexport.bench import BenchOptions, BenchReport, DeviceTarget, bench
 from bnnexport.reports import Report
 from bnnexport.runs import lock_run
 from bnnexport.train import TrainConfig, train
@@ -62,11 +62,7 @@ def _highlight(name: str, stages: dict[str, dict[str, Any]]) -> str:
 
 def pipeline(
     config: TrainConfig,
-    target: str = "arm64",
-    runs: int = 100,
-    threads: int = 1,
-    samples: int = 1000,
-    warmup: int = 10,
+    options: BenchOptions = BenchOptions(),
     resume: bool = False,
     force: bool = False,
     progress: bool | None = None,
@@ -77,10 +73,9 @@ def pipeline(
 
     Args:
         config: the training configuration (`config.out` is the run directory).
-        target: the LCE flatbuffer's target (arm64 or arm32); the float TFLite model is
-            always written too, so bench can compare all four backends.
-        runs, threads, samples, warmup: as for `bench`; `samples` also sets how many test samples
-            export writes to samples.npz.
+        options: as for `bench` (`BenchOptions`); `options.target` is also the LCE flatbuffer's
+            target (the float TFLite model is always written too, so bench can compare all four
+            backends), and `options.samples` how many test samples export writes (None: 1000).
         resume, force, progress: as for `train`.
         log: called with one line as each stage starts (e.g. `click.echo` to stderr).
         device: as for `bench`, to include a device. With a device, convert also writes the
@@ -94,6 +89,7 @@ def pipeline(
 
     say = log or (lambda line: None)
     run_dir = config.out
+    samples = 1000 if options.samples is None else options.samples  # export writes this many
     stages: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
 
@@ -114,19 +110,9 @@ def pipeline(
         twin = None
         if device is not None and device.runner != "python":
             twin = twin_batch(samples, device.batch)
+        target = options.target
         stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite", batch_twin=twin))
-        result = stage(
-            "bench",
-            lambda: bench(
-                run_dir,
-                runs=runs,
-                threads=threads,
-                samples=samples,
-                warmup=warmup,
-                target=target,
-                device=device,
-            ),
-        )
+        result = stage("bench", lambda: bench(run_dir, options, device=device))
     return PipelineReport(
         run_dir=str(run_dir),
         stages=stages,

@@ -14,7 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from bnnexport.bench import bench
+from bnnexport.bench import BenchOptions, bench
 from bnnexport.cli.bench import bench_command
 from bnnexport.errors import CheckpointError
 
@@ -46,7 +46,7 @@ def converted_run(_converted_template, tmp_path):
 
 @pytest.fixture(scope="module")
 def host_report(_converted_template):
-    return bench(_converted_template, runs=5, warmup=2, samples=SAMPLES)
+    return bench(_converted_template, BenchOptions(runs=5, warmup=2, samples=SAMPLES))
 
 
 def _device_args(sshd) -> list[str]:
@@ -122,7 +122,7 @@ def test_report_md_links_plots_that_exist(host_report, _converted_template):
 def test_missing_samples_names_the_command_that_makes_them(converted_run):
     (converted_run / "samples.npz").unlink()
     with pytest.raises(CheckpointError, match="bnnexport export"):
-        bench(converted_run, runs=1, samples=5, write_report=False)
+        bench(converted_run, BenchOptions(runs=1, samples=5), write_report=False)
     line = _one_line_error(_cli(converted_run))
     assert "samples.npz" in line and "bnnexport export" in line
 
@@ -139,7 +139,7 @@ def test_missing_model_file_skips_its_backend_and_says_why(
     converted_run, missing, backend, command
 ):
     (converted_run / missing).unlink()
-    report = bench(converted_run, runs=1, samples=5, write_report=False)
+    report = bench(converted_run, BenchOptions(runs=1, samples=5), write_report=False)
     assert backend not in [b.name for b in report.backends]
     assert missing in report.skipped[backend] and command in report.skipped[backend]
     result = _cli(converted_run)

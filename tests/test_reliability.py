@@ -784,10 +784,10 @@ def test_train_progress_bar_keeps_its_width_at_60_columns():
 
 
 def test_bench_shows_progress_when_asked(trained_run, capsys):
-    from bnnexport.bench import bench
+    from bnnexport.bench import BenchOptions, bench
 
     _samples(trained_run)
-    bench(trained_run, runs=1, warmup=0, samples=4, write_report=False, progress=True)
+    bench(trained_run, BenchOptions(runs=1, warmup=0, samples=4), write_report=False, progress=True)
     assert "bench" in capsys.readouterr().err
 
 

@@ -17,7 +17,7 @@ from bnnexport.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from bnnexport.bench import DeviceTarget
+    from bnnexport.bench import BenchOptions, DeviceTarget
 
 
 @click.command("bench", short_help="Accuracy, agreement with PyTorch and latency of every backend.")
@@ -117,15 +117,24 @@ def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
 
     report = bench(
         run_dir,
-        runs=options["runs"],
-        threads=options["threads"],
-        samples=options["samples"],
+        bench_options(options),
         device=device_target(options),
-        target=options["target"],
-        warmup=options["warmup"],
         progress=not as_json and sys.stderr.isatty(),
     )
     emit(report, as_json)
+
+
+def bench_options(options: dict[str, Any]) -> BenchOptions:
+    """The measuring options of `bench` and `pipeline` as one `BenchOptions`."""
+    from bnnexport.bench import BenchOptions
+
+    return BenchOptions(
+        runs=options["runs"],
+        warmup=options["warmup"],
+        threads=options["threads"],
+        samples=options["samples"],
+        target=options["target"],
+    )
 
 
 def device_target(options: dict[str, Any]) -> DeviceTarget | None:

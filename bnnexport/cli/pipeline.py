@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bnnexport.cli.bench import bench_command, device_target
+from bnnexport.cli.bench import bench_command, bench_options, device_target
 from bnnexport.cli.common import emit, handle_errors, number_or_schedule
 from bnnexport.cli.train import train_command
 
@@ -48,11 +48,7 @@ def _pipeline(**options: Any) -> None:
     )
     report = pipeline(
         config,
-        target=options["target"],
-        runs=options["runs"],
-        threads=options["threads"],
-        samples=options["samples"],
-        warmup=options["warmup"],
+        bench_options(options),
         resume=options["resume"],
         force=options["force"],
         progress=None if not as_json else False,
