@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,12 +82,14 @@ class ConvertReport(Report):
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
+        """The report of `result`: every field the two share is taken as is (paths as text);
+        the rest are read off the gates, the twin and the normaliser's report."""
+        shared = {f.name for f in fields(cls)} & {f.name for f in fields(result)} - {"seconds"}
+        same = {name: getattr(result, name) for name in shared}
+        same.update({k: str(v) for k, v in same.items() if isinstance(v, Path)})
         onnx_gate, torch_gate = result.gate("ONNX Runtime"), result.gate("PyTorch")
         return cls(
-            output=str(result.output), target=result.target, format=fmt,
-            binary_layers=result.binary_layers, lce_bconv2d=result.lce_bconv2d,
-            float_conv2d=result.float_conv2d, fully_connected=result.fully_connected,
-            float_fallbacks=result.float_fallbacks,
+            **same, format=fmt, seconds=seconds,
             argmax_agreement=onnx_gate.plain_argmax_agreement,
             max_abs_diff=onnx_gate.plain_max_abs_diff, tie_samples=onnx_gate.tie_samples,
             tie_positions=onnx_gate.tie_positions, tie_largest=onnx_gate.tie_largest,
@@ -95,15 +97,10 @@ class ConvertReport(Report):
             torch_max_abs_diff=torch_gate.plain_max_abs_diff if torch_gate else None,
             torch_tie_samples=torch_gate.tie_samples if torch_gate else None,
             twin_max_abs_diff=max((t.max_abs_diff for t in result.twin), default=None),
-            samples=result.samples, random_inputs=result.random_inputs,
-            onnx_bytes=result.onnx_bytes, lce_bytes=result.lce_bytes,
-            tflite_float_bytes=result.tflite_float_bytes,
-            float_output=str(result.float_output) if result.float_output else None,
-            seconds=seconds, checks=[g.to_json() for g in result.gates],
+            checks=[g.to_json() for g in result.gates],
             twin_checks=[g.to_json() for g in result.twin],
             rewrites=dict(result.normalized.applied),
             zero_free_signs=sorted(result.normalized.zero_sensitive),
-            op_histogram=result.op_histogram,
         )  # fmt: skip
 
     def to_table(self) -> str:
