@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_inprocess import run_in_process
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -23,9 +23,7 @@ KERNELS = ("features.2.weight", "features.5.weight", "classifier.1.weight")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bnnexport", *args], capture_output=True, text=True, timeout=120
-    )
+    return run_in_process(*args)
 
 
 def mnist_inputs(count: int = 500) -> torch.Tensor:

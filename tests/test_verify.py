@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from cli_inprocess import run_in_process
 from torch import nn
 
 from bnnexport.layers import BinaryConv2d, BinaryLinear
@@ -22,12 +22,7 @@ OFF_LAYER, OFF_INDEX = "features.5", (3, 1, 2, 0)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bnnexport", "verify", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_in_process("verify", *args)
 
 
 def checkpoint_with_one_weight(run: Path, value: float, target: Path) -> Path:
