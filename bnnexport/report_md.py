@@ -51,48 +51,32 @@ def plot_bench(report: Any, out: Path) -> list[Path]:
     written = []
     timed = [b for b in report.backends if b.latency_ms.get("mean") is not None]
     if timed:
-        # bar = median (mean where the tool gives no median); whiskers down to min, up to p90
-        centre = [b.latency_ms.get("median") or b.latency_ms["mean"] for b in timed]
-        low = [
-            max(c - (b.latency_ms.get("min") or c), 0.0) for b, c in zip(timed, centre, strict=True)
-        ]
-        high = [
-            max((b.latency_ms.get("p90") or c) - c, 0.0) for b, c in zip(timed, centre, strict=True)
-        ]
-        written.append(
-            _bar(
-                out / "bench_latency.png",
-                [_label(b) for b in timed],
-                centre,
-                "ms",
-                f"Batch-1 latency, {report.threads} thread(s): median (min..p90)",
-                [low, high],
-            )
-        )
+        centre, whiskers = _latency_bars(timed)
+        title = f"Batch-1 latency, {report.threads} thread(s): median (min..p90)"
+        labels = [_label(b) for b in timed]
+        written.append(_bar(out / "bench_latency.png", labels, centre, "ms", title, whiskers))
     sized = {name: size / 1024 for name, size in report.files.items()}
     if sized:
-        written.append(
-            _bar(
-                out / "bench_size.png",
-                list(sized),
-                list(sized.values()),
-                "KB",
-                "Model file size",
-                log=max(sized.values()) > 20 * min(sized.values()),
-            )
-        )
+        log = max(sized.values()) > 20 * min(sized.values())
+        sizes = list(sized.values())
+        path = out / "bench_size.png"
+        written.append(_bar(path, list(sized), sizes, "KB", "Model file size", log=log))
     scored = [b for b in report.backends if b.top1 is not None]
     if scored:
-        written.append(
-            _bar(
-                out / "bench_accuracy.png",
-                [_label(b) for b in scored],
-                [100 * b.top1 for b in scored],
-                "top-1 %",
-                f"Top-1 accuracy on {report.samples} test samples",
-            )
-        )
+        title = f"Top-1 accuracy on {report.samples} test samples"
+        top1 = [100 * b.top1 for b in scored]
+        labels = [_label(b) for b in scored]
+        written.append(_bar(out / "bench_accuracy.png", labels, top1, "top-1 %", title))
     return written
+
+
+def _latency_bars(timed: list[Any]) -> tuple[list[float], list[list[float]]]:
+    """Bar = median (mean where the tool gives no median); whiskers down to min, up to p90."""
+    centre = [b.latency_ms.get("median") or b.latency_ms["mean"] for b in timed]
+    pairs = list(zip(timed, centre, strict=True))
+    low = [max(c - (b.latency_ms.get("min") or c), 0.0) for b, c in pairs]
+    high = [max((b.latency_ms.get("p90") or c) - c, 0.0) for b, c in pairs]
+    return centre, [low, high]
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -89,6 +89,31 @@ def summarize(model: nn.Module, input_shape: tuple[int, ...] | None = None) -> S
     shape = list(input_shape or config.get("input_shape") or [])
     if not shape:
         raise ValueError("input_shape is needed for a model not built by create_model")
+    outputs, macs = _trace_layers(model, shape)
+    report = SummaryReport(model=config.get("name", type(model).__name__), input_shape=shape)
+    for name, module in model.named_modules():
+        if name not in outputs:
+            continue
+        layer = _layer_summary(name, module, outputs[name], macs[name])
+        report.layers.append(layer)
+        report.binary_parameters += layer.binary_parameters
+        report.float_parameters += layer.float_parameters
+        if layer.weight_bits == 1 and layer.input_bits == 1:
+            report.binary_macs += layer.macs
+        else:
+            report.float_macs += layer.macs
+    report.packed_bytes = report.binary_parameters / 8 + 4 * report.float_parameters
+    report.float32_bytes = 4 * (report.binary_parameters + report.float_parameters)
+    report.compression = report.float32_bytes / max(report.packed_bytes, 1e-9)
+    total_macs = report.binary_macs + report.float_macs
+    report.binary_mac_share = report.binary_macs / total_macs if total_macs else 0.0
+    return report
+
+
+def _trace_layers(
+    model: nn.Module, shape: list[int]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """One eval-mode forward of a zero image: each parameterised module's output shape and MACs."""
     outputs: dict[str, list[int]] = {}
     macs: dict[str, int] = {}
     hooks = []
@@ -108,38 +133,23 @@ def summarize(model: nn.Module, input_shape: tuple[int, ...] | None = None) -> S
         model.train(was_training)
         for handle in hooks:
             handle.remove()
+    return outputs, macs
 
-    report = SummaryReport(model=config.get("name", type(model).__name__), input_shape=shape)
-    for name, module in model.named_modules():
-        if name not in outputs:
-            continue
-        binary = isinstance(module, BinaryLayer)
-        own = list(module.parameters(recurse=False))
-        n_binary = module.weight.numel() if binary else 0
-        n_float = sum(p.numel() for p in own) - n_binary
-        input_bits = 1 if binary and module.input_quantizer is not None else 32
-        report.layers.append(
-            LayerSummary(
-                name=name,
-                kind=type(module).__name__,
-                input_bits=input_bits,
-                weight_bits=1 if binary else 32,
-                output_shape=outputs[name],
-                binary_parameters=n_binary,
-                float_parameters=n_float,
-                memory_bytes=n_binary / 8 + 4 * n_float,
-                macs=macs[name],
-            )
-        )
-        report.binary_parameters += n_binary
-        report.float_parameters += n_float
-        if binary and input_bits == 1:
-            report.binary_macs += macs[name]
-        else:
-            report.float_macs += macs[name]
-    report.packed_bytes = report.binary_parameters / 8 + 4 * report.float_parameters
-    report.float32_bytes = 4 * (report.binary_parameters + report.float_parameters)
-    report.compression = report.float32_bytes / max(report.packed_bytes, 1e-9)
-    total_macs = report.binary_macs + report.float_macs
-    report.binary_mac_share = report.binary_macs / total_macs if total_macs else 0.0
-    return report
+
+def _layer_summary(name: str, module: nn.Module, output: list[int], macs: int) -> LayerSummary:
+    binary = isinstance(module, BinaryLayer)
+    own = list(module.parameters(recurse=False))
+    n_binary = module.weight.numel() if binary else 0
+    n_float = sum(p.numel() for p in own) - n_binary
+    input_bits = 1 if binary and module.input_quantizer is not None else 32
+    return LayerSummary(
+        name=name,
+        kind=type(module).__name__,
+        input_bits=input_bits,
+        weight_bits=1 if binary else 32,
+        output_shape=output,
+        binary_parameters=n_binary,
+        float_parameters=n_float,
+        memory_bytes=n_binary / 8 + 4 * n_float,
+        macs=macs,
+    )
