@@ -25,8 +25,9 @@ it is (the translator then names the node it cannot convert):
   hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself;
 - ``pad-transpose``: binarization -> constant `Pad` -> `Transpose` -> layer becomes
   binarization -> `Transpose` -> `Pad` (pads permuted): tf2onnx's one-padded binary convs;
-- ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer is
-  moved before the binarization (tf2onnx, NHWC), so the binarization feeds the layer directly;
+- ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer (or
+  the layer's Pad) is moved before the binarization (tf2onnx, NHWC), so the binarization feeds
+  the layer directly;
 - ``transpose-sink``: a Transpose moves below a Mul/Add by a constant, and two Transposes that
   undo each other vanish: tf2onnx's NHWC <-> NCHW pairs around each Conv cancel.
 
@@ -795,9 +796,10 @@ def pad_transpose(work: Work) -> int:
 
 @rewrite("transpose-binarized")
 def transpose_binarized(work: Work) -> int:
-    """Binarize(x) -> Transpose/Reshape -> layer becomes Transpose/Reshape(x) -> Binarize ->
-    layer: the binarization is elementwise, so both orders give the same tensor, and the
-    translator then sees the binarization right before the layer's data input."""
+    """Binarize(x) -> Transpose/Reshape -> layer (or -> Pad -> layer) becomes
+    Transpose/Reshape(x) -> Binarize -> layer: the binarization is elementwise, so both orders
+    give the same tensor, and the translator then sees the binarization right before the
+    layer's data input (or its Pad)."""
     producers, consumers = work.producers(), work.consumers()
     changed = 0
     for node in list(work.nodes):
