@@ -417,3 +417,29 @@ def test_pads_that_are_not_constant_and_nonnegative_stay_before_the_transpose(kw
     assert computed.index("Pad") < computed.index("Transpose") < computed.index("Conv")
     if "pads_input" not in kwargs:
         assert_exact(before, after, inputs(shape=NHWC))
+
+
+def test_pads_follow_their_axes_through_a_perm_that_is_not_its_own_inverse():
+    """Input laid out (H, N, W, C), transposed by [1, 3, 0, 2] to NCHW; every axis but C padded
+    differently (the batch too), so a pad moved by the inverse perm changes the output."""
+    shape = [6, 1, 5, 4]
+    kernel = np.where(np.random.default_rng(5).standard_normal((3, 4, 3, 3)) >= 0, 1.0, -1.0)
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("minus", np.float32(-1)),
+        const("pads", np.array([2, 1, 0, 0, 1, 0, 3, 0], np.int64)),
+        const("fill", np.float32(1.0)), const("w", kernel.astype(np.float32)),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "minus"], ["b"]),
+        helper.make_node("Pad", ["b", "pads", "fill"], ["p"]),
+        helper.make_node("Transpose", ["p"], ["t"], perm=[1, 3, 0, 2]),
+        helper.make_node("Conv", ["t", "w"], ["y"]),
+    ]  # fmt: skip
+    before = model(nodes, shape=shape)
+    after, report = normalize(before)
+    assert report.applied["pad-transpose"] == 1
+    assert ops(after) == ["Transpose", *CANONICAL, "Pad", "Conv"]
+    x = np.random.default_rng(6).standard_normal((4, *shape)).astype(np.float32)
+    x.reshape(4, -1)[:, ::5] = 0.0
+    x.reshape(4, -1)[:, 2::5] = -0.0
+    for sample in x:
+        np.testing.assert_array_equal(run(before, sample), run(after, sample))
