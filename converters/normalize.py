@@ -23,8 +23,11 @@ it is (the translator then names the node it cannot convert):
   can prove that no exact zero reaches them (`converters.lce.check_zero_free`);
 - ``clamp-sign``: the canonical binarization of a clamp that keeps sign classes (Clip(x, lo,
   hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself;
-- ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer is
-  moved before the binarization (tf2onnx, NHWC), so the binarization feeds the layer directly;
+- ``pad-transpose``: binarization -> constant `Pad` -> `Transpose` -> layer becomes
+  binarization -> `Transpose` -> `Pad` (pads permuted): tf2onnx's one-padded binary convs;
+- ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer (or
+  the layer's Pad) is moved before the binarization (tf2onnx, NHWC), so the binarization feeds
+  the layer directly;
 - ``transpose-sink``: a Transpose moves below a Mul/Add by a constant, and two Transposes that
   undo each other vanish: tf2onnx's NHWC <-> NCHW pairs around each Conv cancel.
 
@@ -719,11 +722,84 @@ def _binarized_source(node: onnx.NodeProto, producers: dict) -> str:
     return sign.input[0]
 
 
+def _pad_spec(work: Work, node: onnx.NodeProto) -> list[int] | None:
+    """The pads of a constant-mode Pad whose pads and fill value are constants (the fill left
+    where it is), or None: any other Pad (reflect/edge, computed pads, negative pads that
+    crop, an `axes` input) is not one `pad_transpose` can move."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("mode", b"constant") not in (b"constant", "constant"):
+        return None
+    if len(node.input) > 3 and node.input[3]:
+        return None
+    if len(node.input) > 2 and node.input[2] and _scalar(work, node.input[2]) is None:
+        return None
+    if len(node.input) > 1 and node.input[1]:
+        pads = work.consts.get(node.input[1])
+    else:  # opset < 11: pads (and the value) are attributes
+        pads = attrs.get("pads")
+    if pads is None:
+        return None
+    pads = np.asarray(pads)
+    if pads.dtype.kind not in "iu" or pads.ndim != 1 or np.any(pads < 0):
+        return None
+    return [int(p) for p in pads]
+
+
+@rewrite("pad-transpose")
+def pad_transpose(work: Work) -> int:
+    """Binarize -> constant Pad -> Transpose(perm) -> layer becomes Binarize -> Transpose(perm)
+    -> Pad with the pads permuted by perm: output axis k of the Transpose is input axis
+    perm[k], so it gets that axis' pads, and the fill is the same everywhere. tf2onnx writes
+    larq's one-padded binary convs (QuickNet) so, with the Pad on the NHWC tensor; once the
+    Transpose is next to the binarization, `transpose-binarized` moves it above, and the
+    translator finds binarize -> Pad on NCHW spatial axes -> Conv, a form it emits as binary.
+    Only Pads after a binarization on the way to a layer move: float Pads keep the form the
+    translator already reads."""
+    producers, consumers = work.producers(), work.consumers()
+    changed = 0
+    for node in list(work.nodes):
+        perm = _perm(node) if node.op_type == "Transpose" else None
+        pad = producers.get(node.input[0]) if perm is not None else None
+        if pad is None or pad.op_type != "Pad" or pad.domain not in ONNX_DOMAINS:
+            continue
+        pads = _pad_spec(work, pad)
+        rank = len(perm)
+        if pads is None or len(pads) != 2 * rank or sorted(perm) != list(range(rank)):
+            continue
+        if len(consumers.get(pad.output[0], [])) != 1 or pad.output[0] in {
+            o.name for o in work.outputs
+        }:
+            continue
+        binarization = producers.get(pad.input[0])
+        if binarization is None or not _is_canonical(work, binarization, producers):
+            continue
+        if not _feeds_layer(work, node.output[0], consumers):
+            continue
+        moved = [pads[perm[k]] for k in range(rank)] + [pads[rank + perm[k]] for k in range(rank)]
+        transposed = work.fresh(f"{pad.input[0]}__transposed")
+        shifted = helper.make_node("Transpose", [pad.input[0]], [transposed], perm=perm,
+                                   name=work.fresh("Transpose"))  # fmt: skip
+        inputs = [transposed, *pad.input[1:]]
+        padded = helper.make_node("Pad", inputs, [node.output[0]], name=work.fresh("Pad"))
+        padded.attribute.extend(a for a in pad.attribute if a.name != "pads")
+        if len(pad.input) > 1 and pad.input[1]:
+            padded.input[1] = work.const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
+        else:
+            padded.attribute.append(helper.make_attribute("pads", moved))
+        _replace(work, node, [shifted, padded])
+        work.nodes.remove(pad)
+        changed += 1
+        producers, consumers = work.producers(), work.consumers()
+    _count(work, "pad-transpose", changed)
+    return changed
+
+
 @rewrite("transpose-binarized")
 def transpose_binarized(work: Work) -> int:
-    """Binarize(x) -> Transpose/Reshape -> layer becomes Transpose/Reshape(x) -> Binarize ->
-    layer: the binarization is elementwise, so both orders give the same tensor, and the
-    translator then sees the binarization right before the layer's data input."""
+    """Binarize(x) -> Transpose/Reshape -> layer (or -> Pad -> layer) becomes
+    Transpose/Reshape(x) -> Binarize -> layer: the binarization is elementwise, so both orders
+    give the same tensor, and the translator then sees the binarization right before the
+    layer's data input (or its Pad)."""
     producers, consumers = work.producers(), work.consumers()
     changed = 0
     for node in list(work.nodes):
@@ -734,7 +810,11 @@ def transpose_binarized(work: Work) -> int:
             continue
         if len(consumers.get(where.output[0], [])) != 1:
             continue
-        if not any(r.op_type in LAYERS for r in consumers.get(node.output[0], [])):
+        readers = consumers.get(node.output[0], [])
+        # directly, or through a Pad (after `pad-transpose`): forms the translator emits
+        padded = [p.output[0] for p in readers if p.op_type == "Pad" and len(readers) == 1]
+        readers = [*readers, *(r for p in padded for r in consumers.get(p, []))]
+        if not any(r.op_type in LAYERS for r in readers):
             continue
         source = _binarized_source(where, producers)
         moved = work.fresh(f"{source}__moved")
@@ -855,6 +935,8 @@ def normalize(
             changed += sign_idioms(work, idioms)
         if "clamp-sign" not in disabled:
             changed += clamp_sign(work)
+        if "pad-transpose" not in disabled:
+            changed += pad_transpose(work)
         if "transpose-binarized" not in disabled:
             changed += transpose_binarized(work)
         if "transpose-sink" not in disabled:

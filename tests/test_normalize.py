@@ -312,7 +312,8 @@ def test_dynamo_castlike_and_identity_noise_is_removed():
 
 def test_rewrites_are_registered_once_by_name():
     assert {"fold-constants", "bitorch-sign", "qonnx-bipolar", "ste-detach", "plain-sign",
-            "index-put", "clamp-sign", "transpose-binarized"} <= set(REWRITES)  # fmt: skip
+            "index-put", "clamp-sign", "pad-transpose",
+            "transpose-binarized"} <= set(REWRITES)  # fmt: skip
     with pytest.raises(ValueError, match="registered twice"):
         rewrite("fold-constants")(lambda work: 0)
     with pytest.raises(ValueError, match="unknown rewrite"):
@@ -337,3 +338,108 @@ def test_transposes_sink_below_constant_arithmetic_and_cancel():
     assert ops(after) == ["Mul", "Add", "Relu"]
     assert report.applied["transpose-sink"] == 3  # two moves, one cancellation
     assert_exact(before, after, inputs())
+
+
+NHWC = [1, 6, 6, 4]
+# tf2onnx's pads for larq's one-padded conv, on the NHWC tensor; asymmetric here, so that a
+# pad moved to the wrong axis changes the output (top 1, left 2, bottom 1, right 0)
+NHWC_PADS = np.array([0, 1, 2, 0, 0, 1, 0, 0], np.int64)
+
+
+def padded_conv(pads=NHWC_PADS, mode=None, fill=1.0, pads_input=False) -> onnx.ModelProto:
+    """larq's ste_sign -> Pad (NHWC) -> Transpose to NCHW -> ±1 conv -> Transpose back, as
+    tf2onnx writes QuickNet's binary convs (`pads_input`: the pads are a second graph input)."""
+    kernel = np.where(np.random.default_rng(4).standard_normal((3, 4, 3, 3)) >= 0, 1.0, -1.0)
+    pad_inputs = ["b", "pads" if pads_input else "pads_c", "fill"]
+    nodes = [
+        const("point1", np.float32(0.1)), const("fill", np.float32(fill)),
+        const("w", kernel.astype(np.float32)),
+        helper.make_node("Sign", ["x"], ["s0"]), helper.make_node("Add", ["s0", "point1"], ["a"]),
+        helper.make_node("Sign", ["a"], ["b"]),
+        helper.make_node("Pad", pad_inputs, ["p"], **({"mode": mode} if mode else {})),
+        helper.make_node("Transpose", ["p"], ["t"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["t", "w"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1]),
+    ]  # fmt: skip
+    if not pads_input:
+        nodes.insert(0, const("pads_c", pads))
+    m = model(nodes, shape=NHWC)
+    if pads_input:
+        m.graph.input.append(helper.make_tensor_value_info("pads", TensorProto.INT64, [8]))
+    return m
+
+
+@pytest.mark.parametrize("fill", [1.0, 0.0, -1.0])
+def test_a_constant_pad_before_a_transpose_moves_below_it_with_its_pads_permuted(fill):
+    before = padded_conv(fill=fill)
+    after, report = normalize(before)
+    assert report.applied["pad-transpose"] == 1 and report.applied["transpose-binarized"] == 1
+    assert ops(after) == ["Transpose", *CANONICAL, "Pad", "Conv", "Transpose"]
+    pad = next(n for n in after.graph.node if n.op_type == "Pad")
+    pads = {i.name: numpy_helper.to_array(i) for i in after.graph.initializer}
+    pads.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in after.graph.node
+                 if n.op_type == "Constant"})  # fmt: skip
+    np.testing.assert_array_equal(pads[pad.input[1]], [0, 0, 1, 2, 0, 0, 1, 0])  # NCHW order
+    (layer,) = find_binary_layers(after)
+    assert layer.binary and layer.strict
+    assert_exact(before, after, inputs(shape=NHWC))
+
+
+def test_the_one_padded_tf2onnx_conv_converts_to_lce_bconv2d(tmp_path):
+    from converters.errors import FloatFallbackError
+    from converters.lce import ConvertOptions, convert_onnx
+
+    path = tmp_path / "padded.onnx"
+    onnx.save(padded_conv(), str(path))
+    x = inputs(shape=NHWC)
+    result = convert_onnx(path, tmp_path / "padded.tflite", inputs=x)
+    assert result.binary_layers == 1 and result.lce_bconv2d == 1
+    assert result.float_fallbacks == [] and result.normalized.applied["pad-transpose"] == 1
+    with pytest.raises(FloatFallbackError, match="would stay float"):
+        convert_onnx(path, tmp_path / "refused.tflite", inputs=x,
+                     options=ConvertOptions(disabled_rewrites=("pad-transpose",)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "reflect"},
+        {"pads": np.array([0, 0, 0, 0, 0, -1, 0, 0], np.int64)},  # a crop
+        {"pads_input": True},
+    ],
+    ids=["reflect", "negative-pads", "computed-pads"],
+)
+def test_pads_that_are_not_constant_and_nonnegative_stay_before_the_transpose(kwargs):
+    before = padded_conv(**kwargs)
+    after, report = normalize(before)
+    assert "pad-transpose" not in report.applied
+    computed = ops(after)
+    assert computed.index("Pad") < computed.index("Transpose") < computed.index("Conv")
+    if "pads_input" not in kwargs:
+        assert_exact(before, after, inputs(shape=NHWC))
+
+
+def test_pads_follow_their_axes_through_a_perm_that_is_not_its_own_inverse():
+    """Input laid out (H, N, W, C), transposed by [1, 3, 0, 2] to NCHW; every axis but C padded
+    differently (the batch too), so a pad moved by the inverse perm changes the output."""
+    shape = [6, 1, 5, 4]
+    kernel = np.where(np.random.default_rng(5).standard_normal((3, 4, 3, 3)) >= 0, 1.0, -1.0)
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("minus", np.float32(-1)),
+        const("pads", np.array([2, 1, 0, 0, 1, 0, 3, 0], np.int64)),
+        const("fill", np.float32(1.0)), const("w", kernel.astype(np.float32)),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "minus"], ["b"]),
+        helper.make_node("Pad", ["b", "pads", "fill"], ["p"]),
+        helper.make_node("Transpose", ["p"], ["t"], perm=[1, 3, 0, 2]),
+        helper.make_node("Conv", ["t", "w"], ["y"]),
+    ]  # fmt: skip
+    before = model(nodes, shape=shape)
+    after, report = normalize(before)
+    assert report.applied["pad-transpose"] == 1
+    assert ops(after) == ["Transpose", *CANONICAL, "Pad", "Conv"]
+    x = np.random.default_rng(6).standard_normal((4, *shape)).astype(np.float32)
+    x.reshape(4, -1)[:, ::5] = 0.0
+    x.reshape(4, -1)[:, 2::5] = -0.0
+    for sample in x:
+        np.testing.assert_array_equal(run(before, sample), run(after, sample))
