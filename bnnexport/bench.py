@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import tempfile
 import time
@@ -183,77 +184,84 @@ def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, flo
 
 
 def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Path | None, Any]]:
-    """(name, model file, factory) per host backend; a factory returns (predict_all, call_one).
+    """(name, model file, factory) per host backend; a factory takes the batch-1 input and returns
+    (predict_all, call_one).
 
     Each factory opens its runtime once (`converters.runtimes`, `threads` threads) and both
     functions use it, so the outputs bench scores come from the session or interpreter it times.
     """
+    run.require()
+    float_path, lce_path = run.root / "model-float.tflite", run.flatbuffer(target)
+    return [
+        ("pytorch", run.checkpoint, functools.partial(_pytorch, run, threads)),
+        ("onnxruntime", run.onnx, functools.partial(_onnxruntime, run.onnx, threads)),
+        ("tflite-float", float_path, functools.partial(_tflite_float, float_path, threads)),
+        ("lce", lce_path, functools.partial(_lce, lce_path, threads)),
+    ]
+
+
+Factory = tuple[Callable[[np.ndarray], np.ndarray], Callable[[], Any]]
+
+
+def _pytorch(run: RunDir, threads: int, x1: np.ndarray) -> Factory:
     import torch
 
-    from converters.errors import InvalidModelError
-    from converters.runtimes import (
-        lce_batch_predict,
-        lce_interpreter,
-        ort_session,
-        tflite_interpreter,
-    )
-    from converters.validate import run_lce, run_onnx, run_tflite
+    torch.set_num_threads(threads)  # restored by bench() once every backend has run
+    model = load_model(run.root)
+    one = torch.from_numpy(x1)
 
-    onnx_path, float_path, lce_path = (run.onnx, run.root / "model-float.tflite",
-                                       run.flatbuffer(target))  # fmt: skip
-    run.require()
-
-    def pytorch(x1: np.ndarray):
-        torch.set_num_threads(threads)  # restored by bench() once every backend has run
-        model = load_model(run.root)
-        one = torch.from_numpy(x1)
-
-        def predict(x: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
-                return np.concatenate(
-                    [model(torch.from_numpy(x[i : i + 100])).numpy() for i in range(0, len(x), 100)]
-                )
-
-        def call() -> None:
-            with torch.inference_mode():
-                model(one)
-
-        return predict, call
-
-    def onnxruntime(x1: np.ndarray):
-        session = ort_session(onnx_path, threads)
-        inputs = session.get_inputs()
-        if len(inputs) != 1:  # bench feeds one image tensor, as every exported BNN takes
-            names = ", ".join(i.name for i in inputs)
-            raise InvalidModelError(
-                f"{onnx_path} has {len(inputs)} inputs ({names}); bench runs models with one input"
+    def predict(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return np.concatenate(
+                [model(torch.from_numpy(x[i : i + 100])).numpy() for i in range(0, len(x), 100)]
             )
-        name = inputs[0].name
-        return (lambda x: run_onnx(session, x)), (lambda: session.run(None, {name: x1}))
 
-    def tflite_float(x1: np.ndarray):
-        interpreter = tflite_interpreter(float_path, threads)
-        source = interpreter.get_input_details()[0]["index"]
-        target_index = interpreter.get_output_details()[0]["index"]
+    def call() -> None:
+        with torch.inference_mode():
+            model(one)
 
-        def call() -> None:
-            interpreter.set_tensor(source, x1)
-            interpreter.invoke()
-            interpreter.get_tensor(target_index)
+    return predict, call
 
-        return (lambda x: run_tflite(interpreter, x)), call
 
-    def lce(x1: np.ndarray):
-        interpreter = lce_interpreter(lce_path, threads)
-        predict = lce_batch_predict(interpreter)  # one call, without predict()'s per-sample loop
-        return (lambda x: run_lce(interpreter, x)), (lambda: predict([x1]))
+def _onnxruntime(onnx_path: Path, threads: int, x1: np.ndarray) -> Factory:
+    from converters.errors import InvalidModelError
+    from converters.runtimes import ort_session
+    from converters.validate import run_onnx
 
-    return [
-        ("pytorch", run.checkpoint, pytorch),
-        ("onnxruntime", onnx_path, onnxruntime),
-        ("tflite-float", float_path, tflite_float),
-        ("lce", lce_path, lce),
-    ]
+    session = ort_session(onnx_path, threads)
+    inputs = session.get_inputs()
+    if len(inputs) != 1:  # bench feeds one image tensor, as every exported BNN takes
+        names = ", ".join(i.name for i in inputs)
+        raise InvalidModelError(
+            f"{onnx_path} has {len(inputs)} inputs ({names}); bench runs models with one input"
+        )
+    name = inputs[0].name
+    return (lambda x: run_onnx(session, x)), (lambda: session.run(None, {name: x1}))
+
+
+def _tflite_float(float_path: Path, threads: int, x1: np.ndarray) -> Factory:
+    from converters.runtimes import tflite_interpreter
+    from converters.validate import run_tflite
+
+    interpreter = tflite_interpreter(float_path, threads)
+    source = interpreter.get_input_details()[0]["index"]
+    target_index = interpreter.get_output_details()[0]["index"]
+
+    def call() -> None:
+        interpreter.set_tensor(source, x1)
+        interpreter.invoke()
+        interpreter.get_tensor(target_index)
+
+    return (lambda x: run_tflite(interpreter, x)), call
+
+
+def _lce(lce_path: Path, threads: int, x1: np.ndarray) -> Factory:
+    from converters.runtimes import lce_batch_predict, lce_interpreter
+    from converters.validate import run_lce
+
+    interpreter = lce_interpreter(lce_path, threads)
+    predict = lce_batch_predict(interpreter)  # one call, without predict()'s per-sample loop
+    return (lambda x: run_lce(interpreter, x)), (lambda: predict([x1]))
 
 
 def usable_backends(
