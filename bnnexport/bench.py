@@ -301,13 +301,12 @@ def _device_backend(
     host_lce: np.ndarray | None = None,
 ) -> tuple[list[BackendResult], dict[str, Any], str | None]:
     """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
-    runs, threads, warmup, target = options.runs, options.threads, options.warmup, options.target
-    from deploy.remote_runner import has_lce_python, run_remote_runner
+    from bnnexport.provenance import require_current
+    from deploy.remote_runner import has_lce_python
     from deploy.ssh import SshClient
 
+    target = options.target
     flatbuffer = _require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
-    from bnnexport.provenance import require_current
-
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
     client = SshClient(
         device.host,
@@ -321,44 +320,56 @@ def _device_backend(
     if runner == "auto":
         runner = "python" if has_lce_python(client, device.remote_python) else "lce_benchmark_model"
     if runner == "python":
-        with tempfile.TemporaryDirectory(prefix="bnnexport-bench-") as tmp:
-            samples = Path(tmp) / "samples.npz"
-            np.savez(samples, inputs=inputs, labels=labels)  # exactly the host's samples
-            result, outputs = run_remote_runner(
-                client,
-                flatbuffer,
-                samples=samples,
-                runs=runs,
-                threads=threads,
-                warmup=warmup,
-                python=device.remote_python,
-                timeout=device.timeout,
-            )
-        latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
-        extra = {
-            "runner": "python",
-            "lce_version": result.get("lce_version"),
-            "device_accuracy": result.get("accuracy"),
-        }
-        return (
-            [score("lce", device.host, flatbuffer, outputs, labels, reference, latency, extra)],
-            identity,
-            None,
-        )
+        row = _python_runner_row(client, device, flatbuffer, options, inputs, labels, reference)
+        return [row], identity, None
     from bnnexport.device_accuracy import device_lce_rows
     from deploy.device_accuracy import DeviceOptions
 
-    options = DeviceOptions(
-        threads=threads,
-        runs=runs,
-        warmup_runs=warmup,
+    tool = DeviceOptions(
+        threads=options.threads,
+        runs=options.runs,
+        warmup_runs=options.warmup,
         binary=device.benchmark_binary,
         timeout=device.timeout,
     )
     rows, raw = device_lce_rows(
-        client, run.root, target, inputs, labels, reference, host_lce, options, device.batch
+        client, run.root, target, inputs, labels, reference, host_lce, tool, device.batch
     )
     return rows, identity, raw
+
+
+def _python_runner_row(
+    client: Any,
+    device: DeviceTarget,
+    flatbuffer: Path,
+    options: BenchOptions,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    reference: np.ndarray,
+) -> BackendResult:
+    """The device's `lce` row from bnnexport's own runner (deploy/runner.py) on the device."""
+    from deploy.remote_runner import run_remote_runner
+
+    with tempfile.TemporaryDirectory(prefix="bnnexport-bench-") as tmp:
+        samples = Path(tmp) / "samples.npz"
+        np.savez(samples, inputs=inputs, labels=labels)  # exactly the host's samples
+        result, outputs = run_remote_runner(
+            client,
+            flatbuffer,
+            samples=samples,
+            runs=options.runs,
+            threads=options.threads,
+            warmup=options.warmup,
+            python=device.remote_python,
+            timeout=device.timeout,
+        )
+    latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
+    extra = {
+        "runner": "python",
+        "lce_version": result.get("lce_version"),
+        "device_accuracy": result.get("accuracy"),
+    }
+    return score("lce", device.host, flatbuffer, outputs, labels, reference, latency, extra)
 
 
 def bench(
