@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import tempfile
 import time
@@ -142,10 +144,12 @@ class WitnessModels:
             with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
                 saved = str(Path(tmp) / "saved")
                 self.sources = save_saved_model(self.model, saved, witness=True).witness_sources
-                self._flatbuffers = {
-                    "LCE": lce.convert_saved_model(saved, target="arm"),
-                    "float TFLite": tf().lite.TFLiteConverter.from_saved_model(saved).convert(),
-                }
+                release_memory()  # as in `_translate`
+                converted = lce.convert_saved_model(saved, target="arm")
+                release_memory()
+                float_converted = tf().lite.TFLiteConverter.from_saved_model(saved).convert()
+                release_memory()
+                self._flatbuffers = {"LCE": converted, "float TFLite": float_converted}
         return self._flatbuffers
 
     def witness(self, runtime: str) -> Witness:
@@ -171,6 +175,20 @@ def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], di
         return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
     runner = tflite_interpreter(flatbuffer).get_signature_runner()
     return lambda x: runner(input_0=x)
+
+
+def release_memory() -> None:
+    """Collect TensorFlow's reference cycles and hand freed heap back to the OS.
+
+    Building and saving a `tf.function` leaves its graph (the model's constants, ~1x-10x the
+    ONNX file) in reference cycles that only `gc.collect()` frees, and glibc keeps freed
+    memory in its arenas until `malloc_trim`; without both, every conversion of a large model
+    starts on top of the last one's leftovers (docs/LCE_NOTES.md §9)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -250,10 +268,13 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         saved = str(Path(tmp) / "saved")
         info = save_saved_model(model, saved)
+        release_memory()  # the traced graph, before the converter copies the model again
         flatbuffer = lce.convert_saved_model(saved, target="arm")
+        release_memory()
         float_flatbuffer = None
         if float_model:
             float_flatbuffer = tf().lite.TFLiteConverter.from_saved_model(saved).convert()
+            release_memory()
     return flatbuffer, float_flatbuffer, info
 
 
@@ -373,6 +394,9 @@ def convert_onnx(
     reference = runnable_reference(original)
     reference_path = onnx_path if reference is None else reference.SerializeToString()
     flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
+    float_bytes = len(float_flatbuffer)
+    if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
+        float_flatbuffer = b""
     histogram = op_histogram(flatbuffer)
     allowed = _refuse_fallbacks(
         float_fallbacks(graph, info.binary_emitted, histogram), options.allow_float
@@ -383,9 +407,11 @@ def convert_onnx(
     check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
     gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
                    write_float_tflite is not None)  # fmt: skip
+    release_memory()  # the gate's ONNX Runtime sessions and interpreters, before the twin's
     twin = check_twin(model, inputs, references, options.gate) if options.twin else []
     if normalized.batch is not None and options.batch != 1:
         flatbuffer, float_flatbuffer, gate = _rebatch(original, options, flatbuffer, inputs)
+        float_bytes = len(float_flatbuffer)
         gates.append(gate)
         normalized.batch = options.batch
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
@@ -401,7 +427,7 @@ def convert_onnx(
         random_inputs=is_random,
         onnx_bytes=onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
-        tflite_float_bytes=len(float_flatbuffer),
+        tflite_float_bytes=float_bytes,
         float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
         seconds=time.perf_counter() - start,
         gates=gates,
