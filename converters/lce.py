@@ -147,8 +147,7 @@ class WitnessModels:
                 release_memory()  # as in `_translate`
                 converted = lce.convert_saved_model(saved, target="arm")
                 release_memory()
-                float_converted = tf().lite.TFLiteConverter.from_saved_model(saved).convert()
-                release_memory()
+                float_converted = _float_tflite(saved)
                 self._flatbuffers = {"LCE": converted, "float TFLite": float_converted}
         return self._flatbuffers
 
@@ -273,9 +272,22 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
         release_memory()
         float_flatbuffer = None
         if float_model:
-            float_flatbuffer = tf().lite.TFLiteConverter.from_saved_model(saved).convert()
-            release_memory()
+            float_flatbuffer = _float_tflite(saved)
     return flatbuffer, float_flatbuffer, info
+
+
+def _float_tflite(saved: str) -> bytes:
+    """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
+    into Python only to read its signatures and drops it into reference cycles: collect it
+    before the converter reads the model again (docs/LCE_NOTES.md §9)."""
+    from converters.tf_ops import tf
+
+    converter = tf().lite.TFLiteConverter.from_saved_model(saved)
+    release_memory()
+    flatbuffer = converter.convert()
+    del converter
+    release_memory()
+    return flatbuffer
 
 
 def binarization_inputs(
