@@ -232,10 +232,21 @@ def float_fallbacks(
     graph: Graph, emitted: Sequence[str], histogram: dict[str, int]
 ) -> dict[str, str]:
     """Layer -> why it is not an `LceBconv2d`, for every binary or binary-looking layer."""
-    why = lookalike_layers(graph)
-    for layer in find_binary_layers_in(graph):
-        if layer.binary and layer.node_name not in emitted:
-            why[layer.node_name] = "the translator has no binary form for the ops around it"
+    binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
+    return _fallbacks(lookalike_layers(graph), binary, emitted, histogram)
+
+
+def _fallbacks(
+    lookalikes: dict[str, str],
+    binary: Sequence[str],
+    emitted: Sequence[str],
+    histogram: dict[str, int],
+) -> dict[str, str]:
+    """`float_fallbacks` from what it needs of the graph: its look-alike and binary layers."""
+    why = dict(lookalikes)
+    for name in binary:
+        if name not in emitted:
+            why[name] = "the translator has no binary form for the ops around it"
     if histogram.get("LceBconv2d", 0) < len(emitted):
         why["(LCE converter)"] = (
             f"LCE made {histogram.get('LceBconv2d', 0)} of the {len(emitted)} binary layers "
@@ -402,8 +413,14 @@ def convert_onnx(
     # fixed at another size is translated again below and must give LCE's outputs exactly
     model, normalized = normalize(original, 1, options.disabled_rewrites)
     graph = Graph(model)
-    _refuse_fallbacks(lookalike_layers(graph), options.allow_float)  # before TensorFlow
+    lookalikes = lookalike_layers(graph)
+    _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
+    binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
+    # the graph's folded constants and the original are each a copy of the weights: drop both
+    # before the converters run (docs/LCE_NOTES.md §9); a rebatch loads the file again
+    del graph
     reference = runnable_reference(original)
+    del original
     reference_path = onnx_path if reference is None else reference.SerializeToString()
     flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
     float_bytes = len(float_flatbuffer)
@@ -411,7 +428,7 @@ def convert_onnx(
         float_flatbuffer = b""
     histogram = op_histogram(flatbuffer)
     allowed = _refuse_fallbacks(
-        float_fallbacks(graph, info.binary_emitted, histogram), options.allow_float
+        _fallbacks(lookalikes, binary, info.binary_emitted, histogram), options.allow_float
     )
     is_random = inputs is None
     if inputs is None:
@@ -422,6 +439,7 @@ def convert_onnx(
     release_memory()  # the gate's ONNX Runtime sessions and interpreters, before the twin's
     twin = check_twin(model, inputs, references, options.gate) if options.twin else []
     if normalized.batch is not None and options.batch != 1:
+        original = load_onnx(onnx_path)
         flatbuffer, float_flatbuffer, gate = _rebatch(original, options, flatbuffer, inputs)
         float_bytes = len(float_flatbuffer)
         gates.append(gate)
@@ -430,7 +448,7 @@ def convert_onnx(
     return ConversionResult(
         output=written,
         target=target,
-        binary_layers=len([m for m in find_binary_layers_in(graph) if m.binary]),
+        binary_layers=len(binary),
         lce_bconv2d=histogram.get("LceBconv2d", 0),
         float_conv2d=histogram.get("CONV_2D", 0) + histogram.get("DEPTHWISE_CONV_2D", 0),
         fully_connected=histogram.get("FULLY_CONNECTED", 0),
