@@ -107,28 +107,37 @@ _FOLDERS: dict[str, Callable[[list, dict], np.ndarray]] = {
 }
 
 
+def _copy(info: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(info)
+    return out
+
+
 class Graph:
     """ONNX graph view: constants folded with numpy, producers/consumers, static shapes."""
 
     def __init__(self, model: onnx.ModelProto):
         try:
-            model = onnx.shape_inference.infer_shapes(model)
+            inferred = onnx.shape_inference.infer_shapes(model)
         except Exception:  # inference is a help for folding `Shape`, never a requirement
-            pass
-        self.model = model
-        graph = model.graph
+            inferred = model
+        self.model = model  # not the inferred copy: one copy of the weights is enough
         self.constants: dict[str, np.ndarray] = {
-            init.name: numpy_helper.to_array(init) for init in graph.initializer
+            init.name: numpy_helper.to_array(init) for init in model.graph.initializer
         }
         self.shapes: dict[str, list[int | None]] = {}
-        for info in [*graph.value_info, *graph.input, *graph.output]:
+        known = inferred.graph
+        for info in [*known.value_info, *known.input, *known.output]:
             dims = info.type.tensor_type.shape.dim
             self.shapes[info.name] = [
                 d.dim_value if d.HasField("dim_value") else None for d in dims
             ]
         initializer_names = set(self.constants)
-        self.inputs = [i for i in graph.input if i.name not in initializer_names]
-        self.outputs = list(graph.output)
+        # copies (small), so that nothing here keeps the inferred model (all its weights) alive
+        self.inputs = [_copy(i) for i in known.input if i.name not in initializer_names]
+        self.outputs = [_copy(o) for o in known.output]
+        graph = model.graph
+        del inferred, known
         self.nodes: list[onnx.NodeProto] = []  # nodes left after folding, in graph order
         self._fold(graph.node)
         self.producer: dict[str, onnx.NodeProto] = {}

@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import tempfile
 import time
@@ -134,10 +136,11 @@ class WitnessModels:
             with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
                 saved = str(Path(tmp) / "saved")
                 self.sources = save_saved_model(self.model, saved, witness=True).witness_sources
-                self._flatbuffers = {
-                    "LCE": lce.convert_saved_model(saved, target="arm"),
-                    "float TFLite": tf().lite.TFLiteConverter.from_saved_model(saved).convert(),
-                }
+                release_memory()  # as in `_translate`
+                converted = lce.convert_saved_model(saved, target="arm")
+                release_memory()
+                float_converted = _float_tflite(saved)
+                self._flatbuffers = {"LCE": converted, "float TFLite": float_converted}
         return self._flatbuffers
 
     def witness(self, runtime: str) -> Witness:
@@ -163,6 +166,20 @@ def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], di
         return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
     runner = tflite_interpreter(flatbuffer).get_signature_runner()
     return lambda x: runner(input_0=x)
+
+
+def release_memory() -> None:
+    """Collect TensorFlow's reference cycles and hand freed heap back to the OS.
+
+    Building and saving a `tf.function` leaves its graph (the model's constants, ~1x-10x the
+    ONNX file) in reference cycles that only `gc.collect()` frees, and glibc keeps freed
+    memory in its arenas until `malloc_trim`; without both, every conversion of a large model
+    starts on top of the last one's leftovers (docs/LCE_NOTES.md §9)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -207,10 +224,21 @@ def float_fallbacks(
     graph: Graph, emitted: Sequence[str], histogram: dict[str, int]
 ) -> dict[str, str]:
     """Layer -> why it is not an `LceBconv2d`, for every binary or binary-looking layer."""
-    why = lookalike_layers(graph)
-    for layer in find_binary_layers_in(graph):
-        if layer.binary and layer.node_name not in emitted:
-            why[layer.node_name] = "the translator has no binary form for the ops around it"
+    binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
+    return _fallbacks(lookalike_layers(graph), binary, emitted, histogram)
+
+
+def _fallbacks(
+    lookalikes: dict[str, str],
+    binary: Sequence[str],
+    emitted: Sequence[str],
+    histogram: dict[str, int],
+) -> dict[str, str]:
+    """`float_fallbacks` from what it needs of the graph: its look-alike and binary layers."""
+    why = dict(lookalikes)
+    for name in binary:
+        if name not in emitted:
+            why[name] = "the translator has no binary form for the ops around it"
     if histogram.get("LceBconv2d", 0) < len(emitted):
         why["(LCE converter)"] = (
             f"LCE made {histogram.get('LceBconv2d', 0)} of the {len(emitted)} binary layers "
@@ -241,11 +269,27 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         saved = str(Path(tmp) / "saved")
         info = save_saved_model(model, saved)
+        release_memory()  # the traced graph, before the converter copies the model again
         flatbuffer = lce.convert_saved_model(saved, target="arm")
+        release_memory()
         float_flatbuffer = None
         if float_model:
-            float_flatbuffer = tf().lite.TFLiteConverter.from_saved_model(saved).convert()
+            float_flatbuffer = _float_tflite(saved)
     return flatbuffer, float_flatbuffer, info
+
+
+def _float_tflite(saved: str) -> bytes:
+    """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
+    into Python only to read its signatures and drops it into reference cycles: collect it
+    before the converter reads the model again (docs/LCE_NOTES.md §9)."""
+    from converters.tf_ops import tf
+
+    converter = tf().lite.TFLiteConverter.from_saved_model(saved)
+    release_memory()
+    flatbuffer = converter.convert()
+    del converter
+    release_memory()
+    return flatbuffer
 
 
 def binarization_inputs(
@@ -353,13 +397,22 @@ def convert_onnx(
     # fixed at another size is translated again below and must give LCE's outputs exactly
     model, normalized = normalize(original, 1, options.disabled_rewrites)
     graph = Graph(model)
-    _refuse_fallbacks(lookalike_layers(graph), options.allow_float)  # before TensorFlow
+    lookalikes = lookalike_layers(graph)
+    _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
+    binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
+    # the graph's folded constants and the original are each a copy of the weights: drop both
+    # before the converters run (docs/LCE_NOTES.md §9); a rebatch loads the file again
+    del graph
     reference = runnable_reference(original)
+    del original
     reference_path = onnx_path if reference is None else reference.SerializeToString()
     flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
+    float_bytes = len(float_flatbuffer)
+    if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
+        float_flatbuffer = b""
     histogram = op_histogram(flatbuffer)
     allowed = _refuse_fallbacks(
-        float_fallbacks(graph, info.binary_emitted, histogram), options.allow_float
+        _fallbacks(lookalikes, binary, info.binary_emitted, histogram), options.allow_float
     )
     is_random = inputs is None
     if inputs is None:
@@ -367,16 +420,19 @@ def convert_onnx(
     check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
     gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
                    write_float_tflite is not None)  # fmt: skip
+    release_memory()  # the gate's ONNX Runtime sessions and interpreters, before the twin's
     twin = check_twin(model, inputs, references, options.gate) if options.twin else []
     if normalized.batch is not None and options.batch != 1:
+        original = load_onnx(onnx_path)
         flatbuffer, float_flatbuffer, gate = _rebatch(original, options, flatbuffer, inputs)
+        float_bytes = len(float_flatbuffer)
         gates.append(gate)
         normalized.batch = options.batch
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
         output=written,
         target=target,
-        binary_layers=len([m for m in find_binary_layers_in(graph) if m.binary]),
+        binary_layers=len(binary),
         lce_bconv2d=histogram.get("LceBconv2d", 0),
         float_conv2d=histogram.get("CONV_2D", 0) + histogram.get("DEPTHWISE_CONV_2D", 0),
         fully_connected=histogram.get("FULLY_CONNECTED", 0),
@@ -385,7 +441,7 @@ def convert_onnx(
         random_inputs=is_random,
         onnx_bytes=onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
-        tflite_float_bytes=len(float_flatbuffer),
+        tflite_float_bytes=float_bytes,
         float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
         seconds=time.perf_counter() - start,
         gates=gates,
