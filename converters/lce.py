@@ -282,7 +282,7 @@ def _float_tflite(saved: str) -> bytes:
     """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
     into Python only to read its signatures and drops it into reference cycles: collect it
     before the converter reads the model again (docs/LCE_NOTES.md §9)."""
-    from converters.tf_ops import tf
+    from converters.runtimes import tf
 
     converter = tf().lite.TFLiteConverter.from_saved_model(saved)
     release_memory()
