@@ -25,10 +25,10 @@ it is (the translator then names the node it cannot convert):
   hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself;
 - ``pad-transpose``: binarization -> constant `Pad` -> `Transpose` -> layer becomes
   binarization -> `Transpose` -> `Pad` (pads permuted): tf2onnx's one-padded binary convs;
-- ``reshape-transpose``: a `Reshape` between a binarization and its layer that only moves axes
-  of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo BinaryAlexNet's dense
-  layers, written as 1x1 convs) becomes the `Transpose` it equals, which the next two passes
-  move and cancel;
+- ``reshape-transpose``: a `Reshape` just before or after a layer's binarization that only
+  moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
+  BinaryAlexNet's dense layers, written as 1x1 convs) becomes the `Transpose` it equals, which
+  the next two passes move and cancel and the translator reads as NHWC -> NCHW;
 - ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer (or
   the layer's Pad) is moved before the binarization (tf2onnx, NHWC), so the binarization feeds
   the layer directly;
@@ -838,21 +838,31 @@ def _unit_perm(source: list[int], target: list[int]) -> list[int] | None:
 
 @rewrite("reshape-transpose")
 def reshape_transpose(work: Work) -> int:
-    """Binarize -> Reshape -> layer, where the Reshape only moves axes of length 1 (tf2onnx's
-    `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo BinaryAlexNet's 1x1 binary convs on a 1x1
-    input, its dense layers), becomes Binarize -> Transpose -> layer: the same data, and a form
-    `transpose-binarized` and `transpose-sink` move and cancel, as for the other NHWC convs.
-    Only with a static input shape and a constant target; a Reshape that reorders data (two
-    axes longer than 1 swap places) or changes the rank stays."""
+    """Binarize -> Reshape -> layer, or Reshape -> Binarize -> layer, where the Reshape only
+    moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
+    BinaryAlexNet's 1x1 binary convs on a 1x1 input, its dense layers), becomes the Transpose
+    it equals: the same data, and a form `transpose-binarized` and `transpose-sink` move and
+    cancel, and the translator reads as NHWC -> NCHW, as for the other NHWC convs. Both orders,
+    because the shapes often become static only after `fold-constants` (tf2onnx computes a
+    Keras Reshape's target from `Shape`), by when `transpose-binarized` has moved the Reshape
+    above the binarization. Only with a static input shape and a constant target; a Reshape
+    that reorders data (two axes longer than 1 swap places) or changes the rank stays."""
     producers, consumers = work.producers(), work.consumers()
+    # the tensors binarized on their way to a layer (the rewrite below keeps every name)
+    binarized = {
+        _binarized_source(b, producers)
+        for b in work.nodes
+        if _is_canonical(work, b, producers) and _feeds_layer(work, b.output[0], consumers)
+    }
     changed = 0
     for node in list(work.nodes):
         if node.op_type != "Reshape" or node.domain not in ONNX_DOMAINS:
             continue
         where = producers.get(node.input[0])
-        if where is None or not _is_canonical(work, where, producers):
-            continue
-        if not _feeds_layer(work, node.output[0], consumers):
+        after = where is not None and _is_canonical(work, where, producers)
+        if not (after and _feeds_layer(work, node.output[0], consumers)) and (
+            node.output[0] not in binarized
+        ):
             continue
         target = _reshape_target(work, node)
         perm = _unit_perm(work.shape(node.input[0]), target) if target is not None else None
@@ -862,7 +872,6 @@ def reshape_transpose(work: Work) -> int:
                                  name=work.fresh("Transpose"))  # fmt: skip
         _replace(work, node, [moved])
         changed += 1
-        producers, consumers = work.producers(), work.consumers()
     _count(work, "reshape-transpose", changed)
     return changed
 
