@@ -25,6 +25,10 @@ it is (the translator then names the node it cannot convert):
   hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself;
 - ``pad-transpose``: binarization -> constant `Pad` -> `Transpose` -> layer becomes
   binarization -> `Transpose` -> `Pad` (pads permuted): tf2onnx's one-padded binary convs;
+- ``reshape-transpose``: a `Reshape` just before or after a layer's binarization that only
+  moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
+  BinaryAlexNet's dense layers, written as 1x1 convs) becomes the `Transpose` it equals, which
+  the next two passes move and cancel and the translator reads as NHWC -> NCHW;
 - ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer (or
   the layer's Pad) is moved before the binarization (tf2onnx, NHWC), so the binarization feeds
   the layer directly;
@@ -794,6 +798,84 @@ def pad_transpose(work: Work) -> int:
     return changed
 
 
+def _reshape_target(work: Work, node: onnx.NodeProto) -> list[int] | None:
+    """The output shape of a Reshape whose input shape is static and whose target is a
+    constant (0 copies the input's dim unless `allowzero`, -1 takes what is left), or None."""
+    source = work.shape(node.input[0])
+    target = work.consts.get(node.input[1]) if len(node.input) > 1 else None
+    if not _static(source) or target is None or np.asarray(target).ndim != 1:
+        return None
+    allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
+    dims = [int(d) for d in np.asarray(target)]
+    if allowzero and 0 in dims:
+        return None  # a zero-sized tensor: nothing a layer reads
+    dims = [source[k] if d == 0 and k < len(source) else d for k, d in enumerate(dims)]
+    if dims.count(-1) > 1 or any(d < -1 or d == 0 for d in dims):
+        return None
+    total, known = int(np.prod(source)), int(np.prod([d for d in dims if d != -1]))
+    if -1 in dims:
+        if known == 0 or total % known:
+            return None
+        dims[dims.index(-1)] = total // known
+    return dims if int(np.prod(dims)) == total else None
+
+
+def _unit_perm(source: list[int], target: list[int]) -> list[int] | None:
+    """The perm of a Transpose equal to reshaping `source` to `target`, or None. Row-major
+    order only sees the axes longer than 1, so when those keep their order (and the rank is the
+    same) the reshape only moves unit axes: non-unit output axes take the non-unit input axes
+    in order, unit output axes the unit input axes in order."""
+    if len(source) != len(target):
+        return None
+    big_in = [k for k, d in enumerate(source) if d != 1]
+    big_out = [k for k, d in enumerate(target) if d != 1]
+    if [source[k] for k in big_in] != [target[k] for k in big_out]:
+        return None
+    units = iter(k for k, d in enumerate(source) if d == 1)
+    bigs = iter(big_in)
+    return [next(bigs) if d != 1 else next(units) for d in target]
+
+
+@rewrite("reshape-transpose")
+def reshape_transpose(work: Work) -> int:
+    """Binarize -> Reshape -> layer, or Reshape -> Binarize -> layer, where the Reshape only
+    moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
+    BinaryAlexNet's 1x1 binary convs on a 1x1 input, its dense layers), becomes the Transpose
+    it equals: the same data, and a form `transpose-binarized` and `transpose-sink` move and
+    cancel, and the translator reads as NHWC -> NCHW, as for the other NHWC convs. Both orders,
+    because the shapes often become static only after `fold-constants` (tf2onnx computes a
+    Keras Reshape's target from `Shape`), by when `transpose-binarized` has moved the Reshape
+    above the binarization. Only with a static input shape and a constant target; a Reshape
+    that reorders data (two axes longer than 1 swap places) or changes the rank stays."""
+    producers, consumers = work.producers(), work.consumers()
+    # the tensors binarized on their way to a layer (the rewrite below keeps every name)
+    binarized = {
+        _binarized_source(b, producers)
+        for b in work.nodes
+        if _is_canonical(work, b, producers) and _feeds_layer(work, b.output[0], consumers)
+    }
+    changed = 0
+    for node in list(work.nodes):
+        if node.op_type != "Reshape" or node.domain not in ONNX_DOMAINS:
+            continue
+        where = producers.get(node.input[0])
+        after = where is not None and _is_canonical(work, where, producers)
+        if not (after and _feeds_layer(work, node.output[0], consumers)) and (
+            node.output[0] not in binarized
+        ):
+            continue
+        target = _reshape_target(work, node)
+        perm = _unit_perm(work.shape(node.input[0]), target) if target is not None else None
+        if perm is None or perm == list(range(len(perm))):
+            continue
+        moved = helper.make_node("Transpose", [node.input[0]], [node.output[0]], perm=perm,
+                                 name=work.fresh("Transpose"))  # fmt: skip
+        _replace(work, node, [moved])
+        changed += 1
+    _count(work, "reshape-transpose", changed)
+    return changed
+
+
 @rewrite("transpose-binarized")
 def transpose_binarized(work: Work) -> int:
     """Binarize(x) -> Transpose/Reshape -> layer (or -> Pad -> layer) becomes
@@ -935,6 +1017,8 @@ def normalize(
             changed += sign_idioms(work, idioms)
         if "clamp-sign" not in disabled:
             changed += clamp_sign(work)
+        if "reshape-transpose" not in disabled:
+            changed += reshape_transpose(work)
         if "pad-transpose" not in disabled:
             changed += pad_transpose(work)
         if "transpose-binarized" not in disabled:

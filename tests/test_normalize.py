@@ -312,7 +312,7 @@ def test_dynamo_castlike_and_identity_noise_is_removed():
 
 def test_rewrites_are_registered_once_by_name():
     assert {"fold-constants", "bitorch-sign", "qonnx-bipolar", "ste-detach", "plain-sign",
-            "index-put", "clamp-sign", "pad-transpose",
+            "index-put", "clamp-sign", "pad-transpose", "reshape-transpose",
             "transpose-binarized"} <= set(REWRITES)  # fmt: skip
     with pytest.raises(ValueError, match="registered twice"):
         rewrite("fold-constants")(lambda work: 0)
@@ -443,3 +443,111 @@ def test_pads_follow_their_axes_through_a_perm_that_is_not_its_own_inverse():
     x.reshape(4, -1)[:, 2::5] = -0.0
     for sample in x:
         np.testing.assert_array_equal(run(before, sample), run(after, sample))
+
+
+ALEX = [1, 1, 2, 3]  # NHWC, flattened to [N, 1, 1, 6] as Keras' Reshape((1, 1, 6)) does
+
+
+def dense_as_1x1_convs(shape=ALEX, target=None, shape_input=False):
+    """larq-zoo BinaryAlexNet's dense layers as tf2onnx writes them: a Keras Reshape to
+    `[N, 1, 1, C]` whose target is computed from `Shape` (so shapes are known only once it
+    folds), then twice: ste_sign -> Reshape to NCHW `[N, C, 1, 1]` -> ±1 1x1 conv -> BatchNorm
+    (Mul/Add on the channel axis) -> Reshape back to NHWC. `target`: the NCHW reshape's target
+    instead (no flattening then); `shape_input`: the second layer's target is a graph input,
+    only known at run time."""
+    rng = np.random.default_rng(7)
+    flatten = target is None
+    c = int(np.prod(shape[1:])) if flatten else shape[-1]
+    nchw = (-1, c, 1, 1) if flatten else target
+    nhwc = (-1, 1, 1, c) if flatten else (-1, *shape[1:])
+    nodes = [const("point1", np.float32(0.1)), const("nchw", np.array(nchw, np.int64)),
+             const("nhwc", np.array(nhwc, np.int64))]  # fmt: skip
+    if flatten:
+        nodes += [
+            const("start", np.array([0], np.int64)), const("one", np.array([1], np.int64)),
+            const("rest", np.array([1, 1, c], np.int64)),
+            helper.make_node("Shape", ["x"], ["xs"]),
+            helper.make_node("Slice", ["xs", "start", "one"], ["n"]),
+            helper.make_node("Concat", ["n", "rest"], ["flat"], axis=0),
+            helper.make_node("Reshape", ["x", "flat"], ["f"]),
+        ]  # fmt: skip
+    for k, src in enumerate(["f" if flatten else "x", "h0"]):
+        kernel = np.where(rng.standard_normal((c, c, 1, 1)) >= 0, 1.0, -1.0).astype(np.float32)
+        nodes += [
+            const(f"w{k}", kernel),
+            const(f"m{k}", rng.random((c, 1, 1)).astype(np.float32) + 0.5),
+            const(f"add{k}", rng.standard_normal((c, 1, 1)).astype(np.float32)),
+            helper.make_node("Sign", [src], [f"s{k}"]),
+            helper.make_node("Add", [f"s{k}", "point1"], [f"a{k}"]),
+            helper.make_node("Sign", [f"a{k}"], [f"b{k}"]),
+            helper.make_node("Reshape", [f"b{k}", "target2" if k and shape_input else "nchw"],
+                             [f"r{k}"]),
+            helper.make_node("Conv", [f"r{k}", f"w{k}"], [f"c{k}"]),
+            helper.make_node("Mul", [f"c{k}", f"m{k}"], [f"scaled{k}"]),
+            helper.make_node("Add", [f"scaled{k}", f"add{k}"], [f"bn{k}"]),
+            helper.make_node("Reshape", [f"bn{k}", "nhwc"], [f"h{k}" if k == 0 else "y"]),
+        ]  # fmt: skip
+    m = model(nodes, shape=["N", *shape[1:]])
+    if shape_input:
+        m.graph.input.append(helper.make_tensor_value_info("target2", TensorProto.INT64, [4]))
+    return m
+
+
+def test_a_reshape_that_only_moves_unit_axes_becomes_a_transpose():
+    before = dense_as_1x1_convs()
+    after, report = normalize(before)
+    assert report.applied["reshape-transpose"] == 2
+    computed = ops(after)
+    assert computed.count("Conv") == 2 and computed.count("Transpose") == 2
+    layers = find_binary_layers(after)
+    assert len(layers) == 2 and all(layer.binary and layer.strict for layer in layers)
+    assert_exact(before, after, inputs(shape=ALEX))
+
+
+def test_alexnet_dense_layers_convert_to_lce_bconv2d(tmp_path):
+    """A 1x1 conv on a 1x1 input is still a conv to LCE: both layers become LceBconv2d."""
+    from converters.errors import FloatFallbackError
+    from converters.lce import ConvertOptions, convert_onnx
+
+    path = tmp_path / "dense.onnx"
+    onnx.save(dense_as_1x1_convs(), str(path))
+    x = inputs(shape=ALEX)
+    result = convert_onnx(path, tmp_path / "dense.tflite", inputs=x)
+    assert result.binary_layers == 2 and result.lce_bconv2d == 2
+    assert result.float_fallbacks == [] and result.normalized.applied["reshape-transpose"] == 2
+    with pytest.raises(FloatFallbackError, match="would stay float"):
+        convert_onnx(path, tmp_path / "refused.tflite", inputs=x,
+                     options=ConvertOptions(disabled_rewrites=("reshape-transpose",)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [((1, 2, 3, 1), (1, 1, 3, 2)), ((1, 2, 3, 1), (1, 6, 1, 1))],
+    ids=["swaps-non-unit-axes", "merges-axes"],
+)
+def test_unit_perm_is_found_only_where_the_data_stays_in_order(source, target):
+    from converters.normalize import _unit_perm
+
+    assert _unit_perm(list(source), list(target)) is None
+    assert _unit_perm([1, 1, 1, 9], [1, 9, 1, 1]) == [0, 3, 1, 2]
+    x = np.arange(2 * 5 * 3).reshape(1, 2, 1, 5, 3)
+    perm = _unit_perm(list(x.shape), [2, 1, 5, 1, 3])
+    np.testing.assert_array_equal(np.transpose(x, perm), x.reshape(2, 1, 5, 1, 3))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"shape": [1, 2, 3, 6], "target": (-1, 6, 2, 3)},  # NHWC -> NCHW by reshape: reorders
+        {"shape_input": True},  # the second target is only known at run time
+    ],
+    ids=["reorders-data", "dynamic-target"],
+)
+def test_a_reshape_that_reorders_or_is_not_known_stays(kwargs):
+    before = dense_as_1x1_convs(**kwargs)
+    after, report = normalize(before)
+    expected = 0 if "shape" in kwargs else 1  # the first (constant) reshape still goes
+    assert report.applied.get("reshape-transpose", 0) == expected
+    assert ops(after).count("Transpose") == expected
+    if "shape" in kwargs:
+        assert_exact(before, after, inputs(shape=kwargs["shape"]))
