@@ -3,8 +3,9 @@
 Real weights round differently in every runtime, so a converted model can only be checked up to
 sign ties (`converters.gate`). The twin removes rounding altogether: every float initializer is
 rounded to a coarse power-of-two grid of its own magnitude (at most `BITS` significant bits);
-every BatchNorm gets a variance of 4096 (so sqrt(var + eps) is exactly 64 in float32 for any
-eps < 2.4e-4), a gamma of 64 x a power of two (so its scale is that power of two, negated in
+every BatchNorm gets a variance of 4096 - eps, as float32 (`bn_variance`: var + eps is then
+exactly 4096 and sqrt(var + eps) exactly 64 in float32, for PyTorch's eps 1e-5 and Keras' 1e-3
+alike), a gamma of 64 x a power of two (so its scale is that power of two, negated in
 every fourth channel so both signs occur) and a mean that puts its zero crossing on an integer,
 and on 0 in every other channel (so a binary conv's integer accumulator lands exactly on it, and
 exact +0.0 and -0.0 both reach the next sign); the inputs lie on the 1/8 grid in [-1, 1]. Every
@@ -29,7 +30,7 @@ from converters.graph import Graph
 from converters.patterns import find_binary_layers_in
 
 BITS = 4  # significant bits of a twin parameter
-BN_VARIANCE = 4096.0  # sqrt(4096 + eps) rounds to exactly 64 in float32
+BN_VARIANCE = 4096.0  # var + eps of every twin BatchNorm: its square root is exactly 64
 INPUT_STEP = 1 / 8
 
 
@@ -56,6 +57,27 @@ def grid_inputs(inputs: np.ndarray) -> np.ndarray:
     return (np.round(x / INPUT_STEP) * INPUT_STEP).astype(np.float32)
 
 
+def bn_variance(eps: float) -> np.float32:
+    """The float32 variance v for which v + eps is exactly `BN_VARIANCE` in float32 (and the
+    float64 square root of v + eps rounds to exactly 64 in float32, for runtimes that fold in
+    float64). A plain 4096 works only for eps below half of float32's spacing at 4096
+    (2.4e-4): with Keras' eps = 1e-3, sqrt(4096 + eps) is 64.00001 and every runtime's folded
+    BatchNorm keeps a tiny residue of its own sign at the zeros the twin puts on purpose
+    (docs/LCE_NOTES.md §6).
+
+    >>> float(bn_variance(1e-5)), float(bn_variance(1e-3) + np.float32(1e-3))
+    (4096.0, 4096.0)
+    """
+    eps32 = np.float32(eps)
+    start = np.float32(BN_VARIANCE - eps)
+    for v in (start, np.nextafter(start, np.float32(0)), np.nextafter(start, np.float32(1e9))):
+        exact32 = np.float32(v + eps32) == np.float32(BN_VARIANCE)
+        exact64 = np.float32(np.sqrt(np.float64(v) + np.float64(eps))) == np.float32(64.0)
+        if exact32 and exact64:
+            return np.float32(v)
+    raise ValueError(f"no float32 BatchNorm variance makes var + {eps} exactly {BN_VARIANCE}")
+
+
 def _batch_norm_params(graph: Graph, node: onnx.NodeProto) -> dict[str, np.ndarray]:
     gamma, beta, mean, var = (graph.const(n) for n in node.input[1:5])
     if any(c is None for c in (gamma, beta, mean, var)):
@@ -78,7 +100,7 @@ def _batch_norm_params(graph: Graph, node: onnx.NodeProto) -> dict[str, np.ndarr
         names[0]: (scale * np.sqrt(BN_VARIANCE)).astype(np.float32),
         names[1]: beta,
         names[2]: mean.astype(np.float32),
-        names[3]: np.full_like(var, BN_VARIANCE, dtype=np.float32),
+        names[3]: np.full_like(var, bn_variance(eps), dtype=np.float32),
     }
 
 
