@@ -21,6 +21,8 @@ def _modules() -> dict[str, Path]:
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            if any(part.startswith(".") for part in parts):  # e.g. benchmarks/.venv-larq
+                continue
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
