@@ -45,10 +45,8 @@ import torch
 import torch.nn.functional as F
 
 PRECISIONS = ("auto", "float32", "bf16-exact", "bf16", "amp")
-GIVE_UP, RETRY = (
-    2,
-    16,
-)  # BinaryProduct.exact_forward: when a layer stops trying bf16, and for how long
+# BinaryProduct.exact_forward: after GIVE_UP fallbacks in a row, try bf16 every RETRY-th call
+GIVE_UP, RETRY = 2, 16
 
 
 def exact_bound(fan_in: int, all_terms_binary: bool) -> float:
