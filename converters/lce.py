@@ -136,10 +136,11 @@ class WitnessModels:
             with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
                 saved = str(Path(tmp) / "saved")
                 self.sources = save_saved_model(self.model, saved, witness=True).witness_sources
-                release_memory()  # as in `_translate`
+                size = self.model.ByteSize()
+                release_memory(size)  # as in `_translate`
                 converted = lce.convert_saved_model(saved, target="arm")
-                release_memory()
-                float_converted = _float_tflite(saved)
+                release_memory(size)
+                float_converted = _float_tflite(saved, size)
                 self._flatbuffers = {"LCE": converted, "float TFLite": float_converted}
         return self._flatbuffers
 
@@ -168,13 +169,21 @@ def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], di
     return lambda x: runner(input_0=x)
 
 
-def release_memory() -> None:
-    """Collect TensorFlow's reference cycles and hand freed heap back to the OS.
+# A full collection costs about half a second once TensorFlow is loaded (2 s of a 6 s
+# mnist-bnn conversion); below this model size the leftovers it would free are small too.
+RELEASE_ABOVE_BYTES = 32 << 20
+
+
+def release_memory(model_bytes: int) -> None:
+    """For a model of `model_bytes` (at least `RELEASE_ABOVE_BYTES`): collect TensorFlow's
+    reference cycles and hand freed heap back to the OS.
 
     Building and saving a `tf.function` leaves its graph (the model's constants, ~1x-10x the
     ONNX file) in reference cycles that only `gc.collect()` frees, and glibc keeps freed
     memory in its arenas until `malloc_trim`; without both, every conversion of a large model
     starts on top of the last one's leftovers (docs/LCE_NOTES.md §9)."""
+    if model_bytes < RELEASE_ABOVE_BYTES:
+        return
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -269,26 +278,27 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         saved = str(Path(tmp) / "saved")
         info = save_saved_model(model, saved)
-        release_memory()  # the traced graph, before the converter copies the model again
+        size = model.ByteSize()
+        release_memory(size)  # the traced graph, before the converter copies the model again
         flatbuffer = lce.convert_saved_model(saved, target="arm")
-        release_memory()
+        release_memory(size)
         float_flatbuffer = None
         if float_model:
-            float_flatbuffer = _float_tflite(saved)
+            float_flatbuffer = _float_tflite(saved, size)
     return flatbuffer, float_flatbuffer, info
 
 
-def _float_tflite(saved: str) -> bytes:
+def _float_tflite(saved: str, model_bytes: int) -> bytes:
     """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
     into Python only to read its signatures and drops it into reference cycles: collect it
     before the converter reads the model again (docs/LCE_NOTES.md §9)."""
     from converters.runtimes import tf
 
     converter = tf().lite.TFLiteConverter.from_saved_model(saved)
-    release_memory()
+    release_memory(model_bytes)
     flatbuffer = converter.convert()
     del converter
-    release_memory()
+    release_memory(model_bytes)
     return flatbuffer
 
 
@@ -420,7 +430,8 @@ def convert_onnx(
     check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
     gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
                    write_float_tflite is not None)  # fmt: skip
-    release_memory()  # the gate's ONNX Runtime sessions and interpreters, before the twin's
+    # the gate's ONNX Runtime sessions and interpreters, before the twin's
+    release_memory(model.ByteSize())
     twin = check_twin(model, inputs, references, options.gate) if options.twin else []
     if normalized.batch is not None and options.batch != 1:
         original = load_onnx(onnx_path)

@@ -29,7 +29,9 @@ def test_release_memory_collects_reference_cycles():
         dead = weakref.ref(held)
         del held
         assert dead() is not None  # a cycle: reference counting alone does not free it
-        release_memory()
+        release_memory(lce_module.RELEASE_ABOVE_BYTES - 1)  # a small model: nothing collected
+        assert dead() is not None
+        release_memory(lce_module.RELEASE_ABOVE_BYTES)
         assert dead() is None
     finally:
         gc.enable()
@@ -68,6 +70,7 @@ def test_each_traced_graph_is_freed_before_a_converter_runs(tmp_path, monkeypatc
         return convert(*args, **kwargs)
 
     monkeypatch.setattr(lce, "convert_saved_model", checked)
+    monkeypatch.setattr(lce_module, "RELEASE_ABOVE_BYTES", 0)  # this small net counts as large
     gc.disable()  # a collection between the stages would hide a missing release_memory
     try:
         result, _ = convert_net(Net(), (1, 3, 8, 8), tmp_path)
