@@ -21,34 +21,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _common import emit, log, machine, parser, table
+from train_throughput import TorchTrainer
 
-from bnnexport.layers import binary_parameters, set_precision
-from bnnexport.models import create_model
-from bnnexport.optimizers import bop_with_adam
+from bnnexport.layers import binary_parameters
 
 MODES = ("float32", "bf16-exact", "bf16", "amp")
 
 
 def trajectory(precision: str, steps: int, batch: int) -> dict[str, Any]:
-    """Each step's flip masks (one bool tensor per binary layer), the final kernels, the losses."""
-    torch.manual_seed(0)
-    model = create_model("binarynet", input_shape=(3, 32, 32)).train()
-    model = model.to(memory_format=torch.channels_last)
-    set_precision(model, precision)
-    optimizer = bop_with_adam(model, 1e-4, 1e-8, 1e-2)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.rand((batch, 3, 32, 32), generator=generator) * 2 - 1
-    x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,), generator=generator)
-    kernels = binary_parameters(model)
+    """Each step's flip masks (one bool tensor per binary layer), the final kernels, the losses.
+
+    The model, optimizer and batch are train_throughput's (`TorchTrainer`, channels_last)."""
+    trainer = TorchTrainer(batch, precision, channels_last=True)
+    kernels = binary_parameters(trainer.model)
     flips, losses = [], []
     for _ in range(steps):
         before = [k.detach().clone() for k in kernels]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp"):
-            loss = F.cross_entropy(model(x).float(), y)
-        optimizer.zero_grad()
+            loss = F.cross_entropy(trainer.model(trainer.x).float(), trainer.y)
+        trainer.optimizer.zero_grad()
         loss.backward()
-        optimizer.step()
+        trainer.optimizer.step()
         flips.append([k.detach() != b for k, b in zip(kernels, before, strict=True)])
         losses.append(loss.item())
     return {"flips": flips, "kernels": [k.detach().clone() for k in kernels], "losses": losses}
