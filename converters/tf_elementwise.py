@@ -103,13 +103,33 @@ def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
 
 
 def prelu(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """PReLU written as relu(x) + relu(-x) * (-slope), with the slope one axis shorter than x.
+
+    That is the one form TFLite's converter fuses into a single PRELU op (docs/LCE_NOTES.md
+    §10); each element equals max(x, 0) + slope * min(x, 0) exactly, since negating is exact.
+    """
     x = inputs[0]
     slope = tr.const(node.input[1])
     if slope is None:
         raise unsupported(node, "the slope must be a constant")
-    s = tf().constant(onnx_const_to_layout(slope.astype(np.float32), x))
     t = x.t
-    return Value(tf().maximum(t, 0.0) + s * tf().minimum(t, 0.0), x.layout, x.perm)
+    negated = -prelu_alpha(onnx_const_to_layout(slope.astype(np.float32), x), len(x.shape()))
+    return Value(tf().nn.relu(t) + tf().nn.relu(-t) * tf().constant(negated), x.layout, x.perm)
+
+
+def prelu_alpha(slope: np.ndarray, rank: int) -> np.ndarray:
+    """`slope`, broadcastable to a rank-`rank` tensor, reshaped to rank - 1 axes.
+
+    >>> prelu_alpha(np.ones((1, 1, 1, 16), np.float32), 4).shape
+    (1, 1, 16)
+    >>> prelu_alpha(np.float32(0.25), 4).shape
+    (1, 1, 1)
+    """
+    if slope.ndim == rank and slope.shape[0] == 1:
+        return slope.reshape(slope.shape[1:])
+    if slope.ndim < rank - 1:
+        return slope.reshape((1,) * (rank - 1 - slope.ndim) + slope.shape)
+    return slope
 
 
 def clip(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
