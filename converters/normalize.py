@@ -32,6 +32,9 @@ it is (the translator then names the node it cannot convert):
 - ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer (or
   the layer's Pad) is moved before the binarization (tf2onnx, NHWC), so the binarization feeds
   the layer directly;
+- ``keras-prelu``: `Add(Relu(x), Mul(Relu(Neg(x)), c))`, Keras' PReLU as tf2onnx writes it,
+  becomes `PRelu(x, -c)`, which the translator emits in the one form TFLite fuses into a single
+  PRELU op (docs/LCE_NOTES.md §10);
 - ``transpose-sink``: a Transpose moves below a Mul/Add by a constant, and two Transposes that
   undo each other vanish: tf2onnx's NHWC <-> NCHW pairs around each Conv cancel.
 
@@ -480,6 +483,48 @@ def ste_detach(work: Work) -> int:
                 break
     _count(work, "ste-detach", changed)
     return changed
+
+
+@rewrite("keras-prelu")
+def keras_prelu(work: Work) -> int:
+    """Add(Relu(x), Mul(Relu(Neg(x)), c)) -> PRelu(x, -c), c a constant (either operand order).
+
+    Equal for every non-NaN x: for x < 0 the sum is 0 + (-x) * c = x * (-c) (negation is
+    exact), for x >= 0 it is x + 0 * c = x. Only the sign of a zero result may differ, and the
+    original leaves that to how a runtime's Relu treats -0.0.
+    """
+    producers = work.producers()
+    changed = 0
+    for node in list(work.nodes):
+        match = _keras_prelu_match(work, node, producers) if node.op_type == "Add" else None
+        if match is None:
+            continue
+        x, c = match
+        slope = work.const(np.negative(c).astype(np.float32), "prelu_slope")
+        prelu = helper.make_node("PRelu", [x, slope], [node.output[0]], name=work.fresh("prelu"))
+        _replace(work, node, [prelu])
+        changed += 1
+    _count(work, "keras-prelu", changed)
+    return changed
+
+
+def _keras_prelu_match(
+    work: Work, add: onnx.NodeProto, producers: dict
+) -> tuple[str, np.ndarray] | None:
+    """(x, c) when `add` is Add(Relu(x), Mul(Relu(Neg(x)), c)) in any operand order."""
+    for k in (0, 1):
+        relu, mul = producers.get(add.input[k]), producers.get(add.input[1 - k])
+        if relu is None or mul is None or relu.op_type != "Relu" or mul.op_type != "Mul":
+            continue
+        for j in (0, 1):
+            c = work.consts.get(mul.input[1 - j])
+            inner = producers.get(mul.input[j])
+            if c is None or c.dtype != np.float32 or inner is None or inner.op_type != "Relu":
+                continue
+            neg = producers.get(inner.input[0])
+            if neg is not None and neg.op_type == "Neg" and neg.input[0] == relu.input[0]:
+                return relu.input[0], c
+    return None
 
 
 def _sign_function(
@@ -1009,7 +1054,8 @@ def normalize(
     for _ in range(max_rounds):
         work.infer()
         changed = 0
-        for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach"):
+        for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach",
+                     "keras-prelu"):  # fmt: skip
             if name not in disabled:
                 changed += REWRITES[name](work)
         work.dead_code()

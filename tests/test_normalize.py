@@ -313,7 +313,7 @@ def test_dynamo_castlike_and_identity_noise_is_removed():
 def test_rewrites_are_registered_once_by_name():
     assert {"fold-constants", "bitorch-sign", "qonnx-bipolar", "ste-detach", "plain-sign",
             "index-put", "clamp-sign", "pad-transpose", "reshape-transpose",
-            "transpose-binarized"} <= set(REWRITES)  # fmt: skip
+            "transpose-binarized", "keras-prelu"} <= set(REWRITES)  # fmt: skip
     with pytest.raises(ValueError, match="registered twice"):
         rewrite("fold-constants")(lambda work: 0)
     with pytest.raises(ValueError, match="unknown rewrite"):
@@ -551,3 +551,64 @@ def test_a_reshape_that_reorders_or_is_not_known_stays(kwargs):
     assert ops(after).count("Transpose") == expected
     if "shape" in kwargs:
         assert_exact(before, after, inputs(shape=kwargs["shape"]))
+
+
+SLOPE = np.array([0.25, -0.5, 0.0, 2.0], np.float32).reshape(1, 4, 1, 1)  # both signs, and 0
+
+
+def keras_prelu(source="x", swap_add=False, swap_mul=False, neg_of="x", slope_input=False,
+                slope=SLOPE):  # fmt: skip
+    """Keras' PReLU as tf2onnx writes it: Add(Relu(x), Mul(Relu(Neg(x)), -alpha))."""
+    mul_in = ["rn", "c"] if not swap_mul else ["c", "rn"]
+    nodes = [
+        helper.make_node("Relu", [source], ["r"]),
+        helper.make_node("Neg", [neg_of], ["n"]),
+        helper.make_node("Relu", ["n"], ["rn"]),
+        helper.make_node("Mul", mul_in, ["m"]),
+        helper.make_node("Add", ["m", "r"] if swap_add else ["r", "m"], ["y"]),
+    ]
+    if slope_input:  # c computed from the input: not a constant
+        return [helper.make_node("Abs", ["x"], ["c"]), *nodes]
+    return [const("c", -slope), *nodes]
+
+
+@pytest.mark.parametrize("swap_add", [False, True])
+@pytest.mark.parametrize("swap_mul", [False, True])
+def test_keras_prelu_becomes_one_prelu_exactly(swap_add, swap_mul):
+    before = model(keras_prelu(swap_add=swap_add, swap_mul=swap_mul))
+    after, report = normalize(before)
+    assert ops(after) == ["PRelu"] and report.applied["keras-prelu"] == 1
+    assert_exact(before, after, inputs())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"neg_of": "x2"}, {"slope_input": True}],
+    ids=["neg-of-another-tensor", "slope-not-constant"],
+)
+def test_a_relu_sum_that_is_not_a_prelu_stays(kwargs):
+    nodes = keras_prelu(**kwargs)
+    if kwargs.get("neg_of") == "x2":
+        nodes = [helper.make_node("Abs", ["x"], ["x2"]), *nodes]
+    after, report = normalize(model(nodes))
+    assert "PRelu" not in ops(after) and "keras-prelu" not in report.applied
+
+
+def test_keras_prelu_after_a_binary_conv_converts_to_one_prelu_op(tmp_path):
+    from converters.lce import ConvertOptions, convert_onnx
+
+    binarize = [const("zero", np.float32(0)), const("one", np.float32(1)),
+                const("minus", np.float32(-1)),
+                helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+                helper.make_node("Where", ["ge", "one", "minus"], ["b"])]  # fmt: skip
+    conv = with_conv(binarize, "b")
+    conv[-1].output[0] = "conv"
+    path = tmp_path / "prelu.onnx"
+    onnx.save(model([*conv, *keras_prelu("conv", neg_of="conv", slope=SLOPE[:, :3])]), str(path))
+    x = inputs()
+    fused = convert_onnx(path, tmp_path / "fused.tflite", inputs=x)
+    assert fused.lce_bconv2d == 1 and fused.normalized.applied["keras-prelu"] == 1
+    assert fused.op_histogram.get("PRELU") == 1 and "NEG" not in fused.op_histogram
+    options = ConvertOptions(disabled_rewrites=("keras-prelu",))
+    plain = convert_onnx(path, tmp_path / "plain.tflite", inputs=x, options=options)
+    assert "PRELU" not in plain.op_histogram and plain.op_histogram.get("NEG") == 1
