@@ -11,8 +11,15 @@ and on 0 in every other channel (so a binary conv's integer accumulator lands ex
 exact +0.0 and -0.0 both reach the next sign); the inputs lie on the 1/8 grid in [-1, 1]. Every
 sum a runtime computes is then exact in float32 whatever its order, and the converted twin must
 agree with ONNX Runtime with no sign tie at all: a translation bug shows no matter how the real
-weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a power of two. Only
-float ops after the last binarization (a global average over 7x7, a softmax) may still round.
+weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a power of two.
+
+Functions no grid makes exact (Sigmoid, Tanh, Exp, Erf) are evaluated at exactly 0, where each
+value is exact (0.5, 0, 1, 0) in every runtime: the linear layer that feeds one (through biases,
+scales and layout ops) gets a zero weight and bias in the twin (`zeroed_feeds`). Real-to-Binary
+Net's sigmoid gates, which scale every binary conv's output, otherwise put rounded values
+between binarizations, and the two runtimes' roundings flip signs that compound over its 16
+blocks (docs/LCE_NOTES.md §11). Only float ops after the last binarization (a global average
+over 7x7, a softmax) may still round.
 
 Example:
     >>> import numpy as np
@@ -30,6 +37,11 @@ from converters.graph import Graph
 from converters.patterns import find_binary_layers_in
 
 BITS = 4  # significant bits of a twin parameter
+# exact at 0 only (values 0.5, 0, 1, 0): the twin feeds them an exact 0 (`zeroed_feeds`)
+EXACT_AT_ZERO = ("Sigmoid", "Tanh", "Exp", "Erf")
+# a zero input gives a zero output (Mul and Div by a constant too; Add/Sub's constant is zeroed)
+ZERO_PRESERVING = ("Relu", "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze")
+LINEAR = ("MatMul", "Gemm", "Conv")
 BN_VARIANCE = 4096.0  # var + eps of every twin BatchNorm: its square root is exactly 64
 INPUT_STEP = 1 / 8
 
@@ -116,6 +128,49 @@ def _binary_kernels(graph: Graph) -> dict[str, np.ndarray]:
     return out
 
 
+def zeroed_feeds(graph: Graph) -> dict[str, np.ndarray]:
+    """Zero weights and biases for the linear layers that feed a function of `EXACT_AT_ZERO`,
+    so that the function sees exactly 0 (module doc). A function fed any other way, through a
+    constant another node reads too, or through a binary layer, is left as it is."""
+    binary = {layer.kernel_name for layer in find_binary_layers_in(graph)}
+    zeroable = {init.name for init in graph.model.graph.initializer} - binary
+    out: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        if node.op_type in EXACT_AT_ZERO:
+            out.update(_zero_feed(graph, node.input[0], zeroable) or {})
+    return out
+
+
+def _zero_feed(graph: Graph, name: str, zeroable: set[str]) -> dict[str, np.ndarray] | None:
+    """The constants to zero so that tensor `name` is exactly 0, or None."""
+    zeros: dict[str, np.ndarray] = {}
+
+    def zero(constant: str) -> bool:
+        value = graph.const(constant)
+        owned = constant in zeroable and len(graph.consumers.get(constant, [])) == 1
+        if value is None or not owned:
+            return False
+        zeros[constant] = np.zeros_like(value, dtype=np.float32)
+        return True
+
+    while (node := graph.producer.get(name)) is not None:
+        constant = [n for n in node.input if n and graph.const(n) is not None]
+        varying = [n for n in node.input if n and graph.const(n) is None]
+        if node.op_type in LINEAR and len(node.input) > 1 and node.input[1] in constant:
+            biases = [n for n in node.input[2:3] if n]
+            return zeros if all(zero(n) for n in [node.input[1], *biases]) else None
+        if len(varying) != 1:
+            return None
+        if node.op_type in ("Add", "Sub") and not all(zero(n) for n in constant):
+            return None
+        if node.op_type not in ("Add", "Sub", "Mul", "Div", *ZERO_PRESERVING):
+            return None
+        if node.op_type == "Div" and node.input[0] != varying[0]:
+            return None  # c / x is not 0 at x = 0
+        name = varying[0]
+    return None
+
+
 def _unshared(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy where `Identity(initializer)` nodes become initializers of their own.
 
@@ -147,6 +202,7 @@ def exact_grid_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in graph.nodes:
         if node.op_type == "BatchNormalization":
             fixed.update(_batch_norm_params(graph, node))
+    fixed.update(zeroed_feeds(graph))
     for k, init in enumerate(twin.graph.initializer):
         if init.data_type != onnx.TensorProto.FLOAT:
             continue

@@ -1,4 +1,5 @@
-"""The exact-grid twin's BatchNorm: exactly a power-of-two scale whatever the epsilon."""
+"""The exact-grid twin: its BatchNorm exactly a power-of-two scale whatever the epsilon, and
+the functions it can only make exact at 0 (Sigmoid gates) fed an exact 0."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from converters.graph import Graph
 from converters.runtimes import ort_session
-from converters.twin import exact_grid_twin
+from converters.twin import exact_grid_twin, zeroed_feeds
 
 
 def _batch_norm_model(eps: float, channels: int = 8) -> onnx.ModelProto:
@@ -47,3 +49,71 @@ def test_twin_batch_norm_hits_exact_zero_at_its_crossing(eps):
     expected = (ones - values["mean"][None, :, None, None]) * scale[None, :, None, None]
     got = ort_session(twin.SerializeToString()).run(None, {"x": ones})[0]
     np.testing.assert_array_equal(got, expected + values["beta"][None, :, None, None])
+
+
+def _gated_model(shared_bias: bool = False, feed: str = "matmul") -> onnx.ModelProto:
+    """x -> Conv -> y * Sigmoid(MatMul(Relu(MatMul(mean(x), w1)), w2) + b): a Real-to-Binary
+    Net style gate (`feed="input"`: the Sigmoid reads the graph input itself)."""
+    rng = np.random.default_rng(1)
+    inits = {
+        "k": rng.normal(size=(4, 4, 3, 3)),
+        "w1": rng.normal(size=(4, 8)),
+        "w2": rng.normal(size=(8, 4)),
+        "b": rng.normal(size=4),
+        "shape": np.array([1, 4, 1, 1]),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "k"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["hr"]),
+        helper.make_node("MatMul", ["hr", "w2"], ["z"]),
+        helper.make_node("Add", ["z", "b"], ["zb"]),
+        helper.make_node("Sigmoid", ["zb" if feed == "matmul" else "x"], ["gate"]),
+        helper.make_node("Reshape", ["gate", "shape"], ["g4"])
+        if feed == "matmul"
+        else helper.make_node("Identity", ["gate"], ["g4"]),
+        helper.make_node("Mul", ["y", "g4"], ["out"]),
+    ]
+    if shared_bias:  # a second node reads the gate's bias
+        nodes.append(helper.make_node("Mul", ["flat", "b"], ["also_b"]))
+    graph = helper.make_graph(
+        nodes,
+        "gated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [
+            numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
+            for k, v in inits.items()
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _twin_values(model: onnx.ModelProto, name: str, x: np.ndarray) -> np.ndarray:
+    """Tensor `name` of the twin of `model` on input x, as ONNX Runtime computes it."""
+    twin = exact_grid_twin(model)
+    twin.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    return ort_session(twin.SerializeToString()).run([name], {"x": x})[0]
+
+
+def test_twin_feeds_a_sigmoid_gate_an_exact_zero():
+    """The gate's last linear layer and its bias are zeroed, so the gate is exactly 0.5 in
+    every runtime; the first layer and the main path keep their grid values."""
+    x = np.random.default_rng(2).normal(size=(1, 4, 5, 5)).astype(np.float32)
+    assert np.array_equal(_twin_values(_gated_model(), "zb", x), np.zeros((1, 4), np.float32))
+    values = {
+        i.name: numpy_helper.to_array(i) for i in exact_grid_twin(_gated_model()).graph.initializer
+    }
+    assert not values["w2"].any() and not values["b"].any()
+    assert values["w1"].any() and values["k"].any()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"shared_bias": True}, {"feed": "input"}], ids=["shared-bias", "no-linear-feed"]
+)
+def test_twin_leaves_a_gate_it_cannot_zero_alone(kwargs):
+    """A bias another node reads too, or a Sigmoid of the input: nothing is zeroed."""
+    assert set(zeroed_feeds(Graph(_gated_model()))) == {"w2", "b"}
+    assert zeroed_feeds(Graph(_gated_model(**kwargs))) == {}
