@@ -190,12 +190,32 @@ def reshape(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> 
     if target is None:
         raise unsupported(node, "the target shape must be a constant")
     target = [int(d) if d != 0 else shape[k] for k, d in enumerate(target)]
-    target = list(np.empty(shape, dtype=np.int8).reshape(target).shape)
+    return _reshaped(x, list(np.empty(shape, dtype=np.int8).reshape(target).shape))
+
+
+def unsqueeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """Unit axes inserted (`gate[:, :, None, None]` of a squeeze-and-excitation gate): the
+    reshape it equals."""
+    x = inputs[0]
+    axes = tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
+    if axes is None:
+        raise unsupported(node, "the axes must be a constant")
+    axes = np.asarray(axes).reshape(-1)
+    target = x.shape()
+    rank = len(target) + len(axes)
+    for axis in sorted(int(a) % rank for a in axes):
+        target.insert(axis, 1)
+    return _reshaped(x, target)
+
+
+def _reshaped(x: Value, target: list[int]) -> Value:
+    """`x` reshaped to the logical shape `target`, kept NHWC where the data order allows."""
+    shape = x.shape()
     if target == shape:
         return x
     if len(target) == 2 and target[0] == shape[0]:
         return _to_flat(x)
-    if len(target) == 4 and target[2:] == [1, 1] and len(shape) == 2:
+    if len(target) == 4 and target[2:] == [1, 1]:  # [N, C, 1, 1] is stored as NHWC already
         return Value(tf().reshape(x.logical(), [target[0], 1, 1, target[1]]), "nhwc")
     return Value(tf().reshape(x.logical(), target), "plain")
 
@@ -301,6 +321,7 @@ HANDLERS = {
     "Flatten": flatten,
     "Reshape": reshape,
     "Squeeze": squeeze,
+    "Unsqueeze": unsqueeze,
     "Transpose": transpose,
     "Concat": concat,
     "Pad": pad,

@@ -156,6 +156,46 @@ def test_average_pooling_and_prelu(tmp_path):
     assert "NEG" not in result.op_histogram and "RELU" not in result.op_histogram
 
 
+class GatedBlock(nn.Module):
+    """Real-to-Binary Net's block: x + BN(bconv(sign x)) * sigmoid(fc(relu(fc(mean x)))),
+    the gate broadcast back with `[:, :, None, None]` (two Unsqueeze nodes)."""
+
+    def __init__(self, channels: int, seed: int):
+        super().__init__()
+        self.block = BinaryBlock(channels, channels)
+        self.squeeze = nn.Linear(channels, channels // 2)
+        self.expand = nn.Linear(channels // 2, channels)
+        with torch.no_grad():  # gates spread over (0, 1), not all near 0.5
+            g = torch.Generator().manual_seed(seed)
+            self.expand.weight.copy_(torch.randn(channels, channels // 2, generator=g) * 2)
+
+    def forward(self, x):
+        gate = torch.sigmoid(self.expand(F.relu(self.squeeze(x.mean((2, 3))))))
+        return x + self.block(x) * gate[:, :, None, None]
+
+
+def test_real_to_binary_sigmoid_gates_convert_with_their_twin_gates_at_one_half(tmp_path):
+    """Every binary conv an LceBconv2d; the exact-grid twin zeroes each gate's last linear
+    layer (`converters.twin.zeroed_feeds`), so it compares the runtimes without rounding."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Conv2d(3, 32, 3, padding=1)
+            self.blocks = nn.Sequential(*[GatedBlock(32, seed) for seed in range(4)])
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, x):
+            return self.head(self.blocks(self.first(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    result, torch_check = convert_net(Net(), (1, 3, 8, 8), tmp_path)
+    assert result.lce_bconv2d == result.binary_layers == 4, result.op_histogram
+    assert result.op_histogram.get("LOGISTIC") == 4
+    assert result.twin and all(r.plain_argmax_agreement == 1.0 for r in result.twin)
+    assert torch_check.argmax_agreement == 1.0
+
+
 def test_hardtanh_clip_and_global_average_pool(tmp_path):
     class Net(nn.Module):
         def __init__(self):
