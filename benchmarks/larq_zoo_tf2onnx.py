@@ -28,8 +28,9 @@ Targets: LceBconv2d(ours) = LceBconv2d(native); bytes(ours) <= 1.01 x bytes(nati
 ratio ours/native <= 1.0.
 
 Run (from the repository root, with the main venv):
-    .venv/bin/python benchmarks/larq_zoo_tf2onnx.py                      # 3 models, ~15 min
+    .venv/bin/python benchmarks/larq_zoo_tf2onnx.py --keep DIR           # 5 models, ~15 min
     .venv/bin/python benchmarks/larq_zoo_tf2onnx.py --models QuickNetSmall --samples 50 --json
+    .venv/bin/python benchmarks/larq_zoo_tf2onnx.py --retime DIR --rounds 60 --runs 5
 """
 
 from __future__ import annotations
@@ -335,7 +336,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="keep the generated files (ONNX, flatbuffers, samples) in this folder; "
         "by default they go to a temporary folder that is removed",
     )
+    p.add_argument(
+        "--retime",
+        type=Path,
+        default=None,
+        help="only time again the native.tflite and ours.tflite that --keep left in this "
+        "folder (one subfolder per model), with --rounds and --runs; nothing is rebuilt",
+    )
     args = p.parse_args(argv)
+    if args.retime is not None:
+        return retime(args)
     python = larq_zoo_python()
     result: dict[str, Any] = {
         "load_before": [round(v, 2) for v in os.getloadavg()],
@@ -378,6 +388,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     failed = [r for r in result["models"] if "larq_error" in r]
     if failed:
         text += "\nlarq side failed: " + ", ".join(r["model"] for r in failed)
+    emit(result, text, args.json)
+    return result
+
+
+def retime(args: Any) -> dict[str, Any]:
+    """Interleaved latency of flatbuffers kept by an earlier run (`--retime DIR`)."""
+    result: dict[str, Any] = {
+        "load_before": [round(v, 2) for v in os.getloadavg()],
+        "rounds": args.rounds,
+        "runs_per_round": args.runs,
+        "models": {},
+    }
+    lines = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        folder = args.retime / name
+        if not (folder / "ours.tflite").is_file() or not (folder / "native.tflite").is_file():
+            log(f"[{name}] no native.tflite and ours.tflite in {folder}: skipped")
+            continue
+        sample = np.load(folder / "inputs.npy", mmap_mode="r")[0]
+        log(f"[{name}] LCE latency, interleaved: {args.rounds} rounds x {args.runs} runs")
+        times = interleaved(
+            {kind: caller(folder / f"{kind}.tflite", sample) for kind in ("native", "ours")},
+            rounds=args.rounds,
+            runs=args.runs,
+            warmup=3,
+        )
+        result["models"][name] = times
+        ratios = [times["ours"][k] / times["native"][k] for k in ("median", "min")]
+        lines.append([name, times["native"]["median"], times["ours"]["median"], *ratios])
+    result["machine"] = machine()
+    header = ["model", "native ms (median)", "ours ms (median)", "ratio (median)", "ratio (min)"]
+    text = (
+        table(header, lines)
+        + f"\nload before {result['load_before']}, after "
+        + str(result["machine"]["load_average"])
+    )
     emit(result, text, args.json)
     return result
 
