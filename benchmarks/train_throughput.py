@@ -13,6 +13,11 @@ the rest) -- and the rows differ in one technique each, so the table shows what 
 - `float32-nchw`: `float32` in torch's default NCHW layout (what channels_last buys);
 - `bf16`: `--precision bf16`, the binary layers' backward in bf16 too (opt-in, not exact);
 - `amp`: `--precision amp`, bf16 autocast over the whole model (opt-in, not exact);
+- `compile`: `float32` with the model wrapped in `torch.compile` (TorchInductor fuses the
+  elementwise work between the convolutions: BatchNorm, sign, the STE mask, the clip; one graph,
+  no break); not something `bnnexport train` does, measured to see what fusion would buy. (Not
+  combined with `bf16-exact`: its exactness check is data-dependent control flow, so the graph
+  breaks at every binary layer and each layer's shapes compile on their own.)
 - `larq`: the same network written with larq layers (`larq_side.py`), `model.train_on_batch`
   with larq's `CaseOptimizer(Bop, tf.keras.optimizers.legacy.Adam)`, run in its own venv
   (benchmarks/.venv-larq, created on first use) as a subprocess that answers in JSON.
@@ -51,20 +56,21 @@ from bnnexport.precision import resolve_precision
 
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2
 
-# row -> (precision, channels_last); every row counts flips as `bnnexport train` does
+# row -> (precision, channels_last, torch.compile); every row counts flips as `bnnexport train`
 TORCH_ROWS = {
-    "bnnexport": ("auto", True),
-    "float32": ("float32", True),
-    "float32-nchw": ("float32", False),
-    "bf16": ("bf16", True),
-    "amp": ("amp", True),
+    "bnnexport": ("auto", True, False),
+    "float32": ("float32", True, False),
+    "float32-nchw": ("float32", False, False),
+    "bf16": ("bf16", True, False),
+    "amp": ("amp", True, False),
+    "compile": ("float32", True, True),
 }
 
 
 class TorchTrainer:
     """`run(steps) -> (wall, CPU) seconds` of bnnexport training steps on one fixed batch."""
 
-    def __init__(self, batch: int, precision: str, channels_last: bool) -> None:
+    def __init__(self, batch: int, precision: str, channels_last: bool, compiled: bool) -> None:
         torch.manual_seed(0)
         self.precision = resolve_precision(precision, "cpu")
         layout = torch.channels_last if channels_last else torch.contiguous_format
@@ -73,6 +79,9 @@ class TorchTrainer:
         set_precision(self.model, self.precision)
         self.optimizer = bop_with_adam(self.model, GAMMA, THRESHOLD, LR)
         self.counter = FlipCounter(self.model)
+        # the optimizer and the flip counter hold the module's own parameters; the compiled
+        # wrapper shares them and only changes how the forward (and its backward) run
+        self.forward = torch.compile(self.model) if compiled else self.model
         generator = torch.Generator().manual_seed(0)
         x = torch.rand((batch, 3, 32, 32), generator=generator) * 2 - 1
         self.x = x.contiguous(memory_format=layout)
@@ -82,7 +91,7 @@ class TorchTrainer:
         start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "amp"):
-                loss = F.cross_entropy(self.model(self.x).float(), self.y)
+                loss = F.cross_entropy(self.forward(self.x).float(), self.y)
             self.optimizer.zero_grad()
             loss.backward()
             self.counter.before_step()
