@@ -20,6 +20,7 @@ from bnnexport.runs import load_checkpoint, load_model
 from converters.gate import GateOptions
 
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small"]
+LONG_ZOO = ("binary-alexnet", "xnornet", "quicknet")
 # Reduced sizes for the tests: CIFAR-sized where the layout allows, else the smallest that works.
 REDUCED = {
     "binarynet": (3, 16, 16),
@@ -138,12 +139,12 @@ def test_zoo_list_json_names_every_model_with_its_binary_share():
 
 
 @pytest.mark.slow
-# the two 62 M-parameter models take 40-45 s each: the long tier (`make test-all`)
+# the two 62 M-parameter models take 40-45 s each, and QuickNet (17 s) is QuickNet-Small's
+# architecture at a larger width: the long tier (`make test-all`)
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.long) if n in ("binary-alexnet", "xnornet") else n
-     for n in ZOO],
-)  # fmt: skip
+    [pytest.param(n, marks=pytest.mark.long) if n in LONG_ZOO else n for n in ZOO],
+)
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
     from converters.lce import convert_onnx
     from converters.validate import compare, run_lce
