@@ -491,9 +491,15 @@ def train(
     context = setup(config.device)
     try:
         if not context.is_main:  # only rank 0 writes, so only rank 0 locks
-            return _train(config, resume, force, progress, context, explicit)
-        with lock_run(config.out, create=True):
-            return _train(config, resume, force, progress, context, explicit)
+            report = _train(config, resume, force, progress, context, explicit)
+        else:
+            with lock_run(config.out, create=True):
+                report = _train(config, resume, force, progress, context, explicit)
+        # rank 0 still writes the run directory after the last collective; a rank that tears
+        # its gloo group down meanwhile was once seen to abort (SIGABRT) in CI. Only on success:
+        # after an error, the other rank may be in another collective and a barrier would hang
+        context.barrier()
+        return report
     finally:
         context.shutdown()
 
