@@ -197,7 +197,7 @@ def unsqueeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -
     """Unit axes inserted (`gate[:, :, None, None]` of a squeeze-and-excitation gate): the
     reshape it equals."""
     x = inputs[0]
-    axes = tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
+    axes = _axes(tr, node)
     if axes is None:
         raise unsupported(node, "the axes must be a constant")
     axes = np.asarray(axes).reshape(-1)
@@ -222,13 +222,18 @@ def _reshaped(x: Value, target: list[int]) -> Value:
 
 def squeeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
-    axes = tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
+    axes = _axes(tr, node)
     shape = x.shape()
     axes = [a % len(shape) for a in (axes if axes is not None else range(len(shape)))]
     target = [d for k, d in enumerate(shape) if not (k in axes and d == 1)]
     if x.layout == "nhwc" and target == shape[:2]:
         return Value(x.t, "flat4")
     return Value(tf().reshape(x.logical(), target), "plain")
+
+
+def _axes(tr: TranslatorView, node: NodeProto):  # noqa: ANN202 - array, list or None
+    """A (Un)Squeeze's axes: its second input from opset 13, its attribute before."""
+    return tr.const(node.input[1]) if len(node.input) > 1 else attributes(node).get("axes")
 
 
 def transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:

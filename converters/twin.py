@@ -34,7 +34,7 @@ import onnx
 from onnx import numpy_helper
 
 from converters.graph import Graph
-from converters.patterns import find_binary_layers_in
+from converters.patterns import BinaryLayerMatch, find_binary_layers_in
 
 BITS = 4  # significant bits of a twin parameter
 # exact at 0 only (values 0.5, 0, 1, 0): the twin feeds them an exact 0 (`zeroed_feeds`)
@@ -116,10 +116,10 @@ def _batch_norm_params(graph: Graph, node: onnx.NodeProto) -> dict[str, np.ndarr
     }
 
 
-def _binary_kernels(graph: Graph) -> dict[str, np.ndarray]:
+def _binary_kernels(layers: list[BinaryLayerMatch]) -> dict[str, np.ndarray]:
     """Binary kernels with their per-channel scales rounded to powers of two."""
     out = {}
-    for layer in find_binary_layers_in(graph):
+    for layer in layers:
         if layer.strict or layer.scale is None or layer.op_type == "Gemm":
             continue  # exact ±1 already (Gemm's alpha stays as it is)
         kernel = np.moveaxis(np.asarray(layer.kernel, np.float32), layer.out_axis, 0)
@@ -128,11 +128,15 @@ def _binary_kernels(graph: Graph) -> dict[str, np.ndarray]:
     return out
 
 
-def zeroed_feeds(graph: Graph) -> dict[str, np.ndarray]:
+def zeroed_feeds(
+    graph: Graph, layers: list[BinaryLayerMatch] | None = None
+) -> dict[str, np.ndarray]:
     """Zero weights and biases for the linear layers that feed a function of `EXACT_AT_ZERO`,
     so that the function sees exactly 0 (module doc). A function fed any other way, through a
-    constant another node reads too, or through a binary layer, is left as it is."""
-    binary = {layer.kernel_name for layer in find_binary_layers_in(graph)}
+    constant another node reads too, or through a binary layer (`layers`, found when None), is
+    left as it is."""
+    found = find_binary_layers_in(graph) if layers is None else layers
+    binary = {layer.kernel_name for layer in found}
     zeroable = {init.name for init in graph.model.graph.initializer} - binary
     out: dict[str, np.ndarray] = {}
     for node in graph.nodes:
@@ -198,11 +202,12 @@ def exact_grid_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose float initializers lie on power-of-two grids (module doc)."""
     twin = _unshared(model)
     graph = Graph(twin)
-    fixed: dict[str, np.ndarray] = _binary_kernels(graph)
+    layers = find_binary_layers_in(graph)
+    fixed: dict[str, np.ndarray] = _binary_kernels(layers)
     for node in graph.nodes:
         if node.op_type == "BatchNormalization":
             fixed.update(_batch_norm_params(graph, node))
-    fixed.update(zeroed_feeds(graph))
+    fixed.update(zeroed_feeds(graph, layers))
     for k, init in enumerate(twin.graph.initializer):
         if init.data_type != onnx.TensorProto.FLOAT:
             continue

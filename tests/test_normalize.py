@@ -59,6 +59,16 @@ def ops(m: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in m.graph.node if n.op_type != "Constant"]
 
 
+def convert(m: onnx.ModelProto, tmp_path, x: np.ndarray, disabled: tuple[str, ...] = ()):
+    """`convert_onnx` of `m` (saved under tmp_path) with the gate on `x`, passes `disabled`."""
+    from converters.lce import ConvertOptions, convert_onnx
+
+    path = tmp_path / "model.onnx"
+    onnx.save(m, str(path))
+    out = tmp_path / f"{'-'.join(disabled) or 'all'}.tflite"
+    return convert_onnx(path, out, inputs=x, options=ConvertOptions(disabled_rewrites=disabled))
+
+
 BITORCH = [
     helper.make_node("Sign", ["x"], ["s"]),
     const("zero", np.float32(0)),
@@ -387,17 +397,13 @@ def test_a_constant_pad_before_a_transpose_moves_below_it_with_its_pads_permuted
 
 def test_the_one_padded_tf2onnx_conv_converts_to_lce_bconv2d(tmp_path):
     from converters.errors import FloatFallbackError
-    from converters.lce import ConvertOptions, convert_onnx
 
-    path = tmp_path / "padded.onnx"
-    onnx.save(padded_conv(), str(path))
     x = inputs(shape=NHWC)
-    result = convert_onnx(path, tmp_path / "padded.tflite", inputs=x)
+    result = convert(padded_conv(), tmp_path, x)
     assert result.binary_layers == 1 and result.lce_bconv2d == 1
     assert result.float_fallbacks == [] and result.normalized.applied["pad-transpose"] == 1
     with pytest.raises(FloatFallbackError, match="would stay float"):
-        convert_onnx(path, tmp_path / "refused.tflite", inputs=x,
-                     options=ConvertOptions(disabled_rewrites=("pad-transpose",)))  # fmt: skip
+        convert(padded_conv(), tmp_path, x, disabled=("pad-transpose",))
 
 
 @pytest.mark.parametrize(
@@ -510,16 +516,11 @@ def test_alexnet_dense_layers_convert_to_lce_bconv2d(tmp_path):
     Without the pass, `transpose-binarized` lifts the Reshape above the binarization and the
     translator keeps a reshape to [N, C, 1, 1] in NHWC storage itself, so both are binary too
     (the gate checks both); the pass's Transpose form saves the Reshape's shape constant."""
-    from converters.lce import ConvertOptions, convert_onnx
-
-    path = tmp_path / "dense.onnx"
-    onnx.save(dense_as_1x1_convs(), str(path))
     x = inputs(shape=ALEX)
-    result = convert_onnx(path, tmp_path / "dense.tflite", inputs=x)
+    result = convert(dense_as_1x1_convs(), tmp_path, x)
     assert result.binary_layers == 2 and result.lce_bconv2d == 2
     assert result.float_fallbacks == [] and result.normalized.applied["reshape-transpose"] == 2
-    options = ConvertOptions(disabled_rewrites=("reshape-transpose",))
-    plain = convert_onnx(path, tmp_path / "plain.tflite", inputs=x, options=options)
+    plain = convert(dense_as_1x1_convs(), tmp_path, x, disabled=("reshape-transpose",))
     assert plain.lce_bconv2d == 2 and plain.float_fallbacks == []
     assert "reshape-transpose" not in plain.normalized.applied
     assert result.lce_bytes <= plain.lce_bytes
@@ -600,20 +601,15 @@ def test_a_relu_sum_that_is_not_a_prelu_stays(kwargs):
 
 
 def test_keras_prelu_after_a_binary_conv_converts_to_one_prelu_op(tmp_path):
-    from converters.lce import ConvertOptions, convert_onnx
-
     binarize = [const("zero", np.float32(0)), const("one", np.float32(1)),
                 const("minus", np.float32(-1)),
                 helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
                 helper.make_node("Where", ["ge", "one", "minus"], ["b"])]  # fmt: skip
     conv = with_conv(binarize, "b")
     conv[-1].output[0] = "conv"
-    path = tmp_path / "prelu.onnx"
-    onnx.save(model([*conv, *keras_prelu("conv", neg_of="conv", slope=SLOPE[:, :3])]), str(path))
-    x = inputs()
-    fused = convert_onnx(path, tmp_path / "fused.tflite", inputs=x)
+    net = model([*conv, *keras_prelu("conv", neg_of="conv", slope=SLOPE[:, :3])])
+    fused = convert(net, tmp_path, inputs())
     assert fused.lce_bconv2d == 1 and fused.normalized.applied["keras-prelu"] == 1
     assert fused.op_histogram.get("PRELU") == 1 and "NEG" not in fused.op_histogram
-    options = ConvertOptions(disabled_rewrites=("keras-prelu",))
-    plain = convert_onnx(path, tmp_path / "plain.tflite", inputs=x, options=options)
+    plain = convert(net, tmp_path, inputs(), disabled=("keras-prelu",))
     assert "PRELU" not in plain.op_histogram and plain.op_histogram.get("NEG") == 1
