@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     args = p.parse_args(argv)
     if args.retime is not None:
+        if not args.retime.is_dir():
+            p.error(f"--retime: no such folder {args.retime} (a --keep folder of an earlier run)")
         return retime(args)
     python = larq_zoo_python()
     result: dict[str, Any] = {
