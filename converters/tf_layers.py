@@ -38,6 +38,7 @@ from converters.tf_ops import (
     effective_pads,
     pad_constant,
     pool_pads,
+    sign_kernel,
     subtract_spatial,
     tf,
     unsupported,
@@ -212,7 +213,7 @@ class _BinaryConv:
     dilations: list[int]
 
     def __call__(self, t: Any, padding: str) -> Any:
-        k = tf().constant(self.k_hwio)
+        k = sign_kernel(self.k_hwio)
         return tf().nn.conv2d(
             t, k, [1, *self.strides, 1], padding, dilations=[1, *self.dilations, 1]
         )
@@ -291,7 +292,7 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
         signs = signs[src.perm]
     n, features = src.shape()
     x4 = src.t if src.layout == "flat4" else tf().reshape(src.t, [n, 1, 1, features])
-    k = tf().constant(signs.reshape(1, 1, *signs.shape))
+    k = sign_kernel(signs.reshape(1, 1, *signs.shape))
     y = tf().nn.conv2d(binarize(x4), k, [1, 1, 1, 1], "VALID")
     bias = np.zeros(len(scale), np.float32)
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:

@@ -146,6 +146,19 @@ def binarize(x: Any) -> Any:
     return tf().sign(tf().sign(x) + 0.1)
 
 
+def sign_kernel(signs: np.ndarray) -> Any:
+    """A ±1 kernel as an int8 constant cast to float32.
+
+    The converters fold the cast before LCE's patterns run, so the flatbuffer has the same ops
+    and weights (a few tensor names and the order of small constants may differ), while the
+    traced graph, the SavedModel and the converters' imports of it each hold a quarter of the
+    float bytes (docs/LCE_NOTES.md §12). The cast is named as a constant would be, so the
+    names of the fused ops after it stay the same.
+    """
+    stored = tf().constant(np.asarray(signs, np.int8), name="sign_kernel")
+    return tf().cast(stored, tf().float32, name="Const")
+
+
 def same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
     """TensorFlow's SAME padding (before, after) for one spatial axis."""
     extent = (kernel - 1) * dilation + 1
