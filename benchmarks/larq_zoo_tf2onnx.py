@@ -35,7 +35,6 @@ Run (from the repository root, with the main venv):
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -350,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return retime(args)
     python = larq_zoo_python()
     result: dict[str, Any] = {
-        "load_before": [round(v, 2) for v in os.getloadavg()],
+        "load_before": machine()["load_average"],
         "threads": 1,
         "use_indirect_bgemm": True,
         "rounds": args.rounds,
@@ -397,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def retime(args: Any) -> dict[str, Any]:
     """Interleaved latency of flatbuffers kept by an earlier run (`--retime DIR`)."""
     result: dict[str, Any] = {
-        "load_before": [round(v, 2) for v in os.getloadavg()],
+        "load_before": machine()["load_average"],
         "rounds": args.rounds,
         "runs_per_round": args.runs,
         "models": {},

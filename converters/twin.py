@@ -158,8 +158,9 @@ def _zero_feed(graph: Graph, name: str, zeroable: set[str]) -> dict[str, np.ndar
         return True
 
     while (node := graph.producer.get(name)) is not None:
-        constant = [n for n in node.input if n and graph.const(n) is not None]
-        varying = [n for n in node.input if n and graph.const(n) is None]
+        inputs = [n for n in node.input if n]
+        constant = [n for n in inputs if graph.const(n) is not None]
+        varying = [n for n in inputs if n not in constant]
         if node.op_type in LINEAR and len(node.input) > 1 and node.input[1] in constant:
             biases = [n for n in node.input[2:3] if n]
             return zeros if all(zero(n) for n in [node.input[1], *biases]) else None
