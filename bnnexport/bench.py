@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bnnexport import files
 from bnnexport.errors import CheckpointError, DataError
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import EXPORT_HINT, RunDir, load_model, load_samples
@@ -291,23 +292,24 @@ def usable_backends(
     return usable, skipped
 
 
-def _device_backend(
-    device: DeviceTarget,
-    run: RunDir,
-    options: BenchOptions,
-    inputs: np.ndarray,
-    labels: np.ndarray,
-    reference: np.ndarray,
-    host_lce: np.ndarray | None = None,
-) -> tuple[list[BackendResult], dict[str, Any], str | None]:
-    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
-    from bnnexport.provenance import require_current
+@dataclasses.dataclass
+class _Connected:
+    """A device reached and checked before any host work: its client, identity and runner."""
+
+    client: Any
+    identity: dict[str, Any]
+    runner: str
+    flatbuffer: Path
+
+
+def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], str]:
+    """Reach the device and check what will run there: (SSH client, identity, runner). A wrong
+    host name, a refused key or a benchmark binary of another architecture fails here in
+    seconds, one line (DeviceError / WrongArchitectureError), before any long work."""
+    from deploy.lce_benchmark import check_local_binary
     from deploy.remote_runner import has_lce_python
     from deploy.ssh import SshClient
 
-    target = options.target
-    flatbuffer = _require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
-    require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
     client = SshClient(
         device.host,
         port=device.port,
@@ -319,8 +321,36 @@ def _device_backend(
     runner = device.runner
     if runner == "auto":
         runner = "python" if has_lce_python(client, device.remote_python) else "lce_benchmark_model"
-    if runner == "python":
-        row = _python_runner_row(client, device, flatbuffer, options, inputs, labels, reference)
+    if runner == "lce_benchmark_model" and device.benchmark_binary is not None:
+        check_local_binary(device.benchmark_binary, identity["machine"])
+    return client, identity, runner
+
+
+def _connect(device: DeviceTarget, run: RunDir, target: str) -> _Connected:
+    """The flatbuffer checked current and the device reached, before any host benchmark."""
+    from bnnexport.provenance import require_current
+
+    flatbuffer = _require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
+    require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
+    return _Connected(*reach_device(device), flatbuffer)
+
+
+def _device_backend(
+    device: DeviceTarget,
+    connected: _Connected,
+    run: RunDir,
+    options: BenchOptions,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    reference: np.ndarray,
+    host_lce: np.ndarray | None = None,
+) -> tuple[list[BackendResult], dict[str, Any], str | None]:
+    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
+    client, identity = connected.client, connected.identity
+    if connected.runner == "python":
+        row = _python_runner_row(
+            client, device, connected.flatbuffer, options, inputs, labels, reference
+        )
         return [row], identity, None
     from bnnexport.device_accuracy import device_lce_rows
     from deploy.device_accuracy import DeviceOptions
@@ -333,7 +363,7 @@ def _device_backend(
         timeout=device.timeout,
     )
     rows, raw = device_lce_rows(
-        client, run.root, target, inputs, labels, reference, host_lce, tool, device.batch
+        client, run.root, options.target, inputs, labels, reference, host_lce, tool, device.batch
     )
     return rows, identity, raw
 
@@ -393,9 +423,12 @@ def bench(
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
     """
     run = RunDir(run_dir).require()
+    for name in ("bench.json", "report.md"):  # a file of the user's fails now, not after timing
+        files.require_replaceable(run.root / name)
     target, threads = options.target, options.threads
     inputs, labels = load_samples(run, options.samples)
     _require_input_shape(run, inputs)
+    connected = _connect(device, run, target) if device is not None else None
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     x1 = np.ascontiguousarray(inputs[:1])
     results: list[BackendResult] = []
@@ -416,9 +449,9 @@ def bench(
     finally:
         torch.set_num_threads(torch_threads)
     identity = raw = None
-    if device is not None:
+    if device is not None and connected is not None:
         rows, identity, raw = _device_backend(
-            device, run, options, inputs, labels, reference, host_outputs.get("lce")
+            device, connected, run, options, inputs, labels, reference, host_outputs.get("lce")
         )
         results.extend(rows)
     report = BenchReport(

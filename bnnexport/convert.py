@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bnnexport import provenance
-from bnnexport.errors import CheckpointError, FidelityError
+from bnnexport import files, provenance
+from bnnexport.errors import CheckpointError, ConfigError, FidelityError
+from bnnexport.progress import Steps
 from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
@@ -125,17 +127,48 @@ class ConvertReport(Report):
         return "\n".join(lines)
 
 
-def _locate(path: Path, target: str) -> tuple[Path, Path, Path, RunDir | None]:
-    """(onnx, flatbuffer, float tflite, run dir or None) for a run directory or an .onnx file."""
+def _locate(path: Path, target: str, batch: int) -> tuple[Path, Path, Path, RunDir | None]:
+    """(onnx, flatbuffer, float tflite, run dir or None) for a run directory or an .onnx file.
+
+    A flatbuffer converted at a batch other than 1 carries it in its name (model-arm64-b8.tflite,
+    the name `--batch-twin 8` gives the same model), so two batches never share one file."""
+    from converters.batch import twin_path
+
     if path.is_dir():
         run = RunDir(path)
         if not run.onnx.is_file():
             raise CheckpointError(f"{path} has no model.onnx: run `bnnexport export {path}` first")
-        return run.onnx, run.flatbuffer(target), run.root / "model-float.tflite", run
-    if not path.is_file():
+        onnx_path, output, float_output = (
+            run.onnx, run.flatbuffer(target), run.root / "model-float.tflite"
+        )  # fmt: skip
+    elif path.is_file():
+        run, stem = None, path.with_suffix("")
+        onnx_path, output = path, Path(f"{stem}-{target}.tflite")
+        float_output = Path(f"{stem}-float.tflite")
+    else:
         raise CheckpointError(f"no such run directory or ONNX file: {path}")
-    stem = path.with_suffix("")
-    return path, Path(f"{stem}-{target}.tflite"), Path(f"{stem}-float.tflite"), None
+    if batch != 1:
+        _require_dynamic_batch(onnx_path, batch)
+        output, float_output = twin_path(output, batch), twin_path(float_output, batch)
+    return onnx_path, output, float_output, run
+
+
+def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
+    """ConfigError when --batch N cannot apply: the model's batch dimension is fixed."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    constants = {i.name for i in model.graph.initializer}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name in constants or not dims:
+            continue
+        if dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            raise ConfigError(
+                f"--batch {batch}: {onnx_path} takes a fixed batch of {dims[0].dim_value} "
+                f"(input {value.name!r}); --batch applies only to a dynamic batch dimension, "
+                "`--batch-twin N` converts a run at batch N"
+            )
 
 
 def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
@@ -161,6 +194,7 @@ def convert_run(
     batch_twin: int | None = None,
     batch: int = 1,
     disabled_rewrites: tuple[str, ...] = (),
+    progress: bool | None = None,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -175,6 +209,7 @@ def convert_run(
         batch: the batch size fixed in place of a dynamic batch dimension.
         disabled_rewrites: normaliser passes to skip (`converters.normalize.REWRITES`), to see
             what one is for.
+        progress: step lines on stderr (None: only when stderr is a terminal).
 
     Raises:
         FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch;
@@ -186,9 +221,12 @@ def convert_run(
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     start = time.perf_counter()
-    onnx_path, output, float_output, run = _locate(Path(path), target)
+    onnx_path, output, float_output, run = _locate(Path(path), target, batch)
     if run is not None:
         provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
+    outputs = _outputs(output, float_output if fmt == "tflite" else None, batch_twin, run)
+    for written in outputs:  # before any work: a file of the user's is never replaced
+        files.require_replaceable(written)
     inputs = None  # without samples, the converter checks on random inputs
     if run is not None:
         inputs, _labels = load_samples(run, samples, required=False)
@@ -202,7 +240,7 @@ def convert_run(
         references.append(torch_reference(run, onnx_path))
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), batch=batch,
-        disabled_rewrites=tuple(disabled_rewrites),
+        disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
     )  # fmt: skip
     try:
         result = convert_onnx(
@@ -215,18 +253,33 @@ def convert_run(
     if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         from converters.batch import convert_twin
 
+        options.step(f"batch-{batch_twin} twin for the device")
         try:
             twin = convert_twin(onnx_path, output, batch_twin, target, inputs, options, references)
         except ConversionMismatchError as error:
             raise FidelityError(f"batch-{batch_twin} twin: {error}; no twin kept") from None
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
     report.batch_twin = twin.to_json() if twin is not None else None
+    for written in outputs:
+        if written.suffix == ".tflite" and written.is_file():
+            provenance.record(written.parent, written.name, [onnx_path.name])
     if run is not None:
-        for written in (result.output, result.float_output):
-            if written is not None:
-                provenance.record(run.root, Path(written).name, ["model.onnx"])
         report.save(run.root / "convert.json")
     return report
+
+
+def _outputs(
+    output: Path, float_output: Path | None, batch_twin: int | None, run: RunDir | None
+) -> list[Path]:
+    """Every file a conversion may write: the flatbuffer(s), the batch twin, convert.json."""
+    from converters.batch import twin_path
+
+    written = [output] + ([float_output] if float_output is not None else [])
+    if batch_twin is not None:
+        written.append(twin_path(output, batch_twin))
+    if run is not None:
+        written.append(run.root / "convert.json")
+    return written
 
 
 EXPORTERS = ("legacy", "dynamo")
@@ -242,6 +295,7 @@ def convert_module(
     opset: int | None = None,
     samples: int = MODULE_SAMPLES,
     allow_float: tuple[str, ...] = (),
+    progress: bool | None = None,
 ) -> ConvertReport:
     """Convert any PyTorch BNN (`nn.Module`) to an LCE flatbuffer at `out`.
 
@@ -271,14 +325,19 @@ def convert_module(
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     onnx_path = out.with_suffix(".onnx")
+    for written in (onnx_path, out):  # never a file of the user's, whatever its name
+        files.require_replaceable(written)
+    steps = Steps("convert_module", progress)
+    steps(f"torch.onnx.export ({exporter}) to {onnx_path}")
     model = model.eval()
     kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
     if opset is not None:
         kwargs["opset_version"] = opset
-    with torch.no_grad():
-        torch.onnx.export(model, (example_input,), str(onnx_path), **kwargs)
+    with tempfile.TemporaryDirectory(prefix="bnnexport-module-") as tmp, torch.no_grad():
+        exported = Path(tmp) / onnx_path.name
+        torch.onnx.export(model, (example_input,), str(exported), **kwargs)
+        files.write_bytes_atomic(onnx_path, exported.read_bytes())
     shape = tuple(example_input.shape)
     rng = np.random.default_rng(0)
     inputs = rng.standard_normal((samples, *shape[1:])).astype(np.float32)
@@ -294,11 +353,14 @@ def convert_module(
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions, convert_onnx
 
-    options = ConvertOptions(gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float))
+    options = ConvertOptions(
+        gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps
+    )
     try:
         result = convert_onnx(onnx_path, out, target=target, inputs=inputs, options=options)
     except ConversionMismatchError as error:
         raise FidelityError(f"{error}; no flatbuffer kept") from None
+    provenance.record(out.parent, out.name, [onnx_path.name])
     report = ConvertReport.from_result(result, "lce", time.perf_counter() - start)
     lce_vs_torch = compare(expected, run_lce(result.output, inputs), RTOL)
     report.torch_argmax_agreement = lce_vs_torch.argmax_agreement

@@ -54,3 +54,8 @@ class ConfigError(BnnExportError):
 
 class RunLockedError(BnnExportError):
     """Another bnnexport command is writing the same run directory."""
+
+
+class ForeignFileError(BnnExportError):
+    """A command would replace or delete a file bnnexport did not write (or that was edited
+    since), or write into a folder of the user's own files (`bnnexport.files`)."""

@@ -38,6 +38,7 @@ import torch
 
 from bnnexport import provenance
 from bnnexport.errors import FidelityError
+from bnnexport.progress import Steps
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, load_checkpoint
 from converters.gate import RTOL
@@ -143,7 +144,11 @@ def check_onnx(
 
 
 def export_onnx(
-    run_dir: str | Path, opset: int = 17, batch: int = 1, samples: int = 1000
+    run_dir: str | Path,
+    opset: int = 17,
+    batch: int = 1,
+    samples: int = 1000,
+    progress: bool | None = None,
 ) -> ExportReport:
     """Export a run's model to RUN_DIR/model.onnx and check it in ONNX Runtime.
 
@@ -152,6 +157,7 @@ def export_onnx(
         opset: ONNX opset, 13-18 (what the legacy exporter honours).
         batch: the batch dimension written into the model (LCE runs batch 1).
         samples: how many test samples to write to samples.npz and check on.
+        progress: step lines on stderr (None: only when stderr is a terminal).
 
     Raises:
         CheckpointError / DataError (exit 2), NotBinaryError or FidelityError (exit 1).
@@ -163,6 +169,7 @@ def export_onnx(
     if batch < 1 or samples < 1:
         raise ValueError("batch and samples must be at least 1")
     start = time.perf_counter()
+    steps = Steps("export", progress)
     run = RunDir(run_dir).require()
     checkpoint = load_checkpoint(run.root)
     model = build_model(checkpoint, run.root)
@@ -173,6 +180,7 @@ def export_onnx(
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-export-") as tmp:
         path = Path(tmp) / "model.onnx"
+        steps(f"torch.onnx.export (opset {opset}, batch {batch})")
         dummy = torch.from_numpy(np.repeat(inputs[:1], batch, axis=0))
         with warnings.catch_warnings():  # the legacy exporter's deprecation and folding notes
             warnings.simplefilter("ignore")
@@ -180,6 +188,7 @@ def export_onnx(
                 model, dummy, str(path), dynamo=False, opset_version=opset,
                 do_constant_folding=False, input_names=["input"], output_names=["logits"],
             )  # fmt: skip
+        steps(f"check in ONNX Runtime against PyTorch on {len(inputs)} samples")
         reference = torch_outputs(model, inputs)
         candidate, gate = check_onnx(model, path, inputs, reference)
         import onnx

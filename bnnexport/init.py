@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bnnexport import files
 from bnnexport.errors import CheckpointError, ConfigError
 from bnnexport.layers import binary_layers
 from bnnexport.models import create_model, model_info
@@ -122,10 +123,12 @@ def init_run(
         model = init_model(name, input_shape, num_classes, seed)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    files.require_run_directory(run.root)  # with or without --force: the user's files stay
     with lock_run(run.root, create=True):
         if run.checkpoint.is_file() and not force:  # another command may have written one since
             raise CheckpointError(f"{run.root} already holds a run: use --force or another --out")
-        clear_run(run.root)  # only bnnexport's own files: a user's files in --out stay
+        files.require_run_directory(run.root)
+        clear_run(run.root)
         return _write_init_run(run, name, model, seed, dataset, data_dir, start)
 
 

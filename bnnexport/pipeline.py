@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bnnexport.bench import BenchOptions, BenchReport, DeviceTarget, bench
+from bnnexport.bench import BenchOptions, BenchReport, DeviceTarget, bench, reach_device
 from bnnexport.reports import Report
 from bnnexport.runs import lock_run
 from bnnexport.train import TrainConfig, train
@@ -101,6 +101,8 @@ def pipeline(
         stages[name] = report.to_json()
         return report
 
+    if device is not None:  # an unreachable device fails now, not after training
+        reach_device(device)
     with lock_run(run_dir, create=True):  # one writer for the whole chain
         stage("train", lambda: train(config, resume=resume, force=force, progress=progress))
         # a model that is not strictly binary stops here (exit 1), before anything is exported

@@ -16,18 +16,20 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from bnnexport.errors import CheckpointError
-from bnnexport.reports import write_json_atomic
+from bnnexport import files
+from bnnexport.errors import CheckpointError, ForeignFileError
+from bnnexport.files import MANIFEST as PROVENANCE
+from bnnexport.files import content_hash
 
-PROVENANCE = "provenance.json"
+__all__ = ["DERIVED", "PROVENANCE", "content_hash", "record", "remove_derived",
+           "require_current", "stale_reason"]  # fmt: skip
 
-# What each artifact is made from; removing or rewriting a source invalidates these.
+# What each artifact is made from; removing or rewriting a source invalidates these (and
+# whatever else the manifest records as made from them, whatever its name).
 DERIVED: dict[str, tuple[str, ...]] = {
     "checkpoint.pt": ("verify.json", "model.safetensors", "pack.json", "samples.npz",
                       "model.onnx", "export.json", "bench.json"),
@@ -39,25 +41,12 @@ DERIVED: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-def content_hash(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes, in hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def record(run_dir: str | os.PathLike, artifact: str, sources: Sequence[str]) -> None:
     """Record that RUN_DIR/`artifact` was just made from `sources` (names in RUN_DIR) as they
     are now. Call it right after the artifact is written, with the run directory locked."""
     root = Path(run_dir)
-    records = _read(root)
-    records[artifact] = {
-        "sha256": content_hash(root / artifact),
-        "sources": {name: content_hash(root / name) for name in sources},
-    }
-    write_json_atomic(root / PROVENANCE, records)
+    digests = {name: content_hash(root / name) for name in sources}
+    files.record(root / artifact, sources=digests)
 
 
 def stale_reason(run_dir: str | os.PathLike, artifact: str) -> str | None:
@@ -75,27 +64,26 @@ def require_current(run_dir: str | os.PathLike, artifact: str, hint: str = "") -
 
 def remove_derived(run_dir: str | os.PathLike, source: str) -> list[str]:
     """Delete every artifact made (transitively) from `source`, before `source` is rewritten,
-    and drop their records; return the names removed."""
+    and drop their records; return the names removed. An artifact is derived when `DERIVED`
+    says so or when its record names `source` (or one derived from it) among its sources."""
     root = Path(run_dir)
+    records = _read(root)
     doomed: list[str] = []
-    pending = list(DERIVED.get(source, ()))
+    pending = [source]
     while pending:
         name = pending.pop()
-        if name not in doomed:
-            doomed.append(name)
-            pending.extend(DERIVED.get(name, ()))
-    removed = [name for name in doomed if (root / name).is_file()]
-    for name in removed:
-        (root / name).unlink()
-    records = _read(root)
-    if any(name in records for name in doomed):
-        write_json_atomic(root / PROVENANCE, {k: v for k, v in records.items() if k not in doomed})
-    return removed
+        made_from = [k for k, v in records.items() if name in v.get("sources", {})]
+        for derived in (*DERIVED.get(name, ()), *made_from):
+            if derived not in doomed:
+                doomed.append(derived)
+                pending.append(derived)
+    removed = files.remove(root / name for name in doomed if name != source)
+    return [path.name for path in removed]
 
 
 def _stale(root: Path, artifact: str, records: dict, seen: set[str]) -> str | None:
     entry = records.get(artifact)
-    if entry is None or artifact in seen:
+    if entry is None or artifact in seen or entry.get("append"):
         return None
     seen.add(artifact)
     path = root / artifact
@@ -115,11 +103,7 @@ def _stale(root: Path, artifact: str, records: dict, seen: set[str]) -> str | No
 
 
 def _read(root: Path) -> dict:
-    path = root / PROVENANCE
-    if not path.is_file():
-        return {}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is unreadable ({type(error).__name__})") from None
-    return data if isinstance(data, dict) else {}
+        return files.entries(root)
+    except ForeignFileError as error:
+        raise CheckpointError(str(error)) from None

@@ -19,9 +19,19 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from bnnexport.files import write_bytes_atomic
+
+__all__ = [
+    "Report",
+    "format_value",
+    "pyplot",
+    "save_figure_atomic",
+    "write_bytes_atomic",
+    "write_json_atomic",
+]
 
 
 def _jsonable(value: Any) -> Any:
@@ -75,27 +85,6 @@ class Report:
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     """Write `data` as JSON to `path` through a temporary file and a rename (never half-written)."""
     return write_bytes_atomic(path, (json.dumps(_jsonable(data), indent=2) + "\n").encode())
-
-
-def write_bytes_atomic(path: str | os.PathLike, payload: bytes) -> Path:
-    """Write `payload` to `path` through a temporary file in the same directory and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def pyplot():  # noqa: ANN201 (matplotlib.pyplot, imported on first use)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bnnexport import files
 from bnnexport.errors import CheckpointError, RunLockedError
 from bnnexport.packed import PACKED_NAME, load_packed_state
 from bnnexport.reports import write_bytes_atomic
@@ -37,16 +38,6 @@ from bnnexport.reports import write_bytes_atomic
 CHECKPOINT_FORMAT = "bnnexport-checkpoint"
 CHECKPOINT_VERSION = 1
 
-# Every file a bnnexport stage writes into a run directory (docs/ARCHITECTURE.md). `--force`
-# deletes these and nothing else: a user's own files in the directory are never touched.
-ARTIFACTS = (
-    "config.json", "checkpoint.pt", "metrics.jsonl", "train.json", "accuracy.png",
-    "flip_rate.png", "verify.json", "model.safetensors", "pack.json", "samples.npz",
-    "model.onnx", "export.json", "model-arm64.tflite", "model-arm32.tflite",
-    "model-float.tflite", "convert.json", "bench.json", "report.md", "bench_device.log",
-    "provenance.json",
-)  # fmt: skip
-ARTIFACT_PATTERNS = ("bench_*.png", ".*.tmp")  # bench plots; temporaries of atomic writes
 EXPORT_HINT = "run `bnnexport export {run}` first"
 
 
@@ -84,15 +75,9 @@ class RunDir:
 
 
 def clear_run(root: str | os.PathLike) -> list[Path]:
-    """Delete the artifacts bnnexport writes in `root` (ARTIFACTS), nothing else; return them."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    doomed = [root / name for name in ARTIFACTS if (root / name).is_file()]
-    doomed += [p for pattern in ARTIFACT_PATTERNS for p in root.glob(pattern) if p.is_file()]
-    for path in doomed:
-        path.unlink()
-    return doomed
+    """Delete what bnnexport wrote in `root` (its manifest, `bnnexport.files`), nothing else;
+    return the paths deleted. Refuses, deleting nothing, when one of them was edited since."""
+    return files.clear(root)
 
 
 def load_samples(

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from bnnexport import files
 from bnnexport.datasets import load_dataset
 from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
@@ -226,7 +227,10 @@ def _check_run(run: RunDir, resume: bool, force: bool) -> dict | None:
     if resume:
         if not run.checkpoint.is_file():
             raise CheckpointError(f"nothing to resume: {run.checkpoint} does not exist")
-        return load_checkpoint(run.checkpoint)
+        checkpoint = load_checkpoint(run.checkpoint)
+        files.require_run_directory(run.root)
+        return checkpoint
+    files.require_run_directory(run.root)  # with or without --force: the user's files stay
     if run.checkpoint.is_file() and not force:
         raise CheckpointError(
             f"{run.root} already holds a trained run: use --resume to continue it, "
@@ -605,9 +609,10 @@ def _prepare_run(
     """Rank 0, once every input is checked: make the run directory ready for training."""
     config = trainer.config
     if not resuming:
-        # --force: every artifact of the old run; else leftovers of a run interrupted
-        # before its first checkpoint, whose metrics would otherwise be appended to.
-        clear_run(run.root) if force else _remove(run.root, TRAIN_OWNED)
+        # --force: every file of the old run, whatever its name; else leftovers of a run
+        # interrupted before its first checkpoint, whose metrics would otherwise be appended to.
+        clear_run(run.root) if force else files.remove(run.root / n for n in TRAIN_OWNED)
+        write_bytes_atomic(run.metrics, b"", append=True)
     else:
         if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was
             remove_derived(run.root, "checkpoint.pt")  # exported from it would be stale
@@ -616,7 +621,8 @@ def _prepare_run(
         if changes:
             kept.append({"kind": "resume", "step": trainer.step,
                          "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
-        write_bytes_atomic(run.metrics, "".join(_json_line(r) for r in kept).encode())
+        payload = "".join(_json_line(r) for r in kept).encode()
+        write_bytes_atomic(run.metrics, payload, append=True)
     write_json_atomic(run.config, config.to_json())
 
 
@@ -653,6 +659,7 @@ def _run_epochs(
                 ],
             )
             trainer.save(epoch + 1)
+            files.record(run.metrics, append=True)  # what this epoch appended is ours too
         context.barrier()
         if show:
             tqdm.write(
@@ -684,11 +691,6 @@ def _stored_report(run: RunDir) -> TrainReport | None:
         return TrainReport(**json.loads(run.train_report.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-
-
-def _remove(root: Path, names: tuple[str, ...]) -> None:
-    for name in names:
-        (root / name).unlink(missing_ok=True)
 
 
 def _json_line(record: dict[str, Any]) -> str:

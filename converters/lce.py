@@ -216,6 +216,13 @@ class ConvertOptions:
     twin: bool = True
     batch: int = 1
     disabled_rewrites: tuple[str, ...] = ()
+    # called with a short line as each step starts (a progress display); None: silent
+    on_step: Callable[[str], None] | None = None
+
+    def step(self, line: str) -> None:
+        """Report that the step `line` starts (to `on_step`, when there is one)."""
+        if self.on_step is not None:
+            self.on_step(line)
 
 
 def lookalike_layers(graph: Graph) -> dict[str, str]:
@@ -400,6 +407,7 @@ def convert_onnx(
         raise ConverterError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     start = time.perf_counter()
     onnx_path, output_path = Path(onnx_path), Path(output_path)
+    options.step(f"normalise {onnx_path.name}")
     original = load_onnx(onnx_path)
     # everything below sees the normalised graph; ONNX Runtime runs the original file as the
     # reference, which is what shows the normaliser exact
@@ -416,6 +424,7 @@ def convert_onnx(
     reference = runnable_reference(original)
     del original
     reference_path = onnx_path if reference is None else reference.SerializeToString()
+    options.step("translate to TensorFlow, run the LCE and TFLite converters")
     flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
     float_bytes = len(float_flatbuffer)
     if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
@@ -427,13 +436,17 @@ def convert_onnx(
     is_random = inputs is None
     if inputs is None:
         inputs = random_inputs(info.input_shapes[0])
+    options.step(f"gate: LCE against {len(references) + 1} reference(s) on {len(inputs)} samples")
     check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
     gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
                    write_float_tflite is not None)  # fmt: skip
     # the gate's ONNX Runtime sessions and interpreters, before the twin's
     release_memory(model.ByteSize())
+    if options.twin:
+        options.step("exact-grid twin: convert and compare")
     twin = check_twin(model, inputs, references, options.gate) if options.twin else []
     if normalized.batch is not None and options.batch != 1:
+        options.step(f"convert again at batch {options.batch}")
         original = load_onnx(onnx_path)
         flatbuffer, float_flatbuffer, gate = _rebatch(original, options, flatbuffer, inputs)
         float_bytes = len(float_flatbuffer)

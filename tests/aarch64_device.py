@@ -340,13 +340,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"--remote-tmp {device.remote_tmp} {options}",
                 flush=True,
             )
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            print(f"serving; stop it with Ctrl-C or `kill {os.getpid()}`", flush=True)
+            while True:
+                signal.pause()
     except DeviceUnavailable as error:
         print(f"no emulated aarch64 device: {error}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, _Stopped):  # running_device's exit has stopped sshd and qemu
+        print("stopped", flush=True)
     return 0
 
 
+class _Stopped(Exception):
+    """SIGTERM, turned into an exception so every `finally` on the way out runs."""
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    raise _Stopped
+
+
 if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    # Handlers, not a blocked signal mask: a mask would be inherited by unshare, sshd and qemu,
+    # and SIGTERM would then not stop them.
+    signal.signal(signal.SIGTERM, _on_sigterm)
     sys.exit(main())

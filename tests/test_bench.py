@@ -198,13 +198,41 @@ def test_unreachable_device(converted_run, sshd):
     assert "Connection refused" in _one_line_error(_cli(converted_run, *args))
 
 
+def _snapshot(directory) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*")}
+
+
+@pytest.fixture
+def no_host_benchmark(monkeypatch):
+    """Fail the test if any host backend is timed (device checks must come first)."""
+    import bnnexport.bench
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the host was benchmarked before the device was reached")
+
+    monkeypatch.setattr(bnnexport.bench, "time_calls", refuse)
+
+
+def test_an_unknown_host_fails_in_seconds_before_any_host_benchmark(
+    converted_run, no_host_benchmark
+):
+    import time
+
+    before = _snapshot(converted_run)
+    started = time.monotonic()
+    result = _cli(converted_run, "--device", "pi@no-such-host")
+    assert time.monotonic() - started < 5
+    assert "no-such-host" in _one_line_error(result)
+    assert _snapshot(converted_run) == before
+
+
 def test_refused_key(converted_run, sshd):
     args = _device_args(sshd)
     args[args.index("--ssh-key") + 1] = str(sshd.other_key)
     assert "Permission denied" in _one_line_error(_cli(converted_run, *args))
 
 
-def test_wrong_architecture_binary(converted_run, sshd, tmp_path):
+def test_wrong_architecture_binary(converted_run, sshd, tmp_path, no_host_benchmark):
     import platform
 
     if platform.machine() != "x86_64":

@@ -264,3 +264,49 @@ def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
     assert run.note is None and run.invocations == 3
     np.testing.assert_allclose(run.outputs, reference[:10], rtol=1e-4, atol=1e-4)
     assert arm_device.leftovers() == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(
+                errors="replace"
+            ):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_standalone_device_stops_everything_it_started(arm_device, tmp_path, stop):
+    import signal
+    import socket
+    import time
+
+    session = tmp_path / "standalone"
+    script = Path(__file__).with_name("aarch64_device.py")
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(session)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = [process.stdout.readline() for _ in range(2)]
+        assert lines[-1].startswith("serving; stop it with Ctrl-C"), lines
+        port = int(lines[0].split("--port ")[1].split()[0])
+        namespace = f"mount --bind {session}"  # unshare's script: it holds sshd's namespace
+        assert _processes_mentioning(namespace) != []
+        process.send_signal(getattr(signal, stop))
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    deadline = time.monotonic() + 5
+    while _processes_mentioning(namespace) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_mentioning(namespace) == []
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

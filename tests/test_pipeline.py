@@ -63,3 +63,20 @@ def test_pipeline_stops_at_the_first_failing_stage(tmp_path):
     result = _pipeline(tmp_path / "nothing-here")
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines()[-1].startswith("bnnexport: error: nothing to resume")
+
+
+def test_an_unknown_device_fails_before_training_and_writes_nothing(tmp_path, monkeypatch):
+    import bnnexport.pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started before the device was reached")
+
+    monkeypatch.setattr(bnnexport.pipeline, "train", refuse)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        pipeline_command, ["--out", str(run), "--device", "pi@no-such-host"]
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no-such-host" in lines[0], result.stderr
+    assert not run.exists()

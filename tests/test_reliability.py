@@ -289,45 +289,29 @@ def user_files(run: Path) -> None:
          "cifar10-without-data-dir", "model-too-large-for-mnist"],
 )  # fmt: skip
 def test_force_with_a_bad_option_leaves_the_run_byte_identical(trained_run, options, fragment):
-    user_files(trained_run)
     before = snapshot(trained_run)
     result = invoke("train", "--force", "--out", str(trained_run), *options)
     assert_cli_error(result, 2, fragment)
     assert snapshot(trained_run) == before
 
 
-@pytest.mark.slow
-def test_train_force_replaces_only_bnnexports_own_files(trained_run):
+def test_train_force_on_a_run_holding_user_files_is_refused_and_changes_nothing(trained_run):
     user_files(trained_run)
-    (trained_run / "model.onnx").write_bytes(b"an old export")
-    mine = {k: v for k, v in snapshot(trained_run).items() if k in ("thesis.txt", "data/batch.bin")}
-    result = invoke(
-        "train",
-        "--force",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "200",
-        "--out",
-        str(trained_run),
-        "--json",
-    )
-    assert result.exit_code == 0, result.output[-1500:]
-    after = snapshot(trained_run)
-    assert {k: after[k] for k in mine} == mine
-    assert "model.onnx" not in after  # derived from the replaced checkpoint: gone
-    assert "checkpoint.pt" in after
+    (trained_run / "model.onnx").write_bytes(b"the user's own export")
+    before = snapshot(trained_run)
+    result = invoke("train", "--force", "--epochs", "1", "--out", str(trained_run))
+    assert_cli_error(result, 2, "did not write", "data/", "model.onnx", "thesis.txt")
+    assert snapshot(trained_run) == before
 
 
-def test_init_force_replaces_only_bnnexports_own_files(tmp_path):
+def test_init_force_on_a_run_holding_user_files_is_refused_and_changes_nothing(tmp_path):
     out = tmp_path / "run"
     args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", str(out)]
     assert invoke(*args).exit_code == 0
     user_files(out)
-    mine = {k: v for k, v in snapshot(out).items() if k in ("thesis.txt", "data/batch.bin")}
-    result = invoke(*args, "--force", "--seed", "1")
-    assert result.exit_code == 0, result.output
-    assert {k: snapshot(out)[k] for k in mine} == mine
+    before = snapshot(out)
+    assert_cli_error(invoke(*args, "--force", "--seed", "1"), 2, "data/", "thesis.txt")
+    assert snapshot(out) == before
 
 
 def test_init_force_with_a_bad_size_leaves_the_run_byte_identical(tmp_path):
@@ -347,14 +331,14 @@ def test_init_force_with_a_bad_size_leaves_the_run_byte_identical(tmp_path):
     assert snapshot(out) == before
 
 
-def test_init_force_in_the_working_directory_keeps_the_users_files(tmp_path, monkeypatch):
+def test_init_in_a_working_directory_of_user_files_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     user_files(tmp_path)
+    before = snapshot(tmp_path)
     args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", "."]
-    assert invoke(*args).exit_code == 0
-    assert invoke(*args, "--force").exit_code == 0
-    assert (tmp_path / "thesis.txt").read_text() == "three years of work\n"
-    assert (tmp_path / "data" / "batch.bin").read_bytes() == bytes(range(256))
+    assert_cli_error(invoke(*args), 2, "not a run directory")
+    assert_cli_error(invoke(*args, "--force"), 2, "not a run directory")
+    assert snapshot(tmp_path) == before
 
 
 def test_out_whose_parent_is_a_file(tmp_path):
@@ -739,15 +723,18 @@ def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
 
 @pytest.mark.slow
 def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_path):
+    from bnnexport.files import write_bytes_atomic
+    from bnnexport.runs import append_jsonl
+
     out = tmp_path / "run"
-    out.mkdir()
-    user_files(out)
+    # what a run killed before its first checkpoint leaves: train's empty metrics.jsonl,
+    # recorded as append-only, and the step lines appended since
+    write_bytes_atomic(out / "metrics.jsonl", b"", append=True)
     stale = {"kind": "step", "step": 999, "epoch": 1, "loss": 9.0}
-    (out / "metrics.jsonl").write_text(json.dumps(stale) + "\n")  # no checkpoint.pt yet
+    append_jsonl(out / "metrics.jsonl", [stale])  # no checkpoint.pt yet
     result = invoke("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
     assert result.exit_code == 0, result.output[-1500:]
     assert '"step": 999' not in (out / "metrics.jsonl").read_text()
-    assert (out / "thesis.txt").read_text() == "three years of work\n"
 
 
 def test_one_class_imagefolder_is_refused(tmp_path):

@@ -117,5 +117,6 @@ def convert_command(
         batch_twin=batch_twin,
         batch=batch,
         disabled_rewrites=disabled,
+        progress=False if as_json else None,
     )
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

@@ -39,4 +39,9 @@ def export_command(run_dir: str, opset: int, batch: int, samples: int, as_json: 
     """
     from bnnexport.export import export_onnx
 
-    emit(export_onnx(run_dir, opset=opset, batch=batch, samples=samples), as_json)
+    emit(
+        export_onnx(
+            run_dir, opset=opset, batch=batch, samples=samples, progress=False if as_json else None
+        ),
+        as_json,
+    )
