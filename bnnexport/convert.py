@@ -35,7 +35,8 @@ from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
-    from converters.lce import ConversionResult, Reference
+    from converters.batch import TwinResult
+    from converters.lce import ConversionResult, ConvertOptions, Reference
 
 TARGETS = ("arm64", "arm32")
 FORMATS = ("lce", "tflite")
@@ -227,17 +228,12 @@ def convert_run(
     outputs = _outputs(output, float_output if fmt == "tflite" else None, batch_twin, run)
     for written in outputs:  # before any work: a file of the user's is never replaced
         files.require_replaceable(written)
-    inputs = None  # without samples, the converter checks on random inputs
-    if run is not None:
-        inputs, _labels = load_samples(run, samples, required=False)
+    inputs, references = _checks_of(run, onnx_path, samples)
 
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions, convert_onnx
 
-    references = []
-    if run is not None and inputs is not None and run.checkpoint.is_file():
-        references.append(torch_reference(run, onnx_path))
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), batch=batch,
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
@@ -251,13 +247,7 @@ def convert_run(
         raise FidelityError(f"{error}; no flatbuffer kept") from None
     twin = None
     if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
-        from converters.batch import convert_twin
-
-        options.step(f"batch-{batch_twin} twin for the device")
-        try:
-            twin = convert_twin(onnx_path, output, batch_twin, target, inputs, options, references)
-        except ConversionMismatchError as error:
-            raise FidelityError(f"batch-{batch_twin} twin: {error}; no twin kept") from None
+        twin = _batch_twin(onnx_path, output, batch_twin, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
     report.batch_twin = twin.to_json() if twin is not None else None
     for written in outputs:
@@ -266,6 +256,61 @@ def convert_run(
     if run is not None:
         report.save(run.root / "convert.json")
     return report
+
+
+def _checks_of(
+    run: RunDir | None, onnx_path: Path, samples: int | None
+) -> tuple[np.ndarray | None, list[Reference]]:
+    """The gate's inputs (a run's samples; None: the converter draws random ones) and the
+    references besides ONNX Runtime (PyTorch, for a run with its checkpoint)."""
+    if run is None:
+        return None, []
+    inputs, _labels = load_samples(run, samples, required=False)
+    if inputs is None or not run.checkpoint.is_file():
+        return inputs, []
+    return inputs, [torch_reference(run, onnx_path)]
+
+
+def _batch_twin(
+    onnx_path: Path,
+    output: Path,
+    batch: int,
+    target: str,
+    inputs: np.ndarray | None,
+    options: ConvertOptions,
+    references: list[Reference],
+) -> TwinResult:
+    """MODEL-TARGET-bN.tflite through the same gate; FidelityError (exit 1) if it fails."""
+    from converters.batch import convert_twin
+    from converters.errors import ConversionMismatchError
+
+    options.step(f"batch-{batch} twin for the device")
+    try:
+        return convert_twin(onnx_path, output, batch, target, inputs, options, references)
+    except ConversionMismatchError as error:
+        raise FidelityError(f"batch-{batch} twin: {error}; no twin kept") from None
+
+
+def convert_device_twin(
+    run_dir: str | Path, target: str, batch: int, progress: bool | None = None
+) -> Path:
+    """Convert only RUN_DIR's batch-`batch` twin (model-TARGET-bN.tflite), through the same gate
+    as `convert --batch-twin`: what `bench --device` needs for accuracy on the device. Returns
+    its path; FidelityError (exit 1) when the gate refuses it."""
+    from converters.batch import twin_path
+    from converters.gate import GateOptions
+    from converters.lce import ConvertOptions
+
+    run = RunDir(run_dir)
+    onnx_path, output, _float, _run = _locate(run.root, target, 1)
+    provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
+    twin = twin_path(output, batch)
+    files.require_replaceable(twin)
+    inputs, references = _checks_of(run, onnx_path, None)
+    options = ConvertOptions(gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress))
+    _batch_twin(onnx_path, output, batch, target, inputs, options, references)
+    provenance.record(run.root, twin.name, ["model.onnx"])
+    return twin
 
 
 def _outputs(
@@ -337,7 +382,10 @@ def convert_module(
     with tempfile.TemporaryDirectory(prefix="bnnexport-module-") as tmp, torch.no_grad():
         exported = Path(tmp) / onnx_path.name
         torch.onnx.export(model, (example_input,), str(exported), **kwargs)
-        files.write_bytes_atomic(onnx_path, exported.read_bytes())
+        # one self-contained file: the dynamo exporter puts the weights in NAME.onnx.data
+        import onnx
+
+        files.write_bytes_atomic(onnx_path, onnx.load(str(exported)).SerializeToString())
     shape = tuple(example_input.shape)
     rng = np.random.default_rng(0)
     inputs = rng.standard_normal((samples, *shape[1:])).astype(np.float32)

@@ -227,9 +227,7 @@ def _check_run(run: RunDir, resume: bool, force: bool) -> dict | None:
     if resume:
         if not run.checkpoint.is_file():
             raise CheckpointError(f"nothing to resume: {run.checkpoint} does not exist")
-        checkpoint = load_checkpoint(run.checkpoint)
-        files.require_run_directory(run.root)
-        return checkpoint
+        return load_checkpoint(run.checkpoint)  # its folder: checked in _train, once known
     files.require_run_directory(run.root)  # with or without --force: the user's files stay
     if run.checkpoint.is_file() and not force:
         raise CheckpointError(
@@ -524,6 +522,7 @@ def _train(
         stored = _finished_report(run, checkpoint, config, changes)
         if stored is not None:
             return stored
+        files.require_run_directory(run.root)  # what training on will rewrite is bnnexport's
     config.epochs = config.epochs or DEFAULT_EPOCHS
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.

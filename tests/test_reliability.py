@@ -161,12 +161,12 @@ def test_non_binary_weights_are_refused_at_export(trained_run):
 
 
 def _fail_on_write(monkeypatch, error: OSError) -> None:
-    import bnnexport.reports
+    import bnnexport.files
 
     def refuse(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(bnnexport.reports.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(bnnexport.files.tempfile, "mkstemp", refuse)
 
 
 @pytest.mark.parametrize(
@@ -694,7 +694,9 @@ def test_resume_of_a_finished_run_with_a_changed_option_is_refused(trained_run):
 
 @pytest.mark.slow
 def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
-    (trained_run / "model.onnx").write_bytes(b"exported from epoch 1")
+    from bnnexport.files import write_bytes_atomic
+
+    write_bytes_atomic(trained_run / "model.onnx", b"exported from epoch 1")
     result = invoke(
         "train",
         "--resume",
