@@ -75,10 +75,14 @@ class BenchOptions:
     threads: int = 1  # for every runtime (PyTorch, ONNX Runtime, TFLite, LCE, the device)
     samples: int | None = 1000  # the first N of samples.npz; None = all
     target: str = "arm64"  # which LCE flatbuffer: model-TARGET.tflite
+    # further thread counts the device's LCE latency is measured at (one row each)
+    scaling_threads: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.runs < 1 or self.threads < 1 or self.warmup < 0:
             raise ValueError("runs and threads must be at least 1, warmup at least 0")
+        if any(t < 1 for t in self.scaling_threads):
+            raise ValueError("scaling_threads must all be at least 1")
         if self.samples is not None and self.samples < 1:
             raise ValueError("samples must be at least 1 (or None for all)")
 
@@ -114,6 +118,7 @@ class BenchReport(Report):
             "std ms",
             "min ms",
             "size KB",
+            "peak MB",
         ]
         rows = [head]
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
@@ -133,6 +138,7 @@ class BenchReport(Report):
                     fmt(lat.get("std"), ".3f"),
                     fmt(lat.get("min"), ".3f"),
                     fmt(None if b.size_bytes is None else b.size_bytes / 1024, ".1f"),
+                    fmt(b.extra.get("peak_memory_mb"), ".3g"),
                 ]
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -326,6 +332,20 @@ def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], str]:
     return client, identity, runner
 
 
+def _ensure_device_twin(run: RunDir, target: str, samples: int, batch: int, progress: bool) -> None:
+    """Convert the batch-N twin that accuracy on the device runs, when it is missing or was
+    made from another model.onnx (same gate as `convert --batch-twin N`)."""
+    from bnnexport.convert import convert_device_twin
+    from bnnexport.device_accuracy import twin_batch, twin_path
+    from bnnexport.provenance import stale_reason
+
+    batch = twin_batch(samples, batch)
+    twin = twin_path(run.root, target, batch)
+    if twin.is_file() and stale_reason(run.root, twin.name) is None:
+        return
+    convert_device_twin(run.root, target, batch, progress=progress)
+
+
 def _connect(device: DeviceTarget, run: RunDir, target: str) -> _Connected:
     """The flatbuffer checked current and the device reached, before any host benchmark."""
     from bnnexport.provenance import require_current
@@ -353,19 +373,55 @@ def _device_backend(
         )
         return [row], identity, None
     from bnnexport.device_accuracy import device_lce_rows
+
+    tool = _tool_options(device, options)
+    rows, raw = device_lce_rows(
+        client, run.root, options.target, inputs, labels, reference, host_lce, tool, device.batch
+    )
+    return rows, identity, raw
+
+
+def _scaling_rows(
+    device: DeviceTarget,
+    connected: _Connected,
+    run: RunDir,
+    options: BenchOptions,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    reference: np.ndarray,
+) -> list[BackendResult]:
+    """The device's LCE latency at each of `options.scaling_threads`, one row each."""
+    if not options.scaling_threads:
+        return []
+    if connected.runner == "python":
+        rows = []
+        for count in options.scaling_threads:
+            at = dataclasses.replace(options, threads=count, scaling_threads=())
+            row = _python_runner_row(
+                connected.client, device, connected.flatbuffer, at, inputs, labels, reference
+            )
+            row.name, row.extra["threads"] = f"lce ({count} threads)", count
+            rows.append(row)
+        return rows
+    from bnnexport.device_accuracy import thread_scaling_rows
+
+    tool = _tool_options(device, options)
+    return thread_scaling_rows(
+        connected.client, run.root, options.target, tool, options.scaling_threads
+    )
+
+
+def _tool_options(device: DeviceTarget, options: BenchOptions) -> Any:
+    """How `lce_benchmark_model` runs on the device (`deploy.device_accuracy.DeviceOptions`)."""
     from deploy.device_accuracy import DeviceOptions
 
-    tool = DeviceOptions(
+    return DeviceOptions(
         threads=options.threads,
         runs=options.runs,
         warmup_runs=options.warmup,
         binary=device.benchmark_binary,
         timeout=device.timeout,
     )
-    rows, raw = device_lce_rows(
-        client, run.root, options.target, inputs, labels, reference, host_lce, tool, device.batch
-    )
-    return rows, identity, raw
 
 
 def _python_runner_row(
@@ -396,6 +452,7 @@ def _python_runner_row(
     latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
     extra = {
         "runner": "python",
+        "threads": options.threads,
         "lce_version": result.get("lce_version"),
         "device_accuracy": result.get("accuracy"),
     }
@@ -429,6 +486,8 @@ def bench(
     inputs, labels = load_samples(run, options.samples)
     _require_input_shape(run, inputs)
     connected = _connect(device, run, target) if device is not None else None
+    if device is not None and connected is not None and connected.runner != "python":
+        _ensure_device_twin(run, target, len(inputs), device.batch, progress)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     x1 = np.ascontiguousarray(inputs[:1])
     results: list[BackendResult] = []
@@ -454,6 +513,7 @@ def bench(
             device, connected, run, options, inputs, labels, reference, host_outputs.get("lce")
         )
         results.extend(rows)
+        results.extend(_scaling_rows(device, connected, run, options, inputs, labels, reference))
     report = BenchReport(
         run_dir=str(run.root),
         samples=len(inputs),

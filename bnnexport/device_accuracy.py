@@ -123,6 +123,7 @@ def device_lce_rows(
     device = run_on_device(client, flatbuffer, options, job)
     note = device.note or note
     latency, extra = _device_measurements(device, twin.name, batch, note)
+    extra["threads"] = options.threads
     where = client.destination
     rows = [score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
     if device.outputs is not None and host_lce is not None:
@@ -141,3 +142,23 @@ def device_lce_rows(
     if note:
         print(f"bnnexport: note: {note}", file=sys.stderr)
     return rows, device.raw
+
+
+def thread_scaling_rows(
+    client: Any, run_dir: Path, target: str, options: Any, threads: tuple[int, ...]
+) -> list[Any]:
+    """One latency-only row per further thread count (`lce (N threads)`): the batch-1 flatbuffer
+    benchmarked again on the device with `--num_threads=N`, op profile and peak memory included.
+    `options` is a `deploy.device_accuracy.DeviceOptions` (its own thread count is replaced)."""
+    from deploy.device_accuracy import run_on_device
+
+    flatbuffer = run_dir / f"model-{target}.tflite"
+    rows = []
+    for count in threads:
+        device = run_on_device(client, flatbuffer, dataclasses.replace(options, threads=count))
+        latency, extra = _device_measurements(device, "", 0, None)
+        extra["threads"] = count
+        where = client.destination
+        rows.append(score(f"lce ({count} threads)", where, flatbuffer, None, np.zeros(0), None,
+                          latency, extra))  # fmt: skip
+    return rows

@@ -61,6 +61,9 @@ def plot_bench(report: Any, out: Path) -> list[Path]:
         sizes = list(sized.values())
         path = out / "bench_size.png"
         written.append(_bar(path, list(sized), sizes, "KB", "Model file size", log=log))
+    scaling = _thread_scaling(report.backends)
+    if len(scaling) > 1:
+        written.append(_scaling_plot(out / "bench_device_threads.png", scaling))
     scored = [b for b in report.backends if b.top1 is not None]
     if scored:
         title = f"Top-1 accuracy on {report.samples} test samples"
@@ -68,6 +71,39 @@ def plot_bench(report: Any, out: Path) -> list[Path]:
         labels = [_label(b) for b in scored]
         written.append(_bar(out / "bench_accuracy.png", labels, top1, "top-1 %", title))
     return written
+
+
+def _thread_scaling(backends: list[Any]) -> dict[int, Any]:
+    """Thread count -> the device's LCE row measured at it (`bench --threads 1,2,4`)."""
+    return {
+        b.extra["threads"]: b
+        for b in backends
+        if b.where != "host" and b.extra.get("threads") and b.name.startswith("lce")
+        and b.latency_ms.get("mean") is not None
+    }  # fmt: skip
+
+
+def _scaling_plot(path: Path, scaling: dict[int, Any]) -> Path:
+    """Mean (and min) batch-1 latency on the device against its thread count, with the
+    speed-up over the fewest threads written at each point."""
+    plt = pyplot()
+    threads = sorted(scaling)
+    mean = [scaling[t].latency_ms["mean"] for t in threads]
+    low = [scaling[t].latency_ms.get("min") or m for t, m in zip(threads, mean, strict=True)]
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.plot(threads, mean, "o-", color="#4c72b0", label="mean")
+    ax.plot(threads, low, "s--", color="#55a868", label="min")
+    for t, m in zip(threads, mean, strict=True):
+        ax.annotate(f"{mean[0] / m:.2f}x", (t, m), textcoords="offset points", xytext=(4, 6))
+    ax.set_xticks(threads)
+    ax.set_xlabel("threads (--num_threads)")
+    ax.set_ylabel("ms")
+    ax.set_title(f"LCE batch-1 latency on {scaling[threads[0]].where}")
+    ax.legend()
+    fig.tight_layout()
+    save_figure_atomic(fig, path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _latency_bars(timed: list[Any]) -> tuple[list[float], list[list[float]]]:
@@ -110,8 +146,8 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
 def _backend_table(backends: list[Any]) -> list[str]:
     lines = [
         "| backend | where | top-1 | top-5 | argmax agreement | max abs diff | median ms "
-        "| p90 ms | mean ms | std ms | min ms | size KB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p90 ms | mean ms | std ms | min ms | size KB | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b in backends:
         lat = b.latency_ms
@@ -121,7 +157,8 @@ def _backend_table(backends: list[Any]) -> list[str]:
             f"{_fmt(b.argmax_agreement, '.4f')} | {_fmt(b.max_abs_diff, '.3g')} | "
             f"{_fmt(lat.get('median'), '.3f')} | {_fmt(lat.get('p90'), '.3f')} | "
             f"{_fmt(lat.get('mean'), '.3f')} | {_fmt(lat.get('std'), '.3f')} | "
-            f"{_fmt(lat.get('min'), '.3f')} | {_fmt(size, '.1f')} |"
+            f"{_fmt(lat.get('min'), '.3f')} | {_fmt(size, '.1f')} | "
+            f"{_fmt(b.extra.get('peak_memory_mb'), '.3g')} |"
         )
     return lines
 

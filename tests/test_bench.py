@@ -14,6 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from bnnexport import provenance
 from bnnexport.bench import BenchOptions, bench
 from bnnexport.cli.bench import bench_command
 from bnnexport.errors import CheckpointError
@@ -298,12 +299,76 @@ def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd,
         "mean": pytest.approx(15.4082),
         "std": 0.245,
     }
-    assert device["top1"] is None  # no batch twin in this run: latency only, and a note
-    assert "no batch-50 twin model-arm64-b50.tflite" in device["extra"]["note"]
-    assert "note: no batch-50 twin" in result.stderr
+    # the run had no batch-50 twin: bench converted it (same gate), but this stand-in has no
+    # --output_filepath, so latency only, and a note saying why
+    assert (converted_run / "model-arm64-b50.tflite").is_file()
+    assert provenance.stale_reason(converted_run, "model-arm64-b50.tflite") is None
+    assert device["top1"] is None
+    assert "has no --output_filepath" in device["extra"]["note"]
+    assert "note: " in result.stderr and "has no --output_filepath" in result.stderr
     assert device["extra"]["peak_memory_mb"] == 9.8
     assert [t["node_type"] for t in device["extra"]["op_types"]][0] == "LceBconv2d"
     report = (converted_run / "report.md").read_text()
     assert "| LceBconv2d | 1 | 11.900 | 79.3 |" in report
     assert (converted_run / "bench_device.log").read_text() == TAB_OUTPUT
     assert list(sshd.remote_tmp.iterdir()) == []
+
+
+def test_a_thread_list_gives_one_device_row_per_count_and_a_scaling_plot(
+    converted_run, sshd, tmp_path
+):
+    """The stand-in prints the documented output with its mean latency divided by the thread
+    count it was given, so each row must carry the figure of its own --num_threads."""
+    from test_deploy_lce_benchmark import TAB_OUTPUT
+
+    (tmp_path / "output.txt").write_text(TAB_OUTPUT)
+    stand_in = tmp_path / "lce_benchmark_model"
+    stand_in.write_text(
+        '#!/bin/sh\nt=1\nfor a in "$@"; do case $a in --num_threads=*) t=${a#*=};; esac; done\n'
+        f'sed "s/avg=15408.2/avg=$((16000 / t))/" {tmp_path / "output.txt"}\n'
+    )
+    stand_in.chmod(0o755)
+    args = ["--runner", "lce_benchmark_model", "--benchmark-binary", str(stand_in)]
+    result = _cli(converted_run, *_device_args(sshd), *args, "--threads", "1,2,4", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["threads"] == 1  # the host rows keep the first count
+    device = {b["name"]: b for b in report["backends"] if b["where"] != "host"}
+    assert {name: row["latency_ms"]["mean"] for name, row in device.items()} == {
+        "lce": 16.0,
+        "lce (2 threads)": 8.0,
+        "lce (4 threads)": 4.0,
+    }
+    assert [device[n]["extra"]["threads"] for n in device] == [1, 2, 4]
+    assert all(row["extra"]["peak_memory_mb"] == 9.8 for row in device.values())
+    assert (converted_run / "bench_device_threads.png").is_file()
+    assert "bench_device_threads.png" in (converted_run / "report.md").read_text()
+
+
+@pytest.mark.parametrize("threads", ["0", "1,x", "2,2", ""])
+def test_a_bad_thread_list_is_one_line_and_changes_nothing(converted_run, threads):
+    from bnnexport.cli import main
+
+    before = _snapshot(converted_run)
+    line = _one_line_error(
+        CliRunner().invoke(main, ["bench", str(converted_run), "--threads", threads])
+    )
+    assert "--threads" in line
+    assert _snapshot(converted_run) == before
+
+
+def test_the_table_shows_the_devices_peak_memory(converted_run, sshd, tmp_path):
+    from test_deploy_lce_benchmark import TAB_OUTPUT
+
+    (tmp_path / "output.txt").write_text(TAB_OUTPUT)
+    stand_in = tmp_path / "lce_benchmark_model"
+    stand_in.write_text(f"#!/bin/sh\ncat {tmp_path / 'output.txt'}\n")
+    args = ["--runner", "lce_benchmark_model", "--benchmark-binary", str(stand_in)]
+    result = _cli(converted_run, *_device_args(sshd), *args)
+    assert result.exit_code == 0, result.output
+    table = result.stdout.splitlines()
+    assert table[0].split()[-2:] == ["peak", "MB"]
+    device_rows = [row.split() for row in table if sshd.destination in row.split()[1:2]]
+    assert [row[-1] for row in device_rows] == ["9.8"]
+    host_rows = [row.split() for row in table if row.split()[1:2] == ["host"]]
+    assert host_rows and all(row[-1] == "-" for row in host_rows)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bnnexport.cli.common import (
+    CountList,
     choice_option,
     count_option,
     emit,
@@ -26,10 +27,14 @@ if TYPE_CHECKING:
     "--runs", default=100, help="Timed runs at batch 1 per backend, after --warmup untimed ones."
 )
 @count_option("--warmup", minimum=0, default=10, help="Untimed runs before timing.")
-@count_option(
+@click.option(
     "--threads",
-    default=1,
-    help="Threads for every runtime (PyTorch, ONNX Runtime, TFLite, LCE, the device).",
+    type=CountList(),
+    default="1",
+    show_default=True,
+    help="Threads for every runtime (PyTorch, ONNX Runtime, TFLite, LCE, the device). A list "
+    "(1,2,4) measures the host at the first and the device's LCE latency at each, one row "
+    "per count, with a scaling plot in report.md.",
 )
 @count_option(
     "--samples", default=1000, help="Test samples to score: the first N of RUN_DIR/samples.npz."
@@ -131,7 +136,8 @@ def bench_options(options: dict[str, Any]) -> BenchOptions:
     return BenchOptions(
         runs=options["runs"],
         warmup=options["warmup"],
-        threads=options["threads"],
+        threads=options["threads"][0],
+        scaling_threads=options["threads"][1:],
         samples=options["samples"],
         target=options["target"],
     )

@@ -42,6 +42,23 @@ def count_option(
     )
 
 
+class CountList(click.ParamType):
+    """Comma-separated integers >= 1, each once: "1,2,4" -> (1, 2, 4)."""
+
+    name = "N[,N...]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            counts = tuple(int(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if any(c < 1 for c in counts) or len(set(counts)) != len(counts):
+            self.fail(f"{value!r}: every count must be at least 1 and listed once", param, ctx)
+        return counts
+
+
 def choice_option(
     *names: str, choices: Sequence[str], default: str | None, help: str, **extra: Any
 ) -> Callable[[F], F]:
