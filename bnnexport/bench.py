@@ -102,6 +102,7 @@ class BenchReport(Report):
     device: dict[str, Any] | None = None
     report_md: str | None = None
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # backend: why
+    random_inputs: bool = False  # a model file benched without --samples-file
 
     def to_table(self) -> str:
         """One line per backend: accuracy, agreement, latency, size."""
@@ -384,7 +385,6 @@ def _device_backend(
 def _scaling_rows(
     device: DeviceTarget,
     connected: _Connected,
-    run: RunDir,
     options: BenchOptions,
     inputs: np.ndarray,
     labels: np.ndarray,
@@ -407,7 +407,7 @@ def _scaling_rows(
 
     tool = _tool_options(device, options)
     return thread_scaling_rows(
-        connected.client, run.root, options.target, tool, options.scaling_threads
+        connected.client, connected.flatbuffer, tool, options.scaling_threads
     )
 
 
@@ -489,43 +489,23 @@ def bench(
     if device is not None and connected is not None and connected.runner != "python":
         _ensure_device_twin(run, target, len(inputs), device.batch, progress)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
-    x1 = np.ascontiguousarray(inputs[:1])
-    results: list[BackendResult] = []
-    reference = None
-    host_outputs: dict[str, np.ndarray] = {}
-    import torch
-
-    torch_threads = torch.get_num_threads()
-    try:
-        for name, path, factory in _progress(backends, progress):
-            predict, call = factory(x1)
-            outputs = np.asarray(predict(inputs), np.float32).reshape(len(inputs), -1)
-            if reference is None:  # PyTorch comes first: the reference for every other backend
-                reference = outputs
-            host_outputs[name] = outputs
-            latency = time_calls(call, options.runs, options.warmup)
-            results.append(score(name, "host", path, outputs, labels, reference, latency))
-    finally:
-        torch.set_num_threads(torch_threads)
+    # PyTorch comes first: the reference for every other backend
+    results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
+    reference = host_outputs[results[0].name]
     identity = raw = None
     if device is not None and connected is not None:
         rows, identity, raw = _device_backend(
             device, connected, run, options, inputs, labels, reference, host_outputs.get("lce")
         )
         results.extend(rows)
-        results.extend(_scaling_rows(device, connected, run, options, inputs, labels, reference))
+        results.extend(_scaling_rows(device, connected, options, inputs, labels, reference))
     report = BenchReport(
         run_dir=str(run.root),
         samples=len(inputs),
         runs=options.runs,
         threads=threads,
         num_classes=int(reference.shape[1]),
-        host={
-            "uname": " ".join(part for part in platform.uname() if part),
-            "machine": platform.machine(),
-            "cpu_model": host_cpu(),
-            "python": platform.python_version(),
-        },
+        host=host_identity(),
         backends=results,
         device=identity,
         files=_file_sizes(run, target),
@@ -539,6 +519,44 @@ def bench(
         report.report_md = str(render(report, run.root))
     write_json_atomic(run.root / "bench.json", report.to_json())
     return report
+
+
+def _measure_host(
+    backends: list[tuple[str, Path | None, Any]],
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    options: BenchOptions,
+    progress: bool,
+) -> tuple[list[BackendResult], dict[str, np.ndarray]]:
+    """Score and time each backend on the host: (rows, outputs by backend). The first
+    backend's outputs are the reference every row's agreement is measured against."""
+    import torch
+
+    x1 = np.ascontiguousarray(inputs[:1])
+    results: list[BackendResult] = []
+    host_outputs: dict[str, np.ndarray] = {}
+    torch_threads = torch.get_num_threads()
+    try:
+        for name, path, factory in _progress(backends, progress):
+            predict, call = factory(x1)
+            outputs = np.asarray(predict(inputs), np.float32).reshape(len(inputs), -1)
+            reference = host_outputs.get(backends[0][0], outputs)
+            host_outputs[name] = outputs
+            latency = time_calls(call, options.runs, options.warmup)
+            results.append(score(name, "host", path, outputs, labels, reference, latency))
+    finally:
+        torch.set_num_threads(torch_threads)
+    return results, host_outputs
+
+
+def host_identity() -> dict[str, str]:
+    """This machine, as bench reports it."""
+    return {
+        "uname": " ".join(part for part in platform.uname() if part),
+        "machine": platform.machine(),
+        "cpu_model": host_cpu(),
+        "python": platform.python_version(),
+    }
 
 
 def _require_flatbuffer(path: Path) -> None:
@@ -587,3 +605,141 @@ def host_cpu() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+MODEL_SUFFIXES = (".tflite", ".onnx")
+
+
+def model_family(path: Path, target: str = "arm64") -> tuple[Path | None, Path | None]:
+    """(ONNX model, LCE flatbuffer) to bench for a model file: the file itself, and its partner
+    when bnnexport's manifest records one made from the other and it is current (a
+    `convert MODEL.onnx` or `convert_module` output: MODEL-TARGET.tflite from MODEL.onnx)."""
+    from bnnexport.files import entries
+    from bnnexport.provenance import stale_reason
+
+    if path.suffix == ".onnx":
+        partner = path.with_name(f"{path.stem}-{target}.tflite")
+        current = partner.is_file() and stale_reason(path.parent, partner.name) is None
+        made_from = entries(path.parent).get(partner.name, {}).get("sources", {})
+        return path, partner if current and path.name in made_from else None
+    sources = entries(path.parent).get(path.name, {}).get("sources", {})
+    onnx_sources = [path.parent / name for name in sources if name.endswith(".onnx")]
+    if onnx_sources and stale_reason(path.parent, path.name) is None:
+        return onnx_sources[0], path
+    return None, path
+
+
+def bench_model_file(
+    path: str | Path,
+    options: BenchOptions = BenchOptions(),
+    device: DeviceTarget | None = None,
+    samples_file: str | Path | None = None,
+    write_report: bool = True,
+    progress: bool = False,
+) -> BenchReport:
+    """`bench` for a model file that is not in a run directory: an LCE flatbuffer or an ONNX
+    model (with its partner when `model_family` finds one: ONNX Runtime is then the reference).
+
+    Samples come from `samples_file` (.npz with `inputs`, NCHW float32, and optional `labels`),
+    else they are standard-normal inputs of the model's input shape: the report says so
+    (`random_inputs`), and there is no accuracy without labels. On `device`, the flatbuffer's
+    latency (and, with the python runner, its outputs); `lce_benchmark_model` gives latency,
+    op profile and peak memory only, since accuracy there needs a run's batch-N twin.
+    Writes MODEL-bench.json and (with `write_report`) MODEL-report.md and MODEL-bench_*.png
+    next to the file."""
+    from bnnexport.runs import read_samples_file
+
+    path = Path(path)
+    if path.suffix not in MODEL_SUFFIXES or not path.is_file():
+        raise CheckpointError(f"no such run directory, flatbuffer or ONNX file: {path}")
+    outputs_of = _file_outputs(path)
+    for written in outputs_of.values():
+        files.require_replaceable(written)
+    onnx_path, flatbuffer = model_family(path, options.target)
+    backends = [(name, p, factory) for name, p, factory in (
+        ("onnxruntime", onnx_path, functools.partial(_onnxruntime, onnx_path, options.threads)),
+        ("lce", flatbuffer, functools.partial(_lce, flatbuffer, options.threads)),
+    ) if p is not None]  # fmt: skip
+    if flatbuffer is not None:
+        _require_flatbuffer(flatbuffer)
+    shape = _input_shape(onnx_path, flatbuffer)
+    if samples_file is not None:
+        inputs, labels = read_samples_file(samples_file, options.samples)
+        from converters.validate import check_input_shape
+
+        check_input_shape(shape, inputs, str(path))
+    else:
+        rng = np.random.default_rng(0)
+        inputs = rng.standard_normal((options.samples or 100, *shape[1:])).astype(np.float32)
+        labels = np.full(len(inputs), -1, np.int64)
+    connected = None
+    if device is not None:
+        if flatbuffer is None:
+            raise CheckpointError(f"{path}: a device runs the LCE flatbuffer; convert it first")
+        connected = _Connected(*reach_device(device), flatbuffer)
+    results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
+    reference = host_outputs[results[0].name]
+    identity = None
+    if device is not None and connected is not None:
+        identity = connected.identity
+        results += _file_device_rows(device, connected, options, inputs, labels, reference)
+    report = BenchReport(
+        run_dir=str(path), samples=len(inputs), runs=options.runs, threads=options.threads,
+        num_classes=int(reference.shape[1]), host=host_identity(), backends=results,
+        device=identity, files={p.name: p.stat().st_size for _, p, _ in backends},
+        random_inputs=samples_file is None,
+    )  # fmt: skip
+    if write_report:
+        from bnnexport.report_md import write_report as render
+
+        report.report_md = str(render(report, path.parent, prefix=f"{path.stem}-"))
+    write_json_atomic(outputs_of["json"], report.to_json())
+    return report
+
+
+def _file_outputs(path: Path) -> dict[str, Path]:
+    """What `bench_model_file` writes next to the model, named after it."""
+    return {
+        "json": path.with_name(f"{path.stem}-bench.json"),
+        "report": path.with_name(f"{path.stem}-report.md"),
+    }
+
+
+def _input_shape(onnx_path: Path | None, flatbuffer: Path | None) -> list[int]:
+    """The model's input shape (NCHW: bnnexport's flatbuffers take the ONNX model's layout)."""
+    if onnx_path is not None:
+        from converters.runtimes import ort_session
+
+        return [
+            d if isinstance(d, int) else 1 for d in ort_session(onnx_path).get_inputs()[0].shape
+        ]
+    from converters.runtimes import lce_interpreter
+
+    return [int(d) for d in lce_interpreter(flatbuffer, 1).input_shapes[0]]
+
+
+def _file_device_rows(
+    device: DeviceTarget,
+    connected: _Connected,
+    options: BenchOptions,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    reference: np.ndarray,
+) -> list[BackendResult]:
+    """The flatbuffer on the device: the python runner scores its outputs too;
+    `lce_benchmark_model` gives latency rows only (one per thread count)."""
+    if connected.runner == "python":
+        first = _python_runner_row(
+            connected.client, device, connected.flatbuffer, options, inputs, labels, reference
+        )
+        rest = _scaling_rows(device, connected, options, inputs, labels, reference)
+        return [first, *rest]
+    from bnnexport.device_accuracy import thread_scaling_rows
+
+    counts = (options.threads, *options.scaling_threads)
+    rows = thread_scaling_rows(
+        connected.client, connected.flatbuffer, _tool_options(device, options), counts
+    )
+    rows[0].name = "lce"
+    rows[0].extra["note"] = "latency only: accuracy on the device needs a run's batch-N twin"
+    return rows

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bnnexport import files, provenance
-from bnnexport.errors import CheckpointError, ConfigError, FidelityError
+from bnnexport.errors import CheckpointError, ConfigError, DataError, FidelityError
 from bnnexport.progress import Steps
 from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir, load_samples
@@ -338,7 +338,7 @@ def convert_module(
     out: str | Path = "model-arm64.tflite",
     exporter: str = "legacy",
     opset: int | None = None,
-    samples: int = MODULE_SAMPLES,
+    samples: Any = MODULE_SAMPLES,
     allow_float: tuple[str, ...] = (),
     progress: bool | None = None,
 ) -> ConvertReport:
@@ -346,8 +346,10 @@ def convert_module(
 
     Exports it to ONNX next to `out` (same name, `.onnx`) with torch's legacy exporter or, with
     `exporter="dynamo"`, the default one; then the same path as `bnnexport convert MODEL.onnx`:
-    normalise, translate, and the conversion gate, on `samples` standard-normal inputs of
-    `example_input`'s shape (ONNX Runtime on the exported file as reference). PyTorch's own
+    normalise, translate, and the conversion gate, on `samples`: your own inputs (an array or
+    tensor of `example_input`'s shape but any batch), or a number of standard-normal inputs of
+    that shape (the report's `random_inputs` says which; ONNX Runtime on the exported file is
+    the reference). PyTorch's own
     outputs on those inputs are compared with ONNX Runtime's (the export check: at most one
     prediction may differ, for a rounding tie) and reported as `torch_argmax_agreement`.
 
@@ -373,6 +375,7 @@ def convert_module(
     onnx_path = out.with_suffix(".onnx")
     for written in (onnx_path, out):  # never a file of the user's, whatever its name
         files.require_replaceable(written)
+    inputs = _module_inputs(samples, tuple(example_input.shape))
     steps = Steps("convert_module", progress)
     steps(f"torch.onnx.export ({exporter}) to {onnx_path}")
     model = model.eval()
@@ -386,12 +389,9 @@ def convert_module(
         import onnx
 
         files.write_bytes_atomic(onnx_path, onnx.load(str(exported)).SerializeToString())
-    shape = tuple(example_input.shape)
-    rng = np.random.default_rng(0)
-    inputs = rng.standard_normal((samples, *shape[1:])).astype(np.float32)
     expected = torch_outputs(model, inputs)
     export_check = compare(expected, run_onnx(onnx_path, inputs), RTOL)
-    if round((1.0 - export_check.argmax_agreement) * samples) > 1:
+    if round((1.0 - export_check.argmax_agreement) * len(inputs)) > 1:
         raise FidelityError(
             f"ONNX Runtime disagrees with PyTorch on the exported {onnx_path}: argmax agreement "
             f"{export_check.argmax_agreement:.2%}, max |diff| {export_check.max_abs_diff:.3g}"
@@ -413,4 +413,24 @@ def convert_module(
     lce_vs_torch = compare(expected, run_lce(result.output, inputs), RTOL)
     report.torch_argmax_agreement = lce_vs_torch.argmax_agreement
     report.torch_max_abs_diff = lce_vs_torch.max_abs_diff
+    report.random_inputs = isinstance(samples, int)
     return report
+
+
+def _module_inputs(samples: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """`samples` standard-normal inputs of `shape` (any batch), or the user's own samples as
+    float32, checked against `shape` (DataError, one line)."""
+    if isinstance(samples, int):
+        if samples < 1:
+            raise ConfigError(f"samples must be at least 1, got {samples}")
+        rng = np.random.default_rng(0)
+        return rng.standard_normal((samples, *shape[1:])).astype(np.float32)
+    inputs = np.ascontiguousarray(
+        samples.detach().cpu().numpy() if hasattr(samples, "detach") else samples, np.float32
+    )
+    if inputs.ndim != len(shape) or inputs.shape[1:] != shape[1:] or len(inputs) == 0:
+        raise DataError(
+            f"samples of shape {list(inputs.shape)} do not fit example_input's {list(shape)} "
+            "(any batch, the same other dimensions)"
+        )
+    return inputs

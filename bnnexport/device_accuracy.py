@@ -145,14 +145,13 @@ def device_lce_rows(
 
 
 def thread_scaling_rows(
-    client: Any, run_dir: Path, target: str, options: Any, threads: tuple[int, ...]
+    client: Any, flatbuffer: Path, options: Any, threads: tuple[int, ...]
 ) -> list[Any]:
     """One latency-only row per further thread count (`lce (N threads)`): the batch-1 flatbuffer
     benchmarked again on the device with `--num_threads=N`, op profile and peak memory included.
     `options` is a `deploy.device_accuracy.DeviceOptions` (its own thread count is replaced)."""
     from deploy.device_accuracy import run_on_device
 
-    flatbuffer = run_dir / f"model-{target}.tflite"
     rows = []
     for count in threads:
         device = run_on_device(client, flatbuffer, dataclasses.replace(options, threads=count))

@@ -46,30 +46,32 @@ def _bar(
     return path
 
 
-def plot_bench(report: Any, out: Path) -> list[Path]:
-    """Write the three bench plots into `out`; return their paths."""
+def plot_bench(report: Any, out: Path, prefix: str = "") -> list[Path]:
+    """Write the bench plots into `out` (names start with `prefix`); return their paths."""
     written = []
     timed = [b for b in report.backends if b.latency_ms.get("mean") is not None]
     if timed:
         centre, whiskers = _latency_bars(timed)
         title = f"Batch-1 latency, {report.threads} thread(s): median (min..p90)"
         labels = [_label(b) for b in timed]
-        written.append(_bar(out / "bench_latency.png", labels, centre, "ms", title, whiskers))
+        written.append(
+            _bar(out / f"{prefix}bench_latency.png", labels, centre, "ms", title, whiskers)
+        )
     sized = {name: size / 1024 for name, size in report.files.items()}
     if sized:
         log = max(sized.values()) > 20 * min(sized.values())
         sizes = list(sized.values())
-        path = out / "bench_size.png"
+        path = out / f"{prefix}bench_size.png"
         written.append(_bar(path, list(sized), sizes, "KB", "Model file size", log=log))
     scaling = _thread_scaling(report.backends)
     if len(scaling) > 1:
-        written.append(_scaling_plot(out / "bench_device_threads.png", scaling))
+        written.append(_scaling_plot(out / f"{prefix}bench_device_threads.png", scaling))
     scored = [b for b in report.backends if b.top1 is not None]
     if scored:
         title = f"Top-1 accuracy on {report.samples} test samples"
         top1 = [100 * b.top1 for b in scored]
         labels = [_label(b) for b in scored]
-        written.append(_bar(out / "bench_accuracy.png", labels, top1, "top-1 %", title))
+        written.append(_bar(out / f"{prefix}bench_accuracy.png", labels, top1, "top-1 %", title))
     return written
 
 
@@ -119,15 +121,15 @@ def _fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
-    """The report text: tables, the device's identity and op profile, plot links."""
+def render_markdown(report: Any, plots: list[Path], out: Path, curves: bool = True) -> str:
+    """The report text: tables, the device's identity and op profile, plot links (and a run's
+    training curves, with `curves`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# Benchmark of `{report.run_dir}`",
         "",
-        f"{now}. {report.samples} test samples from samples.npz, {report.runs} timed runs "
-        f"at batch 1 after warm-up, {report.threads} thread(s). Agreement is with PyTorch "
-        "on the same samples.",
+        f"{now}. {_samples_said(report)}, {report.runs} timed runs at batch 1 after warm-up, "
+        f"{report.threads} thread(s). Agreement is with the first row on the same samples.",
         "",
         *_backend_table(report.backends),
         *_file_table(report.files),
@@ -137,10 +139,16 @@ def render_markdown(report: Any, plots: list[Path], out: Path) -> str:
         lines += _device_sections(backend)
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
-    curves = [name for name in ("accuracy.png", "flip_rate.png") if (out / name).is_file()]
-    if curves:
-        lines += ["", "## Training", ""] + [f"![{Path(c).stem}]({c})" for c in curves]
+    found = [n for n in ("accuracy.png", "flip_rate.png") if curves and (out / n).is_file()]
+    if found:
+        lines += ["", "## Training", ""] + [f"![{Path(c).stem}]({c})" for c in found]
     return "\n".join(lines) + "\n"
+
+
+def _samples_said(report: Any) -> str:
+    if getattr(report, "random_inputs", False):
+        return f"{report.samples} random standard-normal inputs (no labels: no accuracy)"
+    return f"{report.samples} test samples"
 
 
 def _backend_table(backends: list[Any]) -> list[str]:
@@ -231,8 +239,11 @@ def _device_sections(b: Any) -> list[str]:
     return lines
 
 
-def write_report(report: Any, run_dir: str | Path) -> Path:
-    """Write the plots and RUN_DIR/report.md for a BenchReport; return the report's path."""
+def write_report(report: Any, run_dir: str | Path, prefix: str = "") -> Path:
+    """Write the plots and RUN_DIR/report.md for a BenchReport; return the report's path.
+    With a `prefix` (a model file's stem and '-'), every file written carries it, so the
+    reports of several models in one folder never share a name."""
     out = Path(run_dir)
-    plots = plot_bench(report, out)
-    return write_bytes_atomic(out / "report.md", render_markdown(report, plots, out).encode())
+    plots = plot_bench(report, out, prefix)
+    text = render_markdown(report, plots, out, curves=not prefix)
+    return write_bytes_atomic(out / f"{prefix}report.md", text.encode())

@@ -100,25 +100,48 @@ def load_samples(
         if required:
             raise CheckpointError(f"{path} not found: {hint}")
         return None, None
+    inputs, labels = read_samples_file(path, limit, hint, labels_required=True)
+    return inputs, labels
+
+
+def read_samples_file(
+    path: str | os.PathLike,
+    limit: int | None = None,
+    hint: str = "",
+    labels_required: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`inputs` (NCHW float32) and `labels` (int64) of a samples archive (.npz), the first
+    `limit`. Without a `labels` array (allowed unless `labels_required`) every label is -1: no
+    ground truth, so top-k is not reported. CheckpointError (one line, ending in `hint`) for a
+    missing, truncated or malformed file, mismatched labels or no samples."""
+    path = Path(path)
+    suffix = f": {hint}" if hint else ""
+    if not path.is_file():
+        raise CheckpointError(f"samples file not found: {path}{suffix}")
     try:
         with np.load(path, allow_pickle=False) as data:
-            if "inputs" not in data or "labels" not in data:
-                raise CheckpointError(f"{path} lacks `inputs` or `labels`: {hint}")
+            if "inputs" not in data or (labels_required and "labels" not in data):
+                wanted = "`inputs` or `labels`" if labels_required else "an `inputs` array"
+                raise CheckpointError(f"{path} lacks {wanted}{suffix}")
             inputs = np.asarray(data["inputs"], np.float32)
-            labels = np.asarray(data["labels"], np.int64)
+            labels = (
+                np.asarray(data["labels"], np.int64)
+                if "labels" in data
+                else np.full(len(inputs), -1, np.int64)
+            )
     # a bare .npy array is not a context manager: TypeError
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError) as error:
         raise CheckpointError(
-            f"{path} is truncated or not a samples archive ({type(error).__name__}): {hint}"
+            f"{path} is truncated or not a samples archive ({type(error).__name__}){suffix}"
         ) from None
     if inputs.ndim < 2 or labels.shape != inputs.shape[:1]:
         raise CheckpointError(
-            f"{path} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}: {hint}"
+            f"{path} holds inputs {list(inputs.shape)} and labels {list(labels.shape)}{suffix}"
         )
     if limit is not None:
         inputs, labels = inputs[:limit], labels[:limit]
     if len(inputs) == 0:
-        raise CheckpointError(f"{path} holds no samples: {hint}")
+        raise CheckpointError(f"{path} holds no samples{suffix}")
     return inputs, labels
 
 

@@ -24,3 +24,37 @@ def test_an_unknown_exporter_is_refused_before_exporting(tmp_path):
         convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
                        exporter="onnx2")  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_gate_runs_on_the_users_own_samples_and_says_they_were_not_random(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+
+    import converters.lce
+
+    seen = {}
+    real = converters.lce.convert_onnx
+
+    def spy(*args, **kwargs):
+        seen["inputs"] = kwargs["inputs"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(converters.lce, "convert_onnx", spy)
+    mine = torch.rand(5, 3, 16, 16) * 2 - 1  # e.g. images in [-1, 1]
+    report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                            samples=mine)  # fmt: skip
+    np.testing.assert_array_equal(seen["inputs"], mine.numpy())
+    assert report.samples == 5 and report.random_inputs is False
+    report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                            samples=3)  # fmt: skip
+    assert report.samples == 3 and report.random_inputs is True
+
+
+def test_samples_of_another_shape_are_refused_in_one_line(tmp_path):
+    from bnnexport.errors import DataError
+
+    with pytest.raises(DataError, match=r"samples of shape \[2, 3, 8, 8\] do not fit"):
+        convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                       samples=torch.zeros(2, 3, 8, 8))  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @click.command("bench", short_help="Accuracy, agreement with PyTorch and latency of every backend.")
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", metavar="RUN_DIR|MODEL", type=click.Path())
 @count_option(
     "--runs", default=100, help="Timed runs at batch 1 per backend, after --warmup untimed ones."
 )
@@ -98,6 +98,13 @@ if TYPE_CHECKING:
     show_default=True,
     help="Seconds a command on the device may run before it is stopped.",
 )
+@click.option(
+    "--samples-file",
+    type=click.Path(dir_okay=False),
+    help="For a model file (not a run directory): the samples to score, a .npz with `inputs` "
+    "(NCHW float32) and optional `labels`; without it, standard-normal inputs (said in the "
+    "report; no accuracy).",
+)
 @count_option(
     "--device-batch",
     default=64,
@@ -117,15 +124,28 @@ def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
     `export`); measures each of model.onnx (`export`), model-float.tflite (`convert --format
     tflite`) and model-TARGET.tflite (`convert`) that exists and is current, and lists the
     backends it skipped and why.
-    """
-    from bnnexport.bench import bench
 
-    report = bench(
-        run_dir,
-        bench_options(options),
-        device=device_target(options),
-        progress=not as_json and sys.stderr.isatty(),
-    )
+    RUN_DIR may also be a model file: an LCE flatbuffer or ONNX model of your own (e.g. what
+    `convert_module` wrote). It is benched with its partner when bnnexport made one from the
+    other (ONNX Runtime is then the reference), on --samples-file or random inputs, and
+    MODEL-bench.json, MODEL-report.md and MODEL-bench_*.png are written next to it.
+    """
+    from pathlib import Path
+
+    from bnnexport.bench import bench, bench_model_file
+
+    samples_file = options.pop("samples_file")
+    progress = not as_json and sys.stderr.isatty()
+    target, measure = device_target(options), bench_options(options)
+    if Path(run_dir).is_file():
+        report = bench_model_file(run_dir, measure, target, samples_file, progress=progress)
+    elif samples_file is not None:
+        raise click.BadParameter(
+            "takes a model file; a run directory is scored on its samples.npz",
+            param_hint="--samples-file",
+        )
+    else:
+        report = bench(run_dir, measure, device=target, progress=progress)
     emit(report, as_json)
 
 

@@ -16,7 +16,11 @@ from bnnexport.cli.common import emit, handle_errors, number_or_schedule
 from bnnexport.cli.train import train_command
 
 _TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
-_BENCH = [p for p in bench_command.params if isinstance(p, click.Option) and p.name != "as_json"]
+_BENCH = [
+    p
+    for p in bench_command.params
+    if isinstance(p, click.Option) and p.name not in ("as_json", "samples_file")
+]
 
 
 @handle_errors
