@@ -68,6 +68,19 @@ class BinaryBlock(nn.Module):
         return F.max_pool2d(x, 2) if self.pool else x
 
 
+class StemAndBinaryConv(nn.Module):
+    """The smallest BNN a user might write: a float 3x3 stem (2 -> 8 channels), a sign, one
+    binary 3x3 conv (8 -> 4), flattened. Takes (N, 2, 7, 7)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Conv2d(2, 8, 3)
+        self.conv = binary_conv(8, 4)
+
+    def forward(self, x):
+        return self.conv(sign(self.first(x))).flatten(1)
+
+
 def export(net: nn.Module, shape: tuple[int, ...], path: Path, **kwargs) -> Path:
     net.eval()
     torch.onnx.export(net, torch.randn(*shape), str(path), dynamo=False, **kwargs)

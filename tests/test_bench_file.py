@@ -8,23 +8,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 from click.testing import CliRunner
-from converter_nets import binary_conv, sign
+from converter_nets import StemAndBinaryConv
 
 from bnnexport.cli import main
 
 pytest_plugins = ["sshd_fixture"]
-
-
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.first = nn.Conv2d(2, 8, 3)
-        self.conv = binary_conv(8, 4)
-
-    def forward(self, x):
-        return self.conv(sign(self.first(x))).flatten(1)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +22,7 @@ def _converted(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("module")
     torch.manual_seed(0)
-    convert_module(_Net(), torch.randn(1, 2, 7, 7), out=folder / "net-arm64.tflite")
+    convert_module(StemAndBinaryConv(), torch.randn(1, 2, 7, 7), out=folder / "net-arm64.tflite")
     return folder
 
 
@@ -85,11 +74,11 @@ def test_samples_file_with_labels_gives_accuracy(converted, tmp_path):
     assert report["random_inputs"] is False and report["samples"] == 12
     assert all(b["top1"] is not None for b in report["backends"])
     onnx_top1 = report["backends"][0]["top1"]
-    logits = _Net_outputs(converted / "net-arm64.onnx", inputs)
+    logits = _onnx_outputs(converted / "net-arm64.onnx", inputs)
     assert onnx_top1 == pytest.approx(float(np.mean(logits.argmax(1) == np.arange(12) % 4)))
 
 
-def _Net_outputs(onnx_path, inputs):  # noqa: N802 (the reference, computed independently)
+def _onnx_outputs(onnx_path, inputs):  # the reference, computed independently
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path))

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 from click.testing import CliRunner
-from converter_nets import binary_conv, export, sign
+from converter_nets import StemAndBinaryConv, binary_conv, export, sign
 from fresh_run import fresh_run
 
 from bnnexport.cli import main
@@ -76,16 +76,7 @@ def test_float_tflite_runs_in_the_stock_interpreter(converted):
 
 
 def test_raw_onnx_without_dataset_is_checked_on_random_inputs(tmp_path):
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.first = nn.Conv2d(2, 8, 3)
-            self.conv = binary_conv(8, 4)
-
-        def forward(self, x):
-            return self.conv(sign(self.first(x))).flatten(1)
-
-    path = export(Net(), (1, 2, 7, 7), tmp_path / "plain.onnx")
+    path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "plain.onnx")
     result = invoke("convert", path, "--target", "arm32", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
 from click.testing import CliRunner
-from converter_nets import binary_conv, export, sign
+from converter_nets import StemAndBinaryConv, export
 
 from bnnexport import files, provenance
 from bnnexport.cli import main
@@ -149,16 +148,6 @@ def test_remove_checks_every_file_before_deleting_any(tmp_path):
     assert (tmp_path / "a.json").read_bytes() == b"1"
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.first = nn.Conv2d(2, 8, 3)
-        self.conv = binary_conv(8, 4)
-
-    def forward(self, x):
-        return self.conv(sign(self.first(x))).flatten(1)
-
-
 def test_convert_module_refuses_to_replace_a_foreign_model_onnx(tmp_path):
     from bnnexport import convert_module
 
@@ -167,7 +156,7 @@ def test_convert_module_refuses_to_replace_a_foreign_model_onnx(tmp_path):
     (folder / "model.onnx").write_bytes(b"the user's own ONNX model")
     before = snapshot(folder)
     with pytest.raises(ForeignFileError, match="model.onnx was not written by bnnexport"):
-        convert_module(_Net(), torch.randn(1, 2, 7, 7), out=folder / "model.tflite")
+        convert_module(StemAndBinaryConv(), torch.randn(1, 2, 7, 7), out=folder / "model.tflite")
     assert snapshot(folder) == before
 
 
@@ -175,17 +164,21 @@ def test_convert_module_replaces_its_own_files_and_shows_its_steps(tmp_path, cap
     from bnnexport import convert_module
 
     out = tmp_path / "net-arm64.tflite"
-    convert_module(_Net(), torch.randn(1, 2, 7, 7), out=out, progress=False)
+    convert_module(StemAndBinaryConv(), torch.randn(1, 2, 7, 7), out=out, progress=False)
     assert capsys.readouterr().err == ""
     torch.manual_seed(1)
-    convert_module(_Net(), torch.randn(1, 2, 7, 7), out=out, progress=True)  # ours: replaced
+    convert_module(
+        StemAndBinaryConv(), torch.randn(1, 2, 7, 7), out=out, progress=True
+    )  # ours: replaced
     steps = [line.split(":")[1].split()[0] for line in capsys.readouterr().err.splitlines()]
     assert steps == ["torch.onnx.export", "normalise", "translate", "gate", "exact-grid"]
     assert files.foreign_files(tmp_path) == []
 
 
 def _dynamic_batch_onnx(path: Path) -> Path:
-    return export(_Net(), (1, 2, 7, 7), path, input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    return export(
+        StemAndBinaryConv(), (1, 2, 7, 7), path, input_names=["x"], dynamic_axes={"x": {0: "n"}}
+    )
 
 
 def test_convert_at_another_batch_writes_its_own_file(tmp_path):
@@ -197,7 +190,7 @@ def test_convert_at_another_batch_writes_its_own_file(tmp_path):
 
 
 def test_batch_on_a_model_of_fixed_batch_is_one_line(tmp_path):
-    onnx_path = export(_Net(), (1, 2, 7, 7), tmp_path / "fixed.onnx")
+    onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "fixed.onnx")
     before = snapshot(tmp_path)
     line = one_line_error(invoke("convert", str(onnx_path), "--batch", "2"))
     assert "fixed batch of 1" in line
@@ -205,7 +198,7 @@ def test_batch_on_a_model_of_fixed_batch_is_one_line(tmp_path):
 
 
 def test_convert_refuses_to_replace_a_users_flatbuffer_before_converting(tmp_path):
-    onnx_path = export(_Net(), (1, 2, 7, 7), tmp_path / "net.onnx")
+    onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
     (tmp_path / "net-arm64.tflite").write_bytes(b"the user's flatbuffer")
     before = snapshot(tmp_path)
     assert "net-arm64.tflite" in one_line_error(invoke("convert", str(onnx_path)))
