@@ -66,6 +66,7 @@ class LayerCheck:
     off: int = 0
     examples: list[list[Any]] = field(default_factory=list)
     scale_range: list[float] | None = None
+    zeros: int = 0  # exact zeros in an otherwise ±1 kernel (sign(w) of a weight with zeros)
 
     def describe(self) -> str:
         """One line saying what is wrong with this layer (empty when nothing is)."""
@@ -74,6 +75,8 @@ class LayerCheck:
             quoted = ", ".join(f"{_index(i)}={_number(v)}" for i, v in self.examples)
             more = ", ..." if self.off > len(self.examples) else ""
             parts.append(f"{self.off} of {self.values} kernel values are not ±1: {quoted}{more}")
+        if self.zeros:
+            parts.append("sign(w) maps 0 to 0: binarize with torch.where(w >= 0, 1.0, -1.0)")
         if self.input.startswith("unsupported"):
             parts.append(f"input {self.input}")
         if not parts and not self.strict:
@@ -195,12 +198,18 @@ def _report(checks: list[LayerCheck], source: str, kind: str) -> VerifyReport:
 
 
 def verify_onnx(path: str | os.PathLike) -> VerifyReport:
-    """Check every binary Conv/MatMul/Gemm of an ONNX file (kernel ±1 or ±1 x scale)."""
+    """Check every binary Conv/MatMul/Gemm of an ONNX file (kernel ±1 or ±1 x scale).
+
+    The graph is normalised first, exactly as `convert` does (weights binarized in the graph
+    folded, each library's binarization mapped to the canonical one), so verify and convert
+    find the same binary layers in the same file."""
     from converters.graph import load_onnx
-    from converters.patterns import find_binary_layers
+    from converters.normalize import normalize
+    from converters.patterns import find_binary_layers, sign_zeros
 
     checks = []
-    for match in find_binary_layers(load_onnx(path)):
+    normalized, _ = normalize(load_onnx(path))
+    for match in find_binary_layers(normalized):
         if match.strict:
             kernel, scale_range = "strict", None
         elif match.scale is not None:
@@ -222,6 +231,7 @@ def verify_onnx(path: str | os.PathLike) -> VerifyReport:
                     [list(index), _finite_or_text(value)] for index, value in match.off_examples
                 ],
                 scale_range=scale_range,
+                zeros=sign_zeros(match),
             )
         )
     return _report(checks, str(path), "onnx")

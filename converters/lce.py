@@ -51,7 +51,7 @@ from converters.gate import (
 )
 from converters.graph import Graph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
-from converters.patterns import find_binary_layers_in, find_lookalike_layers_in
+from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
 from converters.runtimes import lce_interpreter, ort_session, tf, tflite_interpreter
 from converters.twin import exact_grid_twin, grid_inputs
 from converters.validate import op_histogram, run_lce, run_onnx, run_tflite, signature_outputs
@@ -226,14 +226,25 @@ class ConvertOptions:
 
 
 def lookalike_layers(graph: Graph) -> dict[str, str]:
-    """Layer -> why, for layers that look binary but have no binarization the converter knows."""
-    return {
+    """Layer -> why, for layers that look binary but are not: a ±1 kernel behind a plain sign
+    the converter does not take as a binarization, or a binarized input with a kernel that is
+    ±1 but for exact zeros (sign(w) of a weight holding zeros)."""
+    found = {
         layer.node_name: (
             f"its ±1 kernel reads a plain {layer.seen}, which maps 0 to 0 (not a binarization): "
             "binarize with sign(sign(x) + 0.1) or where(x >= 0, 1, -1)"
         )
         for layer in find_lookalike_layers_in(graph)
     }
+    for match in find_binary_layers_in(graph):
+        zeros = sign_zeros(match)
+        if zeros:
+            found[match.node_name] = (
+                f"its kernel is ±1 but for {zeros} exact zeros of {match.kernel.size} values "
+                "(sign(w) maps 0 to 0: ternary, not binary): binarize the weight with "
+                "torch.where(w >= 0, 1.0, -1.0)"
+            )
+    return found
 
 
 def float_fallbacks(

@@ -202,6 +202,22 @@ def classify_kernel(
     return False, None, int(off.sum()), found
 
 
+def sign_zeros(match: BinaryLayerMatch) -> int:
+    """How many exact zeros a binary layer's kernel holds when it is otherwise ±1, or ±s per
+    output channel (what sign(w) gives for a weight with zeros: ternary, not binary); 0 for
+    any other kernel. Such a kernel was meant to be binary: the converter refuses to leave it
+    float without being told (`--allow-float`)."""
+    values = np.moveaxis(np.asarray(match.kernel, np.float64), match.out_axis, 0)
+    values = values.reshape(values.shape[0], -1)
+    zeros = values == 0
+    if match.binary or not zeros.any() or zeros.all():
+        return 0
+    magnitude = np.abs(values)
+    scale = magnitude.max(axis=1, keepdims=True)  # a channel of zeros only: 0, and all zeros
+    on_scale = np.isclose(magnitude, scale, rtol=1e-6, atol=0) | zeros
+    return int(zeros.sum()) if on_scale.all() and np.isfinite(scale).all() else 0
+
+
 def find_binary_layers_in(graph: Graph) -> list[BinaryLayerMatch]:
     """`find_binary_layers` on an already folded `Graph`."""
     matches = []

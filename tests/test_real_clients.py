@@ -64,6 +64,22 @@ def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, expo
 
 
 @pytest.mark.parametrize("row", _params(ROWS))
+def test_verify_finds_the_binary_layers_convert_finds(row, exported):
+    """verify and convert read the same normalised graph: the layers `convert` makes binary
+    (`find_binary_layers_in` after `normalize`) are exactly those `verify` calls strict."""
+    from bnnexport.verify import verify_onnx
+    from converters.graph import Graph, load_onnx
+    from converters.normalize import normalize
+    from converters.patterns import find_binary_layers_in
+
+    path, _ = exported(row)
+    report = verify_onnx(path)
+    model, _ = normalize(load_onnx(path))
+    converted = [m.node_name for m in find_binary_layers_in(Graph(model)) if m.binary]
+    assert report.strict and [layer.name for layer in report.layers] == converted != []
+
+
+@pytest.mark.parametrize("row", _params(ROWS))
 def test_without_its_key_rewrite_the_refusal_is_one_line_naming_the_node(row, exported):
     path, _ = exported(row)
     result = CliRunner().invoke(
