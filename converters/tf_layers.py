@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from converters.graph import attributes
+from converters.groups import plan_binary_groups
 from converters.padding import PaddingPlan, padding_mode, plan_binary_padding
 from converters.tf_ops import (
     TranslatorView,
@@ -109,7 +110,9 @@ def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
 
 
 def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
-    """Float Conv (group 1 or depthwise)."""
+    """Float Conv: groups == 1, depthwise, or grouped as one conv per group on its slice of
+    the input, concatenated (LCE 0.16's interpreter runs a grouped CONV_2D ~20x slower than
+    the split, docs/LCE_NOTES.md §13)."""
     kernel = tr.const(node.input[1])
     if kernel is None:
         raise unsupported(node, "the kernel must be a constant")
@@ -121,15 +124,27 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
         t = pad_constant(t, _read_pads(t, ksize, strides, dilations, pads), 0.0)
         mode = "VALID"
     cin = int(t.shape[3])
-    if group == 1:
-        k = tf().constant(np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32))
-        y = tf().nn.conv2d(t, k, [1, *strides, 1], mode, dilations=[1, *dilations, 1])
-    elif group == cin and kernel.shape[1] == 1:
+    if cin % group or kernel.shape[1] * group != cin or kernel.shape[0] % group:
+        raise unsupported(node, f"group={group} does not divide the channels evenly")
+    if group > 1 and group == cin and kernel.shape[1] == 1:
         mult = kernel.shape[0] // cin
         k = kernel.reshape(cin, mult, *ksize).transpose(2, 3, 0, 1).astype(np.float32)
         y = tf().nn.depthwise_conv2d(t, k, [1, *strides, 1], mode, dilations=dilations)
     else:
-        raise unsupported(node, f"grouped convolution with group={group}")
+        k_hwio = np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32)
+        per_out = k_hwio.shape[3] // group
+        parts = tf().split(t, group, axis=3) if group > 1 else [t]
+        outputs = [
+            tf().nn.conv2d(
+                part,
+                tf().constant(k_hwio[..., g * per_out : (g + 1) * per_out]),
+                [1, *strides, 1],
+                mode,
+                dilations=[1, *dilations, 1],
+            )  # fmt: skip
+            for g, part in enumerate(parts)
+        ]
+        y = outputs[0] if group == 1 else tf().concat(outputs, axis=3)
     bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if bias is not None:
         y = y + tf().constant(bias.astype(np.float32))
@@ -162,18 +177,45 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
     if walked is None:
         return None
     inner, inner_value, src = walked
+    if src.layout == "plain" and len(src.shape()) == 4:
+        src = _nhwc(tr, node, src)  # e.g. after a channel shuffle written on NCHW
     if src.layout != "nhwc":
         return None
     ksize, strides, dilations, outer, group = _conv_attrs(tr, node, match.kernel, src)
-    if group != 1:
+    groups = plan_binary_groups(src.shape()[1], group)
+    if groups.kind == "refuse":
         return None
     signs, scale = _sign_and_scale(match, match.kernel, 0)
-    conv = _BinaryConv(np.transpose(signs, (2, 3, 1, 0)), strides, dilations)
+    k_hwio = np.transpose(signs, (2, 3, 1, 0))
     x = src.t
     plan = plan_binary_padding(_hw(x), ksize, strides, dilations, inner, inner_value, outer)
-    y, correction = _EMITTERS[plan.strategy](x, plan, conv)
+    if groups.kind == "single":  # LCE infers the groups from the kernel's input channels
+        y, correction = _EMITTERS[plan.strategy](x, plan, _BinaryConv(k_hwio, strides, dilations))
+    else:
+        y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
     y, bias = _apply_correction(y, _conv_bias(tr, node, len(scale)), correction, scale)
     return Value(None, "nhwc", acc=y, m=scale, b=bias)
+
+
+def _emit_split(x, plan: PaddingPlan, k_hwio: np.ndarray, strides, dilations, groups: int):
+    """One binary conv per group on its slice of the float input (binarized on its own, so
+    LCE makes each an ordinary LceBconv2d), accumulators and correction maps concatenated."""
+    per_out = k_hwio.shape[3] // groups
+    outputs, corrections = [], []
+    for g, part in enumerate(tf().split(x, groups, axis=3)):
+        kernel = k_hwio[..., g * per_out : (g + 1) * per_out]
+        y, correction = _EMITTERS[plan.strategy](
+            part, plan, _BinaryConv(kernel, strides, dilations)
+        )
+        outputs.append(y)
+        corrections.append(correction)
+    if all(c is None for c in corrections):
+        correction = None
+    else:
+        out_hw = [int(d) for d in outputs[0].shape[1:3]]
+        zeros = np.zeros((*out_hw, per_out))
+        correction = np.concatenate([zeros if c is None else c for c in corrections], axis=2)
+    return tf().concat(outputs, axis=3), correction
 
 
 def _inner_padding(tr, chain, src: Value) -> tuple[list[int], float, Value] | None:
