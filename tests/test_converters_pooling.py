@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from converter_nets import binary_conv, binary_linear, sign, trained_bn
+from converter_nets import BinaryBlock, binary_conv, binary_linear, sign, trained_bn
 
 from converters.tf_layers import pool_windows
 
@@ -132,3 +132,25 @@ def test_ceil_mode_pooling_converts_exactly(tmp_path, exporter):
     assert report.twin_checks and all(
         c["plain_argmax_agreement"] == 1.0 for c in report.twin_checks
     )
+
+
+class CeilMaxPoolBetweenBinaryConvs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.a, self.b = BinaryBlock(32, 32), BinaryBlock(32, 32)
+
+    def forward(self, x):  # 14x14: ceil mode gives 7x7 where floor mode gives 6x6
+        return self.b(F.max_pool2d(self.a(self.stem(x)), 3, 2, ceil_mode=True)).mean((2, 3))
+
+
+@pytest.mark.slow
+def test_a_ceil_mode_max_pool_between_binary_convs_runs_on_packed_bits(tmp_path):
+    from converter_nets import convert_net
+
+    torch.manual_seed(0)
+    result, versus_torch = convert_net(CeilMaxPoolBetweenBinaryConvs(), (1, 3, 14, 14), tmp_path)
+    assert result.lce_bconv2d == result.binary_layers == 2, result.op_histogram
+    assert result.op_histogram.get("LceBMaxPool2d") == 1, result.op_histogram
+    assert versus_torch.argmax_agreement == 1.0
+    assert result.twin and all(t.plain_argmax_agreement == 1.0 for t in result.twin)
