@@ -9,9 +9,11 @@ otherwise it leaves a float conv (docs/LCE_NOTES.md §13). It has no binary dept
 - ``"single"``: groups == 1, or a multiple of 32 input channels per group: one `LceBconv2d`;
 - ``"split"``: at least `MIN_SPLIT_CHANNELS` input channels per group: the float input is split
   along channels, each slice is binarized and convolved on its own (one ordinary `LceBconv2d`
-  per group), and the accumulators are concatenated. Measured on the host, that is faster than
-  the same split done with float convs at 16 channels per group and slower at 8 or fewer
-  (docs/BENCHMARKS.md §9);
+  per group), and the accumulators are concatenated. The layer keeps 1-bit weights (a 16-per-
+  group block's flatbuffer is 6.5x smaller than its float form), and on this host's portable
+  x86 kernels it runs 1.1-1.4x slower than the same split written with float convs
+  (docs/BENCHMARKS.md §9); below 16 channels a binary conv still fills a 32-bit word per
+  position, and the split measured about 3x slower than float at 8 per group and 20x at 1;
 - ``"refuse"``: fewer channels per group (depthwise included): the layer stays float, which the
   gate refuses unless `--allow-float`, with `why` as its reason.
 
@@ -28,8 +30,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 PACKED_BITS = 32  # LCE packs binary activations in 32-bit words, per group
-# below this many input channels per group, one LceBconv2d per group is slower on the host
-# than the same split written with float convs
+# below this many input channels per group, one LceBconv2d per group is far slower on the host
+# than the same split written with float convs (module doc)
 MIN_SPLIT_CHANNELS = 16
 
 
@@ -55,7 +57,7 @@ def plan_binary_groups(in_channels: int, groups: int) -> GroupPlan:
         groups,
         f"{kind} binary convolution with {groups} groups of {per_group} input channel(s): LCE "
         f"0.16 makes a grouped LceBconv2d only from a multiple of {PACKED_BITS} input channels "
-        "per group and has no binary depthwise kernel, and one LceBconv2d per group is slower "
-        f"than a float conv below {MIN_SPLIT_CHANNELS} channels per group; use a multiple of "
+        "per group and has no binary depthwise kernel, and one LceBconv2d per group is much slower "
+        f"than float below {MIN_SPLIT_CHANNELS} channels per group; use a multiple of "
         f"{PACKED_BITS} (or at least {MIN_SPLIT_CHANNELS}) input channels per group",
     )
