@@ -141,7 +141,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
                 [1, *strides, 1],
                 mode,
                 dilations=[1, *dilations, 1],
-            )  # fmt: skip
+            )
             for g, part in enumerate(parts)
         ]
         y = outputs[0] if group == 1 else tf().concat(outputs, axis=3)
