@@ -49,7 +49,8 @@ from converters.gate import (
     signbit_negative,
     validate,
 )
-from converters.graph import Graph, load_onnx
+from converters.graph import Graph, attributes, load_onnx
+from converters.groups import plan_binary_groups
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
 from converters.runtimes import lce_interpreter, ort_session, tf, tflite_interpreter
@@ -247,12 +248,28 @@ def lookalike_layers(graph: Graph) -> dict[str, str]:
     return found
 
 
+def grouped_refusals(graph: Graph) -> dict[str, str]:
+    """Binary layer -> why, for grouped binary convs LCE cannot run binary
+    (`converters.groups.plan_binary_groups`)."""
+    why = {}
+    nodes = {node.name or node.output[0]: node for node in graph.nodes}
+    for match in find_binary_layers_in(graph):
+        node = nodes[match.node_name]
+        group = int(attributes(node).get("group", 1)) if match.op_type == "Conv" else 1
+        if match.binary and group > 1:
+            plan = plan_binary_groups(match.kernel.shape[1] * group, group)
+            if plan.kind == "refuse":
+                why[match.node_name] = plan.why
+    return why
+
+
 def float_fallbacks(
     graph: Graph, emitted: Sequence[str], histogram: dict[str, int]
 ) -> dict[str, str]:
     """Layer -> why it is not an `LceBconv2d`, for every binary or binary-looking layer."""
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
-    return _fallbacks(lookalike_layers(graph), binary, emitted, histogram)
+    known = {**lookalike_layers(graph), **grouped_refusals(graph)}
+    return _fallbacks(known, binary, emitted, histogram)
 
 
 def _fallbacks(
@@ -261,11 +278,12 @@ def _fallbacks(
     emitted: Sequence[str],
     histogram: dict[str, int],
 ) -> dict[str, str]:
-    """`float_fallbacks` from what it needs of the graph: its look-alike and binary layers."""
+    """`float_fallbacks` from what it needs of the graph: the reasons known before translating
+    (look-alike layers, grouped convs LCE cannot run binary) and its binary layers."""
     why = dict(lookalikes)
     for name in binary:
         if name not in emitted:
-            why[name] = "the translator has no binary form for the ops around it"
+            why.setdefault(name, "the translator has no binary form for the ops around it")
     if histogram.get("LceBconv2d", 0) < len(emitted):
         why["(LCE converter)"] = (
             f"LCE made {histogram.get('LceBconv2d', 0)} of the {len(emitted)} binary layers "
@@ -426,7 +444,7 @@ def convert_onnx(
     # fixed at another size is translated again below and must give LCE's outputs exactly
     model, normalized = normalize(original, 1, options.disabled_rewrites)
     graph = Graph(model)
-    lookalikes = lookalike_layers(graph)
+    lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     # the graph's folded constants and the original are each a copy of the weights: drop both

@@ -71,6 +71,10 @@ QONNX_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general")
 # one value of each class a Sign/compare-with-0 function can tell apart (see module doc)
 PROBES = np.array([-3.0, -1.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 3.0], np.float32)
 NEGATIVE, NEG_ZERO, POS_ZERO, POSITIVE = slice(0, 3), 3, 4, slice(5, 8)
+# a sign function may read a non-uniform constant (uninitialised memory it overwrites): every
+# distinct value is probed, up to these sizes
+MAX_DISTINCT = 1 << 16
+MAX_PROBE_VALUES = 1 << 20
 COMPARISONS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
 ELEMENTWISE = (
     *COMPARISONS, "Sign", "Not", "And", "Or", "Xor", "Where", "Cast", "CastLike", "Identity",
@@ -545,9 +549,15 @@ def _sign_function(
         name = stack.pop()
         if name in work.consts:
             value = np.asarray(work.consts[name])
-            if value.size == 0 or not np.all(value == value.reshape(-1)[0]):
-                return None  # only uniform constants: evaluated as scalars
-            consts[name] = value.reshape(-1)[0:1].reshape(())
+            if value.size == 0:
+                return None
+            if np.all(value == value.reshape(-1)[0]):
+                consts[name] = value.reshape(-1)[0:1].reshape(())
+            else:  # e.g. `x.new(x.size())`'s uninitialised memory, overwritten by index-puts
+                distinct = np.unique(value.reshape(-1))
+                if distinct.size > MAX_DISTINCT:
+                    return None
+                consts[name] = distinct  # 1-D: `_probe` tries every value
             continue
         node = producers.get(name)
         if node is None or node.op_type not in ELEMENTWISE or node.domain not in ONNX_DOMAINS:
@@ -586,22 +596,45 @@ def _sign_function(
 
 
 def _probe(work: Work, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
-    """The function's values on PROBES (ONNX's reference evaluator), or None."""
+    """The function's values on PROBES (ONNX's reference evaluator), or None.
+
+    A constant given as a 1-D array of its distinct values (`_sign_function`) gets an axis of
+    its own, so every combination of their values is evaluated; the function is one of these
+    only if its value does not depend on them (None otherwise)."""
     from onnx.reference import ReferenceEvaluator
 
+    varying = [k for k, v in consts.items() if np.ndim(v) == 1]
+    rank = 1 + len(varying)
+    if np.prod([consts[k].size for k in varying] or [1]) * len(PROBES) > MAX_PROBE_VALUES:
+        return None
+    feeds = {}
+    for k, v in consts.items():
+        axis = 1 + varying.index(k) if k in varying else None
+        shape = [1] * rank
+        if axis is not None:
+            shape[axis] = v.size
+        feeds[k] = np.asarray(v).reshape(shape if axis is not None else ())
+    probes = PROBES.reshape([len(PROBES)] + [1] * (rank - 1))
     graph = helper.make_graph(
         nodes, "probe",
-        [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, [len(PROBES)])],
+        [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, list(probes.shape))],
         [helper.make_empty_tensor_value_info(root)],
-        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+        [numpy_helper.from_array(v, k) for k, v in feeds.items()],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=list(work.model.opset_import))
     try:
-        (out,) = ReferenceEvaluator(model).run(None, {x: PROBES})
+        (out,) = ReferenceEvaluator(model).run(None, {x: probes})
     except Exception:
         return None
     out = np.asarray(out, np.float64)
-    return out.reshape(-1) if out.size == len(PROBES) else None
+    if out.ndim != rank or out.shape[0] != len(PROBES):
+        return None
+    table = np.broadcast_to(out, out.shape).reshape(len(PROBES), -1)
+    if not all(
+        np.array_equal(table[:, 0], table[:, j], equal_nan=True) for j in range(1, table.shape[1])
+    ):
+        return None  # its value depends on a non-uniform constant
+    return table[:, 0]
 
 
 def _is_canonical(work: Work, node: onnx.NodeProto, producers: dict) -> bool:
@@ -754,6 +787,10 @@ def clamp_sign(work: Work) -> int:
             inner = _unclamped(work, producers.get(cond.input[0]))
             if inner is None:
                 break
+            # a plain Sign's zeros are x's zeros: the zero-free check follows the source
+            zero = work.report.zero_sensitive.pop(cond.input[0], None)
+            if zero is not None:
+                work.report.zero_sensitive.setdefault(inner, zero)
             cond.input[0] = inner
             changed += 1
     _count(work, "clamp-sign", changed)
@@ -1038,6 +1075,10 @@ def normalize(
 ) -> tuple[onnx.ModelProto, NormalizeReport]:
     """Run every enabled pass until none changes the graph; (normalised model, report).
 
+    The result is checked valid (`check_valid`) before anything reads it; when it is not, the
+    passes are run again, checked one at a time, to name the one that made a valid graph
+    invalid (InvalidModelError, one line).
+
     Args:
         model: any ONNX model (left unchanged).
         batch: the batch size fixed in place of a dynamic batch dimension.
@@ -1047,9 +1088,30 @@ def normalize(
     unknown = disabled - set(REWRITES)
     if unknown:
         raise ValueError(f"unknown rewrite(s) {sorted(unknown)}; known: {sorted(REWRITES)}")
+    normalized, report = _run(model, batch, disabled, max_rounds)
+    if check_valid(normalized, report) is not None:
+        _name_the_broken_pass(model, batch, disabled, max_rounds)
+    return normalized, report
+
+
+def _run(
+    model: onnx.ModelProto,
+    batch: int,
+    disabled: set[str],
+    max_rounds: int,
+    after: Callable[[str, Work], None] | None = None,
+) -> tuple[onnx.ModelProto, NormalizeReport]:
+    """The passes to a fixpoint; `after(name, work)` is called after each pass that changed
+    the graph."""
     work = Work(onnx.ModelProto.FromString(model.SerializeToString()))
+
+    def ran(name: str, changed: int) -> int:
+        if changed and after is not None:
+            after(name, work)
+        return changed
+
     if "fix-batch" not in disabled:
-        fix_batch(work, batch)
+        ran("fix-batch", fix_batch(work, batch))
     idioms = [n for n in SIGN_IDIOMS if n not in disabled]
     for _ in range(max_rounds):
         work.infer()
@@ -1057,23 +1119,52 @@ def normalize(
         for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach",
                      "keras-prelu"):  # fmt: skip
             if name not in disabled:
-                changed += REWRITES[name](work)
+                changed += ran(name, REWRITES[name](work))
         work.dead_code()
         if idioms:
-            changed += sign_idioms(work, idioms)
-        if "clamp-sign" not in disabled:
-            changed += clamp_sign(work)
-        if "reshape-transpose" not in disabled:
-            changed += reshape_transpose(work)
-        if "pad-transpose" not in disabled:
-            changed += pad_transpose(work)
-        if "transpose-binarized" not in disabled:
-            changed += transpose_binarized(work)
-        if "transpose-sink" not in disabled:
-            changed += transpose_sink(work)
+            changed += ran("sign idioms (" + ", ".join(idioms) + ")", sign_idioms(work, idioms))
+        for name in ("clamp-sign", "reshape-transpose", "pad-transpose", "transpose-binarized",
+                     "transpose-sink"):  # fmt: skip
+            if name not in disabled:
+                changed += ran(name, REWRITES[name](work))
         if not changed:
             break
     return work.build(keep_types=False), work.report
+
+
+def check_valid(model: onnx.ModelProto, report: NormalizeReport) -> str | None:
+    """None when `model` passes onnx.checker, ONNX Runtime loads it and every source the
+    report names is a tensor of it; else the first line of what is wrong."""
+    names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
+    missing = sorted(set(report.zero_sensitive) - names)
+    if missing:
+        return f"the zero-free check names tensor(s) the graph lacks: {', '.join(missing)}"
+    try:
+        if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+            onnx.checker.check_model(model)
+        ort_session(model.SerializeToString())
+    except Exception as error:
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return None
+
+
+def _name_the_broken_pass(model, batch, disabled, max_rounds) -> None:
+    """Run the passes again, checking after each one; InvalidModelError naming the first pass
+    that turned a valid graph into an invalid one. None when no pass did: the input was not
+    valid to begin with (a custom op whose pass is disabled), and the stage that meets what
+    is left reports it."""
+    state = {"valid": check_valid(model, NormalizeReport()) is None}
+
+    def after(name: str, work: Work) -> None:
+        found = check_valid(work.build(keep_types=False), work.report)
+        if found is not None and state["valid"]:
+            raise InvalidModelError(
+                f"internal error: the normaliser's pass {name} produced an invalid ONNX graph "
+                f"({found}); --disable-rewrite skips a pass"
+            )
+        state["valid"] = found is None
+
+    _run(model, batch, disabled, max_rounds, after)
 
 
 # the sign-function labels are passes too, so they can be listed and disabled by name

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from converters.graph import attributes
+from converters.groups import plan_binary_groups
 from converters.padding import PaddingPlan, padding_mode, plan_binary_padding
 from converters.tf_ops import (
     TranslatorView,
@@ -109,7 +110,9 @@ def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
 
 
 def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
-    """Float Conv (group 1 or depthwise)."""
+    """Float Conv: groups == 1, depthwise, or grouped as one conv per group on its slice of
+    the input, concatenated (LCE 0.16's interpreter runs a grouped CONV_2D ~20x slower than
+    the split, docs/LCE_NOTES.md §13)."""
     kernel = tr.const(node.input[1])
     if kernel is None:
         raise unsupported(node, "the kernel must be a constant")
@@ -121,15 +124,27 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
         t = pad_constant(t, _read_pads(t, ksize, strides, dilations, pads), 0.0)
         mode = "VALID"
     cin = int(t.shape[3])
-    if group == 1:
-        k = tf().constant(np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32))
-        y = tf().nn.conv2d(t, k, [1, *strides, 1], mode, dilations=[1, *dilations, 1])
-    elif group == cin and kernel.shape[1] == 1:
+    if cin % group or kernel.shape[1] * group != cin or kernel.shape[0] % group:
+        raise unsupported(node, f"group={group} does not divide the channels evenly")
+    if group > 1 and group == cin and kernel.shape[1] == 1:
         mult = kernel.shape[0] // cin
         k = kernel.reshape(cin, mult, *ksize).transpose(2, 3, 0, 1).astype(np.float32)
         y = tf().nn.depthwise_conv2d(t, k, [1, *strides, 1], mode, dilations=dilations)
     else:
-        raise unsupported(node, f"grouped convolution with group={group}")
+        k_hwio = np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32)
+        per_out = k_hwio.shape[3] // group
+        parts = tf().split(t, group, axis=3) if group > 1 else [t]
+        outputs = [
+            tf().nn.conv2d(
+                part,
+                tf().constant(k_hwio[..., g * per_out : (g + 1) * per_out]),
+                [1, *strides, 1],
+                mode,
+                dilations=[1, *dilations, 1],
+            )
+            for g, part in enumerate(parts)
+        ]
+        y = outputs[0] if group == 1 else tf().concat(outputs, axis=3)
     bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if bias is not None:
         y = y + tf().constant(bias.astype(np.float32))
@@ -162,18 +177,45 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
     if walked is None:
         return None
     inner, inner_value, src = walked
+    if src.layout == "plain" and len(src.shape()) == 4:
+        src = _nhwc(tr, node, src)  # e.g. after a channel shuffle written on NCHW
     if src.layout != "nhwc":
         return None
     ksize, strides, dilations, outer, group = _conv_attrs(tr, node, match.kernel, src)
-    if group != 1:
+    groups = plan_binary_groups(src.shape()[1], group)
+    if groups.kind == "refuse":
         return None
     signs, scale = _sign_and_scale(match, match.kernel, 0)
-    conv = _BinaryConv(np.transpose(signs, (2, 3, 1, 0)), strides, dilations)
+    k_hwio = np.transpose(signs, (2, 3, 1, 0))
     x = src.t
     plan = plan_binary_padding(_hw(x), ksize, strides, dilations, inner, inner_value, outer)
-    y, correction = _EMITTERS[plan.strategy](x, plan, conv)
+    if groups.kind == "single":  # LCE infers the groups from the kernel's input channels
+        y, correction = _EMITTERS[plan.strategy](x, plan, _BinaryConv(k_hwio, strides, dilations))
+    else:
+        y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
     y, bias = _apply_correction(y, _conv_bias(tr, node, len(scale)), correction, scale)
     return Value(None, "nhwc", acc=y, m=scale, b=bias)
+
+
+def _emit_split(x, plan: PaddingPlan, k_hwio: np.ndarray, strides, dilations, groups: int):
+    """One binary conv per group on its slice of the float input (binarized on its own, so
+    LCE makes each an ordinary LceBconv2d), accumulators and correction maps concatenated."""
+    per_out = k_hwio.shape[3] // groups
+    outputs, corrections = [], []
+    for g, part in enumerate(tf().split(x, groups, axis=3)):
+        kernel = k_hwio[..., g * per_out : (g + 1) * per_out]
+        y, correction = _EMITTERS[plan.strategy](
+            part, plan, _BinaryConv(kernel, strides, dilations)
+        )
+        outputs.append(y)
+        corrections.append(correction)
+    if all(c is None for c in corrections):
+        correction = None
+    else:
+        out_hw = [int(d) for d in outputs[0].shape[1:3]]
+        zeros = np.zeros((*out_hw, per_out))
+        correction = np.concatenate([zeros if c is None else c for c in corrections], axis=2)
+    return tf().concat(outputs, axis=3), correction
 
 
 def _inner_padding(tr, chain, src: Value) -> tuple[list[int], float, Value] | None:
@@ -339,37 +381,116 @@ def _pool_attrs(tr, node, x: Value):
         raise unsupported(node, "only 2-D pooling without dilation")
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise unsupported(node, f"auto_pad={attrs['auto_pad']}")
-    if attrs.get("ceil_mode", 0):
-        h, w = x.shape()[2:]
-        for size, k, s, b, a in (
-            (h, kernel[0], strides[0], pads[0], pads[2]),
-            (w, kernel[1], strides[1], pads[1], pads[3]),
-        ):
-            if (size + b + a - k) % s:
-                raise unsupported(node, "ceil_mode=1 where it changes the output size")
+    if attrs.get("auto_pad", "NOTSET") == "VALID":
+        pads = [0, 0, 0, 0]
     return kernel, strides, pads, attrs
 
 
+def pool_windows(
+    size: int, kernel: int, stride: int, before: int, after: int, ceil: bool, include_pad: bool
+) -> list[tuple[int, int]]:
+    """The [start, end) input range each output of a pool reads along one axis, as torch and
+    ONNX Runtime compute it (coordinates of the unpadded input: the padding is negative or
+    at least `size`).
+
+    ceil_mode rounds the output count up but drops a last window that would start in the
+    trailing padding; a window never reaches past the trailing padding, and without
+    `include_pad` (MaxPool, AveragePool with count_include_pad=0) only the input is read.
+
+    >>> pool_windows(7, 2, 2, 0, 0, ceil=True, include_pad=True)  # the last window is 1 wide
+    [(0, 2), (2, 4), (4, 6), (6, 7)]
+    >>> pool_windows(8, 3, 2, 1, 1, ceil=True, include_pad=False)
+    [(0, 2), (1, 4), (3, 6), (5, 8), (7, 8)]
+    """
+    span = size + before + after - kernel
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (out - 1) * stride >= size + before:
+        out -= 1
+    lo, hi = (-before, size + after) if include_pad else (0, size)
+    return [
+        (max(i * stride - before, lo), min(i * stride - before + kernel, hi)) for i in range(out)
+    ]
+
+
+def _runs(windows: list[tuple[int, int]], stride: int) -> list[tuple[int, int, int]]:
+    """(start, width, count): consecutive windows of one width, `stride` apart."""
+    runs: list[list[int]] = []
+    for start, end in windows:
+        last = runs[-1] if runs else None
+        if last and end - start == last[1] and start == last[0] + last[2] * stride:
+            last[2] += 1
+        else:
+            runs.append([start, end - start, 1])
+    return [(a, w, n) for a, w, n in runs]
+
+
+def _floor_windows(size, kernel, stride, before, after) -> list[tuple[int, int]]:
+    return pool_windows(size, kernel, stride, before, after, ceil=False, include_pad=True)
+
+
 def max_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """Float MaxPool; ceil_mode pads the end with the lowest float (every window holds at least
+    one input value, so the maximum is torch's)."""
     x = _nhwc(tr, node, inputs[0])
-    kernel, strides, pads, _ = _pool_attrs(tr, node, x)
+    kernel, strides, pads, attrs = _pool_attrs(tr, node, x)
+    if attrs.get("ceil_mode", 0):
+        pads = list(pads)
+        for axis, size in enumerate(x.shape()[2:]):
+            windows = pool_windows(size, kernel[axis], strides[axis], pads[axis],
+                                   pads[axis + 2], ceil=True, include_pad=True)  # fmt: skip
+            last_end = (len(windows) - 1) * strides[axis] - pads[axis] + kernel[axis]
+            pads[axis + 2] = max(last_end - size, 0)
     t, mode = pool_pads(x.t, kernel, strides, pads, float(np.finfo(np.float32).min))
     return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
 
 
 def average_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """Float AveragePool. Each output is the sum of the inputs its window reads divided by how
+    many it reads (padding included with count_include_pad=1). When TensorFlow's VALID or SAME
+    pool has the same windows, it is one op; otherwise (ceil_mode, padding that is not SAME)
+    the outputs are cut into blocks whose windows share one size, each an exact VALID pool on
+    its slice of the input, then concatenated."""
     x = _nhwc(tr, node, inputs[0])
     kernel, strides, pads, attrs = _pool_attrs(tr, node, x)
+    include = bool(attrs.get("count_include_pad", 0)) and any(pads)
+    ceil = bool(attrs.get("ceil_mode", 0))
+    windows = [
+        pool_windows(size, kernel[a], strides[a], pads[a], pads[a + 2], ceil, include)
+        for a, size in enumerate(x.shape()[2:])
+    ]
     t = x.t
-    if any(pads) and attrs.get("count_include_pad", 0):
-        # only the pads the pool reads, so no Pad + VALID can be mistaken for SAME (bug 1)
-        t = pad_constant(t, _read_pads(t, kernel, strides, [1, 1], pads), 0.0)
-        mode = "VALID"
-    else:
-        mode = padding_mode(_hw(t), kernel, strides, [1, 1], pads)
-        if mode is None:
-            raise unsupported(node, "padding that excludes the border but is not SAME")
-    return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
+    hw = _hw(t)
+    floor = [_floor_windows(hw[a], kernel[a], strides[a], pads[a], pads[a + 2]) for a in (0, 1)]
+    if all(len(w) == len(f) for w, f in zip(windows, floor, strict=True)):
+        if include:
+            # only the pads the pool reads, so no Pad + VALID can be mistaken for SAME (bug 1)
+            t = pad_constant(t, _read_pads(t, kernel, strides, [1, 1], pads), 0.0)
+            return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], "VALID"), "nhwc")
+        mode = padding_mode(hw, kernel, strides, [1, 1], pads)
+        if mode is not None:
+            return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
+    return Value(_blocked_average(t, windows, strides), "nhwc")
+
+
+def _blocked_average(t: Any, windows: list[list[tuple[int, int]]], strides: list[int]) -> Any:
+    """Average pooling with per-output windows (`pool_windows` of each axis), as VALID pools on
+    slices: one per pair of runs of equal-width windows. Padding read by a window is zeros."""
+    hw = _hw(t)
+    before = [max(-windows[a][0][0], 0) for a in (0, 1)]
+    after = [max(windows[a][-1][1] - hw[a], 0) for a in (0, 1)]
+    if any(before) or any(after):
+        t = pad_constant(t, [(before[0], after[0]), (before[1], after[1])], 0.0)
+    rows = []
+    for top, height, n_rows in _runs(windows[0], strides[0]):
+        blocks = []
+        for left, width, n_cols in _runs(windows[1], strides[1]):
+            r0, c0 = top + before[0], left + before[1]
+            r1 = r0 + (n_rows - 1) * strides[0] + height
+            c1 = c0 + (n_cols - 1) * strides[1] + width
+            window = t[:, r0:r1, c0:c1, :]
+            blocks.append(tf().nn.avg_pool2d(window, [height, width], [1, *strides, 1], "VALID"))
+        rows.append(blocks[0] if len(blocks) == 1 else tf().concat(blocks, axis=2))
+    return rows[0] if len(rows) == 1 else tf().concat(rows, axis=1)
 
 
 def global_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:

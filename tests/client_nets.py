@@ -6,8 +6,11 @@ mean|w| x sign(w), the detach straight-through estimator), Bi-Real-Net (Liu et a
 binary conv, BatchNorm and a real-valued shortcut per conv; AvgPool + 1x1 real conv to
 downsample), XNOR-Net (Rastegari et al. 2016: plain sign activations, weights scaled by mean|w|
 per output channel), IR-Net (Qin et al. 2020: weights standardised, then sign times a power-of-two
-scale), a custom `autograd.Function` whose forward is `x.sign()`, and the index-put form
-`out[x >= 0] = 1; out[x < 0] = -1`. bitorch and Brevitas models come from those libraries.
+scale), a custom `autograd.Function` whose forward is `x.sign()` (also as classic BinaryNet code
+applies it, after hardtanh, to activations and to the weights of nn.Conv2d / nn.Linear
+subclasses), and the index-put form `out[x >= 0] = 1; out[x < 0] = -1` (also on
+`x.new(x.size())` inside an autograd.Function). bitorch and Brevitas models come from those
+libraries.
 
 Every model is in eval mode with trained-looking BatchNorm statistics (`trained_bn`), so exact
 zeros before a plain sign are as unlikely as in a trained model.
@@ -248,6 +251,75 @@ def index_put() -> nn.Module:
                                   Head(32)))  # fmt: skip
 
 
+class SignFunction(torch.autograd.Function):
+    """Classic BinaryNet code's binarization: x.sign() forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class ClassicBinaryConv2d(nn.Conv2d):
+    """BinaryNet as first written in PyTorch: an nn.Conv2d subclass binarizing its input
+    (except the image, 3 channels) and its weights with the autograd function in forward."""
+
+    def forward(self, x):
+        if x.size(1) != 3:
+            x = SignFunction.apply(x)
+        weight = SignFunction.apply(self.weight)
+        return F.conv2d(x, weight, self.bias, self.stride, self.padding)
+
+
+class ClassicBinaryLinear(nn.Linear):
+    def forward(self, x):
+        return F.linear(SignFunction.apply(x), SignFunction.apply(self.weight), self.bias)
+
+
+def binarynet_classic() -> nn.Module:
+    """conv -> BatchNorm -> hardtanh, the sign applied by the next layer (Hubara et al. 2016)."""
+    torch.manual_seed(8)
+    return _trained(nn.Sequential(
+        ClassicBinaryConv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.Hardtanh(),
+        ClassicBinaryConv2d(32, 32, 3, padding=1, bias=False), nn.MaxPool2d(2),
+        nn.BatchNorm2d(32), nn.Hardtanh(), nn.Flatten(),
+        ClassicBinaryLinear(32 * 8 * 8, 64, bias=False), nn.BatchNorm1d(64), nn.Hardtanh(),
+        ClassicBinaryLinear(64, 10, bias=False), nn.BatchNorm1d(10),
+    ))  # fmt: skip
+
+
+class IndexNewSign(torch.autograd.Function):
+    """An STE written with index assignment on `x.new(x.size())` (uninitialised memory, which
+    the legacy exporter stores as a constant of whatever it held)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = x.new(x.size())
+        out[x >= 0] = 1
+        out[x < 0] = -1
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class IndexNewLinear(nn.Linear):
+    def forward(self, x):
+        return F.linear(IndexNewSign.apply(x), IndexNewSign.apply(self.weight), self.bias)
+
+
+def index_new_linear() -> nn.Module:
+    torch.manual_seed(9)
+    return _trained(nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 16 * 16, 64), nn.BatchNorm1d(64),
+        IndexNewLinear(64, 64, bias=False), nn.BatchNorm1d(64), nn.Linear(64, 10),
+    ))  # fmt: skip
+
+
 PLAIN_TORCH = {
     "reactnet": (reactnet, (1, 3, 16, 16)),
     "bireal": (bireal, (1, 3, 16, 16)),
@@ -255,6 +327,8 @@ PLAIN_TORCH = {
     "irnet": (irnet, (1, 3, 16, 16)),
     "autograd-ste": (autograd_ste, (1, 3, 16, 16)),
     "index-put": (index_put, (1, 3, 16, 16)),
+    "binarynet-classic": (binarynet_classic, (1, 3, 16, 16)),
+    "index-new-linear": (index_new_linear, (1, 3, 16, 16)),
 }
 
 
@@ -359,4 +433,8 @@ ROWS = [
       for e in ("legacy", "dynamo")],
     Row("plain-torch", "index-put", "legacy", "where-compare", "Where"),
     Row("plain-torch", "index-put", "dynamo", "index-put", "ScatterND"),
+    *[Row("plain-torch", "binarynet-classic", e, "plain-sign", "Sign")
+      for e in ("legacy", "dynamo")],
+    Row("plain-torch", "index-new-linear", "legacy", "where-compare", "Where"),
+    Row("plain-torch", "index-new-linear", "dynamo", "index-put", "ScatterND"),
 ]  # fmt: skip

@@ -54,6 +54,10 @@ class Stack(nn.Module):
 def test_padded_binary_convs_are_exact_and_binary_on_even_sizes(tmp_path, padding, stride):
     result, torch_check = convert_net(Stack(padding, stride, (12, 12)), (1, 3, 12, 12), tmp_path)
     _assert_exact_binary(result, torch_check, 2)
+    if padding == "one" and stride == 1:
+        # SAME one-padding: the first bconv writes packed bits for the second, so the only
+        # LceQuantize is the one after the float stem (zero padding's output stays float)
+        assert result.op_histogram.get("LceQuantize") == 1, result.op_histogram
 
 
 @pytest.mark.parametrize("padding", ["one", "zero"])

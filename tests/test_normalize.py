@@ -613,3 +613,72 @@ def test_keras_prelu_after_a_binary_conv_converts_to_one_prelu_op(tmp_path):
     assert fused.op_histogram.get("PRELU") == 1 and "NEG" not in fused.op_histogram
     plain = convert(net, tmp_path, inputs(), disabled=("keras-prelu",))
     assert "PRELU" not in plain.op_histogram and plain.op_histogram.get("NEG") == 1
+
+
+def test_index_put_on_uninitialised_memory_is_canonical():
+    """`out = x.new(x.size()); out[x >= 0] = 1; out[x < 0] = -1`: the legacy exporter stores
+    whatever memory `x.new` returned as the base constant; every value is overwritten, so each
+    distinct value is probed and the chain is still the canonical binarization."""
+    garbage = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32) * 1e30
+    garbage.reshape(-1)[::5] = np.nan
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("minus", np.float32(-1)),
+        const("garbage", garbage),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "garbage"], ["put1"]),
+        helper.make_node("Less", ["x", "zero"], ["lt"]),
+        helper.make_node("Where", ["lt", "minus", "put1"], ["b"]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"))
+    after, report = normalize(before)
+    assert ops(after) == [*CANONICAL, "Conv"] and report.applied["where-compare"] == 1
+    assert_exact(before, after, inputs())
+
+
+def test_a_function_whose_value_depends_on_a_nonuniform_constant_is_not_a_sign():
+    # only x >= 0 is overwritten: below 0 the output is the constant's value, position by position
+    varying = np.where(np.arange(100).reshape(SHAPE) % 2 == 0, -1.0, -2.0).astype(np.float32)
+    nodes = [
+        const("zero", np.float32(0)), const("one", np.float32(1)), const("varying", varying),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["ge"]),
+        helper.make_node("Where", ["ge", "one", "varying"], ["b"]),
+    ]  # fmt: skip
+    after, report = normalize(model(with_conv(nodes, "b")))
+    assert "where-compare" not in report.applied and "Where" in ops(after)
+
+
+def test_a_plain_sign_of_a_hardtanh_is_checked_for_zeros_at_the_clamps_input():
+    """Classic BinaryNet code: hardtanh, then a plain Sign. `clamp-sign` makes the binarization
+    read x and drops the Clip, so the zero-free check must name x (the Clip's output is gone)."""
+    nodes = [
+        const("lo", np.float32(-1.0)), const("hi", np.float32(1.0)),
+        helper.make_node("Clip", ["x", "lo", "hi"], ["c"]),
+        helper.make_node("Sign", ["c"], ["b"]),
+    ]  # fmt: skip
+    before = model(with_conv(nodes, "b"))
+    after, report = normalize(before)
+    assert report.applied["clamp-sign"] == 1 and "Clip" not in ops(after)
+    assert report.zero_sensitive == {"x": 0.0}
+
+
+def test_a_pass_that_builds_an_invalid_graph_is_named_in_one_line(monkeypatch):
+    from converters.errors import InvalidModelError
+
+    def broken(work) -> int:  # drops the node producing the graph's output
+        if not any(n.op_type == "Conv" for n in work.nodes):
+            return 0
+        work.nodes = [n for n in work.nodes if n.op_type != "Conv"]
+        return 1
+
+    monkeypatch.setitem(REWRITES, "transpose-sink", broken)
+    nodes = [
+        helper.make_node("Sign", ["x"], ["s0"]),
+        const("c", np.float32(0.1)),
+        helper.make_node("Add", ["s0", "c"], ["a"]),
+        helper.make_node("Sign", ["a"], ["b"]),
+    ]
+    valid = model(with_conv(nodes, "b"), out_shape=[1, 3, 5, 5])
+    with pytest.raises(InvalidModelError) as error:
+        normalize(valid)
+    message = str(error.value)
+    assert "\n" not in message and "pass transpose-sink produced an invalid ONNX graph" in message

@@ -167,13 +167,14 @@ def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_pa
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
 
 
-def _native_through_both_gates(run, name: str, samples: int):
-    """init -> export -> convert at the native size, checking what every such run must show:
-    both gates pass, every binary layer is an LceBconv2d. Returns the ConvertReport."""
+def _native_through_both_gates(run, name: str, samples: int, input_shape=None):
+    """init -> export -> convert at the native size (or `input_shape`), checking what every
+    such run must show: both gates pass, every binary layer is an LceBconv2d. Returns the
+    ConvertReport."""
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
 
-    init_run(name, out=run)
+    init_run(name, input_shape=input_shape, out=run)
     exported = export_onnx(run, samples=samples)
     assert exported.argmax_agreement >= 0.99 and exported.resolved_argmax_agreement == 1.0
     assert exported.resolved_max_abs_diff <= exported.tolerance
@@ -196,6 +197,19 @@ def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
     hold its sure predictions and every replayed sample, and every binary layer is an
     LceBconv2d."""
     _native_through_both_gates(tmp_path / "run", "birealnet18", samples=24)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.parametrize("size", [97, 65])
+def test_birealnet18_at_odd_sizes_passes_both_gates(tmp_path, size):
+    """At an odd size every downsampling shortcut's AvgPool2d(2, 2, ceil_mode=True) has a last
+    window one pixel wide (25 -> 13 -> 7 -> 4 at 97x97); the translator emits those windows
+    exactly (`converters.tf_layers.pool_windows`), and the twin agrees with no tie."""
+    converted = _native_through_both_gates(
+        tmp_path / "run", "birealnet18", samples=50, input_shape=(3, size, size)
+    )
+    assert converted.op_histogram.get("STRIDED_SLICE", 0) >= 3 * 4, converted.op_histogram
 
 
 @pytest.mark.slow
