@@ -291,12 +291,9 @@ def resumed_config(
 
 def _apply_schedules(optimizer: CaseOptimizer, config: TrainConfig, changes: dict) -> None:
     """Loading the optimizer state restored the old schedules: put the changed ones back."""
-    from bnnexport.schedules import as_schedule
-
-    for sub in optimizer.optimizers.values():
-        for key in getattr(sub, "schedules", {}):
-            if key in changes:
-                sub.schedules[key] = as_schedule(getattr(config, key))
+    for key in ("gamma", "threshold", "sigma", "lr"):
+        if key in changes:
+            optimizer.set_schedule(key, getattr(config, key))
 
 
 # The metrics go on a second line: beside the bar (tqdm's default, with its rate) they left the

@@ -694,7 +694,10 @@ def test_resume_of_a_finished_run_with_a_changed_option_is_refused(trained_run):
 
 @pytest.mark.slow
 def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
-    (trained_run / "model.onnx").write_bytes(b"exported from epoch 1")
+    from bnnexport.files import write_bytes_atomic
+
+    # bnnexport's own (recorded) export of epoch 1; a file of the user's would be refused
+    write_bytes_atomic(trained_run / "model.onnx", b"exported from epoch 1")
     result = invoke(
         "train",
         "--resume",
