@@ -446,13 +446,22 @@ class Bop2ndOrder(Bop):
 
 
 class BopNormalized(Bop):
-    """Bop with a layer-wise normalised threshold (Helwegen et al. 2019, discussion section):
+    """Bop whose threshold is relative to the layer's own momentum (`--optimizer bop-normalized`):
 
         m <- (1 - γ) m + γ g
-        w <- -w   iff   w · m > τ · mean(|m|)   (the mean over the layer's kernel)
+        w <- -w   iff   w · m > τ · mean(|m|)   (the mean over the whole kernel of the layer)
 
-    τ is then dimensionless (e.g. 1-3): the same τ suits layers whose gradients differ by
-    orders of magnitude, where Bop's absolute τ flips some layers constantly and others never.
+    What it normalises: Bop's τ is compared with m itself, so it carries the units of the
+    layer's gradients, and a layer whose gradients are 100x smaller needs a 100x smaller τ to
+    flip as often. Dividing by the layer's mean |m| makes τ a pure number (1-3 are sensible:
+    flip the weights whose momentum is that many times stronger than the layer's average),
+    so one τ suits every layer; scaling all of a layer's gradients by any c > 0 leaves its
+    flips unchanged (tests/test_bop_variants.py checks it).
+
+    Reference: Algorithm 2 of Helwegen et al., "Latent Weights Do Not Exist" (NeurIPS 2019),
+    with τ replaced by τ·mean|m|. The layer-mean form is bnnexport's own variant, not a
+    published optimizer and with no published accuracy; the published way to make the test
+    scale-free is `Bop2ndOrder`'s per-weight RMS (Suarez-Ramirez et al., "Bop and Beyond").
     """
 
     def _update(
