@@ -159,3 +159,17 @@ def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_pat
     assert config["recipe"] == "paper-cifar10-bop"
     assert config["recipe_overrides"] == {"dataset": "mnist5k", "model": "mnist-bnn", "epochs": 1,
                                           "batch_size": 200}  # fmt: skip
+
+
+def test_l2_first_last_regularises_the_xnornet_float_first_conv_and_last_dense():
+    from torch import nn
+
+    from bnnexport.layers import BinaryConv2d, BinaryLinear
+    from bnnexport.models import create_model
+    from bnnexport.train import first_and_last_weights
+
+    model = create_model("xnornet", num_classes=10, input_shape=(3, 64, 64))
+    first, last = first_and_last_weights(model)
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert first is layers[0].weight and last is layers[-1].weight
+    assert not isinstance(layers[0], BinaryConv2d) and not isinstance(layers[-1], BinaryLinear)
