@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,24 +34,85 @@ from torch import nn
 
 from bnnexport.layers import binary_layers, binary_parameters, set_latent
 from bnnexport.quantizers import binarize
-from bnnexport.schedules import Schedule, as_schedule, schedule_from_dict, schedule_to_dict
+from bnnexport.schedules import (
+    Constant,
+    Schedule,
+    as_schedule,
+    schedule_from_dict,
+    schedule_to_dict,
+)
 
 _EXTRA = "bnnexport"  # key of our own additions in an optimizer state dict
 
 
 class _Scheduled:
-    """Mixin: hyperparameters given as schedules, evaluated at every step, saved as dicts."""
+    """Mixin: hyperparameters given per optimizer or per parameter group, as numbers or schedules.
+
+    `self.schedules` holds the optimizer-wide settings (the constructor's arguments); a
+    parameter group that names a hyperparameter itself keeps its own value or schedule
+    (`group["schedules"]`), and the optimizer-wide one applies only to groups that did not.
+    Every group counts its own steps (`group["steps"]`), and a schedule is evaluated at that
+    count before each step. A constant is written into the group once, so the group's value is
+    the truth afterwards, as for any torch optimizer (a torch LR scheduler may change it).
+    """
 
     schedules: dict[str, Schedule]
     steps: int
 
+    def _init_schedules(self, values: dict[str, Any]) -> dict[str, float]:
+        """Set the optimizer-wide schedules; returns their step-0 values (the defaults)."""
+        self.schedules = {key: as_schedule(value) for key, value in values.items()}
+        self.steps = 0
+        defaults = {key: schedule(0) for key, schedule in self.schedules.items()}
+        self._check_values(defaults)
+        return defaults
+
+    def _check_values(self, values: dict[str, float]) -> None:
+        """Raise ValueError for a value the optimizer cannot use (subclasses override)."""
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        group = dict(param_group)
+        steps = int(group.get("steps", 0))
+        own = {
+            key: as_schedule(group[key])
+            for key in self.schedules
+            if key in group and not isinstance(group[key], torch.Tensor)
+        }
+        values = {key: schedule(steps) for key, schedule in own.items()}
+        self._check_values(values)
+        group.update(values, schedules=own, steps=steps)
+        super().add_param_group(group)  # type: ignore[misc]
+
+    def set_schedule(self, key: str, value: float | str | Schedule) -> None:
+        """Replace the optimizer-wide schedule `key`; groups with their own keep theirs."""
+        self.schedules[key] = schedule = as_schedule(value)
+        self._check_values({key: schedule(self.steps)})
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            if key not in group["schedules"]:
+                group[key] = schedule(group["steps"])
+
     def _apply_schedules(self) -> None:
         for group in self.param_groups:  # type: ignore[attr-defined]
-            for key, schedule in self.schedules.items():
-                group[key] = schedule(self.steps)
+            for key, default in self.schedules.items():
+                schedule = group["schedules"].get(key, default)
+                if isinstance(schedule, Constant):
+                    continue  # written once: a torch scheduler or the user may change it
+                if f"initial_{key}" in group:  # torch's LRScheduler marks the groups it drives
+                    raise ValueError(
+                        f"{key} follows a bnnexport schedule ({schedule_to_dict(schedule)}) and a "
+                        f"torch scheduler: give {key} as a number to use a torch scheduler"
+                    )
+                group[key] = schedule(group["steps"])
+
+    def _count_step(self) -> None:
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            group["steps"] += 1
+        self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()  # type: ignore[misc]
+        for group in state["param_groups"]:  # torch made a new dict per group: replace, not edit
+            group["schedules"] = {k: schedule_to_dict(s) for k, s in group["schedules"].items()}
         state[_EXTRA] = {
             "steps": self.steps,
             "schedules": {k: schedule_to_dict(s) for k, s in self.schedules.items()},
@@ -64,18 +126,45 @@ class _Scheduled:
         if extra is not None:
             self.steps = int(extra["steps"])
             self.schedules = {k: schedule_from_dict(v) for k, v in extra["schedules"].items()}
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            # state dicts from before per-group settings hold neither key
+            saved = group.get("schedules") or {}
+            group["schedules"] = {k: schedule_from_dict(v) for k, v in saved.items()}
+            group.setdefault("steps", self.steps)
+            for key, default in self.defaults.items():  # type: ignore[attr-defined]
+                group.setdefault(key, default)
 
 
 class Bop(_Scheduled, torch.optim.Optimizer):
     """Binary optimizer (Helwegen et al. 2019, Algorithm 2) for parameters that are exactly ±1.
 
-    Args:
-        params: the binary kernels (e.g. `bnnexport.binary_parameters(model)`).
-        gamma: adaptivity rate γ of the moving average; a number or a schedule
-            (`bnnexport.schedules`), evaluated at every step.
-        threshold: flip threshold τ; a number or a schedule.
+    Per step t and parameter group, with that group's γ_t and τ_t:
 
-    After each step, `state[p]["flips"]` holds how many entries of p flipped in that step.
+        m <- (1 - γ_t) m + γ_t g        w <- -w  where  w · m > τ_t
+
+    Args:
+        params: the binary kernels (e.g. `bnnexport.binary_parameters(model)`), or parameter
+            groups: dicts with "params" and optionally their own "gamma" and "threshold" (a
+            number or a schedule), which override the arguments below for that group.
+        gamma: adaptivity rate γ in (0, 1]; a number or a schedule (`bnnexport.schedules`),
+            evaluated at every step, for every group that did not set its own.
+        threshold: flip threshold τ >= 0; a number or a schedule, likewise.
+
+    Every group also holds `lr` = 0.0, which Bop never reads: torch's LR schedulers scale every
+    group's `lr`, so one attached to a composite (`CaseOptimizer`) changes Adam's lr and
+    leaves γ alone. After each step, `state[p]["flips"]` holds how many entries of p flipped.
+
+    Example (the first kernel with its own γ and τ):
+        >>> import torch
+        >>> first, rest = torch.ones(4, requires_grad=True), torch.ones(4, requires_grad=True)
+        >>> bop = Bop([{"params": [first], "gamma": 1e-1, "threshold": 0.0}, {"params": [rest]}],
+        ...           gamma=1e-4, threshold=1e-8)
+        >>> first.grad, rest.grad = torch.full((4,), 1e-5), torch.full((4,), 1e-5)
+        >>> bop.step()  # first: w·m = 1e-6 > 0 flips; rest: w·m = 1e-9 <= 1e-8 does not
+        >>> first.tolist(), rest.tolist()
+        ([-1.0, -1.0, -1.0, -1.0], [1.0, 1.0, 1.0, 1.0])
+        >>> [(g["gamma"], g["threshold"]) for g in bop.param_groups]
+        [(0.1, 0.0), (0.0001, 1e-08)]
     """
 
     def __init__(
@@ -84,14 +173,17 @@ class Bop(_Scheduled, torch.optim.Optimizer):
         gamma: float | str | Schedule = 1e-4,
         threshold: float | str | Schedule = 1e-8,
     ) -> None:
-        self.schedules = {"gamma": as_schedule(gamma), "threshold": as_schedule(threshold)}
-        self.steps = 0
-        defaults = {k: s(0) for k, s in self.schedules.items()}
-        if not 0.0 < defaults["gamma"] <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {defaults['gamma']}")
-        if defaults["threshold"] < 0.0:
-            raise ValueError(f"threshold must be >= 0, got {defaults['threshold']}")
-        super().__init__(params, defaults)
+        self._init(params, {"gamma": gamma, "threshold": threshold})
+
+    def _init(self, params: Any, schedules: dict[str, Any]) -> None:
+        defaults = self._init_schedules(schedules)
+        torch.optim.Optimizer.__init__(self, params, {**defaults, "lr": 0.0})
+
+    def _check_values(self, values: dict[str, float]) -> None:
+        if "gamma" in values and not 0.0 < values["gamma"] <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {values['gamma']}")
+        if "threshold" in values and values["threshold"] < 0.0:
+            raise ValueError(f"threshold must be >= 0, got {values['threshold']}")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -105,7 +197,7 @@ class Bop(_Scheduled, torch.optim.Optimizer):
                 if weight.grad is not None:
                     state = self.state[weight]
                     state["flips"] = self._update(weight, weight.grad, state, group)
-        self.steps += 1
+        self._count_step()
         return loss
 
     def _update(
@@ -142,9 +234,12 @@ def _flip(weight: torch.Tensor, score: torch.Tensor, threshold: float | torch.Te
 
 
 class ScheduledAdam(_Scheduled, torch.optim.Adam):
-    """Adam whose learning rate may be a schedule; optionally clips parameters after each step.
+    """Adam whose learning rate may be a schedule, per optimizer or per parameter group;
+    optionally clips parameters after each step.
 
     `clip_value=1.0` gives the latent-weight baseline's clipping to [-1, 1] (larq's weight_clip).
+    A torch LR scheduler may drive a group whose lr is a number; one whose lr is a schedule
+    refuses it (ValueError at the next step) rather than let two schedules fight.
     """
 
     def __init__(
@@ -154,10 +249,13 @@ class ScheduledAdam(_Scheduled, torch.optim.Adam):
         clip_value: float | None = None,
         **kwargs: Any,
     ) -> None:
-        self.schedules = {"lr": as_schedule(lr)}
-        self.steps = 0
         self.clip_value = clip_value
-        super().__init__(params, lr=self.schedules["lr"](0), **kwargs)
+        defaults = self._init_schedules({"lr": lr})
+        super().__init__(params, lr=defaults["lr"], **kwargs)
+
+    def _check_values(self, values: dict[str, float]) -> None:
+        if "lr" in values and not values["lr"] >= 0.0:
+            raise ValueError(f"lr must be >= 0, got {values['lr']}")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -167,7 +265,7 @@ class ScheduledAdam(_Scheduled, torch.optim.Adam):
             for group in self.param_groups:
                 for param in group["params"]:
                     param.clamp_(-self.clip_value, self.clip_value)
-        self.steps += 1
+        self._count_step()
         return loss
 
 
@@ -175,16 +273,34 @@ Predicate = Callable[[str, nn.Parameter], bool]
 Factory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
-class CaseOptimizer:
+class CaseOptimizer(torch.optim.Optimizer):
     """Give every parameter of a model to exactly one optimizer, chosen by predicate.
 
     Raises ValueError naming the parameter if one is claimed by two cases or by none: a silently
     untrained (or doubly trained) parameter is a bug, never a default.
 
+    The composite is a `torch.optim.Optimizer` whose `param_groups` are its parts' groups (the
+    same dicts, so a change reaches the part): torch's LR schedulers, `GradScaler` and step
+    hooks wrap it as they wrap any optimizer. Bop's groups carry an `lr` of 0 that Bop never
+    reads, so an LR scheduler changes Adam's lr and never Bop's γ. `state_dict()` is
+    {case name: that optimizer's state dict}.
+
     Args:
         model: the model whose parameters are distributed.
         cases: (name, predicate(param_name, param), factory(params) -> optimizer); a case that
             claims no parameter creates no optimizer.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from bnnexport.layers import BinaryLinear
+        >>> model = nn.Sequential(BinaryLinear(4, 4), nn.Linear(4, 2))
+        >>> optimizer = bop_with_adam(model, gamma=1e-3, threshold=1e-6, lr=1e-2)
+        >>> scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        >>> model(torch.randn(2, 4)).sum().backward()
+        >>> optimizer.step(); scheduler.step()
+        >>> optimizer.hyperparameters()
+        {'bop.gamma': 0.001, 'bop.threshold': 1e-06, 'adam.lr': 0.005}
     """
 
     def __init__(self, model: nn.Module, cases: list[tuple[str, Predicate, Factory]]) -> None:
@@ -199,14 +315,48 @@ class CaseOptimizer:
         self.optimizers: dict[str, torch.optim.Optimizer] = {
             name: factory(claimed[name]) for name, _, factory in cases if claimed[name]
         }
+        groups = [group for part in self.optimizers.values() for group in part.param_groups]
+        super().__init__(groups, {})  # adds each part's group dicts themselves, not copies
+        # one state for the whole: the parts' own states, looked up in turn
+        self.state = ChainMap(*(part.state for part in self.optimizers.values()))  # type: ignore[assignment]
 
-    def step(self) -> None:
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Before construction ends: a part's group. Later: a dict with a "case" key naming the
+        part it goes to, e.g. {"case": "adam", "params": [...], "lr": 1e-3}."""
+        if not hasattr(self, "optimizers") or any(param_group is g for g in self._part_groups()):
+            super().add_param_group(param_group)
+            return
+        group = dict(param_group)
+        case = group.pop("case", None)
+        if case not in self.optimizers:
+            raise ValueError(f"a new group needs 'case': one of {', '.join(self.optimizers)}")
+        part = self.optimizers[case]
+        part.add_param_group(group)
+        super().add_param_group(part.param_groups[-1])
+
+    def _part_groups(self) -> list[dict[str, Any]]:
+        return [group for part in self.optimizers.values() for group in part.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for optimizer in self.optimizers.values():
             optimizer.step()
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=set_to_none)
+
+    def set_schedule(self, key: str, value: float | str | Schedule) -> None:
+        """Replace the optimizer-wide `key` ("gamma", "threshold", "sigma", "lr") in every part
+        that has it; groups that set their own keep theirs."""
+        for optimizer in self.optimizers.values():
+            if key in getattr(optimizer, "schedules", {}):
+                optimizer.set_schedule(key, value)  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
         return {name: opt.state_dict() for name, opt in self.optimizers.items()}
@@ -218,28 +368,24 @@ class CaseOptimizer:
             )
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state_dict[name])
+        # torch's load_state_dict replaces a part's group dicts: share the new ones
+        self.param_groups = self._part_groups()
+        self.state = ChainMap(*(part.state for part in self.optimizers.values()))  # type: ignore[assignment]
 
     def hyperparameters(self) -> dict[str, float]:
-        """Current value of every scheduled hyperparameter, e.g. {'bop.gamma': 1e-4, ...}."""
+        """Current value of every scheduled hyperparameter, e.g. {'bop.gamma': 1e-4, ...};
+        groups after a part's first are named by index ('bop.1.gamma')."""
         values = {}
         for name, optimizer in self.optimizers.items():
-            for key in getattr(optimizer, "schedules", {}):
-                values[f"{name}.{key}"] = float(optimizer.param_groups[0][key])
+            for index, group in enumerate(optimizer.param_groups):
+                prefix = name if index == 0 else f"{name}.{index}"
+                for key in getattr(optimizer, "schedules", {}):
+                    values[f"{prefix}.{key}"] = float(group[key])
         return values
 
 
 def _binary_ids(model: nn.Module) -> set[int]:
     return {id(p) for p in binary_parameters(model)}
-
-
-def bop_with_adam(
-    model: nn.Module,
-    gamma: float | str | Schedule = 1e-4,
-    threshold: float | str | Schedule = 1e-8,
-    lr: float | str | Schedule = 1e-2,
-) -> CaseOptimizer:
-    """Bop for the binary kernels, Adam for every real-valued parameter (the paper's setup)."""
-    return _binary_optimizer_with_adam(model, lr, lambda ps: Bop(ps, gamma, threshold))
 
 
 def latent_adam(model: nn.Module, lr: float | str | Schedule = 1e-2) -> CaseOptimizer:
@@ -267,7 +413,8 @@ class Bop2ndOrder(Bop):
         w <- -w   iff   w · m / (sqrt(v) + ε) > τ
 
     Normalising m by the gradient's running RMS makes τ comparable across layers and over
-    training. Args as `Bop`, plus `sigma` (σ, a number or a schedule) and `eps` (ε = 1e-10).
+    training. Args as `Bop`, plus `sigma` (σ in (0, 1], a number or a schedule; a parameter
+    group may set its own "sigma" as it may set "gamma" and "threshold") and `eps` (ε = 1e-10).
     """
 
     def __init__(
@@ -278,11 +425,13 @@ class Bop2ndOrder(Bop):
         sigma: float | str | Schedule = 1e-2,
         eps: float = 1e-10,
     ) -> None:
-        super().__init__(params, gamma, threshold)
-        self.schedules["sigma"] = as_schedule(sigma)
         self.eps = eps
-        for group in self.param_groups:
-            group.setdefault("sigma", self.schedules["sigma"](0))
+        self._init(params, {"gamma": gamma, "threshold": threshold, "sigma": sigma})
+
+    def _check_values(self, values: dict[str, float]) -> None:
+        super()._check_values(values)
+        if "sigma" in values and not 0.0 < values["sigma"] <= 1.0:
+            raise ValueError(f"sigma must be in (0, 1], got {values['sigma']}")
 
     def _update(
         self, weight: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
@@ -297,13 +446,22 @@ class Bop2ndOrder(Bop):
 
 
 class BopNormalized(Bop):
-    """Bop with a layer-wise normalised threshold (Helwegen et al. 2019, discussion section):
+    """Bop whose threshold is relative to the layer's own momentum (`--optimizer bop-normalized`):
 
         m <- (1 - γ) m + γ g
-        w <- -w   iff   w · m > τ · mean(|m|)   (the mean over the layer's kernel)
+        w <- -w   iff   w · m > τ · mean(|m|)   (the mean over the whole kernel of the layer)
 
-    τ is then dimensionless (e.g. 1-3): the same τ suits layers whose gradients differ by
-    orders of magnitude, where Bop's absolute τ flips some layers constantly and others never.
+    What it normalises: Bop's τ is compared with m itself, so it carries the units of the
+    layer's gradients, and a layer whose gradients are 100x smaller needs a 100x smaller τ to
+    flip as often. Dividing by the layer's mean |m| makes τ a pure number (1-3 are sensible:
+    flip the weights whose momentum is that many times stronger than the layer's average),
+    so one τ suits every layer; scaling all of a layer's gradients by any c > 0 leaves its
+    flips unchanged (tests/test_bop_variants.py checks it).
+
+    Reference: Algorithm 2 of Helwegen et al., "Latent Weights Do Not Exist" (NeurIPS 2019),
+    with τ replaced by τ·mean|m|. The layer-mean form is bnnexport's own variant, not a
+    published optimizer and with no published accuracy; the published way to make the test
+    scale-free is `Bop2ndOrder`'s per-weight RMS (Suarez-Ramirez et al., "Bop and Beyond").
     """
 
     def _update(
@@ -314,16 +472,56 @@ class BopNormalized(Bop):
 
 
 def _binary_optimizer_with_adam(
-    model: nn.Module, lr: float | str | Schedule, make: Factory
+    model: nn.Module,
+    lr: float | str | Schedule,
+    make: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
+    groups: list[dict[str, Any]] | None = None,
 ) -> CaseOptimizer:
+    """Binary kernels to `make(param_groups)`, everything else to Adam.
+
+    `groups`: Bop parameter groups of their own (dicts with "params" and any of the variant's
+    hyperparameters); the binary kernels they do not name form one last group that follows
+    the optimizer-wide settings.
+    """
     binary = _binary_ids(model)
+    groups = [dict(g) for g in groups or []]
+    grouped: set[int] = set()
+    for group in groups:
+        group["params"] = list(group["params"])
+        for param in group["params"]:
+            if id(param) not in binary:
+                raise ValueError("a Bop parameter group holds a parameter that is not binary")
+            if id(param) in grouped:
+                raise ValueError("a parameter is in two Bop parameter groups")
+            grouped.add(id(param))
+
+    def make_groups(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        rest = [p for p in params if id(p) not in grouped]
+        return make([*groups, {"params": rest}] if rest else groups)
+
     return CaseOptimizer(
         model,
         [
-            ("bop", lambda _, p: id(p) in binary, make),
+            ("bop", lambda _, p: id(p) in binary, make_groups),
             ("adam", lambda _, p: id(p) not in binary, lambda ps: ScheduledAdam(ps, lr)),
         ],
     )
+
+
+def bop_with_adam(
+    model: nn.Module,
+    gamma: float | str | Schedule = 1e-4,
+    threshold: float | str | Schedule = 1e-8,
+    lr: float | str | Schedule = 1e-2,
+    groups: list[dict[str, Any]] | None = None,
+) -> CaseOptimizer:
+    """Bop for the binary kernels, Adam for every real-valued parameter (the paper's setup).
+
+    `groups` gives some kernels their own γ / τ, e.g.
+    `[{"params": [model.features[2].weight], "gamma": 1e-2}]`; the rest follow `gamma` and
+    `threshold`.
+    """
+    return _binary_optimizer_with_adam(model, lr, lambda ps: Bop(ps, gamma, threshold), groups)
 
 
 def bop2_with_adam(
@@ -332,10 +530,11 @@ def bop2_with_adam(
     threshold: float | str | Schedule = 1e-8,
     lr: float | str | Schedule = 1e-2,
     sigma: float | str | Schedule = 1e-2,
+    groups: list[dict[str, Any]] | None = None,
 ) -> CaseOptimizer:
     """`Bop2ndOrder` for the binary kernels, Adam for every real-valued parameter."""
     return _binary_optimizer_with_adam(
-        model, lr, lambda ps: Bop2ndOrder(ps, gamma, threshold, sigma)
+        model, lr, lambda ps: Bop2ndOrder(ps, gamma, threshold, sigma), groups
     )
 
 
@@ -344,10 +543,13 @@ def bop_normalized_with_adam(
     gamma: float | str | Schedule = 1e-4,
     threshold: float | str | Schedule = 1.0,
     lr: float | str | Schedule = 1e-2,
+    groups: list[dict[str, Any]] | None = None,
 ) -> CaseOptimizer:
     """`BopNormalized` (τ relative to each layer's mean |m|) for the binary kernels, Adam for
     every real-valued parameter."""
-    return _binary_optimizer_with_adam(model, lr, lambda ps: BopNormalized(ps, gamma, threshold))
+    return _binary_optimizer_with_adam(
+        model, lr, lambda ps: BopNormalized(ps, gamma, threshold), groups
+    )
 
 
 OPTIMIZERS: dict[str, Callable[..., CaseOptimizer]] = {

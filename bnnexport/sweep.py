@@ -1,20 +1,30 @@
 """`sweep(base, gammas, thresholds) -> SweepReport`: the paper's γ/τ analysis (Fig. 2, §5.1).
 
 One training run per (γ, τ) setting, in OUT/gamma=G,threshold=T, then OUT/sweep.png (test
-accuracy per epoch and flip rate π_t over steps, one curve per setting) and OUT/sweep.json (the
-table of final accuracies and flip rates). The flip rate of a setting is counted over all binary
-weights: π = log(flips / (weights · steps) + e^-9), as in the paper's Eq. 6.
+accuracy and flip rate π_t over steps, one curve per setting: `bnnexport.compare`'s figure)
+and OUT/sweep.json (the table of final accuracies and flip rates). The flip rate of a setting
+is counted over all binary weights: π = log(flips / (weights · steps) + e^-9), as in the
+paper's Eq. 6.
+
+`optimizers` adds other optimizers to compare with: the latent-weight baseline
+(`adam-latent`, which has no γ or τ) runs once, in OUT/optimizer=adam-latent, and with more
+than one optimizer every Bop setting's folder starts with `optimizer=NAME,`. `seeds=N` trains
+every setting N times (seeds base.seed ... base.seed+N-1, in SETTING/seed=S): the table gives
+mean ± std and the figure error bars.
 
 The paper's claim to check: a higher γ and a lower τ give more flips. `SweepReport.ordering`
-says, for every pair of settings that differ in one of the two, whether the run agrees.
+says, for every pair of settings of one optimizer that differ in one of the two, whether the
+runs agree (on the mean over seeds).
 
 Example:
     >>> from bnnexport.sweep import sweep
     >>> from bnnexport.train import TrainConfig
-    >>> report = sweep(TrainConfig(epochs=2), [1e-2, 1e-3], [1e-6, 0.0], out="runs/sweep")
-    ...                                                                      # doctest: +SKIP
+    >>> report = sweep(TrainConfig(epochs=2), [1e-2, 1e-3], [1e-6, 0.0], out="runs/sweep",
+    ...                optimizers=["bop", "adam-latent"], seeds=3)   # doctest: +SKIP
     >>> report.ordering["agrees"]                                            # doctest: +SKIP
     True
+    >>> setting_dir("runs/sweep", 1e-3, 1e-6)
+    PosixPath('runs/sweep/gamma=0.001,threshold=1e-06')
 """
 
 from __future__ import annotations
@@ -27,23 +37,30 @@ from pathlib import Path
 from typing import Any
 
 from bnnexport.errors import ConfigError
-from bnnexport.reports import Report, save_figure_atomic
+from bnnexport.optimizers import OPTIMIZERS
+from bnnexport.reports import Report
 from bnnexport.runs import RunDir, load_checkpoint, lock_run, read_jsonl
 from bnnexport.train import TrainConfig, train, validate_config
 
 
 @dataclass
 class SweepSetting:
-    """One row of the sweep's table."""
+    """One row of the sweep's table (means over its seeds; `*_std` their spread)."""
 
-    gamma: float
-    threshold: float
-    run_dir: str
+    gamma: float | None  # None for adam-latent, which has no γ or τ
+    threshold: float | None
+    run_dir: str  # the first seed's run
     test_accuracy: float
     train_accuracy: float
     flip_rate: float  # π over the whole run, all binary weights
     last_epoch_flip_rate: float  # π over the last epoch
     seconds: float
+    optimizer: str = "bop"
+    run_dirs: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    test_accuracy_std: float = 0.0
+    flip_rate_std: float = 0.0
+    last_epoch_flip_rate_std: float = 0.0
 
 
 @dataclass
@@ -53,13 +70,14 @@ class SweepReport(Report):
     out: str
     model: str
     dataset: str
-    optimizer: str
+    optimizer: str  # the optimizers, comma-separated
     epochs: int
     settings: list[SweepSetting]
     ordering: dict[str, Any]
     figure: str
     seconds: float
     notes: list[str] = field(default_factory=list)
+    seeds: int = 1
 
 
 def setting_dir(out: str | Path, gamma: float, threshold: float) -> Path:
@@ -104,16 +122,20 @@ def flip_ordering(settings: list[SweepSetting]) -> dict[str, Any]:
     """Check the paper's claim pairwise: more flips for a higher γ (same τ) and for a lower τ
     (same γ). Returns the comparisons and whether all agree."""
     comparisons = []
-    for a in settings:
-        for b in settings:
-            if a.threshold == b.threshold and a.gamma > b.gamma:
+    bop = [s for s in settings if s.gamma is not None and s.threshold is not None]
+    for a in bop:
+        for b in bop:
+            if a.optimizer != b.optimizer:
+                continue
+            if a.threshold == b.threshold and a.gamma > b.gamma:  # type: ignore[operator]
                 kind = "higher gamma"
-            elif a.gamma == b.gamma and a.threshold < b.threshold:
+            elif a.gamma == b.gamma and a.threshold < b.threshold:  # type: ignore[operator]
                 kind = "lower threshold"
             else:
                 continue
             comparisons.append(
                 {
+                    "optimizer": a.optimizer,
                     "more_flips_expected": {"gamma": a.gamma, "threshold": a.threshold},
                     "than": {"gamma": b.gamma, "threshold": b.threshold},
                     "because": kind,
@@ -124,32 +146,6 @@ def flip_ordering(settings: list[SweepSetting]) -> dict[str, Any]:
     return {"agrees": all(c["agrees"] for c in comparisons), "comparisons": comparisons}
 
 
-def plot_sweep(settings: list[SweepSetting], path: str | Path) -> Path:
-    """Test accuracy per epoch and π_t over steps, one curve per setting, in one figure."""
-    from bnnexport.reports import pyplot
-
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for setting in settings:
-        run = RunDir(setting.run_dir)
-        label = f"γ={setting.gamma:g}, τ={setting.threshold:g}"
-        epochs = [r for r in read_jsonl(run.metrics) if r.get("kind") == "epoch"]
-        left.plot([r["epoch"] for r in epochs], [r["test_accuracy"] for r in epochs],
-                  marker="o", label=label)  # fmt: skip
-        steps, rates, _, _ = _flip_curve(run)
-        right.plot(steps, rates, label=label, linewidth=1)
-    left.set(xlabel="epoch", ylabel="test accuracy", title="Test accuracy")
-    right.set(xlabel="step", ylabel="π_t = log(flips / weights + e^-9)",
-              title="Flip rate (all binary weights)")  # fmt: skip
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure_atomic(fig, path, dpi=110)
-    plt.close(fig)
-    return Path(path)
-
-
 def sweep(
     base: TrainConfig,
     gammas: list[float],
@@ -157,57 +153,119 @@ def sweep(
     out: str | Path,
     force: bool = False,
     progress: bool = False,
+    optimizers: list[str] | None = None,
+    seeds: int = 1,
 ) -> SweepReport:
-    """Train `base` once per (γ, τ) into OUT/gamma=G,threshold=T; write sweep.png, sweep.json.
+    """Train `base` once per (optimizer, γ, τ, seed); write OUT/sweep.png and OUT/sweep.json.
 
-    Every run keeps base's model, data, optimizer, epochs, batch size and seed, so settings
-    differ only in γ and τ. Raises what `train` raises (e.g. CheckpointError when a setting's
-    directory already holds a run and `force` is off).
+    Every run keeps base's model, data, epochs, batch size and lr, so Bop settings differ
+    only in γ and τ (and the seed). Every setting is checked before the first one trains.
+    Raises what `train` raises (e.g. CheckpointError when a setting's directory already holds
+    a run and `force` is off).
     """
+    optimizers = list(optimizers or [base.optimizer])
     if not gammas or not thresholds:
         raise ConfigError("a sweep needs at least one gamma and one threshold")
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: must be at least 1")
+    unknown = [o for o in optimizers if o not in OPTIMIZERS]
+    if unknown or len(set(optimizers)) != len(optimizers):
+        raise ConfigError(f"--optimizer {','.join(optimizers)}: each of {', '.join(OPTIMIZERS)}, "
+                          "at most once")  # fmt: skip
     for option, values in (("--gamma", gammas), ("--threshold", thresholds)):
         repeated = sorted({float(v) for v in values if [float(w) for w in values].count(v) > 1})
         if repeated:  # 1e-3 and 0.001 are one setting: two runs would share a directory
             raise ConfigError(f"{option} lists {', '.join(f'{v:g}' for v in repeated)} twice")
-    configs = [
-        dataclasses.replace(base, gamma=float(gamma), threshold=float(threshold),
-                            out=str(setting_dir(out, gamma, threshold)))
-        for gamma in gammas for threshold in thresholds
-    ]  # fmt: skip
-    for config in configs:  # every setting is checked before the first one trains
-        validate_config(config)
+    plan = plan_runs(base, gammas, thresholds, Path(out), optimizers, seeds)
+    for configs in plan.values():  # every setting is checked before the first one trains
+        for config in configs:
+            validate_config(config)
     with lock_run(out, create=True):
-        return _sweep(base, configs, Path(out), force, progress)
+        return _sweep(base, plan, Path(out), force, progress, optimizers, seeds)
+
+
+def plan_runs(
+    base: TrainConfig,
+    gammas: list[float],
+    thresholds: list[float],
+    out: Path,
+    optimizers: list[str],
+    seeds: int,
+) -> dict[tuple[str, float | None, float | None], list[TrainConfig]]:
+    """{(optimizer, γ, τ): one config per seed}; adam-latent has one setting (γ = τ = None)."""
+    plan: dict[tuple[str, float | None, float | None], list[TrainConfig]] = {}
+    for optimizer in optimizers:
+        prefix = f"optimizer={optimizer}" if len(optimizers) > 1 else ""
+        if optimizer == "adam-latent":
+            grid: list[tuple[float | None, float | None, Path]] = [
+                (None, None, out / f"optimizer={optimizer}")
+            ]
+        else:
+            grid = [
+                (float(g), float(t), setting_dir(out, g, t)) for g in gammas for t in thresholds
+            ]
+            if prefix:
+                grid = [(g, t, out / f"{prefix},{d.name}") for g, t, d in grid]
+        for gamma, threshold, directory in grid:
+            plan[(optimizer, gamma, threshold)] = [
+                dataclasses.replace(
+                    base, optimizer=optimizer, seed=base.seed + i,
+                    gamma=base.gamma if gamma is None else gamma,
+                    threshold=base.threshold if threshold is None else threshold,
+                    out=str(directory / f"seed={base.seed + i}" if seeds > 1 else directory),
+                )
+                for i in range(seeds)
+            ]  # fmt: skip
+    return plan
 
 
 def _sweep(
-    base: TrainConfig, configs: list[TrainConfig], out: Path, force: bool, progress: bool
+    base: TrainConfig,
+    plan: dict[tuple[str, float | None, float | None], list[TrainConfig]],
+    out: Path,
+    force: bool,
+    progress: bool,
+    optimizers: list[str],
+    seeds: int,
 ) -> SweepReport:
+    from bnnexport.compare import group_runs, mean_std, plot_compare, read_run, unique_labels
+
     start = time.perf_counter()
-    settings = []
-    for config in configs:
-        gamma, threshold, directory = config.gamma, config.threshold, Path(config.out)
-        report = train(config, force=force, progress=progress)
-        _, _, pi_run, pi_last = _flip_curve(RunDir(directory))
+    settings, runs = [], []
+    for (optimizer, gamma, threshold), configs in plan.items():
+        reports, curves = [], []
+        for config in configs:
+            reports.append(train(config, force=force, progress=progress))
+            curves.append(_flip_curve(RunDir(config.out)))
+            runs.append(read_run(config.out))
+        accuracy = mean_std([r.test_accuracy for r in reports])
+        pi_run = mean_std([c[2] for c in curves])
+        pi_last = mean_std([c[3] for c in curves])
         settings.append(
             SweepSetting(
-                gamma=float(gamma), threshold=float(threshold), run_dir=str(directory),
-                test_accuracy=report.test_accuracy, train_accuracy=report.train_accuracy,
-                flip_rate=pi_run, last_epoch_flip_rate=pi_last, seconds=report.seconds,
+                gamma=gamma, threshold=threshold, run_dir=configs[0].out,
+                test_accuracy=accuracy[0],
+                train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
+                flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
+                seconds=sum(r.seconds for r in reports), optimizer=optimizer,
+                run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
+                test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
+                last_epoch_flip_rate_std=pi_last[1],
             )
         )  # fmt: skip
-    figure = plot_sweep(settings, out / "sweep.png")
+    groups = group_runs(runs)
+    figure = plot_compare(groups, unique_labels(groups), out / "sweep.png")
     report = SweepReport(
         out=str(out),
         model=base.model,
         dataset=base.dataset,
-        optimizer=base.optimizer,
+        optimizer=",".join(optimizers),
         epochs=int(base.epochs or 0),
         settings=settings,
         ordering=flip_ordering(settings),
         figure=str(figure),
         seconds=time.perf_counter() - start,
+        seeds=seeds,
     )
     report.save(out / "sweep.json")
     return report

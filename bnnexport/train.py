@@ -40,8 +40,9 @@ from bnnexport.layers import (
     set_latent,
     set_precision,
 )
+from bnnexport.metrics import TENSORBOARD_FILE, metrics_csv, pi, write_tensorboard
 from bnnexport.models import create_model
-from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter, flip_rate
+from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter
 from bnnexport.precision import PRECISIONS, resolve_precision
 from bnnexport.provenance import remove_derived
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
@@ -84,6 +85,13 @@ class TrainConfig:
     device: str = "cpu"
     num_workers: int = 0
     log_every: int = 0  # steps between step records; 0 = about 100 records per epoch
+    eval_every: int = 0  # steps between test-accuracy records (kind "eval"); 0 = per epoch only
+    metrics_csv: bool = False  # also write metrics.csv (every row of metrics.jsonl) each epoch
+    sigma: float | str = 1e-2  # bop2's σ (second-moment rate); other optimizers have none
+    # L2 penalty λ·Σw² on the first and last weight layers (the paper's XNOR-Net recipe)
+    l2_first_last: float = 0.0
+    recipe: str | None = None  # the recipe this run started from (bnnexport.recipes)
+    recipe_overrides: dict[str, Any] = field(default_factory=dict)  # what the user changed
     # bnnexport.precision: "auto" = bf16 for the binary layers' forward where that is exact
     # (training identical to float32 bit for bit) on bf16 hardware, float32 elsewhere
     precision: str = "auto"
@@ -110,7 +118,8 @@ class TrainReport(Report):
     seconds: float
     seconds_per_epoch: float
     binary_parameters: int
-    flip_rate: dict[str, float]  # π_t of the last logged interval per binary layer
+    # π of the last epoch per binary layer: log(mean per-step flip fraction + e^-9)
+    flip_rate: dict[str, float]
     resumed_from_epoch: int = 0
     world_size: int = 1  # processes that trained (torchrun); the effective batch is batch x this
     rank_mismatched_weights: int = 0  # binary weights differing from rank 0's; must stay 0
@@ -119,6 +128,7 @@ class TrainReport(Report):
     precision: str = "float32"  # how the binary layers computed (--precision, auto resolved)
     bf16_fallbacks: int = 0  # bf16-exact forward calls recomputed in float32 (sums too large)
     bf16_calls: int = 0
+    mean_flip_rate: float = -9.0  # the same over all binary weights together
 
 
 @torch.no_grad()
@@ -163,11 +173,22 @@ def evaluate(model: nn.Module, dataset: Any, batch_size: int = 500, device: str 
     return correct / max(total, 1)
 
 
+def first_and_last_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights of the model's first and last convolution or dense layer (module order),
+    which the XNOR-Net recipe regularises with L2."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    return [layers[0].weight, layers[-1].weight] if layers else []
+
+
 def _make_optimizer(model: nn.Module, config: TrainConfig) -> CaseOptimizer:
     if config.optimizer not in OPTIMIZERS:
         raise DataError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
     if config.optimizer == "adam-latent":
         return OPTIMIZERS["adam-latent"](model, lr=config.lr)
+    if config.optimizer == "bop2":
+        return OPTIMIZERS["bop2"](
+            model, gamma=config.gamma, threshold=config.threshold, lr=config.lr, sigma=config.sigma
+        )
     return OPTIMIZERS[config.optimizer](
         model, gamma=config.gamma, threshold=config.threshold, lr=config.lr
     )
@@ -186,9 +207,10 @@ def _binary_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # What a resumed run may change (recorded in config.json and metrics.jsonl); every other option
 # that differs from the run's own is refused by name rather than silently ignored.
-RESUMABLE = ("lr", "gamma", "threshold", "batch_size", "epochs", "data_dir", "device", "precision",
-             "num_workers", "log_every")  # fmt: skip
-TRAIN_OWNED = ("config.json", "metrics.jsonl", "train.json", "accuracy.png", "flip_rate.png")
+RESUMABLE = ("lr", "gamma", "threshold", "sigma", "batch_size", "epochs", "data_dir", "device",
+             "precision", "num_workers", "log_every", "eval_every", "metrics_csv")  # fmt: skip
+TRAIN_OWNED = ("config.json", "metrics.jsonl", "train.json", "accuracy.png", "flip_rate.png",
+               "metrics.csv", TENSORBOARD_FILE)  # fmt: skip
 
 
 def validate_config(config: TrainConfig) -> None:
@@ -196,6 +218,11 @@ def validate_config(config: TrainConfig) -> None:
     _check_hyperparameter("--lr", config.lr, lambda v: v > 0, "must be > 0")
     _check_hyperparameter("--gamma", config.gamma, lambda v: 0 < v <= 1, "must be in (0, 1]")
     _check_hyperparameter("--threshold", config.threshold, lambda v: v >= 0, "must be >= 0")
+    _check_hyperparameter("--sigma", config.sigma, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    if not config.l2_first_last >= 0:
+        raise ConfigError(f"l2_first_last {config.l2_first_last}: must be >= 0")
+    if config.log_every < 0 or config.eval_every < 0:
+        raise ConfigError("--log-every and --eval-every must be >= 0 (0: the default)")
     if config.precision not in PRECISIONS:
         raise ConfigError(f"--precision {config.precision!r} is not one of {', '.join(PRECISIONS)}")
     if config.batch_size < 1 or (config.epochs is not None and config.epochs < 1):
@@ -289,12 +316,9 @@ def resumed_config(
 
 def _apply_schedules(optimizer: CaseOptimizer, config: TrainConfig, changes: dict) -> None:
     """Loading the optimizer state restored the old schedules: put the changed ones back."""
-    from bnnexport.schedules import as_schedule
-
-    for sub in optimizer.optimizers.values():
-        for key in getattr(sub, "schedules", {}):
-            if key in changes:
-                sub.schedules[key] = as_schedule(getattr(config, key))
+    for key in ("gamma", "threshold", "sigma", "lr"):
+        if key in changes:
+            optimizer.set_schedule(key, getattr(config, key))
 
 
 # The metrics go on a second line: beside the bar (tqdm's default, with its rate) they left the
@@ -317,8 +341,17 @@ def progress_bars(
 class _EpochResult:
     loss: float
     accuracy: float
-    flip_rate: dict[str, float]
+    flip_rate: dict[str, float]  # per layer, the epoch's mean per-step flip fraction as π
     step: int
+    mean_flip_rate: float = -9.0  # the same over all binary weights
+
+
+def _rates(counts: dict[str, list[int]], steps: int) -> tuple[dict[str, float], float]:
+    """π per layer and over all weights from {layer: [flips, weights]} summed over `steps`."""
+    steps = max(steps, 1)
+    rates = {n: pi(f / (t * steps)) for n, (f, t) in counts.items()}
+    flips, weights = sum(f for f, _ in counts.values()), sum(t for _, t in counts.values())
+    return rates, pi(flips / (max(weights, 1) * steps))
 
 
 class _Trainer:
@@ -373,6 +406,7 @@ class _Trainer:
             nn.parallel.DistributedDataParallel(self.model) if context.enabled else self.model
         )
         self.counter = FlipCounter(self.model)
+        self.l2_weights = first_and_last_weights(self.model) if config.l2_first_last else []
         per_rank = -(-len(self.data.train) // context.world_size)
         self.steps_per_epoch = max(1, -(-per_rank // config.batch_size))
         self.log_every = config.log_every or max(1, self.steps_per_epoch // 100)
@@ -407,50 +441,84 @@ class _Trainer:
         config, device = self.config, self.context.device
         self.model.train()
         loss_sum, correct, seen = 0.0, 0, 0
+        # {layer: [flips, weights]}: since the last step row, and over the epoch
         interval: dict[str, list[int]] = {}
-        last_rates: dict[str, float] = {}
-        bar, status = progress_bars(self.loader(epoch), epoch, config.epochs, show)
-        for inputs, labels in bar:
+        whole: dict[str, list[int]] = {}
+        interval_steps = epoch_steps = 0
+        loader = self.loader(epoch)
+        last_batch = len(loader) - 1
+        bar, status = progress_bars(loader, epoch, config.epochs, show)
+        for index, (inputs, labels) in enumerate(bar):
             inputs = inputs.to(device, memory_format=self.memory_format)
             labels = labels.to(device)
             with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=self.amp):
                 logits = self.forward(inputs)
                 loss = F.cross_entropy(logits.float(), labels)
+                for weight in self.l2_weights:
+                    loss = loss + config.l2_first_last * weight.float().pow(2).sum()
             self.optimizer.zero_grad()
             loss.backward()
             self.counter.before_step()
             self.optimizer.step()
             self.step += 1
+            interval_steps += 1
+            epoch_steps += 1
             for name, (flips, total) in self.counter.after_step().items():
-                acc = interval.setdefault(name, [0, 0])
-                acc[0] += flips
-                acc[1] += total
+                interval.setdefault(name, [0, total])[0] += flips
+                whole.setdefault(name, [0, total])[0] += flips
             batch_correct = int((logits.argmax(1) == labels).sum())
             loss_sum += loss.item() * len(labels)
             correct += batch_correct
             seen += len(labels)
-            if self.step % self.log_every == 0:
-                last_rates = {n: flip_rate(f, t) for n, (f, t) in interval.items()}
+            # the epoch's last row may cover fewer steps: no flip goes unrecorded
+            if self.step % self.log_every == 0 or index == last_batch:
+                rates, mean_rate = _rates(interval, interval_steps)
                 if self.context.is_main:
                     record = {
                         "kind": "step",
                         "step": self.step,
                         "epoch": epoch + 1,
+                        "steps": interval_steps,
                         "loss": loss.item(),
                         "accuracy": batch_correct / len(labels),
                         "flips": {n: f for n, (f, _) in interval.items()},
-                        "flip_rate": last_rates,
+                        "flip_rate": rates,
+                        "mean_flip_rate": mean_rate,
                         **self.optimizer.hyperparameters(),
                     }
                     append_jsonl(self.run.metrics, [record])
-                interval = {}
-                mean_rate = sum(last_rates.values()) / max(len(last_rates), 1)
+                interval, interval_steps = {}, 0
                 status.set_description_str(
                     f"loss {loss_sum / seen:.4f}  acc {correct / seen:.4f}  π {mean_rate:.2f}"
                 )
+            if config.eval_every and self.step % config.eval_every == 0:
+                self.evaluate_now(epoch)
         status.close()
         loss_sum, correct, seen = self.context.all_reduce_sum([loss_sum, correct, seen])
-        return _EpochResult(loss_sum / max(seen, 1), correct / max(seen, 1), last_rates, self.step)
+        rates, mean_rate = _rates(whole, epoch_steps)
+        return _EpochResult(
+            loss_sum / max(seen, 1), correct / max(seen, 1), rates, self.step, mean_rate
+        )
+
+    def evaluate_now(self, epoch: int) -> None:
+        """A test-accuracy row mid-epoch (`eval_every`), measured as at an epoch's end
+        (BatchNorm recalibrated first), leaving training exactly as it was: the BatchNorm
+        buffers and the random states are restored afterwards."""
+        buffers = {k: v.clone() for k, v in self.model.state_dict().items() if "running" in k}
+        numpy_state, torch_state = np.random.get_state(), torch.get_rng_state()
+        try:
+            if self.config.bn_recalibration_batches:
+                batches = itertools.islice(self.loader(epoch), self.config.bn_recalibration_batches)
+                recalibrate_batchnorm(self.model, batches, device=self.context.device)
+            if self.context.is_main:
+                accuracy = evaluate(self.model, self.data.test, device=self.context.device)
+                record = {"kind": "eval", "step": self.step, "epoch": epoch + 1,
+                          "test_accuracy": accuracy}  # fmt: skip
+                append_jsonl(self.run.metrics, [record])
+        finally:
+            self.model.load_state_dict(buffers, strict=False)
+            np.random.set_state(numpy_state)
+            torch.set_rng_state(torch_state)
 
     def save(self, epoch: int) -> None:
         config = self.config
@@ -594,6 +662,7 @@ def _report(
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
         binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
         flip_rate=result.flip_rate,
+        mean_flip_rate=result.mean_flip_rate,
         resumed_from_epoch=trainer.start_epoch,
         world_size=context.world_size,
         resume_changes=changes,
@@ -654,11 +723,14 @@ def _run_epochs(
                         "train_accuracy": result.accuracy,
                         "test_accuracy": test_acc,
                         "seconds": epoch_seconds[-1],
+                        "flip_rate": result.flip_rate,
+                        "mean_flip_rate": result.mean_flip_rate,
                     }
                 ],
             )
             trainer.save(epoch + 1)
             files.record(run.metrics, append=True)  # what this epoch appended is ours too
+            _export_metrics(run, config)
         context.barrier()
         if show:
             tqdm.write(
@@ -667,6 +739,15 @@ def _run_epochs(
                 file=sys.stderr,
             )
     return result, test_acc, epoch_seconds
+
+
+def _export_metrics(run: RunDir, config: TrainConfig) -> None:
+    """metrics.csv (with `metrics_csv`) and TensorBoard scalars (when tensorboard is
+    installed), each rewritten whole from metrics.jsonl."""
+    records = read_jsonl(run.metrics)
+    if config.metrics_csv:
+        write_bytes_atomic(run.root / "metrics.csv", metrics_csv(records))
+    write_tensorboard(run.root, records)
 
 
 def _stored_results(run: RunDir, result: _EpochResult) -> float:
@@ -679,7 +760,10 @@ def _stored_results(run: RunDir, result: _EpochResult) -> float:
         result.loss, result.accuracy = last[-1]["train_loss"], last[-1]["train_accuracy"]
         test_acc = last[-1]["test_accuracy"]
     steps = [r for r in records if r.get("kind") == "step"]
-    if steps:  # never record emptied flip rates for a run that has them
+    if last and "flip_rate" in last[-1]:
+        result.flip_rate = last[-1]["flip_rate"]
+        result.mean_flip_rate = last[-1]["mean_flip_rate"]
+    elif steps:  # runs from before epoch rows held π: never record emptied flip rates
         result.flip_rate = steps[-1].get("flip_rate", {})
     return test_acc
 

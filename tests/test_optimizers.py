@@ -9,7 +9,7 @@ from torch import nn
 from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
 from bnnexport.optimizers import Bop, CaseOptimizer, FlipCounter, bop_with_adam, flip_rate
 from bnnexport.quantizers import SteSign
-from bnnexport.schedules import LinearDecay, StepDecay
+from bnnexport.schedules import LinearDecay, StepDecay, as_schedule
 
 
 def numpy_bop(w, gradients, gamma, threshold):
@@ -183,3 +183,152 @@ def test_flip_counter_counts_the_flips_bop_reports():
     optimizer.step()
     flips, total = counter.after_step()["0"]
     assert flips == int(optimizer.state[layer.weight]["flips"]) and total == 128
+
+
+def numpy_bop_groups(weights, gradients, settings):
+    """Algorithm 2 run independently per group: settings[i] = (γ, τ) of group i, numbers or
+    callables of the step."""
+    return [numpy_bop(w, [g[i] for g in gradients], *settings[i]) for i, w in enumerate(weights)]
+
+
+@pytest.mark.parametrize(
+    "global_gamma",
+    [1e-4, StepDecay(1e-2, 0.1, 10)],  # a global schedule must not reach the group that set its own
+)
+def test_each_param_group_keeps_its_own_gamma_and_threshold_step_by_step(global_gamma):
+    rng = np.random.default_rng(2)
+    sizes = (300, 200, 100)
+    weights = [np.where(rng.standard_normal(n) >= 0, 1.0, -1.0).astype(np.float32) for n in sizes]
+    gradients = [[rng.standard_normal(n).astype(np.float32) * 1e-2 for n in sizes]
+                 for _ in range(25)]  # fmt: skip
+    params = [nn.Parameter(torch.from_numpy(w.copy())) for w in weights]
+    optimizer = Bop(
+        [{"params": [params[0]], "gamma": 1e-1, "threshold": 0.0},  # the issue's example
+         {"params": [params[1]], "threshold": LinearDecay(1e-3, 0.0, 20)},  # own τ, global γ
+         {"params": [params[2]]}],
+        gamma=global_gamma, threshold=1e-8,
+    )  # fmt: skip
+    expected = numpy_bop_groups(
+        weights, gradients, [(1e-1, 0.0), (global_gamma, LinearDecay(1e-3, 0.0, 20)),
+                             (global_gamma, 1e-8)]
+    )  # fmt: skip
+    flips = [0, 0, 0]
+    for t, grads in enumerate(gradients):
+        for p, g in zip(params, grads, strict=True):
+            p.grad = torch.from_numpy(g)
+        optimizer.step()
+        for i, p in enumerate(params):
+            w_ref, m_ref, f_ref = expected[i][t]
+            np.testing.assert_array_equal(p.detach().numpy(), w_ref)
+            np.testing.assert_allclose(optimizer.state[p]["momentum"].numpy(), m_ref, rtol=1e-6,
+                                       atol=1e-12)  # fmt: skip
+            assert int(optimizer.state[p]["flips"]) == f_ref
+            flips[i] += f_ref
+    assert all(flips)  # every group flipped at some point
+    assert (optimizer.param_groups[0]["gamma"], optimizer.param_groups[0]["threshold"]) == (0.1, 0)
+    assert [g["steps"] for g in optimizer.param_groups] == [25, 25, 25]
+
+
+def test_a_group_with_an_out_of_range_gamma_is_refused():
+    with pytest.raises(ValueError, match="gamma must be in"):
+        Bop([{"params": [nn.Parameter(torch.ones(2))], "gamma": 2.0}])
+
+
+def _model():
+    return nn.Sequential(BinaryLinear(4, 4), BinaryLinear(4, 4), nn.Linear(4, 2))
+
+
+def test_per_group_settings_and_step_counts_round_trip_through_a_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = _model()
+    optimizer = bop_with_adam(
+        model, gamma="step:1e-2,0.1,3", threshold=1e-6, lr=1e-2,
+        groups=[{"params": [model[0].weight], "gamma": 1e-1, "threshold": "linear:1e-3,0,10"}],
+    )  # fmt: skip
+    for _ in range(4):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    optimizer.zero_grad()
+    torch.save(optimizer.state_dict(), tmp_path / "opt.pt")
+    restored_model = _model()
+    restored = bop_with_adam(restored_model, groups=[{"params": [restored_model[0].weight]}])
+    restored.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
+    bop = restored.optimizers["bop"]
+    own, rest = bop.param_groups
+    assert own["schedules"] == {"gamma": as_schedule(1e-1), "threshold": LinearDecay(1e-3, 0, 10)}
+    assert rest["schedules"] == {} and bop.schedules["gamma"] == StepDecay(1e-2, 0.1, 3)
+    assert own["steps"] == rest["steps"] == bop.steps == 4
+    assert restored.param_groups[0] is own  # the composite shares the restored groups
+    # the next step continues each group's own schedule where it stopped
+    restored_model.load_state_dict(model.state_dict())
+    for m in (model, restored_model):
+        m(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    restored.step()
+    assert restored.hyperparameters() == optimizer.hyperparameters()
+    assert restored.hyperparameters()["bop.1.gamma"] == pytest.approx(1e-3)  # step 4 of x0.1/3
+    assert restored.hyperparameters()["bop.gamma"] == 1e-1
+    for a, b in zip(model.parameters(), restored_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_torch_lr_scheduler_on_the_composite_changes_adams_lr_and_not_bops_gamma():
+    model = _model()
+    optimizer = bop_with_adam(model, gamma=1e-3, threshold=1e-6, lr=1e-2)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.1)
+    for _ in range(4):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    assert optimizer.optimizers["adam"].param_groups[0]["lr"] == pytest.approx(1e-4)
+    assert optimizer.optimizers["bop"].param_groups[0]["gamma"] == 1e-3
+    assert optimizer.hyperparameters() == pytest.approx(
+        {"bop.gamma": 1e-3, "bop.threshold": 1e-6, "adam.lr": 1e-4}
+    )
+
+
+def test_a_torch_lr_scheduler_on_the_adam_part_drives_its_lr():
+    model = _model()
+    optimizer = bop_with_adam(model, lr=1e-2)
+    torch.optim.lr_scheduler.LambdaLR(optimizer.optimizers["adam"], lambda epoch: 0.5)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    assert optimizer.hyperparameters()["adam.lr"] == pytest.approx(5e-3)
+
+
+def test_a_scheduled_lr_refuses_a_torch_scheduler_instead_of_fighting_it():
+    model = _model()
+    optimizer = bop_with_adam(model, lr="linear:1e-2,0,100")
+    torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    model(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(ValueError, match="give lr as a number"):
+        optimizer.step()
+
+
+def test_composite_runs_step_hooks_and_takes_new_groups_by_case():
+    model = _model()
+    optimizer = bop_with_adam(model)
+    calls = []
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: calls.append(opt))
+    extra = nn.Parameter(torch.zeros(3))
+    optimizer.add_param_group({"case": "adam", "params": [extra], "lr": 0.5})
+    assert optimizer.param_groups[-1] is optimizer.optimizers["adam"].param_groups[-1]
+    extra.grad = torch.ones(3)
+    optimizer.step()
+    assert calls == [optimizer] and torch.allclose(extra, torch.full((3,), -0.5))
+    with pytest.raises(ValueError, match="needs 'case'"):
+        optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+
+
+def test_set_schedule_reaches_groups_without_their_own_only():
+    model = _model()
+    optimizer = bop_with_adam(
+        model, gamma=1e-3, groups=[{"params": [model[0].weight], "gamma": 0.1}]
+    )
+    optimizer.set_schedule("gamma", "step:1e-2,0.1,5")  # what a resumed run with --gamma does
+    optimizer.set_schedule("lr", 5e-3)
+    values = optimizer.hyperparameters()
+    assert (values["bop.gamma"], values["bop.1.gamma"], values["adam.lr"]) == (0.1, 1e-2, 5e-3)

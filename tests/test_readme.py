@@ -35,3 +35,51 @@ def test_readme_convert_module_example_runs_and_prints_what_it_says(tmp_path):
     expected = re.search(r"# (.*)$", code.strip().splitlines()[-1]).group(1)
     assert printed.getvalue().strip().splitlines()[-1] == expected
     assert (tmp_path / "net-arm64.tflite").is_file() and (tmp_path / "net-arm64.onnx").is_file()
+
+
+# The researchers' commands at a tiny size: one γ less, one τ, two seeds, one short epoch.
+TINY = {
+    "--gamma 1e-2,1e-3,1e-4": "--gamma 1e-2,1e-3",
+    "--threshold 1e-6,0": "--threshold 0",
+    "--seeds 3": "--seeds 2",
+    "--epochs 5": "--epochs 1",
+    "--batch-size 100": "--batch-size 1000",
+    "--eval-every 20": "--eval-every 2",
+    "optimizer=bop,gamma=0.001,threshold=1e-06": "optimizer=bop,gamma=0.001,threshold=0",
+}
+
+
+def researchers_commands() -> list[str]:
+    text = README.read_text()
+    block = re.search(r"<!-- researchers-example.*?```bash\n(.*?)```", text, re.S)
+    assert block is not None, "README lost its researchers' example"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_readme_researchers_commands_run_at_a_tiny_size(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    commands = researchers_commands()
+    assert len(commands) == 3 and all(c.startswith(".venv/bin/bnnexport ") for c in commands)
+    for command in commands:
+        for full, tiny in TINY.items():
+            command = command.replace(full, tiny)
+        command = command.replace(".venv/bin/bnnexport", f"{sys.executable} -m bnnexport", 1)
+        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=1800)  # fmt: skip
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    runs = tmp_path / "runs"
+    sweep = json.loads((runs / "sec51" / "sweep.json").read_text())
+    assert [(s["optimizer"], s["seeds"]) for s in sweep["settings"]] == [
+        ("bop", [0, 1]), ("bop", [0, 1]), ("adam-latent", [0, 1]),
+    ]  # fmt: skip
+    assert all(s["test_accuracy_std"] >= 0 for s in sweep["settings"])
+    versus = json.loads((runs / "sec51-bop-vs-latent" / "compare.json").read_text())["rows"]
+    assert [(r["optimizer"], len(r["runs"])) for r in versus] == [("bop", 2), ("adam-latent", 2)]
+    gamma = json.loads((runs / "sec51-gamma" / "compare.json").read_text())["rows"]
+    assert sorted(r["hyperparameters"]["gamma"] for r in gamma) == [1e-3, 1e-2]
+    for figure in ("sec51/sweep.png", "sec51-bop-vs-latent/compare.png", "sec51-gamma/compare.png"):
+        assert (runs / figure).stat().st_size > 10_000

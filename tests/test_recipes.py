@@ -10,8 +10,64 @@ from click.testing import CliRunner
 
 from bnnexport.cli import main
 from bnnexport.errors import DataError
-from bnnexport.recipes import recipe_config
+from bnnexport.recipes import RECIPES, compression_note, recipe_config
 from bnnexport.schedules import parse_schedule
+
+PAPER_RECIPES = [
+    "paper-cifar10-bop", "paper-cifar10-latent", "paper-cifar10-sweep", "paper-imagenet-bop",
+    "paper-imagenet-xnornet", "paper-imagenet-birealnet",
+]  # fmt: skip
+
+
+def test_every_recipe_names_its_source_and_published_number():
+    assert list(RECIPES) == PAPER_RECIPES
+    published = {name: (r.source, r.published) for name, r in RECIPES.items()}
+    assert published["paper-cifar10-bop"] == ("Helwegen et al. 2019, Section 5.2",
+                                              "91.3 % test accuracy")  # fmt: skip
+    assert published["paper-cifar10-latent"][1] == "90.9 % test accuracy"
+    assert "Section 5.1" in published["paper-cifar10-sweep"][0]
+    assert [published[f"paper-imagenet-{n}"][1] for n in ("bop", "xnornet", "birealnet")] == [
+        "41.1 % top-1", "45.9 % top-1", "56.6 % top-1",
+    ]  # fmt: skip
+
+
+def test_section_5_1_sweep_setting():
+    config = recipe_config("paper-cifar10-sweep", steps_per_epoch=500)
+    assert (config.model, config.optimizer, config.batch_size, config.epochs) == (
+        "binarynet", "bop", 100, 100,
+    )  # fmt: skip
+    assert (config.gamma, config.threshold) == (1e-3, 1e-6)
+
+
+def test_xnornet_and_birealnet_recipes():
+    xnor = recipe_config("paper-imagenet-xnornet", steps_per_epoch=1252)
+    assert (xnor.model, xnor.epochs, xnor.batch_size, xnor.l2_first_last) == (
+        "xnornet", 100, 1024, 5e-7,
+    )  # fmt: skip
+    assert parse_schedule(xnor.gamma)(100 * 1252) == pytest.approx(1e-6)
+    assert parse_schedule(xnor.lr)(100 * 1252) == pytest.approx(5e-6)
+    bireal = recipe_config("paper-imagenet-birealnet", steps_per_epoch=1252)
+    assert bireal.model == "birealnet18" and bireal.threshold == 1e-8
+    assert RECIPES["paper-imagenet-birealnet"].assumptions  # its epochs are not published
+
+
+def test_config_records_the_recipe_and_what_was_overridden():
+    config = recipe_config("paper-cifar10-bop", steps_per_epoch=1000, epochs=5, batch_size=100,
+                           out="runs/x", dataset="cifar10")  # fmt: skip
+    assert config.recipe == "paper-cifar10-bop"
+    assert config.recipe_overrides == {"epochs": 5, "batch_size": 100}  # not out, not unchanged
+    assert config.to_json()["recipe_overrides"] == {"epochs": 5, "batch_size": 100}
+
+
+def test_a_shorter_run_says_in_one_line_that_its_schedules_are_scaled():
+    short = recipe_config("paper-cifar10-bop", steps_per_epoch=1000, epochs=5)
+    note = compression_note(short)
+    assert "\n" not in note and "5 of its 500 epochs" in note and "gamma" in note
+    assert compression_note(recipe_config("paper-cifar10-bop", steps_per_epoch=1000)) is None
+    # constant schedules have no shape to keep
+    assert (
+        compression_note(recipe_config("paper-cifar10-sweep", steps_per_epoch=9, epochs=2)) is None
+    )
 
 
 def test_cifar10_bop_is_the_papers_recipe():
@@ -72,7 +128,7 @@ def test_recipes_command_lists_them_as_json():
     result = CliRunner().invoke(main, ["recipes", "--json"])
     assert result.exit_code == 0, result.output
     names = [r["name"] for r in json.loads(result.output)["recipes"]]
-    assert names == ["paper-cifar10-bop", "paper-cifar10-latent", "paper-imagenet-bop"]
+    assert names == PAPER_RECIPES
 
 
 @pytest.mark.slow
@@ -100,3 +156,20 @@ def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_pat
     assert config["threshold"] == 1e-8 and config["batch_size"] == 200 and config["epochs"] == 1
     # 500-epoch recipe run for 1 epoch: x0.1 every 100/500 epochs = every 4 of 20 steps
     assert config["gamma"] == "step:0.0001,0.1,4"
+    assert config["recipe"] == "paper-cifar10-bop"
+    assert config["recipe_overrides"] == {"dataset": "mnist5k", "model": "mnist-bnn", "epochs": 1,
+                                          "batch_size": 200}  # fmt: skip
+
+
+def test_l2_first_last_regularises_the_xnornet_float_first_conv_and_last_dense():
+    from torch import nn
+
+    from bnnexport.layers import BinaryConv2d, BinaryLinear
+    from bnnexport.models import create_model
+    from bnnexport.train import first_and_last_weights
+
+    model = create_model("xnornet", num_classes=10, input_shape=(3, 64, 64))
+    first, last = first_and_last_weights(model)
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert first is layers[0].weight and last is layers[-1].weight
+    assert not isinstance(layers[0], BinaryConv2d) and not isinstance(layers[-1], BinaryLinear)

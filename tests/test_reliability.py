@@ -696,6 +696,7 @@ def test_resume_of_a_finished_run_with_a_changed_option_is_refused(trained_run):
 def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
     from bnnexport.files import write_bytes_atomic
 
+    # bnnexport's own (recorded) export of epoch 1; a file of the user's would be refused
     write_bytes_atomic(trained_run / "model.onnx", b"exported from epoch 1")
     result = invoke(
         "train",

@@ -16,6 +16,7 @@ import click
 from bnnexport import __version__
 from bnnexport.cli.bench import bench_command
 from bnnexport.cli.common import fail
+from bnnexport.cli.compare import compare_command
 from bnnexport.cli.convert import convert_command
 from bnnexport.cli.export import export_command
 from bnnexport.cli.init import init_command
@@ -80,5 +81,6 @@ main.add_command(bench_command)
 main.add_command(pipeline_command)
 main.add_command(zoo_command)
 main.add_command(init_command)
+main.add_command(compare_command)
 main.add_command(recipes_command)
 main.add_command(sweep_command)

@@ -16,7 +16,9 @@ def recipes_command(as_json: bool) -> None:
     """The paper's training recipes that `bnnexport train --recipe NAME` loads.
 
     Schedules are listed in epochs ('step:G0,FACTOR,EVERY_EPOCHS', 'linear:START,END,EPOCHS');
-    train resolves them to optimizer steps for the data set and batch size it runs with.
+    train resolves them to optimizer steps for the data set and batch size it runs with, and
+    scales them when --epochs differs, keeping their shape. Each recipe names its source and
+    the number published for it.
     """
     from bnnexport.recipes import RECIPES
 
@@ -29,4 +31,6 @@ def recipes_command(as_json: bool) -> None:
             f"    {recipe.model} on {recipe.dataset}, {recipe.optimizer}, {recipe.epochs} epochs, "
             f"batch {recipe.batch_size}; γ {recipe.gamma}, τ {recipe.threshold}, lr {recipe.lr}"
         )
-        click.echo(f"    {recipe.reference}")
+        click.echo(f"    published: {recipe.published} ({recipe.source})")
+        for assumption in recipe.assumptions:
+            click.echo(f"    assumed: {assumption}")

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import choice_option, count_option, emit, handle_errors, json_option
+from bnnexport.cli.common import (
+    count_option,
+    emit,
+    handle_errors,
+    json_option,
+    number_or_schedule,
+)
 from bnnexport.cli.train import train_command
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.train import TrainConfig
 
 DEFAULTS = TrainConfig()
+
+
+def _optimizers(_ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in OPTIMIZERS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise click.BadParameter(
+            f"expected distinct names of {', '.join(OPTIMIZERS)}, comma-separated; got {value!r}"
+        )
+    return names
 
 
 def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[float]:
@@ -37,20 +53,41 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
     callback=_numbers,
     help="Thresholds τ, comma-separated (e.g. 1e-6,0).",
 )
-@choice_option(
+@click.option(
     "--optimizer",
-    choices=sorted(k for k in OPTIMIZERS if k != "adam-latent"),
+    "optimizers",
     default=DEFAULTS.optimizer,
-    help="A Bop variant (γ and τ are its hyperparameters).",
+    show_default=True,
+    callback=_optimizers,
+    help=f"Optimizers, comma-separated ({', '.join(OPTIMIZERS)}): each Bop variant runs every "
+    "(γ, τ); adam-latent, the latent-weight baseline, runs once (it has no γ or τ).",
 )
 @click.option(
     "--lr",
-    type=float,
-    default=DEFAULTS.lr,
+    default=str(DEFAULTS.lr),
     show_default=True,
-    help="Adam learning rate for the real-valued parameters.",
+    help="Adam learning rate (real-valued parameters; adam-latent: every weight): a number or "
+    "a schedule as for `train --lr`.",
 )
 @count_option("--epochs", default=DEFAULTS.epochs, help="Epochs per run.")
+@count_option(
+    "--seeds",
+    default=1,
+    help="Runs per setting (seeds --seed, --seed+1, ...): mean ± std in the table, error bars "
+    "in the figure.",
+)
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Also measure test accuracy every N optimizer steps. [default: 0, once per epoch]",
+)
+@click.option(
+    "--log-every",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Optimizer steps per metrics row. [default: 0, about 100 rows per epoch]",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -67,9 +104,12 @@ def sweep_command(
     model,
     dataset,
     data_dir,
-    optimizer,
+    optimizers,
     lr,
     epochs,
+    seeds,
+    eval_every,
+    log_every,
     batch_size,
     seed,
     device,
@@ -86,21 +126,27 @@ def sweep_command(
     from bnnexport.sweep import sweep
 
     base = TrainConfig(
-        model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizer, lr=lr,
-        epochs=epochs, batch_size=batch_size, seed=seed, device=device,
+        model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizers[0],
+        lr=number_or_schedule(lr), epochs=epochs, batch_size=batch_size, seed=seed,
+        device=device, eval_every=eval_every, log_every=log_every,
     )  # fmt: skip
-    report = sweep(base, gammas, thresholds, out, force=force)
+    report = sweep(base, gammas, thresholds, out, force=force, optimizers=optimizers, seeds=seeds)
     if as_json:
         emit(report, True)
         return
     click.echo(f"sweep of {report.model} on {report.dataset} ({report.optimizer}, "
-               f"{report.epochs} epochs) -> {report.out}")  # fmt: skip
-    click.echo(f"{'gamma':>8} {'threshold':>9} {'test acc':>8} {'train acc':>9} "
-               f"{'π (run)':>8} {'π (last)':>8}")  # fmt: skip
+               f"{report.epochs} epochs, {report.seeds} seed(s)) -> {report.out}")  # fmt: skip
+    click.echo(f"{'optimizer':<14} {'gamma':>8} {'threshold':>9} {'test acc':>17} "
+               f"{'π (run)':>15} {'π (last)':>8}")  # fmt: skip
+    several = report.seeds > 1
     for s in report.settings:
+        gamma = "-" if s.gamma is None else f"{s.gamma:g}"
+        threshold = "-" if s.threshold is None else f"{s.threshold:g}"
+        accuracy = f"{s.test_accuracy:.4f}" + (f" ± {s.test_accuracy_std:.4f}" if several else "")
+        rate = f"{s.flip_rate:.3f}" + (f" ± {s.flip_rate_std:.3f}" if several else "")
         click.echo(
-            f"{s.gamma:>8g} {s.threshold:>9g} {s.test_accuracy:>8.4f} {s.train_accuracy:>9.4f} "
-            f"{s.flip_rate:>8.3f} {s.last_epoch_flip_rate:>8.3f}"
+            f"{s.optimizer:<14} {gamma:>8} {threshold:>9} {accuracy:>17} {rate:>15} "
+            f"{s.last_epoch_flip_rate:>8.3f}"
         )
     verdict = "agrees" if report.ordering["agrees"] else "does NOT agree"
     click.echo(f"flip-rate ordering (higher γ, lower τ -> more flips) {verdict} with the paper; "

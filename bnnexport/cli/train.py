@@ -23,7 +23,7 @@ from bnnexport.train import TrainConfig, default_out, train
 
 DEFAULTS = TrainConfig()
 RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "threshold", "lr",
-                      "epochs", "batch_size", "seed")  # fmt: skip
+                      "sigma", "epochs", "batch_size", "seed")  # fmt: skip
 
 
 @click.command("train")
@@ -72,6 +72,13 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     help="Adam learning rate for real-valued parameters (and latent weights with "
     "adam-latent): a number or a schedule.",
 )
+@click.option(
+    "--sigma",
+    default=str(DEFAULTS.sigma),
+    show_default=True,
+    help="bop2's second-moment rate σ in (0, 1]: v <- v + σ(g² - v); a number or a schedule. "
+    "Refused with any other optimizer.",
+)
 @count_option(
     "--epochs",
     default=None,
@@ -92,6 +99,25 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     type=click.Path(file_okay=False),
     default=None,
     help="Run directory to write. [default: runs/MODEL-DATASET]",
+)
+@click.option(
+    "--log-every",
+    type=click.IntRange(min=0),
+    default=DEFAULTS.log_every,
+    help="Optimizer steps per metrics row (each row says how many steps it covers; π_t stays "
+    "a per-step rate). [default: 0, about 100 rows per epoch]",
+)
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=DEFAULTS.eval_every,
+    help="Also measure test accuracy every N optimizer steps (rows of kind 'eval'). "
+    "[default: 0, once per epoch]",
+)
+@click.option(
+    "--metrics-csv",
+    is_flag=True,
+    help="Also write metrics.csv (every metrics row, one column per layer value) each epoch.",
 )
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option(
@@ -138,10 +164,14 @@ def train_command(
     gamma,
     threshold,
     lr,
+    sigma,
     epochs,
     batch_size,
     seed,
     out,
+    log_every,
+    eval_every,
+    metrics_csv,
     resume,
     force,
     device,
@@ -166,12 +196,16 @@ def train_command(
         gamma=number_or_schedule(gamma),
         threshold=number_or_schedule(threshold),
         lr=number_or_schedule(lr),
+        sigma=number_or_schedule(sigma),
         epochs=epochs,
         batch_size=batch_size,
         seed=seed,
         out=out or default_out(model, dataset),
         device=device,
         precision="amp" if amp else precision,
+        log_every=log_every,
+        eval_every=eval_every,
+        metrics_csv=metrics_csv,
     )
     ctx = click.get_current_context()
     explicit = {
@@ -179,6 +213,8 @@ def train_command(
         for name in TrainConfig.__dataclass_fields__
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
     }
+    if "sigma" in explicit and optimizer != "bop2" and not resume:
+        raise ConfigError(f"--sigma is bop2's second-moment rate; --optimizer {optimizer} has none")
     if recipe is not None:
         from bnnexport.recipes import recipe_config
 
@@ -188,7 +224,14 @@ def train_command(
             name: getattr(config, name) for name in RECIPE_OVERRIDABLE
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         }  # fmt: skip
-        config = recipe_config(recipe, **given, out=out, device=device, precision=config.precision)
+        config = recipe_config(recipe, **given, out=out, device=device, precision=config.precision,
+                               log_every=log_every, eval_every=eval_every,
+                               metrics_csv=metrics_csv)  # fmt: skip
+        from bnnexport.recipes import compression_note
+
+        note = compression_note(config)
+        if note and not as_json:
+            click.echo(f"bnnexport: note: {note}", err=True)
     report = train(
         config,
         resume=resume,
