@@ -56,7 +56,7 @@ def researchers_commands() -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # six short training runs: minutes, so in `make test-all`
 def test_readme_researchers_commands_run_at_a_tiny_size(tmp_path):
     import json
     import subprocess
