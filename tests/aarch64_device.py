@@ -292,12 +292,10 @@ def running_device(
                 time.sleep(0.2)
         yield device
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=20)
+        # unshare --fork ignores SIGTERM and SIGINT while it waits for its child, so terminate()
+        # did nothing for 20 s; SIGKILL ends it, and --kill-child then ends sshd's namespace
+        process.kill()
+        process.wait(timeout=20)
         log.close()
 
 

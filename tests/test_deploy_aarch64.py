@@ -300,7 +300,9 @@ def test_standalone_device_stops_everything_it_started(arm_device, tmp_path, sto
         namespace = f"mount --bind {session}"  # unshare's script: it holds sshd's namespace
         assert _processes_mentioning(namespace) != []
         process.send_signal(getattr(signal, stop))
+        stopping = time.monotonic()
         assert process.wait(timeout=30) == 0
+        assert time.monotonic() - stopping < 10  # not a 20 s wait for a signal nobody heeds
     finally:
         if process.poll() is None:
             process.kill()
