@@ -27,7 +27,7 @@ import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from converter_nets import trained_bn
+from converter_nets import PlainSign, trained_bn
 
 
 def _trained(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -251,32 +251,20 @@ def index_put() -> nn.Module:
                                   Head(32)))  # fmt: skip
 
 
-class SignFunction(torch.autograd.Function):
-    """Classic BinaryNet code's binarization: x.sign() forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.sign()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
 class ClassicBinaryConv2d(nn.Conv2d):
     """BinaryNet as first written in PyTorch: an nn.Conv2d subclass binarizing its input
     (except the image, 3 channels) and its weights with the autograd function in forward."""
 
     def forward(self, x):
         if x.size(1) != 3:
-            x = SignFunction.apply(x)
-        weight = SignFunction.apply(self.weight)
+            x = PlainSign.apply(x)
+        weight = PlainSign.apply(self.weight)
         return F.conv2d(x, weight, self.bias, self.stride, self.padding)
 
 
 class ClassicBinaryLinear(nn.Linear):
     def forward(self, x):
-        return F.linear(SignFunction.apply(x), SignFunction.apply(self.weight), self.bias)
+        return F.linear(PlainSign.apply(x), PlainSign.apply(self.weight), self.bias)
 
 
 def binarynet_classic() -> nn.Module:

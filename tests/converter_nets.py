@@ -20,6 +20,18 @@ def sign(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(torch.sign(x) + 0.1)
 
 
+class PlainSign(torch.autograd.Function):
+    """The STE of much user code: forward x.sign() (0 -> 0), backward straight through."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def binary_conv(cin: int, cout: int, kernel: int = 3, **kwargs) -> nn.Conv2d:
     """A Conv2d whose kernel is exactly ±1."""
     conv = nn.Conv2d(cin, cout, kernel, bias=kwargs.pop("bias", False), **kwargs)

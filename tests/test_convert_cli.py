@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 from click.testing import CliRunner
-from converter_nets import StemAndBinaryConv, binary_conv, export, sign
+from converter_nets import PlainSign, StemAndBinaryConv, binary_conv, export, sign
 from fresh_run import fresh_run
 
 from bnnexport.cli import main
@@ -228,18 +228,6 @@ def test_allow_float_converts_and_lists_the_fallback(tmp_path, allowed):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["float_fallbacks"] == ["/conv/Conv"] and report["lce_bconv2d"] == 0
-
-
-class PlainSign(torch.autograd.Function):
-    """The STE of much user code: forward x.sign() (0 -> 0), backward straight through."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.sign()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
 
 
 def plain_sign_net(binarize, relu: bool = False) -> nn.Module:
