@@ -2,7 +2,9 @@
 
 Ctrl-C ends every command with one line and exit code 130, even when it arrives while torch is
 still being imported, or inside third-party code that catches the KeyboardInterrupt and carries
-on: the interrupt is remembered here, before anything else is imported.
+on: the interrupt is remembered here, before anything else is imported. If the process still
+runs a few seconds after the first Ctrl-C (a library swallowed the KeyboardInterrupt and the
+command went on, e.g. into training), a watchdog ends it with the same line and exit code.
 """
 
 from __future__ import annotations
@@ -10,14 +12,19 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 _interrupts: list[int] = []
+UNWIND_SECONDS = 10.0  # enough for any `finally` block bnnexport runs; then the watchdog ends it
 
 
 def _on_sigint(signum: int, _frame: Any) -> None:
     _interrupts.append(signum)
     if len(_interrupts) == 1:  # a second Ctrl-C while shutting down changes nothing
+        watchdog = threading.Timer(UNWIND_SECONDS, _exit_interrupted, kwargs={"printed": False})
+        watchdog.daemon = True
+        watchdog.start()
         raise KeyboardInterrupt
 
 
@@ -27,6 +34,8 @@ def run() -> None:
     try:
         from bnnexport.cli import main
 
+        if _interrupts:  # swallowed while a dependency was being imported
+            raise KeyboardInterrupt
         main(prog_name="bnnexport")
     except KeyboardInterrupt:
         _exit_interrupted(printed=False)
@@ -42,7 +51,8 @@ def _exit_interrupted(printed: bool) -> None:
     """Exit 130 now. The command has unwound (its `finally` blocks ran, temporary files are
     gone); os._exit keeps a KeyboardInterrupt still pending inside a library's C code from
     surfacing during interpreter shutdown, which would end the process with SIGINT instead."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():  # the watchdog cannot, nor needs to
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not printed:
         sys.stderr.write("bnnexport: error: interrupted\n")
     sys.stdout.flush()

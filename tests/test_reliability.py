@@ -814,3 +814,27 @@ def test_ctrl_c_during_init_leaves_no_partial_artifact(tmp_path):
     assert_one_line_error(result, 130, "interrupted")
     assert not list(tmp_path.rglob("*.tmp"))  # no half-written checkpoint
     assert not out.exists() or not (out / "config.json").exists()
+
+
+def test_ctrl_c_swallowed_by_a_library_still_ends_the_command(tmp_path):
+    """A library that catches KeyboardInterrupt and carries on must not keep bnnexport running."""
+    script = (
+        "import signal, time, bnnexport.__main__ as entry\n"
+        "entry.UNWIND_SECONDS = 1.0\n"
+        "signal.signal(signal.SIGINT, entry._on_sigint)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(0.05)\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass  # what the swallowing library does\n"
+    )
+    process = subprocess.Popen(
+        [CLI[0], "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = process.stdout.readline()
+    assert first.strip() == "ready", first + process.stderr.read()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert stderr == "bnnexport: error: interrupted\n"
