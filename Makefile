@@ -7,7 +7,7 @@ TORCH_PIN := torch==2.13.0
 STACK := "numpy<2" "ml-dtypes==0.5.4" tensorflow-cpu==2.21.0 larq-compute-engine==0.16.0
 DEMO_RUN ?= runs/demo
 
-.PHONY: install install-dev demo test test-all lint clean ssh-tools device-tools
+.PHONY: install install-dev demo test test-quick test-all lint clean ssh-tools device-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,11 @@ device-tools:
 	fi
 
 # `make test`: the suite without the tests marked `long` (full-size conversions, minutes in all);
-# `make test-all`: everything.
+# `make test-all`: everything. `make test-quick`: neither `slow` nor `long` (no training, no
+# conversion through TensorFlow), the loop to run while editing.
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow and not long"
+
 test: install ssh-tools device-tools
 	$(BIN)/python -m pytest -q -m "not long"
 
