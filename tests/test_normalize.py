@@ -532,12 +532,12 @@ def test_alexnet_dense_layers_convert_to_lce_bconv2d(tmp_path):
     ids=["swaps-non-unit-axes", "merges-axes"],
 )
 def test_unit_perm_is_found_only_where_the_data_stays_in_order(source, target):
-    from converters.normalize import _unit_perm
+    from converters.normalize.layout import unit_perm
 
-    assert _unit_perm(list(source), list(target)) is None
-    assert _unit_perm([1, 1, 1, 9], [1, 9, 1, 1]) == [0, 3, 1, 2]
+    assert unit_perm(list(source), list(target)) is None
+    assert unit_perm([1, 1, 1, 9], [1, 9, 1, 1]) == [0, 3, 1, 2]
     x = np.arange(2 * 5 * 3).reshape(1, 2, 1, 5, 3)
-    perm = _unit_perm(list(x.shape), [2, 1, 5, 1, 3])
+    perm = unit_perm(list(x.shape), [2, 1, 5, 1, 3])
     np.testing.assert_array_equal(np.transpose(x, perm), x.reshape(2, 1, 5, 1, 3))
 
 

@@ -1,0 +1,115 @@
+"""`normalize`: the passes to a fixpoint, the result checked, and the pass that broke it named."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import onnx
+
+from converters.errors import InvalidModelError
+from converters.normalize import exporter_idioms, folding, layout  # noqa: F401 (registers)
+from converters.normalize.editable_graph import NormalizeReport, Work
+from converters.normalize.folding import fix_batch
+from converters.normalize.registry import REWRITES, SIGN_IDIOMS
+from converters.normalize.sign_idioms import sign_idioms
+from converters.runtimes import ort_session
+
+
+def normalize(
+    model: onnx.ModelProto,
+    batch: int = 1,
+    disabled: Iterable[str] = (),
+    max_rounds: int = 64,
+) -> tuple[onnx.ModelProto, NormalizeReport]:
+    """Run every enabled pass until none changes the graph; (normalised model, report).
+
+    The result is checked valid (`check_valid`) before anything reads it; when it is not, the
+    passes are run again, checked one at a time, to name the one that made a valid graph
+    invalid (InvalidModelError, one line).
+
+    Args:
+        model: any ONNX model (left unchanged).
+        batch: the batch size fixed in place of a dynamic batch dimension.
+        disabled: pass names to skip (see `REWRITES`); used to show what each one is for.
+    """
+    disabled = set(disabled)
+    unknown = disabled - set(REWRITES)
+    if unknown:
+        raise ValueError(f"unknown rewrite(s) {sorted(unknown)}; known: {sorted(REWRITES)}")
+    normalized, report = _run(model, batch, disabled, max_rounds)
+    if check_valid(normalized, report) is not None:
+        _name_the_broken_pass(model, batch, disabled, max_rounds)
+    return normalized, report
+
+
+def _run(
+    model: onnx.ModelProto,
+    batch: int,
+    disabled: set[str],
+    max_rounds: int,
+    after: Callable[[str, Work], None] | None = None,
+) -> tuple[onnx.ModelProto, NormalizeReport]:
+    """The passes to a fixpoint; `after(name, work)` is called after each pass that changed
+    the graph."""
+    work = Work(onnx.ModelProto.FromString(model.SerializeToString()))
+
+    def ran(name: str, changed: int) -> int:
+        if changed and after is not None:
+            after(name, work)
+        return changed
+
+    if "fix-batch" not in disabled:
+        ran("fix-batch", fix_batch(work, batch))
+    idioms = [n for n in SIGN_IDIOMS if n not in disabled]
+    for _ in range(max_rounds):
+        work.infer()
+        changed = 0
+        for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach",
+                     "keras-prelu"):  # fmt: skip
+            if name not in disabled:
+                changed += ran(name, REWRITES[name](work))
+        work.dead_code()
+        if idioms:
+            changed += ran("sign idioms (" + ", ".join(idioms) + ")", sign_idioms(work, idioms))
+        for name in ("clamp-sign", "reshape-transpose", "pad-transpose", "transpose-binarized",
+                     "transpose-sink"):  # fmt: skip
+            if name not in disabled:
+                changed += ran(name, REWRITES[name](work))
+        if not changed:
+            break
+    return work.build(keep_types=False), work.report
+
+
+def check_valid(model: onnx.ModelProto, report: NormalizeReport) -> str | None:
+    """None when `model` passes onnx.checker, ONNX Runtime loads it and every source the
+    report names is a tensor of it; else the first line of what is wrong."""
+    names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
+    missing = sorted(set(report.zero_sensitive) - names)
+    if missing:
+        return f"the zero-free check names tensor(s) the graph lacks: {', '.join(missing)}"
+    try:
+        if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+            onnx.checker.check_model(model)
+        ort_session(model.SerializeToString())
+    except Exception as error:
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return None
+
+
+def _name_the_broken_pass(model, batch, disabled, max_rounds) -> None:
+    """Run the passes again, checking after each one; InvalidModelError naming the first pass
+    that turned a valid graph into an invalid one. None when no pass did: the input was not
+    valid to begin with (a custom op whose pass is disabled), and the stage that meets what
+    is left reports it."""
+    state = {"valid": check_valid(model, NormalizeReport()) is None}
+
+    def after(name: str, work: Work) -> None:
+        found = check_valid(work.build(keep_types=False), work.report)
+        if found is not None and state["valid"]:
+            raise InvalidModelError(
+                f"internal error: the normaliser's pass {name} produced an invalid ONNX graph "
+                f"({found}); --disable-rewrite skips a pass"
+            )
+        state["valid"] = found is None
+
+    _run(model, batch, disabled, max_rounds, after)

@@ -1,0 +1,29 @@
+"""The registry of passes by name: `@rewrite(name)` adds one, `REWRITES` lists them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from converters.normalize.editable_graph import Work
+
+Pass = Callable[[Work], int]
+REWRITES: dict[str, Pass] = {}
+# passes whose rewrites are labelled inside one routine (the sign-function classifier)
+SIGN_IDIOMS = ("bitorch-sign", "cast-compare", "where-compare", "plain-sign")
+
+
+def rewrite(name: str) -> Callable[[Pass], Pass]:
+    """Register a pass under `name` (refusing duplicates); it returns how many rewrites it made."""
+
+    def register(function: Pass) -> Pass:
+        if name in REWRITES:
+            raise ValueError(f"rewrite {name!r} is registered twice")
+        REWRITES[name] = function
+        return function
+
+    return register
+
+
+def count_rewrites(work: Work, name: str, n: int = 1) -> None:
+    if n:
+        work.report.applied[name] = work.report.applied.get(name, 0) + n

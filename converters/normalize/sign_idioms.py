@@ -1,0 +1,251 @@
+"""Sign functions to the canonical binarization (bitorch-sign, cast-compare, where-compare,
+plain-sign), and clamp-sign."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from converters.normalize.binarization import canonical_binarization, feeds_layer, is_canonical
+from converters.normalize.editable_graph import ONNX_DOMAINS, Work, replace_node, scalar
+from converters.normalize.registry import REWRITES, SIGN_IDIOMS, count_rewrites, rewrite
+
+# one value of each class a Sign/compare-with-0 function can tell apart (see module doc)
+PROBES = np.array([-3.0, -1.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 3.0], np.float32)
+NEGATIVE, NEG_ZERO, POS_ZERO, POSITIVE = slice(0, 3), 3, 4, slice(5, 8)
+# a sign function may read a non-uniform constant (uninitialised memory it overwrites): every
+# distinct value is probed, up to these sizes
+MAX_DISTINCT = 1 << 16
+MAX_PROBE_VALUES = 1 << 20
+COMPARISONS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
+ELEMENTWISE = (
+    *COMPARISONS, "Sign", "Not", "And", "Or", "Xor", "Where", "Cast", "CastLike", "Identity",
+    "Mul", "Add", "Sub", "Div", "Neg",
+)  # fmt: skip
+
+
+def _sign_function(
+    work: Work, root: str, producers: dict[str, onnx.NodeProto]
+) -> tuple[str, list[onnx.NodeProto], dict[str, np.ndarray]] | None:
+    """(x, nodes, scalar constants) when `root` is an elementwise function of one tensor x that
+    reads x only through Sign and comparisons with a constant 0 (see the module doc).
+
+    The walk stops at the input of every Sign and of every comparison with 0 (unless that input
+    is itself a Sign's output, as in bitorch's `Equal(Sign(x), 0)`): those inputs are x, and
+    must all be the same tensor. Any other non-constant tensor reached means the function reads
+    a value, not a sign class, and is not one of these."""
+    nodes: dict[int, onnx.NodeProto] = {}
+    consts: dict[str, np.ndarray] = {}
+    leaves: set[str] = set()
+    stack = [root]
+    while stack:
+        name = stack.pop()
+        if name in work.consts:
+            value = np.asarray(work.consts[name])
+            if value.size == 0:
+                return None
+            if np.all(value == value.reshape(-1)[0]):
+                consts[name] = value.reshape(-1)[0:1].reshape(())
+            else:  # e.g. `x.new(x.size())`'s uninitialised memory, overwritten by index-puts
+                distinct = np.unique(value.reshape(-1))
+                if distinct.size > MAX_DISTINCT:
+                    return None
+                consts[name] = distinct  # 1-D: `_probe` tries every value
+            continue
+        node = producers.get(name)
+        if node is None or node.op_type not in ELEMENTWISE or node.domain not in ONNX_DOMAINS:
+            return None  # a value read directly, not through a sign or a comparison
+        if id(node) in nodes:
+            continue
+        nodes[id(node)] = node
+        if node.op_type == "Sign":
+            leaves.add(node.input[0])
+        elif node.op_type in COMPARISONS:
+            zero = [n for n in node.input if n in work.consts]
+            other = [n for n in node.input if n not in work.consts]
+            if len(zero) != 1 or len(other) != 1 or np.any(work.consts[zero[0]] != 0):
+                return None
+            consts[zero[0]] = np.asarray(work.consts[zero[0]]).reshape(-1)[0:1].reshape(())
+            inner = producers.get(other[0])
+            if inner is not None and inner.op_type == "Sign":
+                stack.append(other[0])
+            else:
+                leaves.add(other[0])
+        else:
+            stack.extend(n for n in node.input if n)
+    if len(leaves) != 1 or root in leaves:
+        return None
+    (x,) = leaves
+    shape_x = work.shape(x)
+    for name in consts:  # scalarising a constant must not hide a broadcast that grows x
+        full = work.consts[name].shape
+        if shape_x is None or None in shape_x:
+            if work.consts[name].size != 1:
+                return None
+        elif tuple(np.broadcast_shapes(tuple(shape_x), full)) != tuple(shape_x):
+            return None
+    order = {id(n): k for k, n in enumerate(work.nodes)}
+    return x, sorted(nodes.values(), key=lambda n: order[id(n)]), consts
+
+
+def _probe(work: Work, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
+    """The function's values on PROBES (ONNX's reference evaluator), or None.
+
+    A constant given as a 1-D array of its distinct values (`_sign_function`) gets an axis of
+    its own, so every combination of their values is evaluated; the function is one of these
+    only if its value does not depend on them (None otherwise)."""
+    from onnx.reference import ReferenceEvaluator
+
+    varying = [k for k, v in consts.items() if np.ndim(v) == 1]
+    rank = 1 + len(varying)
+    if np.prod([consts[k].size for k in varying] or [1]) * len(PROBES) > MAX_PROBE_VALUES:
+        return None
+    feeds = {}
+    for k, v in consts.items():
+        axis = 1 + varying.index(k) if k in varying else None
+        shape = [1] * rank
+        if axis is not None:
+            shape[axis] = v.size
+        feeds[k] = np.asarray(v).reshape(shape if axis is not None else ())
+    probes = PROBES.reshape([len(PROBES)] + [1] * (rank - 1))
+    graph = helper.make_graph(
+        nodes, "probe",
+        [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, list(probes.shape))],
+        [helper.make_empty_tensor_value_info(root)],
+        [numpy_helper.from_array(v, k) for k, v in feeds.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=list(work.model.opset_import))
+    try:
+        (out,) = ReferenceEvaluator(model).run(None, {x: probes})
+    except Exception:
+        return None
+    out = np.asarray(out, np.float64)
+    if out.ndim != rank or out.shape[0] != len(PROBES):
+        return None
+    table = np.broadcast_to(out, out.shape).reshape(len(PROBES), -1)
+    if not all(
+        np.array_equal(table[:, 0], table[:, j], equal_nan=True) for j in range(1, table.shape[1])
+    ):
+        return None  # its value depends on a non-uniform constant
+    return table[:, 0]
+
+
+def _label(nodes: list[onnx.NodeProto], exact: bool) -> str:
+    ops = {n.op_type for n in nodes}
+    if not exact:
+        return "plain-sign"
+    if "Sign" in ops and "Equal" in ops:
+        return "bitorch-sign"
+    if "Cast" in ops:
+        return "cast-compare"
+    return "where-compare"
+
+
+def sign_idioms(work: Work, enabled: Iterable[str]) -> int:
+    """Rewrite sign functions (module doc) to the canonical form, outermost first."""
+    enabled = set(enabled)
+    changed = 0
+    done: set[str] = set()
+    while True:
+        producers, consumers = work.producers(), work.consumers()
+        found = None
+        for node in reversed(work.nodes):
+            out = node.output[0] if node.output else ""
+            if (
+                not out or out in done or node.op_type not in ELEMENTWISE
+                or is_canonical(work, node, producers)
+            ):  # fmt: skip
+                continue
+            match = _sign_function(work, out, producers)
+            if match is None:
+                continue
+            x, nodes, consts = match
+            values = _probe(work, x, nodes, consts, out)
+            done.add(out)
+            if values is None:
+                continue
+            negative, positive = values[NEGATIVE], values[POSITIVE]
+            s = positive[0]
+            if not (np.all(positive == s) and np.all(negative == -s) and s > 0):
+                continue
+            zeros = values[[NEG_ZERO, POS_ZERO]]
+            exact = bool(np.all(zeros == s))
+            label = _label(nodes, exact)
+            if label not in enabled or (not exact and not feeds_layer(work, out, consumers)):
+                continue
+            found = (node, x, out, float(s), exact, label, zeros)
+            break
+        if found is None:
+            return changed
+        node, x, out, s, exact, label, zeros = found
+        replace_node(work, node, canonical_binarization(work, x, out, s))
+        if not exact:
+            work.report.zero_sensitive[x] = float(zeros[1])
+        count_rewrites(work, label)
+        work.dead_code()
+        changed += 1
+
+
+def _unclamped(work: Work, node: onnx.NodeProto | None) -> str | None:
+    """x when `node` clamps x into a range around 0 that keeps every sign class (x < 0 stays
+    < 0, zeros stay zeros, x > 0 stays > 0), else None."""
+    if node is None:
+        return None
+    if node.op_type == "Clip" and len(node.input) >= 1:
+        lo = scalar(work, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
+        hi = scalar(work, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
+        for a in node.attribute:  # opset < 11 keeps the bounds as attributes
+            lo, hi = (a.f, hi) if a.name == "min" else (lo, a.f) if a.name == "max" else (lo, hi)
+        ok = lo is not None and hi is not None and lo < 0 < hi
+        return node.input[0] if ok else None
+    if node.op_type in ("Min", "Max") and len(node.input) == 2:
+        for k in (0, 1):
+            c = scalar(work, node.input[1 - k])
+            if c is not None and node.input[k] not in work.consts:
+                ok = c > 0 if node.op_type == "Min" else c < 0
+                return node.input[k] if ok else None
+        return None
+    if node.op_type == "Where":
+        producers = work.producers()
+        cond = producers.get(node.input[0])
+        if cond is None or cond.op_type not in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual"):
+            return None
+        x, bound = cond.input
+        c, branch = scalar(work, bound), scalar(work, node.input[1])
+        if c is None or branch != c or node.input[2] != x or x in work.consts:
+            return None  # Where(x > c, c, x): min(x, c); Where(x < c, c, x): max(x, c)
+        above = cond.op_type.startswith("Greater")
+        return x if (c > 0 if above else c < 0) else None
+    return None
+
+
+@rewrite("clamp-sign")
+def clamp_sign(work: Work) -> int:
+    """A canonical binarization of clamp(x) (Clip, Min/Max, or Brevitas' Where(x > s, s, x))
+    reads x instead: the clamps here keep every sign class, so the binarization is the same."""
+    producers = work.producers()
+    changed = 0
+    for node in list(work.nodes):
+        if node.op_type != "Where" or not is_canonical(work, node, producers):
+            continue
+        cond = producers[node.input[0]]
+        while True:
+            inner = _unclamped(work, producers.get(cond.input[0]))
+            if inner is None:
+                break
+            # a plain Sign's zeros are x's zeros: the zero-free check follows the source
+            zero = work.report.zero_sensitive.pop(cond.input[0], None)
+            if zero is not None:
+                work.report.zero_sensitive.setdefault(inner, zero)
+            cond.input[0] = inner
+            changed += 1
+    count_rewrites(work, "clamp-sign", changed)
+    return changed
+
+
+# the sign-function labels are passes too, so they can be listed and disabled by name
+for _name in SIGN_IDIOMS:
+    REWRITES[_name] = lambda work, _n=_name: sign_idioms(work, [_n])
