@@ -56,7 +56,7 @@ Example:
 
 from __future__ import annotations
 
-from converters.normalize.editable_graph import NormalizeReport, Work
+from converters.normalize.editable_graph import EditableGraph, NormalizeReport
 from converters.normalize.exporter_idioms import runnable_reference
 from converters.normalize.pipeline import check_valid, normalize
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, Pass, rewrite
@@ -66,7 +66,7 @@ __all__ = [
     "SIGN_IDIOMS",
     "NormalizeReport",
     "Pass",
-    "Work",
+    "EditableGraph",
     "check_valid",
     "normalize",
     "rewrite",

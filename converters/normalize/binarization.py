@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from converters.normalize.editable_graph import Work
+from converters.normalize.editable_graph import EditableGraph
 
 LAYERS = ("Conv", "MatMul", "Gemm")
 # ops a ±1 tensor passes on its way to a layer (as in converters.patterns, plus Pad)
@@ -15,34 +15,34 @@ PASS_THROUGH = ("Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqu
 
 
 def canonical_binarization(
-    work: Work, source: str, output: str, scale: float = 1.0
+    graph: EditableGraph, source: str, output: str, scale: float = 1.0
 ) -> list[onnx.NodeProto]:
     """`output` = Where(GreaterOrEqual(source, 0), 1, -1) (times `scale` when it is not 1)."""
-    zero = work.const(np.array(0.0, np.float32), "zero")
-    one = work.const(np.array(1.0, np.float32), "one")
-    minus = work.const(np.array(-1.0, np.float32), "minus_one")
-    cond = work.fresh(f"{source}__ge0")
-    signed = output if scale == 1.0 else work.fresh(f"{source}__sign")
+    zero = graph.const(np.array(0.0, np.float32), "zero")
+    one = graph.const(np.array(1.0, np.float32), "one")
+    minus = graph.const(np.array(-1.0, np.float32), "minus_one")
+    cond = graph.fresh(f"{source}__ge0")
+    signed = output if scale == 1.0 else graph.fresh(f"{source}__sign")
     nodes = [
-        helper.make_node("GreaterOrEqual", [source, zero], [cond], name=work.fresh("binarize")),
-        helper.make_node("Where", [cond, one, minus], [signed], name=work.fresh("binarize")),
+        helper.make_node("GreaterOrEqual", [source, zero], [cond], name=graph.fresh("binarize")),
+        helper.make_node("Where", [cond, one, minus], [signed], name=graph.fresh("binarize")),
     ]
     if scale != 1.0:
-        s = work.const(np.array(scale, np.float32), "scale")
-        nodes.append(helper.make_node("Mul", [signed, s], [output], name=work.fresh("scale")))
+        s = graph.const(np.array(scale, np.float32), "scale")
+        nodes.append(helper.make_node("Mul", [signed, s], [output], name=graph.fresh("scale")))
     return nodes
 
 
-def is_canonical(work: Work, node: onnx.NodeProto, producers: dict) -> bool:
+def is_canonical(graph: EditableGraph, node: onnx.NodeProto, producers: dict) -> bool:
     """Already a form the translator binarizes (converters.patterns): leave it as it is."""
     if node.op_type == "Where":
         cond = producers.get(node.input[0])
-        branches = [work.consts.get(n) for n in node.input[1:]]
+        branches = [graph.consts.get(n) for n in node.input[1:]]
         return (
             cond is not None and cond.op_type == "GreaterOrEqual"
-            and np.asarray(work.consts.get(cond.input[1], 1)).size == 1
-            and work.consts.get(cond.input[1]) is not None
-            and float(np.ravel(work.consts[cond.input[1]])[0]) == 0.0
+            and np.asarray(graph.consts.get(cond.input[1], 1)).size == 1
+            and graph.consts.get(cond.input[1]) is not None
+            and float(np.ravel(graph.consts[cond.input[1]])[0]) == 0.0
             and all(b is not None for b in branches)
             and np.all(branches[0] == 1) and np.all(branches[1] == -1)
         )  # fmt: skip
@@ -58,7 +58,7 @@ def is_canonical(work: Work, node: onnx.NodeProto, producers: dict) -> bool:
     return False
 
 
-def feeds_layer(work: Work, name: str, consumers: dict) -> bool:
+def feeds_layer(graph: EditableGraph, name: str, consumers: dict) -> bool:
     """Does tensor `name` reach a Conv/MatMul/Gemm data input through ±1-preserving ops?"""
     stack, seen = [name], set()
     while stack:

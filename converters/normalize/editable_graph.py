@@ -1,4 +1,4 @@
-"""The graph a pass rewrites (`Work`), what `normalize` reports, and the small edits every
+"""The graph a pass rewrites (`EditableGraph`), what `normalize` reports, and the small edits every
 pass makes."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class NormalizeReport:
     batch: int | None = None  # the batch size fixed in place of a dynamic one
 
 
-class Work:
+class EditableGraph:
     """The graph being normalised: nodes, constants by name, value types and shapes."""
 
     def __init__(self, model: onnx.ModelProto):
@@ -148,14 +148,14 @@ def is_static(shape: list[int | None] | None) -> bool:
     return shape is not None and all(d is not None and d > 0 for d in shape)
 
 
-def replace_node(work: Work, old: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
+def replace_node(graph: EditableGraph, old: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
     """Put `new` where `old` was (it produces the same output name)."""
-    at = work.nodes.index(old)
-    work.nodes[at : at + 1] = new
+    at = graph.nodes.index(old)
+    graph.nodes[at : at + 1] = new
 
 
-def scalar(work: Work, name: str) -> float | None:
-    value = work.consts.get(name) if name else None
+def scalar(graph: EditableGraph, name: str) -> float | None:
+    value = graph.consts.get(name) if name else None
     if value is None or np.asarray(value).size != 1:
         return None
     return float(np.ravel(value)[0])

@@ -8,16 +8,16 @@ from onnx import helper
 
 from converters.errors import InvalidModelError
 from converters.normalize.binarization import LAYERS
-from converters.normalize.editable_graph import ONNX_DOMAINS, Work, is_static
+from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, is_static
 from converters.normalize.registry import count_rewrites, rewrite
 from converters.runtimes import ort_session
 
 
 @rewrite("fix-batch")
-def fix_batch(work: Work, batch: int = 1) -> int:
+def fix_batch(graph: EditableGraph, batch: int = 1) -> int:
     """A dynamic first dimension of each input becomes `batch`; other dynamic dims refuse."""
     changed = 0
-    for info in work.inputs:
+    for info in graph.inputs:
         dims = info.type.tensor_type.shape.dim
         for k, dim in enumerate(dims):
             if dim.HasField("dim_value") and dim.dim_value > 0:
@@ -29,21 +29,21 @@ def fix_batch(work: Work, batch: int = 1) -> int:
                 )
             dim.Clear()
             dim.dim_value = batch
-            work.report.batch = batch
+            graph.report.batch = batch
             changed += 1
     return changed
 
 
 @rewrite("drop-noise")
-def drop_noise(work: Work) -> int:
+def drop_noise(graph: EditableGraph) -> int:
     """Identity nodes, CastLike to a known type, Casts to the type a tensor already has and
     reshapes to the shape it already has (bitorch's view_as)."""
-    outputs = {o.name for o in work.outputs}
-    initializers = {i.name for i in work.model.graph.initializer}
+    outputs = {o.name for o in graph.outputs}
+    initializers = {i.name for i in graph.model.graph.initializer}
     changed = 0
-    for node in list(work.nodes):
+    for node in list(graph.nodes):
         if node.op_type == "CastLike" and node.domain in ONNX_DOMAINS:
-            to = work.elem_type(node.input[1])
+            to = graph.elem_type(node.input[1])
             if to:  # CastLike(x, like) is Cast(x, to=type of like)
                 node.op_type = "Cast"
                 del node.input[1:]
@@ -51,24 +51,26 @@ def drop_noise(work: Work) -> int:
                 node.attribute.append(helper.make_attribute("to", to))
                 changed += 1
         noop_cast = node.op_type == "Cast" and (
-            work.elem_type(node.input[0]) is not None
-            and work.elem_type(node.input[0]) == helper.get_attribute_value(node.attribute[0])
+            graph.elem_type(node.input[0]) is not None
+            and graph.elem_type(node.input[0]) == helper.get_attribute_value(node.attribute[0])
         )
         noop_reshape = node.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and (
-            is_static(work.shape(node.input[0]))
-            and work.shape(node.input[0]) == work.shape(node.output[0])
+            is_static(graph.shape(node.input[0]))
+            and graph.shape(node.input[0]) == graph.shape(node.output[0])
         )
         shared = node.op_type == "Identity" and node.input[0] in initializers
         removable = (node.op_type == "Identity" and not shared) or noop_cast or noop_reshape
         if removable and node.output[0] not in outputs:
-            work.nodes.remove(node)
-            work.rename_uses(node.output[0], node.input[0])
+            graph.nodes.remove(node)
+            graph.rename_uses(node.output[0], node.input[0])
             changed += 1
-    count_rewrites(work, "drop-noise", changed)
+    count_rewrites(graph, "drop-noise", changed)
     return changed
 
 
-def _evaluate(work: Work, node: onnx.NodeProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+def _evaluate(
+    graph: EditableGraph, node: onnx.NodeProto, feeds: dict[str, np.ndarray]
+) -> list[np.ndarray]:
     """Run one node on constant inputs with ONNX Runtime (the reference the gate compares
     with, so a folded weight is bit for bit what ONNX Runtime computes from the original graph);
     ONNX's reference evaluator for what ONNX Runtime does not run."""
@@ -77,9 +79,9 @@ def _evaluate(work: Work, node: onnx.NodeProto, feeds: dict[str, np.ndarray]) ->
         for k, v in feeds.items()
     ]
     outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    graph = helper.make_graph([node], "fold", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=list(work.model.opset_import))
-    model.ir_version = work.model.ir_version
+    one_node = helper.make_graph([node], "fold", inputs, outputs)
+    model = helper.make_model(one_node, opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
     try:
         return ort_session(model.SerializeToString(), optimize=False).run(None, feeds)
     except Exception:  # an op or type ONNX Runtime lacks: the reference evaluator
@@ -106,44 +108,44 @@ def _kernel_layout(node: onnx.NodeProto, initializers: set[str], consumers: dict
 
 
 @rewrite("fold-constants")
-def fold_constants(work: Work) -> int:
+def fold_constants(graph: EditableGraph) -> int:
     """Replace every node whose inputs are all constant by its value (and `Shape` of a tensor
     whose shape is static by that shape)."""
     changed = 0
-    initializers = {i.name for i in work.model.graph.initializer}
-    consumers = work.consumers()
-    for node in list(work.nodes):
+    initializers = {i.name for i in graph.model.graph.initializer}
+    consumers = graph.consumers()
+    for node in list(graph.nodes):
         if node.domain not in ONNX_DOMAINS or node.op_type in NEVER_FOLD:
             continue
         if _kernel_layout(node, initializers, consumers):
             continue
         if node.op_type == "Identity" and node.input[0] in initializers:
-            if node.output[0] not in work.consts:
-                work.consts[node.output[0]] = work.consts[node.input[0]]
-                work.aliases.add(node.output[0])
+            if node.output[0] not in graph.consts:
+                graph.consts[node.output[0]] = graph.consts[node.input[0]]
+                graph.aliases.add(node.output[0])
             continue
         if node.op_type == "Shape":
-            shape = work.shape(node.input[0])
+            shape = graph.shape(node.input[0])
             if shape is None or any(d is None or d <= 0 for d in shape):
                 continue
             start = next((a.i for a in node.attribute if a.name == "start"), 0)
             end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
             values = [np.asarray(shape[start:end], np.int64)]
         elif node.op_type == "Constant" or (
-            node.input and all(not n or n in work.consts for n in node.input)
+            node.input and all(not n or n in graph.consts for n in node.input)
         ):
-            feeds = {n: work.consts[n] for n in node.input if n}
+            feeds = {n: graph.consts[n] for n in node.input if n}
             try:
-                values = _evaluate(work, node, feeds)
+                values = _evaluate(graph, node, feeds)
             except Exception:  # the translator reports what it cannot do, by node name
                 continue
         else:
             continue
         for name, value in zip([o for o in node.output if o], values, strict=False):
-            work.consts[name] = np.asarray(value)
+            graph.consts[name] = np.asarray(value)
             if node.op_type == "Constant":
-                work.constant_nodes.add(name)
-        work.nodes.remove(node)
+                graph.constant_nodes.add(name)
+        graph.nodes.remove(node)
         changed += 1
-    count_rewrites(work, "fold-constants", changed)
+    count_rewrites(graph, "fold-constants", changed)
     return changed

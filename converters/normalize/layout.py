@@ -14,11 +14,17 @@ from converters.normalize.binarization import (
     feeds_layer,
     is_canonical,
 )
-from converters.normalize.editable_graph import ONNX_DOMAINS, Work, is_static, replace_node, scalar
+from converters.normalize.editable_graph import (
+    ONNX_DOMAINS,
+    EditableGraph,
+    is_static,
+    replace_node,
+    scalar,
+)
 from converters.normalize.registry import count_rewrites, rewrite
 
 
-def _pad_spec(work: Work, node: onnx.NodeProto) -> list[int] | None:
+def _pad_spec(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
     """The pads of a constant-mode Pad whose pads and fill value are constants (the fill left
     where it is), or None: any other Pad (reflect/edge, computed pads, negative pads that
     crop, an `axes` input) is not one `pad_transpose` can move."""
@@ -27,10 +33,10 @@ def _pad_spec(work: Work, node: onnx.NodeProto) -> list[int] | None:
         return None
     if len(node.input) > 3 and node.input[3]:
         return None
-    if len(node.input) > 2 and node.input[2] and scalar(work, node.input[2]) is None:
+    if len(node.input) > 2 and node.input[2] and scalar(graph, node.input[2]) is None:
         return None
     if len(node.input) > 1 and node.input[1]:
-        pads = work.consts.get(node.input[1])
+        pads = graph.consts.get(node.input[1])
     else:  # opset < 11: pads (and the value) are attributes
         pads = attrs.get("pads")
     if pads is None:
@@ -42,7 +48,7 @@ def _pad_spec(work: Work, node: onnx.NodeProto) -> list[int] | None:
 
 
 @rewrite("pad-transpose")
-def pad_transpose(work: Work) -> int:
+def pad_transpose(graph: EditableGraph) -> int:
     """Binarize -> constant Pad -> Transpose(perm) -> layer becomes Binarize -> Transpose(perm)
     -> Pad with the pads permuted by perm: output axis k of the Transpose is input axis
     perm[k], so it gets that axis' pads, and the fill is the same everywhere. tf2onnx writes
@@ -51,50 +57,50 @@ def pad_transpose(work: Work) -> int:
     translator finds binarize -> Pad on NCHW spatial axes -> Conv, a form it emits as binary.
     Only Pads after a binarization on the way to a layer move: float Pads keep the form the
     translator already reads."""
-    producers, consumers = work.producers(), work.consumers()
+    producers, consumers = graph.producers(), graph.consumers()
     changed = 0
-    for node in list(work.nodes):
+    for node in list(graph.nodes):
         perm = _perm(node) if node.op_type == "Transpose" else None
         pad = producers.get(node.input[0]) if perm is not None else None
         if pad is None or pad.op_type != "Pad" or pad.domain not in ONNX_DOMAINS:
             continue
-        pads = _pad_spec(work, pad)
+        pads = _pad_spec(graph, pad)
         rank = len(perm)
         if pads is None or len(pads) != 2 * rank or sorted(perm) != list(range(rank)):
             continue
         if len(consumers.get(pad.output[0], [])) != 1 or pad.output[0] in {
-            o.name for o in work.outputs
+            o.name for o in graph.outputs
         }:
             continue
         binarization = producers.get(pad.input[0])
-        if binarization is None or not is_canonical(work, binarization, producers):
+        if binarization is None or not is_canonical(graph, binarization, producers):
             continue
-        if not feeds_layer(work, node.output[0], consumers):
+        if not feeds_layer(graph, node.output[0], consumers):
             continue
         moved = [pads[perm[k]] for k in range(rank)] + [pads[rank + perm[k]] for k in range(rank)]
-        transposed = work.fresh(f"{pad.input[0]}__transposed")
+        transposed = graph.fresh(f"{pad.input[0]}__transposed")
         shifted = helper.make_node("Transpose", [pad.input[0]], [transposed], perm=perm,
-                                   name=work.fresh("Transpose"))  # fmt: skip
+                                   name=graph.fresh("Transpose"))  # fmt: skip
         inputs = [transposed, *pad.input[1:]]
-        padded = helper.make_node("Pad", inputs, [node.output[0]], name=work.fresh("Pad"))
+        padded = helper.make_node("Pad", inputs, [node.output[0]], name=graph.fresh("Pad"))
         padded.attribute.extend(a for a in pad.attribute if a.name != "pads")
         if len(pad.input) > 1 and pad.input[1]:
-            padded.input[1] = work.const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
+            padded.input[1] = graph.const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
         else:
             padded.attribute.append(helper.make_attribute("pads", moved))
-        replace_node(work, node, [shifted, padded])
-        work.nodes.remove(pad)
+        replace_node(graph, node, [shifted, padded])
+        graph.nodes.remove(pad)
         changed += 1
-        producers, consumers = work.producers(), work.consumers()
-    count_rewrites(work, "pad-transpose", changed)
+        producers, consumers = graph.producers(), graph.consumers()
+    count_rewrites(graph, "pad-transpose", changed)
     return changed
 
 
-def _reshape_target(work: Work, node: onnx.NodeProto) -> list[int] | None:
+def _reshape_target(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
     """The output shape of a Reshape whose input shape is static and whose target is a
     constant (0 copies the input's dim unless `allowzero`, -1 takes what is left), or None."""
-    source = work.shape(node.input[0])
-    target = work.consts.get(node.input[1]) if len(node.input) > 1 else None
+    source = graph.shape(node.input[0])
+    target = graph.consts.get(node.input[1]) if len(node.input) > 1 else None
     if not is_static(source) or target is None or np.asarray(target).ndim != 1:
         return None
     allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
@@ -129,7 +135,7 @@ def unit_perm(source: list[int], target: list[int]) -> list[int] | None:
 
 
 @rewrite("reshape-transpose")
-def reshape_transpose(work: Work) -> int:
+def reshape_transpose(graph: EditableGraph) -> int:
     """Binarize -> Reshape -> layer, or Reshape -> Binarize -> layer, where the Reshape only
     moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
     BinaryAlexNet's 1x1 binary convs on a 1x1 input, its dense layers), becomes the Transpose
@@ -139,48 +145,48 @@ def reshape_transpose(work: Work) -> int:
     Keras Reshape's target from `Shape`), by when `transpose-binarized` has moved the Reshape
     above the binarization. Only with a static input shape and a constant target; a Reshape
     that reorders data (two axes longer than 1 swap places) or changes the rank stays."""
-    producers, consumers = work.producers(), work.consumers()
+    producers, consumers = graph.producers(), graph.consumers()
     # the tensors binarized on their way to a layer (the rewrite below keeps every name)
     binarized = {
         binarized_source(b, producers)
-        for b in work.nodes
-        if is_canonical(work, b, producers) and feeds_layer(work, b.output[0], consumers)
+        for b in graph.nodes
+        if is_canonical(graph, b, producers) and feeds_layer(graph, b.output[0], consumers)
     }
     changed = 0
-    for node in list(work.nodes):
+    for node in list(graph.nodes):
         if node.op_type != "Reshape" or node.domain not in ONNX_DOMAINS:
             continue
         where = producers.get(node.input[0])
-        after = where is not None and is_canonical(work, where, producers)
-        if not (after and feeds_layer(work, node.output[0], consumers)) and (
+        after = where is not None and is_canonical(graph, where, producers)
+        if not (after and feeds_layer(graph, node.output[0], consumers)) and (
             node.output[0] not in binarized
         ):
             continue
-        target = _reshape_target(work, node)
-        perm = unit_perm(work.shape(node.input[0]), target) if target is not None else None
+        target = _reshape_target(graph, node)
+        perm = unit_perm(graph.shape(node.input[0]), target) if target is not None else None
         if perm is None or perm == list(range(len(perm))):
             continue
         moved = helper.make_node("Transpose", [node.input[0]], [node.output[0]], perm=perm,
-                                 name=work.fresh("Transpose"))  # fmt: skip
-        replace_node(work, node, [moved])
+                                 name=graph.fresh("Transpose"))  # fmt: skip
+        replace_node(graph, node, [moved])
         changed += 1
-    count_rewrites(work, "reshape-transpose", changed)
+    count_rewrites(graph, "reshape-transpose", changed)
     return changed
 
 
 @rewrite("transpose-binarized")
-def transpose_binarized(work: Work) -> int:
+def transpose_binarized(graph: EditableGraph) -> int:
     """Binarize(x) -> Transpose/Reshape -> layer (or -> Pad -> layer) becomes
     Transpose/Reshape(x) -> Binarize -> layer: the binarization is elementwise, so both orders
     give the same tensor, and the translator then sees the binarization right before the
     layer's data input (or its Pad)."""
-    producers, consumers = work.producers(), work.consumers()
+    producers, consumers = graph.producers(), graph.consumers()
     changed = 0
-    for node in list(work.nodes):
+    for node in list(graph.nodes):
         if node.op_type not in ("Transpose", "Reshape"):
             continue
         where = producers.get(node.input[0])
-        if where is None or not is_canonical(work, where, producers):
+        if where is None or not is_canonical(graph, where, producers):
             continue
         if len(consumers.get(where.output[0], [])) != 1:
             continue
@@ -191,14 +197,14 @@ def transpose_binarized(work: Work) -> int:
         if not any(r.op_type in LAYERS for r in readers):
             continue
         source = binarized_source(where, producers)
-        moved = work.fresh(f"{source}__moved")
+        moved = graph.fresh(f"{source}__moved")
         shifted = helper.make_node(node.op_type, [source, *node.input[1:]], [moved],
-                                   name=work.fresh(node.op_type))  # fmt: skip
+                                   name=graph.fresh(node.op_type))  # fmt: skip
         shifted.attribute.extend(node.attribute)
-        replace_node(work, node, [shifted, *canonical_binarization(work, moved, node.output[0])])
+        replace_node(graph, node, [shifted, *canonical_binarization(graph, moved, node.output[0])])
         changed += 1
-        producers, consumers = work.producers(), work.consumers()
-    count_rewrites(work, "transpose-binarized", changed)
+        producers, consumers = graph.producers(), graph.consumers()
+    count_rewrites(graph, "transpose-binarized", changed)
     return changed
 
 
@@ -212,18 +218,18 @@ def _perm(node: onnx.NodeProto) -> list[int] | None:
 
 
 @rewrite("transpose-sink")
-def transpose_sink(work: Work) -> int:
+def transpose_sink(graph: EditableGraph) -> int:
     """Move a Transpose after a Mul/Add/Sub/Div by a constant (tf2onnx's BatchNorm on NHWC)
     below it, with the constant transposed to match, and drop two Transposes that undo each
     other: tf2onnx's NHWC <-> NCHW pairs around every Conv cancel, and the constants become
     per-channel on ONNX's channel axis, where the translator fuses them into the binary conv."""
     changed = 0
-    outputs = {o.name for o in work.outputs}
+    outputs = {o.name for o in graph.outputs}
     progress = True
     while progress:
         progress = False
-        consumers = work.consumers()
-        for node in list(work.nodes):
+        consumers = graph.consumers()
+        for node in list(graph.nodes):
             if node.op_type != "Transpose" or node.output[0] in outputs:
                 continue
             perm, readers = _perm(node), consumers.get(node.output[0], [])
@@ -233,31 +239,31 @@ def transpose_sink(work: Work) -> int:
             if reader.output[0] in outputs:
                 continue
             if reader.op_type == "Transpose" and _perm(reader) == _inverse(perm):
-                work.nodes.remove(reader)
-                work.rename_uses(reader.output[0], node.input[0])
-                work.nodes.remove(node)  # its only reader is gone
+                graph.nodes.remove(reader)
+                graph.rename_uses(reader.output[0], node.input[0])
+                graph.nodes.remove(node)  # its only reader is gone
                 changed, progress = changed + 1, True
                 break
             if reader.op_type not in ("Mul", "Add", "Sub", "Div"):
                 continue
             k = list(reader.input).index(node.output[0])
             other = reader.input[1 - k]
-            if other not in work.consts or work.consts[other].ndim > len(perm):
+            if other not in graph.consts or graph.consts[other].ndim > len(perm):
                 continue
-            value = work.consts[other]
+            value = graph.consts[other]
             value = value.reshape((1,) * (len(perm) - value.ndim) + value.shape)
-            moved = work.const(np.transpose(value, _inverse(perm)), f"{other}__moved")
-            inner = work.fresh(f"{reader.output[0]}__before")
+            moved = graph.const(np.transpose(value, _inverse(perm)), f"{other}__moved")
+            inner = graph.fresh(f"{reader.output[0]}__before")
             operands = [node.input[0], moved] if k == 0 else [moved, node.input[0]]
             # the reader becomes the op on the untransposed tensor, the Transpose follows it
-            at = work.nodes.index(reader)
-            work.nodes[at : at + 1] = [
-                helper.make_node(reader.op_type, operands, [inner], name=work.fresh("sunk")),
+            at = graph.nodes.index(reader)
+            graph.nodes[at : at + 1] = [
+                helper.make_node(reader.op_type, operands, [inner], name=graph.fresh("sunk")),
                 helper.make_node("Transpose", [inner], [reader.output[0]], perm=perm,
-                                 name=work.fresh("Transpose")),
+                                 name=graph.fresh("Transpose")),
             ]  # fmt: skip
-            work.nodes.remove(node)
+            graph.nodes.remove(node)
             changed, progress = changed + 1, True
             break
-    count_rewrites(work, "transpose-sink", changed)
+    count_rewrites(graph, "transpose-sink", changed)
     return changed

@@ -8,7 +8,7 @@ import onnx
 
 from converters.errors import InvalidModelError
 from converters.normalize import exporter_idioms, folding, layout  # noqa: F401 (registers)
-from converters.normalize.editable_graph import NormalizeReport, Work
+from converters.normalize.editable_graph import EditableGraph, NormalizeReport
 from converters.normalize.folding import fix_batch
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS
 from converters.normalize.sign_idioms import sign_idioms
@@ -47,37 +47,37 @@ def _run(
     batch: int,
     disabled: set[str],
     max_rounds: int,
-    after: Callable[[str, Work], None] | None = None,
+    after: Callable[[str, EditableGraph], None] | None = None,
 ) -> tuple[onnx.ModelProto, NormalizeReport]:
-    """The passes to a fixpoint; `after(name, work)` is called after each pass that changed
+    """The passes to a fixpoint; `after(name, graph)` is called after each pass that changed
     the graph."""
-    work = Work(onnx.ModelProto.FromString(model.SerializeToString()))
+    graph = EditableGraph(onnx.ModelProto.FromString(model.SerializeToString()))
 
     def ran(name: str, changed: int) -> int:
         if changed and after is not None:
-            after(name, work)
+            after(name, graph)
         return changed
 
     if "fix-batch" not in disabled:
-        ran("fix-batch", fix_batch(work, batch))
+        ran("fix-batch", fix_batch(graph, batch))
     idioms = [n for n in SIGN_IDIOMS if n not in disabled]
     for _ in range(max_rounds):
-        work.infer()
+        graph.infer()
         changed = 0
         for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach",
                      "keras-prelu"):  # fmt: skip
             if name not in disabled:
-                changed += ran(name, REWRITES[name](work))
-        work.dead_code()
+                changed += ran(name, REWRITES[name](graph))
+        graph.dead_code()
         if idioms:
-            changed += ran("sign idioms (" + ", ".join(idioms) + ")", sign_idioms(work, idioms))
+            changed += ran("sign idioms (" + ", ".join(idioms) + ")", sign_idioms(graph, idioms))
         for name in ("clamp-sign", "reshape-transpose", "pad-transpose", "transpose-binarized",
                      "transpose-sink"):  # fmt: skip
             if name not in disabled:
-                changed += ran(name, REWRITES[name](work))
+                changed += ran(name, REWRITES[name](graph))
         if not changed:
             break
-    return work.build(keep_types=False), work.report
+    return graph.build(keep_types=False), graph.report
 
 
 def check_valid(model: onnx.ModelProto, report: NormalizeReport) -> str | None:
@@ -103,8 +103,8 @@ def _name_the_broken_pass(model, batch, disabled, max_rounds) -> None:
     is left reports it."""
     state = {"valid": check_valid(model, NormalizeReport()) is None}
 
-    def after(name: str, work: Work) -> None:
-        found = check_valid(work.build(keep_types=False), work.report)
+    def after(name: str, graph: EditableGraph) -> None:
+        found = check_valid(graph.build(keep_types=False), graph.report)
         if found is not None and state["valid"]:
             raise InvalidModelError(
                 f"internal error: the normaliser's pass {name} produced an invalid ONNX graph "

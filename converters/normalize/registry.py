@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from converters.normalize.editable_graph import Work
+from converters.normalize.editable_graph import EditableGraph
 
-Pass = Callable[[Work], int]
+Pass = Callable[[EditableGraph], int]
 REWRITES: dict[str, Pass] = {}
 # passes whose rewrites are labelled inside one routine (the sign-function classifier)
 SIGN_IDIOMS = ("bitorch-sign", "cast-compare", "where-compare", "plain-sign")
@@ -24,6 +24,6 @@ def rewrite(name: str) -> Callable[[Pass], Pass]:
     return register
 
 
-def count_rewrites(work: Work, name: str, n: int = 1) -> None:
+def count_rewrites(graph: EditableGraph, name: str, n: int = 1) -> None:
     if n:
-        work.report.applied[name] = work.report.applied.get(name, 0) + n
+        graph.report.applied[name] = graph.report.applied.get(name, 0) + n

@@ -10,7 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from converters.normalize.binarization import canonical_binarization, feeds_layer, is_canonical
-from converters.normalize.editable_graph import ONNX_DOMAINS, Work, replace_node, scalar
+from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, replace_node, scalar
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, count_rewrites, rewrite
 
 # one value of each class a Sign/compare-with-0 function can tell apart (see module doc)
@@ -28,7 +28,7 @@ ELEMENTWISE = (
 
 
 def _sign_function(
-    work: Work, root: str, producers: dict[str, onnx.NodeProto]
+    graph: EditableGraph, root: str, producers: dict[str, onnx.NodeProto]
 ) -> tuple[str, list[onnx.NodeProto], dict[str, np.ndarray]] | None:
     """(x, nodes, scalar constants) when `root` is an elementwise function of one tensor x that
     reads x only through Sign and comparisons with a constant 0 (see the module doc).
@@ -43,8 +43,8 @@ def _sign_function(
     stack = [root]
     while stack:
         name = stack.pop()
-        if name in work.consts:
-            value = np.asarray(work.consts[name])
+        if name in graph.consts:
+            value = np.asarray(graph.consts[name])
             if value.size == 0:
                 return None
             if np.all(value == value.reshape(-1)[0]):
@@ -64,11 +64,11 @@ def _sign_function(
         if node.op_type == "Sign":
             leaves.add(node.input[0])
         elif node.op_type in COMPARISONS:
-            zero = [n for n in node.input if n in work.consts]
-            other = [n for n in node.input if n not in work.consts]
-            if len(zero) != 1 or len(other) != 1 or np.any(work.consts[zero[0]] != 0):
+            zero = [n for n in node.input if n in graph.consts]
+            other = [n for n in node.input if n not in graph.consts]
+            if len(zero) != 1 or len(other) != 1 or np.any(graph.consts[zero[0]] != 0):
                 return None
-            consts[zero[0]] = np.asarray(work.consts[zero[0]]).reshape(-1)[0:1].reshape(())
+            consts[zero[0]] = np.asarray(graph.consts[zero[0]]).reshape(-1)[0:1].reshape(())
             inner = producers.get(other[0])
             if inner is not None and inner.op_type == "Sign":
                 stack.append(other[0])
@@ -79,19 +79,19 @@ def _sign_function(
     if len(leaves) != 1 or root in leaves:
         return None
     (x,) = leaves
-    shape_x = work.shape(x)
+    shape_x = graph.shape(x)
     for name in consts:  # scalarising a constant must not hide a broadcast that grows x
-        full = work.consts[name].shape
+        full = graph.consts[name].shape
         if shape_x is None or None in shape_x:
-            if work.consts[name].size != 1:
+            if graph.consts[name].size != 1:
                 return None
         elif tuple(np.broadcast_shapes(tuple(shape_x), full)) != tuple(shape_x):
             return None
-    order = {id(n): k for k, n in enumerate(work.nodes)}
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
     return x, sorted(nodes.values(), key=lambda n: order[id(n)]), consts
 
 
-def _probe(work: Work, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
+def _probe(graph: EditableGraph, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
     """The function's values on PROBES (ONNX's reference evaluator), or None.
 
     A constant given as a 1-D array of its distinct values (`_sign_function`) gets an axis of
@@ -111,13 +111,13 @@ def _probe(work: Work, x: str, nodes: list[onnx.NodeProto], consts: dict, root: 
             shape[axis] = v.size
         feeds[k] = np.asarray(v).reshape(shape if axis is not None else ())
     probes = PROBES.reshape([len(PROBES)] + [1] * (rank - 1))
-    graph = helper.make_graph(
+    probe_graph = helper.make_graph(
         nodes, "probe",
         [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, list(probes.shape))],
         [helper.make_empty_tensor_value_info(root)],
         [numpy_helper.from_array(v, k) for k, v in feeds.items()],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=list(work.model.opset_import))
+    model = helper.make_model(probe_graph, opset_imports=list(graph.model.opset_import))
     try:
         (out,) = ReferenceEvaluator(model).run(None, {x: probes})
     except Exception:
@@ -144,26 +144,26 @@ def _label(nodes: list[onnx.NodeProto], exact: bool) -> str:
     return "where-compare"
 
 
-def sign_idioms(work: Work, enabled: Iterable[str]) -> int:
+def sign_idioms(graph: EditableGraph, enabled: Iterable[str]) -> int:
     """Rewrite sign functions (module doc) to the canonical form, outermost first."""
     enabled = set(enabled)
     changed = 0
     done: set[str] = set()
     while True:
-        producers, consumers = work.producers(), work.consumers()
+        producers, consumers = graph.producers(), graph.consumers()
         found = None
-        for node in reversed(work.nodes):
+        for node in reversed(graph.nodes):
             out = node.output[0] if node.output else ""
             if (
                 not out or out in done or node.op_type not in ELEMENTWISE
-                or is_canonical(work, node, producers)
+                or is_canonical(graph, node, producers)
             ):  # fmt: skip
                 continue
-            match = _sign_function(work, out, producers)
+            match = _sign_function(graph, out, producers)
             if match is None:
                 continue
             x, nodes, consts = match
-            values = _probe(work, x, nodes, consts, out)
+            values = _probe(graph, x, nodes, consts, out)
             done.add(out)
             if values is None:
                 continue
@@ -174,48 +174,48 @@ def sign_idioms(work: Work, enabled: Iterable[str]) -> int:
             zeros = values[[NEG_ZERO, POS_ZERO]]
             exact = bool(np.all(zeros == s))
             label = _label(nodes, exact)
-            if label not in enabled or (not exact and not feeds_layer(work, out, consumers)):
+            if label not in enabled or (not exact and not feeds_layer(graph, out, consumers)):
                 continue
             found = (node, x, out, float(s), exact, label, zeros)
             break
         if found is None:
             return changed
         node, x, out, s, exact, label, zeros = found
-        replace_node(work, node, canonical_binarization(work, x, out, s))
+        replace_node(graph, node, canonical_binarization(graph, x, out, s))
         if not exact:
-            work.report.zero_sensitive[x] = float(zeros[1])
-        count_rewrites(work, label)
-        work.dead_code()
+            graph.report.zero_sensitive[x] = float(zeros[1])
+        count_rewrites(graph, label)
+        graph.dead_code()
         changed += 1
 
 
-def _unclamped(work: Work, node: onnx.NodeProto | None) -> str | None:
+def _unclamped(graph: EditableGraph, node: onnx.NodeProto | None) -> str | None:
     """x when `node` clamps x into a range around 0 that keeps every sign class (x < 0 stays
     < 0, zeros stay zeros, x > 0 stays > 0), else None."""
     if node is None:
         return None
     if node.op_type == "Clip" and len(node.input) >= 1:
-        lo = scalar(work, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
-        hi = scalar(work, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
+        lo = scalar(graph, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
+        hi = scalar(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
         for a in node.attribute:  # opset < 11 keeps the bounds as attributes
             lo, hi = (a.f, hi) if a.name == "min" else (lo, a.f) if a.name == "max" else (lo, hi)
         ok = lo is not None and hi is not None and lo < 0 < hi
         return node.input[0] if ok else None
     if node.op_type in ("Min", "Max") and len(node.input) == 2:
         for k in (0, 1):
-            c = scalar(work, node.input[1 - k])
-            if c is not None and node.input[k] not in work.consts:
+            c = scalar(graph, node.input[1 - k])
+            if c is not None and node.input[k] not in graph.consts:
                 ok = c > 0 if node.op_type == "Min" else c < 0
                 return node.input[k] if ok else None
         return None
     if node.op_type == "Where":
-        producers = work.producers()
+        producers = graph.producers()
         cond = producers.get(node.input[0])
         if cond is None or cond.op_type not in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual"):
             return None
         x, bound = cond.input
-        c, branch = scalar(work, bound), scalar(work, node.input[1])
-        if c is None or branch != c or node.input[2] != x or x in work.consts:
+        c, branch = scalar(graph, bound), scalar(graph, node.input[1])
+        if c is None or branch != c or node.input[2] != x or x in graph.consts:
             return None  # Where(x > c, c, x): min(x, c); Where(x < c, c, x): max(x, c)
         above = cond.op_type.startswith("Greater")
         return x if (c > 0 if above else c < 0) else None
@@ -223,29 +223,29 @@ def _unclamped(work: Work, node: onnx.NodeProto | None) -> str | None:
 
 
 @rewrite("clamp-sign")
-def clamp_sign(work: Work) -> int:
+def clamp_sign(graph: EditableGraph) -> int:
     """A canonical binarization of clamp(x) (Clip, Min/Max, or Brevitas' Where(x > s, s, x))
     reads x instead: the clamps here keep every sign class, so the binarization is the same."""
-    producers = work.producers()
+    producers = graph.producers()
     changed = 0
-    for node in list(work.nodes):
-        if node.op_type != "Where" or not is_canonical(work, node, producers):
+    for node in list(graph.nodes):
+        if node.op_type != "Where" or not is_canonical(graph, node, producers):
             continue
         cond = producers[node.input[0]]
         while True:
-            inner = _unclamped(work, producers.get(cond.input[0]))
+            inner = _unclamped(graph, producers.get(cond.input[0]))
             if inner is None:
                 break
             # a plain Sign's zeros are x's zeros: the zero-free check follows the source
-            zero = work.report.zero_sensitive.pop(cond.input[0], None)
+            zero = graph.report.zero_sensitive.pop(cond.input[0], None)
             if zero is not None:
-                work.report.zero_sensitive.setdefault(inner, zero)
+                graph.report.zero_sensitive.setdefault(inner, zero)
             cond.input[0] = inner
             changed += 1
-    count_rewrites(work, "clamp-sign", changed)
+    count_rewrites(graph, "clamp-sign", changed)
     return changed
 
 
 # the sign-function labels are passes too, so they can be listed and disabled by name
 for _name in SIGN_IDIOMS:
-    REWRITES[_name] = lambda work, _n=_name: sign_idioms(work, [_n])
+    REWRITES[_name] = lambda graph, _n=_name: sign_idioms(graph, [_n])
