@@ -661,6 +661,15 @@ def test_a_plain_sign_of_a_hardtanh_is_checked_for_zeros_at_the_clamps_input():
     assert report.zero_sensitive == {"x": 0.0}
 
 
+def test_the_pipeline_names_every_registered_pass_once():
+    """PIPELINE is the one statement of order: every pass users can name (the classifier's
+    labels run as its one step) and every other step is in it, once."""
+    from converters.normalize import PIPELINE, SIGN_IDIOMS, STEPS
+
+    assert len(set(PIPELINE)) == len(PIPELINE)
+    assert set(PIPELINE) == (set(REWRITES) - set(SIGN_IDIOMS)) | set(STEPS)
+
+
 def test_a_pass_that_builds_an_invalid_graph_is_named_in_one_line(monkeypatch):
     from converters.errors import InvalidModelError
 

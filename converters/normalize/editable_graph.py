@@ -1,8 +1,9 @@
-"""The graph a pass rewrites (`EditableGraph`), what `normalize` reports, and the small edits every
-pass makes."""
+"""The graph the passes rewrite (`EditableGraph`), what `normalize` reports, and the small
+edits every pass makes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,8 +27,14 @@ class NormalizeReport:
 class EditableGraph:
     """The graph being normalised: nodes, constants by name, value types and shapes."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(
+        self, model: onnx.ModelProto, batch: int = 1, sign_idioms: Iterable[str] = ()
+    ) -> None:
         self.model = model
+        # what the passes that take a setting read: the batch size `fix-batch` gives a dynamic
+        # batch dimension, and the labels of the sign idioms the classifier may rewrite
+        self.batch = batch
+        self.sign_idioms = frozenset(sign_idioms)
         graph = model.graph
         self.opsets = {o.domain: o.version for o in model.opset_import}
         self.consts: dict[str, np.ndarray] = {

@@ -1,5 +1,15 @@
-"""Passes for what one exporter writes its own way: qonnx-bipolar, index-put, ste-detach,
-keras-prelu."""
+"""Passes for what one exporter writes its own way.
+
+- ``qonnx-bipolar``: QONNX `BipolarQuant(x, s)` -> the canonical binarization times `s`
+  (`runnable_reference` writes the same out for ONNX Runtime to run the original);
+- ``index-put``: dynamo's `out[mask] = c` (ScatterND at NonZero(mask)) -> Where(mask, c, out);
+- ``ste-detach``: the straight-through trick `Add(Sub(S, P), P)` -> `S` (P's subgraph dies);
+- ``keras-prelu``: `Add(Relu(x), Mul(Relu(Neg(x)), c))`, Keras' PReLU as tf2onnx writes it,
+  becomes `PRelu(x, -c)`, which the translator emits in the one form TFLite fuses into a single
+  PRELU op (docs/LCE_NOTES.md, "When TFLite's converter fuses a PReLU").
+
+When each runs: `converters.normalize.pipeline.PIPELINE`.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,15 @@
-"""Passes that fix shapes and fold what is constant: fix-batch, drop-noise, fold-constants."""
+"""Passes that make shapes static and fold what is constant.
+
+- ``fix-batch``: a dynamic batch dimension becomes the graph's `batch` (1 by default), so shape
+  chains fold;
+- ``drop-noise``: `Identity`, `CastLike` to a known type, no-op `Cast` and reshapes to the shape
+  a tensor already has removed (dynamo, bitorch's `view_as`);
+- ``fold-constants``: every node whose inputs are all constant (weights binarized in forward,
+  shape chains, Brevitas' clamp + sign) evaluated by ONNX Runtime (the reference evaluator for
+  what it lacks), so a folded weight is what ONNX Runtime computes from the original.
+
+When each runs: `converters.normalize.pipeline.PIPELINE`.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +25,10 @@ from converters.runtimes import ort_session
 
 
 @rewrite("fix-batch")
-def fix_batch(graph: EditableGraph, batch: int = 1) -> int:
-    """A dynamic first dimension of each input becomes `batch`; other dynamic dims refuse."""
+def fix_batch(graph: EditableGraph) -> int:
+    """A dynamic first dimension of each input becomes `graph.batch`; other dynamic dims refuse.
+    Only the first call changes anything."""
+    batch = graph.batch
     changed = 0
     for info in graph.inputs:
         dims = info.type.tensor_type.shape.dim

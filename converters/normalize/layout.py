@@ -1,5 +1,20 @@
-"""Passes that move layout ops out of a binarization's way: pad-transpose, reshape-transpose,
-transpose-binarized, transpose-sink."""
+"""Passes that move layout ops out of the way between a binarization and its layer.
+
+- ``pad-transpose``: binarization -> constant `Pad` -> `Transpose` -> layer becomes
+  binarization -> `Transpose` -> `Pad` (pads permuted): tf2onnx's one-padded binary convs;
+- ``reshape-transpose``: a `Reshape` just before or after a layer's binarization that only
+  moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
+  BinaryAlexNet's dense layers, written as 1x1 convs) becomes the `Transpose` it equals, which
+  `transpose-binarized` and `transpose-sink` move and cancel and the translator reads as
+  NHWC -> NCHW;
+- ``transpose-binarized``: a `Transpose` or `Reshape` between a binarization and its layer (or
+  the layer's Pad) is moved before the binarization (tf2onnx, NHWC), so the binarization feeds
+  the layer directly;
+- ``transpose-sink``: a Transpose moves below a Mul/Add by a constant, and two Transposes that
+  undo each other vanish: tf2onnx's NHWC <-> NCHW pairs around each Conv cancel.
+
+When each runs: `converters.normalize.pipeline.PIPELINE`.
+"""
 
 from __future__ import annotations
 
@@ -141,10 +156,11 @@ def reshape_transpose(graph: EditableGraph) -> int:
     BinaryAlexNet's 1x1 binary convs on a 1x1 input, its dense layers), becomes the Transpose
     it equals: the same data, and a form `transpose-binarized` and `transpose-sink` move and
     cancel, and the translator reads as NHWC -> NCHW, as for the other NHWC convs. Both orders,
-    because the shapes often become static only after `fold-constants` (tf2onnx computes a
-    Keras Reshape's target from `Shape`), by when `transpose-binarized` has moved the Reshape
-    above the binarization. Only with a static input shape and a constant target; a Reshape
-    that reorders data (two axes longer than 1 swap places) or changes the rank stays."""
+    because the shapes often become static only once `fold-constants` has folded the target
+    (tf2onnx computes a Keras Reshape's target from `Shape`), which may be rounds after
+    `transpose-binarized` moved the Reshape above the binarization (`PIPELINE`). Only with a
+    static input shape and a constant target; a Reshape that reorders data (two axes longer
+    than 1 swap places) or changes the rank stays."""
     producers, consumers = graph.producers(), graph.consumers()
     # the tensors binarized on their way to a layer (the rewrite below keeps every name)
     binarized = {

@@ -1,4 +1,5 @@
-"""`normalize`: the passes to a fixpoint, the result checked, and the pass that broke it named."""
+"""`normalize`: `PIPELINE` run to a fixpoint, the result checked (`check_valid`), and the pass
+that broke a valid graph named."""
 
 from __future__ import annotations
 
@@ -7,12 +8,33 @@ from collections.abc import Callable, Iterable
 import onnx
 
 from converters.errors import InvalidModelError
-from converters.normalize import exporter_idioms, folding, layout  # noqa: F401 (registers)
+
+# the pass modules register their passes when imported
+from converters.normalize import exporter_idioms, folding, layout, sign_idioms  # noqa: F401
 from converters.normalize.editable_graph import EditableGraph, NormalizeReport
-from converters.normalize.folding import fix_batch
-from converters.normalize.registry import REWRITES, SIGN_IDIOMS
-from converters.normalize.sign_idioms import sign_idioms
+from converters.normalize.registry import REWRITES, SIGN_IDIOMS, registered, step
 from converters.runtimes import ort_session
+
+# The order the steps run in, every round, until a round changes nothing: the one statement of
+# it (docs and docstrings point here). Every name is a pass users can disable (`REWRITES`) or a
+# step they cannot (`STEPS`); each is called as `step(graph) -> rewrites made`.
+PIPELINE = (
+    "fix-batch",  # static shapes first: shape chains then fold (a no-op after the first round)
+    "infer-shapes",
+    "drop-noise",
+    "fold-constants",
+    "qonnx-bipolar",
+    "index-put",
+    "ste-detach",
+    "keras-prelu",
+    "drop-dead-code",  # the classifier and the passes after it count only live readers
+    "sign-idioms",  # bitorch-sign, cast-compare, where-compare, plain-sign (`SIGN_IDIOMS`)
+    "clamp-sign",
+    "reshape-transpose",
+    "pad-transpose",
+    "transpose-binarized",
+    "transpose-sink",
+)
 
 
 def normalize(
@@ -49,35 +71,44 @@ def _run(
     max_rounds: int,
     after: Callable[[str, EditableGraph], None] | None = None,
 ) -> tuple[onnx.ModelProto, NormalizeReport]:
-    """The passes to a fixpoint; `after(name, graph)` is called after each pass that changed
-    the graph."""
-    graph = EditableGraph(onnx.ModelProto.FromString(model.SerializeToString()))
-
-    def ran(name: str, changed: int) -> int:
-        if changed and after is not None:
-            after(name, graph)
-        return changed
-
-    if "fix-batch" not in disabled:
-        ran("fix-batch", fix_batch(graph, batch))
-    idioms = [n for n in SIGN_IDIOMS if n not in disabled]
+    """`PIPELINE` in rounds until a round changes nothing; `after(name, graph)` is called after
+    each step that changed the graph."""
+    enabled = [n for n in SIGN_IDIOMS if n not in disabled]
+    graph = EditableGraph(
+        onnx.ModelProto.FromString(model.SerializeToString()), batch=batch, sign_idioms=enabled
+    )
+    steps = [name for name in PIPELINE if name not in disabled]
     for _ in range(max_rounds):
-        graph.infer()
         changed = 0
-        for name in ("drop-noise", "fold-constants", "qonnx-bipolar", "index-put", "ste-detach",
-                     "keras-prelu"):  # fmt: skip
-            if name not in disabled:
-                changed += ran(name, REWRITES[name](graph))
-        graph.dead_code()
-        if idioms:
-            changed += ran("sign idioms (" + ", ".join(idioms) + ")", sign_idioms(graph, idioms))
-        for name in ("clamp-sign", "reshape-transpose", "pad-transpose", "transpose-binarized",
-                     "transpose-sink"):  # fmt: skip
-            if name not in disabled:
-                changed += ran(name, REWRITES[name](graph))
+        for name in steps:
+            done = registered(name)(graph)
+            if done and after is not None:
+                after(_described(name, graph), graph)
+            changed += done
         if not changed:
             break
     return graph.build(keep_types=False), graph.report
+
+
+def _described(name: str, graph: EditableGraph) -> str:
+    """A step as the user names it: the classifier by the idioms it may rewrite."""
+    if name == "sign-idioms":
+        return f"sign idioms ({', '.join(n for n in SIGN_IDIOMS if n in graph.sign_idioms)})"
+    return name
+
+
+@step("infer-shapes")
+def _infer_shapes(graph: EditableGraph) -> int:
+    """Refresh value types and shapes (what the passes after it read); never a rewrite."""
+    graph.infer()
+    return 0
+
+
+@step("drop-dead-code")
+def _drop_dead_code(graph: EditableGraph) -> int:
+    """Drop nodes no output reads, so that the passes after it count only live readers."""
+    graph.dead_code()
+    return 0
 
 
 def check_valid(model: onnx.ModelProto, report: NormalizeReport) -> str | None:

@@ -1,9 +1,25 @@
-"""Sign functions to the canonical binarization (bitorch-sign, cast-compare, where-compare,
-plain-sign), and clamp-sign."""
+"""Sign functions to the canonical binarization, and clamps a binarization need not read.
+
+- ``bitorch-sign``, ``cast-compare``, ``where-compare``: any elementwise function of one tensor
+  `x` that reads `x` only through `Sign(x)` and comparisons with 0, and whose value is ±s with
+  +s at 0, becomes the canonical `Where(GreaterOrEqual(x, 0), 1, -1)` (times s). Such a function
+  depends only on whether x < 0, x == -0.0, x == +0.0 or x > 0, so evaluating it on one value of
+  each class (`PROBES`, ONNX's reference evaluator) proves the rewrite for every non-NaN input;
+- ``plain-sign``: the same functions with another value at 0 (plain `Sign`, `x > 0`) that feed a
+  Conv/MatMul/Gemm: rewritten to the canonical form and listed in `zero_sensitive`, so the gate
+  can prove that no exact zero reaches them (`converters.lce.check_zero_free`);
+- ``clamp-sign``: the canonical binarization of a clamp that keeps sign classes (Clip(x, lo,
+  hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself.
+
+The four labels are one classifier (`rewrite_sign_functions`), run as the pipeline step
+``sign-idioms`` with the labels left enabled. When each runs:
+`converters.normalize.pipeline.PIPELINE`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 
 import numpy as np
 import onnx
@@ -11,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from converters.normalize.binarization import canonical_binarization, feeds_layer, is_canonical
 from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, replace_node, scalar
-from converters.normalize.registry import REWRITES, SIGN_IDIOMS, count_rewrites, rewrite
+from converters.normalize.registry import SIGN_IDIOMS, count_rewrites, rewrite, step
 
 # one value of each class a Sign/compare-with-0 function can tell apart (see module doc)
 PROBES = np.array([-3.0, -1.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 3.0], np.float32)
@@ -133,7 +149,8 @@ def _probe(graph: EditableGraph, x: str, nodes: list[onnx.NodeProto], consts: di
     return table[:, 0]
 
 
-def _label(nodes: list[onnx.NodeProto], exact: bool) -> str:
+def _which_idiom(nodes: list[onnx.NodeProto], exact: bool) -> str:
+    """The label (`SIGN_IDIOMS`) of a sign function made of `nodes`; `exact` when it is +s at 0."""
     ops = {n.op_type for n in nodes}
     if not exact:
         return "plain-sign"
@@ -144,7 +161,13 @@ def _label(nodes: list[onnx.NodeProto], exact: bool) -> str:
     return "where-compare"
 
 
-def sign_idioms(graph: EditableGraph, enabled: Iterable[str]) -> int:
+@step("sign-idioms")
+def sign_idioms(graph: EditableGraph) -> int:
+    """The classifier as a pipeline step: the labels `graph.sign_idioms` names are enabled."""
+    return rewrite_sign_functions(graph, graph.sign_idioms) if graph.sign_idioms else 0
+
+
+def rewrite_sign_functions(graph: EditableGraph, enabled: Iterable[str]) -> int:
     """Rewrite sign functions (module doc) to the canonical form, outermost first."""
     enabled = set(enabled)
     changed = 0
@@ -173,7 +196,7 @@ def sign_idioms(graph: EditableGraph, enabled: Iterable[str]) -> int:
                 continue
             zeros = values[[NEG_ZERO, POS_ZERO]]
             exact = bool(np.all(zeros == s))
-            label = _label(nodes, exact)
+            label = _which_idiom(nodes, exact)
             if label not in enabled or (not exact and not feeds_layer(graph, out, consumers)):
                 continue
             found = (node, x, out, float(s), exact, label, zeros)
@@ -247,5 +270,5 @@ def clamp_sign(graph: EditableGraph) -> int:
 
 
 # the sign-function labels are passes too, so they can be listed and disabled by name
-for _name in SIGN_IDIOMS:
-    REWRITES[_name] = lambda graph, _n=_name: sign_idioms(graph, [_n])
+for _idiom in SIGN_IDIOMS:
+    rewrite(_idiom)(partial(rewrite_sign_functions, enabled=(_idiom,)))
