@@ -3,7 +3,7 @@ edits every pass makes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +22,21 @@ class NormalizeReport:
     applied: dict[str, int] = field(default_factory=dict)
     zero_sensitive: dict[str, float] = field(default_factory=dict)
     batch: int | None = None  # the batch size fixed in place of a dynamic one
+
+
+@dataclass(frozen=True)
+class GraphView:
+    """A read-only view of an `EditableGraph` in the shape `converters.patterns` reads
+    (`ReadableGraph`, as `converters.graph.Graph` is one): the producer of each tensor, as of
+    when the view was taken, and the constants. The editable graph keeps no producer map of
+    its own because passes edit its node list in place."""
+
+    producer: Mapping[str, onnx.NodeProto]
+    constants: Mapping[str, np.ndarray]
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of tensor `name` when it is a constant, else None."""
+        return self.constants.get(name)
 
 
 class EditableGraph:
@@ -57,10 +72,16 @@ class EditableGraph:
         self._names += 1
         return f"{base}__n{self._names}"
 
-    def const(self, value: np.ndarray, base: str) -> str:
+    def add_const(self, value: np.ndarray, base: str) -> str:
+        """A new constant holding `value`; its fresh name."""
         name = self.fresh(base)
         self.consts[name] = np.asarray(value)
         return name
+
+    def view(self, producers: Mapping[str, onnx.NodeProto] | None = None) -> GraphView:
+        """The graph as `converters.patterns` reads one (`ReadableGraph`), with `producers`
+        when the caller has them at hand (the view does not see nodes added after it)."""
+        return GraphView(self.producers() if producers is None else producers, self.consts)
 
     def producers(self) -> dict[str, onnx.NodeProto]:
         return {o: n for n in self.nodes for o in n.output if o}

@@ -62,7 +62,7 @@ def index_put(graph: EditableGraph) -> int:
         if value is None or graph.shape(mask) is None or graph.shape(mask) != graph.shape(data):
             continue
         dtype = helper.tensor_dtype_to_np_dtype(graph.elem_type(data) or onnx.TensorProto.FLOAT)
-        c = graph.const(np.asarray(value, dtype), "put_value")
+        c = graph.add_const(np.asarray(value, dtype), "put_value")
         replace_node(graph, node, [helper.make_node("Where", [mask, c, data], [node.output[0]],
                                                name=graph.fresh("index_put"))])  # fmt: skip
         changed += 1
@@ -123,7 +123,7 @@ def keras_prelu(graph: EditableGraph) -> int:
         if match is None:
             continue
         x, c = match
-        slope = graph.const(np.negative(c).astype(np.float32), "prelu_slope")
+        slope = graph.add_const(np.negative(c).astype(np.float32), "prelu_slope")
         prelu = helper.make_node("PRelu", [x, slope], [node.output[0]], name=graph.fresh("prelu"))
         replace_node(graph, node, [prelu])
         changed += 1

@@ -18,9 +18,9 @@ import onnx
 from onnx import helper
 
 from converters.errors import InvalidModelError
-from converters.normalize.binarization import LAYERS
 from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, is_static
 from converters.normalize.registry import count_rewrites, rewrite
+from converters.patterns import LAYER_OPS
 from converters.runtimes import ort_session
 
 
@@ -116,7 +116,9 @@ def _kernel_layout(node: onnx.NodeProto, initializers: set[str], consumers: dict
         node.op_type in ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
         and node.input[0] in initializers
         and bool(readers)
-        and all(r.op_type in LAYERS and list(r.input).index(node.output[0]) == 1 for r in readers)
+        and all(
+            r.op_type in LAYER_OPS and list(r.input).index(node.output[0]) == 1 for r in readers
+        )
     )
 
 

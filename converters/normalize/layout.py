@@ -23,7 +23,6 @@ import onnx
 from onnx import helper
 
 from converters.normalize.binarization import (
-    LAYERS,
     binarized_source,
     canonical_binarization,
     feeds_layer,
@@ -37,6 +36,7 @@ from converters.normalize.editable_graph import (
     scalar,
 )
 from converters.normalize.registry import count_rewrites, rewrite
+from converters.patterns import LAYER_OPS
 
 
 def _pad_spec(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
@@ -100,7 +100,7 @@ def pad_transpose(graph: EditableGraph) -> int:
         padded = helper.make_node("Pad", inputs, [node.output[0]], name=graph.fresh("Pad"))
         padded.attribute.extend(a for a in pad.attribute if a.name != "pads")
         if len(pad.input) > 1 and pad.input[1]:
-            padded.input[1] = graph.const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
+            padded.input[1] = graph.add_const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
         else:
             padded.attribute.append(helper.make_attribute("pads", moved))
         replace_node(graph, node, [shifted, padded])
@@ -164,7 +164,7 @@ def reshape_transpose(graph: EditableGraph) -> int:
     producers, consumers = graph.producers(), graph.consumers()
     # the tensors binarized on their way to a layer (the rewrite below keeps every name)
     binarized = {
-        binarized_source(b, producers)
+        binarized_source(graph, b, producers)
         for b in graph.nodes
         if is_canonical(graph, b, producers) and feeds_layer(graph, b.output[0], consumers)
     }
@@ -210,9 +210,9 @@ def transpose_binarized(graph: EditableGraph) -> int:
         # directly, or through a Pad (after `pad-transpose`): forms the translator emits
         padded = [p.output[0] for p in readers if p.op_type == "Pad" and len(readers) == 1]
         readers = [*readers, *(r for p in padded for r in consumers.get(p, []))]
-        if not any(r.op_type in LAYERS for r in readers):
+        if not any(r.op_type in LAYER_OPS for r in readers):
             continue
-        source = binarized_source(where, producers)
+        source = binarized_source(graph, where, producers)
         moved = graph.fresh(f"{source}__moved")
         shifted = helper.make_node(node.op_type, [source, *node.input[1:]], [moved],
                                    name=graph.fresh(node.op_type))  # fmt: skip
@@ -268,7 +268,7 @@ def transpose_sink(graph: EditableGraph) -> int:
                 continue
             value = graph.consts[other]
             value = value.reshape((1,) * (len(perm) - value.ndim) + value.shape)
-            moved = graph.const(np.transpose(value, _inverse(perm)), f"{other}__moved")
+            moved = graph.add_const(np.transpose(value, _inverse(perm)), f"{other}__moved")
             inner = graph.fresh(f"{reader.output[0]}__before")
             operands = [node.input[0], moved] if k == 0 else [moved, node.input[0]]
             # the reader becomes the op on the untransposed tensor, the Transpose follows it

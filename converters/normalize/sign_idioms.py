@@ -25,7 +25,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from converters.normalize.binarization import canonical_binarization, feeds_layer, is_canonical
+from converters.normalize.binarization import (
+    binarization_at,
+    canonical_binarization,
+    feeds_layer,
+    is_canonical,
+)
 from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, replace_node, scalar
 from converters.normalize.registry import SIGN_IDIOMS, count_rewrites, rewrite, step
 
@@ -252,18 +257,22 @@ def clamp_sign(graph: EditableGraph) -> int:
     producers = graph.producers()
     changed = 0
     for node in list(graph.nodes):
-        if node.op_type != "Where" or not is_canonical(graph, node, producers):
+        found = binarization_at(graph, node, producers) if node.op_type == "Where" else None
+        if found is None:
             continue
-        cond = producers[node.input[0]]
+        compare = producers[node.input[0]]  # x >= 0, x < 0, ... or Not of one
+        if compare.op_type == "Not":
+            compare = producers[compare.input[0]]
+        at = list(compare.input).index(found.source)
         while True:
-            inner = _unclamped(graph, producers.get(cond.input[0]))
+            inner = _unclamped(graph, producers.get(compare.input[at]))
             if inner is None:
                 break
             # a plain Sign's zeros are x's zeros: the zero-free check follows the source
-            zero = graph.report.zero_sensitive.pop(cond.input[0], None)
+            zero = graph.report.zero_sensitive.pop(compare.input[at], None)
             if zero is not None:
                 graph.report.zero_sensitive.setdefault(inner, zero)
-            cond.input[0] = inner
+            compare.input[at] = inner
             changed += 1
     count_rewrites(graph, "clamp-sign", changed)
     return changed
