@@ -135,26 +135,10 @@ def fold_constants(graph: EditableGraph) -> int:
         if _kernel_layout(node, initializers, consumers):
             continue
         if node.op_type == "Identity" and node.input[0] in initializers:
-            if node.output[0] not in graph.consts:
-                graph.consts[node.output[0]] = graph.consts[node.input[0]]
-                graph.aliases.add(node.output[0])
+            _alias(graph, node)
             continue
-        if node.op_type == "Shape":
-            shape = graph.shape(node.input[0])
-            if shape is None or any(d is None or d <= 0 for d in shape):
-                continue
-            start = next((a.i for a in node.attribute if a.name == "start"), 0)
-            end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
-            values = [np.asarray(shape[start:end], np.int64)]
-        elif node.op_type == "Constant" or (
-            node.input and all(not n or n in graph.consts for n in node.input)
-        ):
-            feeds = {n: graph.consts[n] for n in node.input if n}
-            try:
-                values = _evaluate(graph, node, feeds)
-            except Exception:  # the translator reports what it cannot do, by node name
-                continue
-        else:
+        values = _folded_values(graph, node)
+        if values is None:
             continue
         for name, value in zip([o for o in node.output if o], values, strict=False):
             graph.consts[name] = np.asarray(value)
@@ -164,3 +148,38 @@ def fold_constants(graph: EditableGraph) -> int:
         changed += 1
     count_rewrites(graph, "fold-constants", changed)
     return changed
+
+
+def _alias(graph: EditableGraph, node: onnx.NodeProto) -> None:
+    """Identity(initializer): its output's value is known, but the node stays (see
+    `EditableGraph.aliases`)."""
+    if node.output[0] not in graph.consts:
+        graph.consts[node.output[0]] = graph.consts[node.input[0]]
+        graph.aliases.add(node.output[0])
+
+
+def _folded_values(graph: EditableGraph, node: onnx.NodeProto) -> list[np.ndarray] | None:
+    """The values of `node`'s outputs when they are constant: `Shape` of a static shape, a
+    `Constant`, or a node whose inputs are all constant; None otherwise (or when it cannot be
+    evaluated: the translator reports what it cannot do, by node name)."""
+    if node.op_type == "Shape":
+        return _static_shape_of(graph, node)
+    if node.op_type != "Constant" and not (
+        node.input and all(not n or n in graph.consts for n in node.input)
+    ):
+        return None
+    feeds = {n: graph.consts[n] for n in node.input if n}
+    try:
+        return _evaluate(graph, node, feeds)
+    except Exception:
+        return None
+
+
+def _static_shape_of(graph: EditableGraph, node: onnx.NodeProto) -> list[np.ndarray] | None:
+    """[the value of `Shape(x)`] (its `start`/`end` slice) when x's shape is static, else None."""
+    shape = graph.shape(node.input[0])
+    if shape is None or any(d is None or d <= 0 for d in shape):
+        return None
+    start = next((a.i for a in node.attribute if a.name == "start"), 0)
+    end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
+    return [np.asarray(shape[start:end], np.int64)]

@@ -75,40 +75,65 @@ def pad_transpose(graph: EditableGraph) -> int:
     producers, consumers = graph.producers(), graph.consumers()
     changed = 0
     for node in list(graph.nodes):
-        perm = _perm(node) if node.op_type == "Transpose" else None
-        pad = producers.get(node.input[0]) if perm is not None else None
-        if pad is None or pad.op_type != "Pad" or pad.domain not in ONNX_DOMAINS:
+        found = _movable_pad(graph, node, producers, consumers)
+        if found is None:
             continue
-        pads = _pad_spec(graph, pad)
-        rank = len(perm)
-        if pads is None or len(pads) != 2 * rank or sorted(perm) != list(range(rank)):
-            continue
-        if len(consumers.get(pad.output[0], [])) != 1 or pad.output[0] in {
-            o.name for o in graph.outputs
-        }:
-            continue
-        binarization = producers.get(pad.input[0])
-        if binarization is None or not is_canonical(graph, binarization, producers):
-            continue
-        if not feeds_layer(graph, node.output[0], consumers):
-            continue
-        moved = [pads[perm[k]] for k in range(rank)] + [pads[rank + perm[k]] for k in range(rank)]
-        transposed = graph.fresh(f"{pad.input[0]}__transposed")
-        shifted = helper.make_node("Transpose", [pad.input[0]], [transposed], perm=perm,
-                                   name=graph.fresh("Transpose"))  # fmt: skip
-        inputs = [transposed, *pad.input[1:]]
-        padded = helper.make_node("Pad", inputs, [node.output[0]], name=graph.fresh("Pad"))
-        padded.attribute.extend(a for a in pad.attribute if a.name != "pads")
-        if len(pad.input) > 1 and pad.input[1]:
-            padded.input[1] = graph.add_const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
-        else:
-            padded.attribute.append(helper.make_attribute("pads", moved))
-        replace_node(graph, node, [shifted, padded])
+        pad, perm, pads = found
+        replace_node(graph, node, _transposed_then_padded(graph, node, pad, perm, pads))
         graph.nodes.remove(pad)
         changed += 1
         producers, consumers = graph.producers(), graph.consumers()
     count_rewrites(graph, "pad-transpose", changed)
     return changed
+
+
+def _movable_pad(
+    graph: EditableGraph, node: onnx.NodeProto, producers: dict, consumers: dict
+) -> tuple[onnx.NodeProto, list[int], list[int]] | None:
+    """(Pad, perm, pads) when `node` is a Transpose(perm) of a constant Pad (`_pad_spec`) of a
+    canonical binarization, read by nothing else, on the way to a layer; else None."""
+    perm = _perm(node) if node.op_type == "Transpose" else None
+    pad = producers.get(node.input[0]) if perm is not None else None
+    if pad is None or pad.op_type != "Pad" or pad.domain not in ONNX_DOMAINS:
+        return None
+    pads = _pad_spec(graph, pad)
+    rank = len(perm)
+    if pads is None or len(pads) != 2 * rank or sorted(perm) != list(range(rank)):
+        return None
+    if len(consumers.get(pad.output[0], [])) != 1 or pad.output[0] in {
+        o.name for o in graph.outputs
+    }:
+        return None
+    binarization = producers.get(pad.input[0])
+    if binarization is None or not is_canonical(graph, binarization, producers):
+        return None
+    if not feeds_layer(graph, node.output[0], consumers):
+        return None
+    return pad, perm, pads
+
+
+def _transposed_then_padded(
+    graph: EditableGraph,
+    node: onnx.NodeProto,
+    pad: onnx.NodeProto,
+    perm: list[int],
+    pads: list[int],
+) -> list[onnx.NodeProto]:
+    """Transpose(perm) of the Pad's input, then the Pad with its pads permuted by perm (begin
+    and end halves alike), computing what `node` (Transpose(perm) of the Pad) computed."""
+    rank = len(perm)
+    moved = [pads[perm[k]] for k in range(rank)] + [pads[rank + perm[k]] for k in range(rank)]
+    transposed = graph.fresh(f"{pad.input[0]}__transposed")
+    shifted = helper.make_node("Transpose", [pad.input[0]], [transposed], perm=perm,
+                               name=graph.fresh("Transpose"))  # fmt: skip
+    inputs = [transposed, *pad.input[1:]]
+    padded = helper.make_node("Pad", inputs, [node.output[0]], name=graph.fresh("Pad"))
+    padded.attribute.extend(a for a in pad.attribute if a.name != "pads")
+    if len(pad.input) > 1 and pad.input[1]:
+        padded.input[1] = graph.add_const(np.asarray(moved, np.int64), f"{pad.input[1]}__moved")
+    else:
+        padded.attribute.append(helper.make_attribute("pads", moved))
+    return [shifted, padded]
 
 
 def _reshape_target(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
@@ -123,9 +148,14 @@ def _reshape_target(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | N
     if allowzero and 0 in dims:
         return None  # a zero-sized tensor: nothing a layer reads
     dims = [source[k] if d == 0 and k < len(source) else d for k, d in enumerate(dims)]
+    return _inferred_dims(int(np.prod(source)), dims)
+
+
+def _inferred_dims(total: int, dims: list[int]) -> list[int] | None:
+    """`dims` with its one -1 (if any) resolved so they hold `total` elements, or None."""
     if dims.count(-1) > 1 or any(d < -1 or d == 0 for d in dims):
         return None
-    total, known = int(np.prod(source)), int(np.prod([d for d in dims if d != -1]))
+    known = int(np.prod([d for d in dims if d != -1]))
     if -1 in dims:
         if known == 0 or total % known:
             return None

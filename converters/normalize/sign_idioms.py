@@ -65,16 +65,10 @@ def _sign_function(
     while stack:
         name = stack.pop()
         if name in graph.consts:
-            value = np.asarray(graph.consts[name])
-            if value.size == 0:
+            values = _probe_values(graph.consts[name])
+            if values is None:
                 return None
-            if np.all(value == value.reshape(-1)[0]):
-                consts[name] = value.reshape(-1)[0:1].reshape(())
-            else:  # e.g. `x.new(x.size())`'s uninitialised memory, overwritten by index-puts
-                distinct = np.unique(value.reshape(-1))
-                if distinct.size > MAX_DISTINCT:
-                    return None
-                consts[name] = distinct  # 1-D: `_probe` tries every value
+            consts[name] = values
             continue
         node = producers.get(name)
         if node is None or node.op_type not in ELEMENTWISE or node.domain not in ONNX_DOMAINS:
@@ -82,34 +76,70 @@ def _sign_function(
         if id(node) in nodes:
             continue
         nodes[id(node)] = node
-        if node.op_type == "Sign":
-            leaves.add(node.input[0])
-        elif node.op_type in COMPARISONS:
-            zero = [n for n in node.input if n in graph.consts]
-            other = [n for n in node.input if n not in graph.consts]
-            if len(zero) != 1 or len(other) != 1 or np.any(graph.consts[zero[0]] != 0):
-                return None
-            consts[zero[0]] = np.asarray(graph.consts[zero[0]]).reshape(-1)[0:1].reshape(())
-            inner = producers.get(other[0])
-            if inner is not None and inner.op_type == "Sign":
-                stack.append(other[0])
-            else:
-                leaves.add(other[0])
-        else:
-            stack.extend(n for n in node.input if n)
+        inputs = _walk_on(graph, node, producers, consts, leaves)
+        if inputs is None:
+            return None
+        stack.extend(inputs)
     if len(leaves) != 1 or root in leaves:
         return None
     (x,) = leaves
+    if not _scalars_keep_shape(graph, x, consts):
+        return None
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    return x, sorted(nodes.values(), key=lambda n: order[id(n)]), consts
+
+
+def _probe_values(value: np.ndarray) -> np.ndarray | None:
+    """A constant as the probe feeds it: its one value (0-D) when uniform, else its distinct
+    values (1-D: `_probe` tries every one); None when empty or too many to try."""
+    value = np.asarray(value)
+    if value.size == 0:
+        return None
+    if np.all(value == value.reshape(-1)[0]):
+        return value.reshape(-1)[0:1].reshape(())
+    # e.g. `x.new(x.size())`'s uninitialised memory, overwritten by index-puts
+    distinct = np.unique(value.reshape(-1))
+    return distinct if distinct.size <= MAX_DISTINCT else None
+
+
+def _walk_on(
+    graph: EditableGraph,
+    node: onnx.NodeProto,
+    producers: dict[str, onnx.NodeProto],
+    consts: dict[str, np.ndarray],
+    leaves: set[str],
+) -> list[str] | None:
+    """The tensors `_sign_function` walks on from `node`, recording a Sign's or a comparison's
+    input as a leaf (x) and a comparison's zero in `consts`; None when `node` compares with
+    something other than one constant 0."""
+    if node.op_type == "Sign":
+        leaves.add(node.input[0])
+        return []
+    if node.op_type not in COMPARISONS:
+        return [n for n in node.input if n]
+    zero = [n for n in node.input if n in graph.consts]
+    other = [n for n in node.input if n not in graph.consts]
+    if len(zero) != 1 or len(other) != 1 or np.any(graph.consts[zero[0]] != 0):
+        return None
+    consts[zero[0]] = np.asarray(graph.consts[zero[0]]).reshape(-1)[0:1].reshape(())
+    inner = producers.get(other[0])
+    if inner is not None and inner.op_type == "Sign":
+        return [other[0]]
+    leaves.add(other[0])
+    return []
+
+
+def _scalars_keep_shape(graph: EditableGraph, x: str, consts: dict[str, np.ndarray]) -> bool:
+    """Scalarising the constants does not hide a broadcast that grows x."""
     shape_x = graph.shape(x)
-    for name in consts:  # scalarising a constant must not hide a broadcast that grows x
+    for name in consts:
         full = graph.consts[name].shape
         if shape_x is None or None in shape_x:
             if graph.consts[name].size != 1:
-                return None
+                return False
         elif tuple(np.broadcast_shapes(tuple(shape_x), full)) != tuple(shape_x):
-            return None
-    order = {id(n): k for k, n in enumerate(graph.nodes)}
-    return x, sorted(nodes.values(), key=lambda n: order[id(n)]), consts
+            return False
+    return True
 
 
 def _probe(graph: EditableGraph, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
@@ -223,31 +253,46 @@ def _unclamped(graph: EditableGraph, node: onnx.NodeProto | None) -> str | None:
     if node is None:
         return None
     if node.op_type == "Clip" and len(node.input) >= 1:
-        lo = scalar(graph, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
-        hi = scalar(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
-        for a in node.attribute:  # opset < 11 keeps the bounds as attributes
-            lo, hi = (a.f, hi) if a.name == "min" else (lo, a.f) if a.name == "max" else (lo, hi)
-        ok = lo is not None and hi is not None and lo < 0 < hi
-        return node.input[0] if ok else None
+        return _unclipped(graph, node)
     if node.op_type in ("Min", "Max") and len(node.input) == 2:
-        for k in (0, 1):
-            c = scalar(graph, node.input[1 - k])
-            if c is not None and node.input[k] not in graph.consts:
-                ok = c > 0 if node.op_type == "Min" else c < 0
-                return node.input[k] if ok else None
-        return None
+        return _unbounded(graph, node)
     if node.op_type == "Where":
-        producers = graph.producers()
-        cond = producers.get(node.input[0])
-        if cond is None or cond.op_type not in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual"):
-            return None
-        x, bound = cond.input
-        c, branch = scalar(graph, bound), scalar(graph, node.input[1])
-        if c is None or branch != c or node.input[2] != x or x in graph.consts:
-            return None  # Where(x > c, c, x): min(x, c); Where(x < c, c, x): max(x, c)
-        above = cond.op_type.startswith("Greater")
-        return x if (c > 0 if above else c < 0) else None
+        return _unclamped_where(graph, node)
     return None
+
+
+def _unclipped(graph: EditableGraph, node: onnx.NodeProto) -> str | None:
+    """x of Clip(x, lo, hi) with lo < 0 < hi (bounds as inputs, or attributes before opset 11)."""
+    lo = scalar(graph, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
+    hi = scalar(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
+    for a in node.attribute:  # opset < 11 keeps the bounds as attributes
+        lo, hi = (a.f, hi) if a.name == "min" else (lo, a.f) if a.name == "max" else (lo, hi)
+    ok = lo is not None and hi is not None and lo < 0 < hi
+    return node.input[0] if ok else None
+
+
+def _unbounded(graph: EditableGraph, node: onnx.NodeProto) -> str | None:
+    """x of Min(x, c) with c > 0 or Max(x, c) with c < 0 (either operand order)."""
+    for k in (0, 1):
+        c = scalar(graph, node.input[1 - k])
+        if c is not None and node.input[k] not in graph.consts:
+            ok = c > 0 if node.op_type == "Min" else c < 0
+            return node.input[k] if ok else None
+    return None
+
+
+def _unclamped_where(graph: EditableGraph, node: onnx.NodeProto) -> str | None:
+    """x of Brevitas' Where(x > c, c, x) (min(x, c), c > 0) or Where(x < c, c, x) (max(x, c),
+    c < 0)."""
+    cond = graph.producers().get(node.input[0])
+    if cond is None or cond.op_type not in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual"):
+        return None
+    x, bound = cond.input
+    c, branch = scalar(graph, bound), scalar(graph, node.input[1])
+    if c is None or branch != c or node.input[2] != x or x in graph.consts:
+        return None
+    above = cond.op_type.startswith("Greater")
+    return x if (c > 0 if above else c < 0) else None
 
 
 @rewrite("clamp-sign")
