@@ -25,6 +25,7 @@ from converters import tf_elementwise, tf_layers
 from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
 from converters.graph import Graph
 from converters.patterns import (
+    NUDGE_THROUGH,
     Binarization,
     BinaryLayerMatch,
     find_binary_layers_in,
@@ -36,8 +37,6 @@ HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
 # op types that are only supported as part of a binarization pattern
 PATTERN_OPS = ("Sign -> Add -> Sign", "GreaterOrEqual -> Where")
 SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])
-# ops between a binary conv's affine output and a binarization that keep sign(x) elementwise
-NUDGE_THROUGH = ("MaxPool", "Flatten", "Reshape", "Identity", "Squeeze")
 
 
 class _Needs(Exception):  # noqa: N818 (control flow, not an error)

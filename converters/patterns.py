@@ -1,6 +1,7 @@
 """Find binary layers in an ONNX model: Conv/MatMul/Gemm whose input is binarized.
 
-The torch exporter writes a binarization with sign(0) = +1 as one of (docs/LCE_NOTES.md §3):
+The torch exporter writes a binarization with sign(0) = +1 as one of (docs/LCE_NOTES.md,
+"PyTorch -> ONNX facts"):
 
 - `Sign(x) -> Add(c) -> Sign` with a constant 0 < c < 1 (`torch.sign(torch.sign(x) + 0.1)`;
   also `Add(c, Sign(x))` and `Sub(Sign(x), -c)`): pattern ``"sign-add-sign"``;
@@ -25,7 +26,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -35,9 +38,38 @@ from converters.graph import Graph, attributes
 SIGN_ADD_SIGN = "sign-add-sign"
 GREATER_OR_EQUAL_WHERE = "greaterorequal-where"
 
-# ops a binarized tensor passes through and stays ±1 (Pad: with a constant value, see below)
-PASS_THROUGH = ("Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool")
+# The one set of sign-preserving ops: each output element is an element of the first input,
+# moved or selected (MaxPool: max is monotone), so a ±1 tensor stays ±1 and sign commutes with
+# them. The sets below are it, or it with one op added or two left out, for the reason given.
+SIGN_PRESERVING = ("Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool")
+# what a binarized tensor passes through and stays ±1 (a Pad too when its fill is -1, 0 or 1:
+# `trace_binarized` checks that)
+PASS_THROUGH = SIGN_PRESERVING
+# what may stand between a binarization and the layer that reads it when looking for layers
+# (lookalikes, the normaliser's passes): any Pad, whose fill matters only once the binarization
+# is traced
+TO_LAYER = (*SIGN_PRESERVING, "Pad")
+# what the translator walks back through, from a binarization's source to a binary conv's
+# accumulator, and replays on the tie-broken accumulator (`Translator.binarized_source`): the
+# ops its tie-breaking was written and tested for; Transpose and Unsqueeze are not among them,
+# so ties behind either are left as the accumulator has them
+NUDGE_THROUGH = tuple(op for op in SIGN_PRESERVING if op not in ("Transpose", "Unsqueeze"))
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
+
+
+class ReadableGraph(Protocol):
+    """What the matchers here read of a graph: the node producing each tensor, and constant
+    values. `converters.graph.Graph` is one, and so is the normaliser's view of the graph it
+    rewrites (`converters.normalize.editable_graph.GraphView`)."""
+
+    @property
+    def producer(self) -> Mapping[str, onnx.NodeProto]:
+        """The node that computes each tensor, by name."""
+        ...
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of tensor `name` when it is a constant, else None."""
+        ...
 
 
 @dataclass
@@ -80,12 +112,12 @@ class BinaryLayerMatch:
         return self.strict or self.scale is not None
 
 
-def _is_const(graph: Graph, name: str, predicate) -> bool:
+def _is_const(graph: ReadableGraph, name: str, predicate) -> bool:
     value = graph.const(name)
     return value is not None and value.size > 0 and bool(predicate(np.asarray(value, np.float64)))
 
 
-def match_binarization(graph: Graph, name: str) -> Binarization | None:
+def match_binarization(graph: ReadableGraph, name: str) -> Binarization | None:
     """Return the binarization pattern whose output is tensor `name`, if it is one."""
     node = graph.producer.get(name)
     if node is None:
@@ -141,13 +173,13 @@ def _all_zero(c: np.ndarray) -> bool:
     return bool(np.all(c == 0))
 
 
-def _branches(graph: Graph, positive: str, negative: str) -> bool:
+def _branches(graph: ReadableGraph, positive: str, negative: str) -> bool:
     return _is_const(graph, positive, lambda c: np.all(c == 1)) and _is_const(
         graph, negative, lambda c: np.all(c == -1)
     )
 
 
-def trace_binarized(graph: Graph, name: str) -> Binarization | None:
+def trace_binarized(graph: ReadableGraph, name: str) -> Binarization | None:
     """Follow `name` back through ±1-preserving ops to a binarization pattern, if any."""
     seen = 0
     while seen < 32:
@@ -295,7 +327,7 @@ def find_lookalike_layers_in(graph: Graph) -> list[LookalikeLayer]:
         source = node.input[0]
         for _ in range(32):  # back through ±1-preserving ops to what produced the input
             producer = graph.producer.get(source)
-            if producer is None or producer.op_type not in (*PASS_THROUGH, "Pad"):
+            if producer is None or producer.op_type not in TO_LAYER:
                 break
             source = producer.input[0]
         if producer is not None and producer.op_type in SIGN_LIKE:

@@ -532,12 +532,12 @@ def test_alexnet_dense_layers_convert_to_lce_bconv2d(tmp_path):
     ids=["swaps-non-unit-axes", "merges-axes"],
 )
 def test_unit_perm_is_found_only_where_the_data_stays_in_order(source, target):
-    from converters.normalize import _unit_perm
+    from converters.normalize.layout import unit_perm
 
-    assert _unit_perm(list(source), list(target)) is None
-    assert _unit_perm([1, 1, 1, 9], [1, 9, 1, 1]) == [0, 3, 1, 2]
+    assert unit_perm(list(source), list(target)) is None
+    assert unit_perm([1, 1, 1, 9], [1, 9, 1, 1]) == [0, 3, 1, 2]
     x = np.arange(2 * 5 * 3).reshape(1, 2, 1, 5, 3)
-    perm = _unit_perm(list(x.shape), [2, 1, 5, 1, 3])
+    perm = unit_perm(list(x.shape), [2, 1, 5, 1, 3])
     np.testing.assert_array_equal(np.transpose(x, perm), x.reshape(2, 1, 5, 1, 3))
 
 
@@ -659,6 +659,15 @@ def test_a_plain_sign_of_a_hardtanh_is_checked_for_zeros_at_the_clamps_input():
     after, report = normalize(before)
     assert report.applied["clamp-sign"] == 1 and "Clip" not in ops(after)
     assert report.zero_sensitive == {"x": 0.0}
+
+
+def test_the_pipeline_names_every_registered_pass_once():
+    """PIPELINE is the one statement of order: every pass users can name (the classifier's
+    labels run as its one step) and every other step is in it, once."""
+    from converters.normalize import PIPELINE, SIGN_IDIOMS, STEPS
+
+    assert len(set(PIPELINE)) == len(PIPELINE)
+    assert set(PIPELINE) == (set(REWRITES) - set(SIGN_IDIOMS)) | set(STEPS)
 
 
 def test_a_pass_that_builds_an_invalid_graph_is_named_in_one_line(monkeypatch):
