@@ -53,16 +53,16 @@ def module_path_of_name(node_name: str) -> str | None:
     top-level forward(), None for a name no exporter wrote (e.g. a normaliser's node).
 
     Its scopes are the modules from the root, each named by its path from the last part that
-    is not a number (`blocks.4.shortcut.1` -> `shortcut.1`): a part that starts with its
-    parent's name goes on with the parent's numbered children."""
+    is not a number (`blocks.4.shortcut.1` -> `shortcut.1`, `blocks.0.0` -> `blocks.0.0`): a
+    part that is its parent's name and numbers is one of the parent's numbered children."""
     if not node_name.startswith("/"):
         return None
     path = ""
     for part in (p for p in node_name.split("/")[1:-1] if p):
-        head, _, tail = part.partition(".")
-        numbered = tail and all(atom.isdigit() for atom in tail.split("."))
-        if path and numbered and head == _unqualified(path):
-            path = f"{path}.{tail}"
+        parent = _unqualified(path) if path else ""
+        rest = part[len(parent) + 1 :].split(".") if part.startswith(parent + ".") else []
+        if path and rest and all(atom.isdigit() for atom in rest):
+            path = f"{path}{part[len(parent) :]}"  # the parent's numbered child
         else:
             path = f"{path}.{part}" if path else part
     return path or TOP
