@@ -55,10 +55,17 @@ class DeviceTarget:
     remote_tmp: str = "/tmp"  # where working directories go on the device
     timeout: float = 600.0  # seconds one device command may run
     batch: int = 64  # accuracy with lce_benchmark_model: the batch-N twin's N (capped by samples)
+    # the device's op profile by PyTorch layer (bnnexport.profile); needs lce_benchmark_model
+    profile: bool = False
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
             raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
+        if self.profile and self.runner == "python":
+            raise ValueError(
+                "profile needs the lce_benchmark_model runner (the python runner has no "
+                "op profiler)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +110,8 @@ class BenchReport(Report):
     report_md: str | None = None
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # backend: why
     random_inputs: bool = False  # a model file benched without --samples-file
+    # with `DeviceTarget.profile`: the device's time by PyTorch layer (bnnexport.profile)
+    profile: dict[str, Any] | None = None
 
     def to_table(self) -> str:
         """One line per backend: accuracy, agreement, latency, size."""
@@ -152,6 +161,8 @@ class BenchReport(Report):
         ]
         if self.device:
             footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
+        if self.profile is not None:
+            footer.append(self.profile["summary"])
         for name, why in self.skipped.items():
             footer.append(f"skipped {name}: {why}")
         if self.report_md:
@@ -326,7 +337,9 @@ def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], str]:
     )
     identity = {"destination": device.host, **client.identity().to_json()}
     runner = device.runner
-    if runner == "auto":
+    if runner == "auto" and device.profile:  # only the benchmark tool profiles ops
+        runner = "lce_benchmark_model"
+    elif runner == "auto":
         runner = "python" if has_lce_python(client, device.remote_python) else "lce_benchmark_model"
     if runner == "lce_benchmark_model" and device.benchmark_binary is not None:
         check_local_binary(device.benchmark_binary, identity["machine"])
@@ -499,6 +512,9 @@ def bench(
         )
         results.extend(rows)
         results.extend(_scaling_rows(device, connected, options, inputs, labels, reference))
+    profile = None
+    if device is not None and device.profile and connected is not None:
+        profile = device_profile(results, connected.flatbuffer, run.onnx)
     report = BenchReport(
         run_dir=str(run.root),
         samples=len(inputs),
@@ -510,6 +526,7 @@ def bench(
         device=identity,
         files=_file_sizes(run, target),
         skipped=skipped,
+        profile=profile,
     )
     if raw is not None:
         write_bytes_atomic(run.root / "bench_device.log", raw.encode())
@@ -679,15 +696,17 @@ def bench_model_file(
         connected = _Connected(*reach_device(device), flatbuffer)
     results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
     reference = host_outputs[results[0].name]
-    identity = None
+    identity = profile = None
     if device is not None and connected is not None:
         identity = connected.identity
         results += _file_device_rows(device, connected, options, inputs, labels, reference)
+        if device.profile:
+            profile = device_profile(results, connected.flatbuffer, onnx_path)
     report = BenchReport(
         run_dir=str(path), samples=len(inputs), runs=options.runs, threads=options.threads,
         num_classes=int(reference.shape[1]), host=host_identity(), backends=results,
         device=identity, files={p.name: p.stat().st_size for _, p, _ in backends},
-        random_inputs=samples_file is None,
+        random_inputs=samples_file is None, profile=profile,
     )  # fmt: skip
     if write_report:
         from bnnexport.report_md import write_report as render
@@ -743,3 +762,32 @@ def _file_device_rows(
     rows[0].name = "lce"
     rows[0].extra["note"] = "latency only: accuracy on the device needs a run's batch-N twin"
     return rows
+
+
+def device_profile(
+    rows: list[BackendResult], flatbuffer: Path, onnx_path: Path | None
+) -> dict[str, Any]:
+    """The op profile of the device's batch-1 latency run (the `lce` row: same runs and
+    threads), by PyTorch layer (`bnnexport.profile`), as JSON. A missing or unreadable profile
+    is a note in it (and on stderr), never an error: the latency rows stand without it."""
+    import sys
+
+    from bnnexport.profile import DeviceProfile, profile_by_layer
+    from converters.errors import ConverterError
+
+    row = next((r for r in rows if r.name == "lce" and r.where != "host"), None)
+    ops = row.extra.get("ops") if row is not None else None
+    threads = row.extra.get("threads") if row is not None else None
+    profile = DeviceProfile([], 0.0, threads)
+    if not ops:
+        profile.notes.append("lce_benchmark_model printed no op profile table")
+    else:
+        onnx_model = onnx_path if onnx_path is not None and onnx_path.is_file() else None
+        try:
+            profile = profile_by_layer(ops, flatbuffer, onnx_model)
+            profile.threads = threads
+        except (ConverterError, KeyError, TypeError, ValueError) as error:
+            profile.notes.append(f"the op profile could not be matched to layers ({error})")
+    for note in profile.notes:
+        print(f"bnnexport: note: profile: {note}", file=sys.stderr)
+    return {**profile.to_json(), "summary": profile.summary()}

@@ -66,6 +66,9 @@ def plot_bench(report: Any, out: Path, prefix: str = "") -> list[Path]:
     scaling = _thread_scaling(report.backends)
     if len(scaling) > 1:
         written.append(_scaling_plot(out / f"{prefix}bench_device_threads.png", scaling))
+    layers = (getattr(report, "profile", None) or {}).get("layers")
+    if layers:
+        written.append(_layer_plot(out / f"{prefix}bench_device_layers.png", layers, report))
     scored = [b for b in report.backends if b.top1 is not None]
     if scored:
         title = f"Top-1 accuracy on {report.samples} test samples"
@@ -108,6 +111,57 @@ def _scaling_plot(path: Path, scaling: dict[int, Any]) -> Path:
     return path
 
 
+BINARY_COLOUR, FLOAT_COLOUR = "#4c72b0", "#dd8452"
+
+
+def _layer_plot(path: Path, layers: list[dict[str, Any]], report: Any) -> Path:
+    """The device's time per PyTorch layer as horizontal bars, slowest at the top, binary
+    layers and float layers in two colours."""
+    plt = pyplot()
+    from matplotlib.patches import Patch
+
+    shown = layers[:30]  # the slowest; the table in report.md lists them all
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.32 * len(shown) + 1.2)))
+    colours = [BINARY_COLOUR if t["binary"] else FLOAT_COLOUR for t in shown]
+    bars = ax.barh([t["layer"] for t in shown], [t["ms"] for t in shown], color=colours)
+    ax.bar_label(bars, labels=[f"{100 * t['share']:.1f} %" for t in shown], padding=2)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per inference (op profile, average)")
+    where = report.device.get("destination") if report.device else "the device"
+    ax.set_title(f"Where the time goes on {where}, by PyTorch layer")
+    ax.legend(handles=[Patch(color=BINARY_COLOUR, label="binary"),
+                       Patch(color=FLOAT_COLOUR, label="float")], loc="lower right")  # fmt: skip
+    fig.tight_layout()
+    save_figure_atomic(fig, path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _profile_section(profile: dict[str, Any] | None, device: dict[str, Any] | None) -> list[str]:
+    """The device's time per PyTorch layer (`bench --profile`), slowest first."""
+    if profile is None:
+        return []
+    where = device.get("destination") if device else "the device"
+    lines = ["", f"## Time by PyTorch layer on {where}", "", profile["summary"] + "."]
+    if profile["layers"]:
+        lines += [
+            "",
+            f"Average of the op profile over the batch-1 latency run "
+            f"({profile.get('threads') or 1} thread(s)); total {profile['total_ms']:.3f} ms.",
+            "",
+            "| layer | ms | share | kind | op types | flatbuffer ops |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {t['layer']} | {t['ms']:.3f} | {100 * t['share']:.1f} % | "
+            f"{'binary' if t['binary'] else 'float'} | {', '.join(t['op_types'])} | "
+            f"{', '.join(str(i) for i in t['ops'])} |"
+            for t in profile["layers"]
+        ]
+    lines += [f"\nNote: {note}." for note in profile["notes"]]
+    return lines
+
+
 def _latency_bars(timed: list[Any]) -> tuple[list[float], list[list[float]]]:
     """Bar = median (mean where the tool gives no median); whiskers down to min, up to p90."""
     centre = [b.latency_ms.get("median") or b.latency_ms["mean"] for b in timed]
@@ -137,6 +191,7 @@ def render_markdown(report: Any, plots: list[Path], out: Path, curves: bool = Tr
     ]
     for backend in report.backends:
         lines += _device_sections(backend)
+    lines += _profile_section(getattr(report, "profile", None), report.device)
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     found = [n for n in ("accuracy.png", "flip_rate.png") if curves and (out / n).is_file()]

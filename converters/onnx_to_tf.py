@@ -24,6 +24,7 @@ import onnx
 from converters import tf_elementwise, tf_layers
 from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
 from converters.graph import Graph
+from converters.layer_map import INPUT_SCOPE, OUTPUT_SCOPE, ScopeEntry, nearest_module, scope_name
 from converters.patterns import (
     NUDGE_THROUGH,
     Binarization,
@@ -31,7 +32,7 @@ from converters.patterns import (
     find_binary_layers_in,
     match_binarization,
 )
-from converters.tf_ops import Value, binarize, tf
+from converters.tf_ops import Value, binarize, binarizing_in, tf
 
 HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
 # op types that are only supported as part of a binarization pattern
@@ -59,6 +60,9 @@ class Translator:
         # also outputs, so a runtime's signs can be replayed in ONNX Runtime)
         self.witnessed: dict[str, Value] = {}
         self._translating = False  # inside `translate`: `value` may not recurse
+        # TF name scope -> the ONNX node emitted in it (converters.layer_map), in the order
+        # the translations completed
+        self.scopes: dict[str, ScopeEntry] = {}
 
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""
@@ -105,11 +109,39 @@ class Translator:
             None if not n or self.graph.const(n) is not None else self.value(n) for n in node.input
         ]
 
+    def scope(self, node: onnx.NodeProto) -> str:
+        """The name scope of `node`'s ops: `MODULE/NODE` (converters.layer_map)."""
+        return scope_name(nearest_module(self.graph, node), node.name or node.output[0])
+
     def translate(self, node: onnx.NodeProto) -> Value:
+        """Translate one node, its ops in the name scope named after it. The scope is entered
+        as an absolute one (trailing `/`): the same name for an attempt abandoned and
+        retried, and for ops made later inside another node's translation (`replay`)."""
         name = node.name or node.output[0]
+        with tf().name_scope(self.scope(node) + "/"):
+            value = self._translate(node, name)
+        scope = self.record(node)  # once translated: conv-like nodes in execution order
+        if value.is_affine and value.origin is None:
+            # a pending affine map is made where it is first read: name it after this node
+            value.origin = scope
+        return value
+
+    def record(self, node: onnx.NodeProto) -> str:
+        """Record `node`'s scope in `scopes` (the first time) and return it."""
+        scope = self.scope(node)
+        module = nearest_module(self.graph, node)
+        self.scopes.setdefault(
+            scope, ScopeEntry(scope, node.name or node.output[0], node.op_type, module)
+        )
+        return scope
+
+    def _translate(self, node: onnx.NodeProto, name: str) -> Value:
         match = self.layers.get(name)
         if match is not None:
-            emitted = tf_layers.binary_layer(self, node, match)
+            # the layer's own binarization is emitted with it: its ops named after it
+            binarization = self.graph.producer.get(match.binarized)
+            with binarizing_in(self.record(binarization) if binarization else None):
+                emitted = tf_layers.binary_layer(self, node, match)
             if emitted is not None:
                 self.binary_emitted.append(name)
                 return emitted
@@ -160,8 +192,10 @@ class Translator:
         return nodes[::-1]
 
     def replay(self, node: onnx.NodeProto, x: Value) -> Value:
-        """Apply a shape-only node (or max-pool) to `x` instead of its ONNX input."""
-        return HANDLERS[node.op_type](self, node, [x, *[None] * (len(node.input) - 1)])
+        """Apply a shape-only node (or max-pool) to `x` instead of its ONNX input, its ops
+        named after that node, not after the one being translated."""
+        with tf().name_scope(self.record(node) + "/"):
+            return HANDLERS[node.op_type](self, node, [x, *[None] * (len(node.input) - 1)])
 
 
 @dataclass
@@ -175,6 +209,8 @@ class TranslationInfo:
     output_names: list[str]
     # with `witness`: the ONNX binarization sources behind outputs witness_000, witness_001, ...
     witness_sources: list[str] = field(default_factory=list)
+    # the name scope of each translated node, in translation order (converters.layer_map)
+    scopes: list[ScopeEntry] = field(default_factory=list)
 
 
 def _static_shape(graph: Graph, info: onnx.ValueInfoProto) -> list[int]:
@@ -203,17 +239,22 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     outputs = [o.name for o in graph.outputs]
     emitted: list[str] = []
     witnessed: list[str] = []
+    scopes: list[ScopeEntry] = []
     errors: list[BaseException] = []
 
     def serve(*args):
         translator = Translator(graph, layers)
-        for name, arg in zip(names, args, strict=True):
-            if len(arg.shape) == 4:  # NCHW in, NHWC inside
-                translator.values[name] = Value(tensorflow.transpose(arg, [0, 2, 3, 1]), "nhwc")
-            else:
-                translator.values[name] = Value(arg, "plain")
+        with tensorflow.name_scope(INPUT_SCOPE + "/"):
+            for name, arg in zip(names, args, strict=True):
+                if len(arg.shape) == 4:  # NCHW in, NHWC inside
+                    value = Value(tensorflow.transpose(arg, [0, 2, 3, 1]), "nhwc")
+                else:
+                    value = Value(arg, "plain")
+                translator.values[name] = value
         try:
-            result = {f"output_{k}": translator.value(o).logical() for k, o in enumerate(outputs)}
+            values = [translator.value(o) for o in outputs]
+            with tensorflow.name_scope(OUTPUT_SCOPE + "/"):
+                result = {f"output_{k}": v.logical() for k, v in enumerate(values)}
             if witness:
                 for k, value in enumerate(translator.witnessed.values()):
                     result[f"witness_{k:03d}"] = value.logical()
@@ -224,6 +265,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
             errors.append(error)
             raise
         emitted[:] = translator.binary_emitted
+        scopes[:] = translator.scopes.values()
         return result
 
     specs = [
@@ -246,6 +288,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         input_shapes=shapes,
         output_names=outputs,
         witness_sources=list(witnessed),
+        scopes=list(scopes),
     )
     return module, info
 

@@ -23,7 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,13 +56,20 @@ class Value:
     acc: Any = None
     m: np.ndarray | None = None
     b: np.ndarray | None = None
+    # the name scope of the node that made the pending affine map: its ops are named after
+    # that node wherever they are first read (converters.layer_map)
+    origin: str | None = None
 
     @property
     def t(self) -> Any:
         """The stored tensor, materialising a pending affine map."""
         if self.stored is None:
-            self.stored = affine(self.acc, self.m, self.b)
+            with self._scope():
+                self.stored = affine(self.acc, self.m, self.b)
         return self.stored
+
+    def _scope(self) -> Any:
+        return tf().name_scope(self.origin + "/") if self.origin else contextlib.nullcontext()
 
     @property
     def is_affine(self) -> bool:
@@ -72,7 +82,8 @@ class Value:
         (docs/LCE_NOTES.md §4), so the threshold is moved to the half-integer that keeps every
         integer's sign as torch computes it.
         """
-        return affine(self.acc, self.m, tie_break_bias(self.m, self.b))
+        with self._scope():
+            return affine(self.acc, self.m, tie_break_bias(self.m, self.b))
 
     def logical(self) -> Any:
         """The tensor in ONNX's logical layout (NCHW for 4-D)."""
@@ -141,9 +152,28 @@ def tie_break_bias(m: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
+# the name scope binarizations are emitted in, while a binary layer emits its own input's
+_BINARIZE_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "binarize_scope", default=None
+)
+
+
+@contextlib.contextmanager
+def binarizing_in(scope: str | None) -> Iterator[None]:
+    """Name the ops of every `binarize` inside the block after `scope` (the binarization's
+    ONNX node), not after the layer being translated (converters.layer_map)."""
+    token = _BINARIZE_SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _BINARIZE_SCOPE.reset(token)
+
+
 def binarize(x: Any) -> Any:
     """sign(x) with sign(0) = +1, in the LCE_NOTES §2 form LCE turns into `LceQuantize`."""
-    return tf().sign(tf().sign(x) + 0.1)
+    scope = _BINARIZE_SCOPE.get()
+    with tf().name_scope(scope + "/") if scope else contextlib.nullcontext():
+        return tf().sign(tf().sign(x) + 0.1)
 
 
 def sign_kernel(signs: np.ndarray) -> Any:

@@ -181,6 +181,85 @@ def _builtin_names() -> dict[int, str]:
             41: "SUB", 42: "DIV", 60: "PADV2"}  # fmt: skip
 
 
+def _op_codes(buf: bytes, model: tuple[int, list[int]]) -> list[str]:
+    """The name of each operator code: builtin by schema name, custom by custom code."""
+    names = _builtin_names()
+    codes = []
+    for at in _vector(buf, _field(buf, model, 1)):
+        code = _table(buf, _deref(buf, at))
+        deprecated = _field(buf, code, 0)
+        custom = _field(buf, code, 1)
+        builtin = _field(buf, code, 3)
+        number = struct.unpack_from("<i", buf, builtin)[0] if builtin else 0
+        if deprecated is not None and not builtin:
+            number = struct.unpack_from("<b", buf, deprecated)[0]
+        if custom is not None:
+            codes.append(_string(buf, custom))
+        else:
+            codes.append(names.get(number, f"BUILTIN_{number}"))
+    return codes
+
+
+@dataclass
+class FlatOp:
+    """One operator of a flatbuffer's main subgraph: its index in the execution plan (the
+    node index `lce_benchmark_model`'s op profile prints), type, and tensor names."""
+
+    index: int
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    input_shapes: list[list[int]]
+    output_shapes: list[list[int]]
+
+
+def _int_vector(buf: bytes, at: int | None) -> tuple[int, ...]:
+    if at is None:
+        return ()
+    start = _deref(buf, at)
+    count = struct.unpack_from("<I", buf, start)[0]
+    return struct.unpack_from(f"<{count}i", buf, start + 4)
+
+
+def flatbuffer_ops(flatbuffer_bytes: bytes | str | Path) -> list[FlatOp]:
+    """The operators of the main subgraph in execution order, with their tensors' names
+    ("" for an optional input left out)."""
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        codes = _op_codes(buf, model)
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        tensors = [_table(buf, _deref(buf, at)) for at in _vector(buf, _field(buf, subgraph, 0))]
+
+        def name(index: int) -> str:
+            at = _field(buf, tensors[index], 3) if index >= 0 else None
+            return _string(buf, at) if at is not None else ""
+
+        def shape(index: int) -> list[int]:
+            return list(_int_vector(buf, _field(buf, tensors[index], 0))) if index >= 0 else []
+
+        ops = []
+        operators = _field(buf, subgraph, 3)
+        for k, op_at in enumerate(_vector(buf, operators) if operators else []):
+            op = _table(buf, _deref(buf, op_at))
+            index = _field(buf, op, 0)
+            code = codes[struct.unpack_from("<I", buf, index)[0] if index else 0]
+            ins, outs = (_int_vector(buf, _field(buf, op, f)) for f in (1, 2))
+            ops.append(
+                FlatOp(
+                    k,
+                    code,
+                    [name(i) for i in ins],
+                    [name(i) for i in outs],
+                    [shape(i) for i in ins],
+                    [shape(i) for i in outs],
+                )  # fmt: skip
+            )
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return ops
+
+
 def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     """How many times each operator occurs in a TFLite flatbuffer (all subgraphs).
 
@@ -190,22 +269,7 @@ def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     buf = read_flatbuffer(flatbuffer_bytes)
     try:
         model = _table(buf, _deref(buf, 0))
-        names = _builtin_names()
-        codes = []
-        for at in _vector(buf, _field(buf, model, 1)):
-            code = _table(buf, _deref(buf, at))
-            deprecated = _field(buf, code, 0)
-            custom = _field(buf, code, 1)
-            builtin = _field(buf, code, 3)
-            number = struct.unpack_from("<i", buf, builtin)[0] if builtin else 0
-            if deprecated is not None and not builtin:
-                number = struct.unpack_from("<b", buf, deprecated)[0]
-            if custom is not None:
-                s = _deref(buf, custom)
-                length = struct.unpack_from("<I", buf, s)[0]
-                codes.append(buf[s + 4 : s + 4 + length].decode())
-            else:
-                codes.append(names.get(number, f"BUILTIN_{number}"))
+        codes = _op_codes(buf, model)
         counts: Counter[str] = Counter()
         for at in _vector(buf, _field(buf, model, 2)):
             subgraph = _table(buf, _deref(buf, at))

@@ -15,6 +15,7 @@ binary, which lacks --output_filepath) in a copy.
 
 import json
 import os
+import struct
 import sys
 
 import numpy as np
@@ -38,6 +39,130 @@ Flags:
 	--output_filepath=	string
 	--use_xnnpack=	bool
 """
+# --- op profiling: the real tool's tables, for the ops of the --graph flatbuffer -------------
+# What the real tool prints with --enable_op_profiling=true (shared/data/lce_benchmark_model/):
+# an initialisation table, then per op in run order `[OUTPUT TENSOR NAME]:N` (N its index in the
+# execution plan) for ops the interpreter runs, `Delegate/<XNNPACK op>:K` for float ops XNNPACK
+# takes (K counts within each run of consecutive delegated ops). Times here are made up.
+XNNPACK = {  # builtin op code -> the XNNPACK operator the real tool names
+    3: "Convolution (NHWC, F32) IGEMM", 4: "Convolution (NHWC, F32) DWCONV",
+    9: "Fully Connected (NC, F32) GEMM", 17: "Max Pooling (NHWC, F32)",
+    1: "Average Pooling (NHWC, F32)", 22: "Copy (NC, X32)", 39: "Transpose (ND, X32)",
+    0: "Add (ND, F32)", 2: "Concatenate (X32)", 34: "Constant Pad (ND, X32)",
+}  # fmt: skip
+ROW = "\t{:>40}\t{:>9.3f}\t{:>9.3f}\t{:>7.3f}%\t{:>7.3f}%\t{:>10.3f}\t{:>9d}\t{}"
+HEAD = "\t{:>40}\t{:>9}\t{:>9}\t{:>8}\t{:>8}\t{:>10}\t{}\t[Name]".format(
+    "[node type]", "[first]", "[avg ms]", "[%]", "[cdf%]", "[mem KB]", "[times called]"
+)
+TYPE_ROW = "\t{:>40}\t{:>9d}\t{:>10.3f}\t{:>10.3f}%\t{:>10.3f}%\t{:>10.3f}\t{:>9d}"
+TYPE_HEAD = "\t{:>40}\t{:>9}\t{:>10}\t{:>11}\t{:>11}\t{:>10}\t{}".format(
+    "[Node type]", "[count]", "[avg ms]", "[avg %]", "[cdf %]", "[mem KB]", "[times called]"
+)
+
+
+def _u(buf, fmt, at):
+    return struct.unpack_from(fmt, buf, at)[0]
+
+
+def _fields(buf, table):
+    vtable = table - _u(buf, "<i", table)
+    return [_u(buf, "<H", vtable + 4 + 2 * k) for k in range((_u(buf, "<H", vtable) - 4) // 2)]
+
+
+def _get(buf, table, k):
+    offsets = _fields(buf, table)
+    return table + offsets[k] if k < len(offsets) and offsets[k] else None
+
+
+def _items(buf, at):
+    if at is None:
+        return []
+    start = at + _u(buf, "<I", at)
+    return [start + 4 + 4 * k for k in range(_u(buf, "<I", start))]
+
+
+def _ref(buf, at):
+    return at + _u(buf, "<I", at)
+
+
+def _text(buf, at):
+    start = _ref(buf, at)
+    return buf[start + 4 : start + 4 + _u(buf, "<I", start)].decode()
+
+
+def graph_ops(path):
+    """(builtin code or custom name, output tensor name) per op of the main subgraph; [] for a
+    file that is not a flatbuffer (the tests' JSON graphs)."""
+    buf = open(path, "rb").read()
+    if buf[4:8] != b"TFL3":
+        return []
+    model = _ref(buf, 0)
+    codes = []
+    for at in _items(buf, _get(buf, model, 1)):
+        code = _ref(buf, at)
+        custom, builtin = _get(buf, code, 1), _get(buf, code, 3)
+        codes.append(_text(buf, custom) if custom else _u(buf, "<i", builtin) if builtin else 0)
+    subgraph = _ref(buf, _items(buf, _get(buf, model, 2))[0])
+    tensors = [_ref(buf, at) for at in _items(buf, _get(buf, subgraph, 0))]
+    ops = []
+    for at in _items(buf, _get(buf, subgraph, 3)):
+        op = _ref(buf, at)
+        index = _get(buf, op, 0)
+        output = _u(buf, "<i", _items(buf, _get(buf, op, 2))[0])
+        ops.append(
+            (codes[_u(buf, "<I", index) if index else 0], _text(buf, _get(buf, tensors[output], 3)))
+        )
+    return ops
+
+
+def _table(rows, total):
+    cdf, lines = 0.0, [HEAD]
+    for node_type, avg, name in rows:
+        cdf += 100 * avg / total
+        lines.append(ROW.format(node_type, avg * 1.1, avg, 100 * avg / total, cdf, 0.0, 1, name))
+    return lines
+
+
+def print_profile(graph, runs):
+    rows, k = [], 0
+    for n, (code, name) in enumerate(graph_ops(graph)):
+        if code in XNNPACK:
+            rows.append((XNNPACK[code], 0.01 * (n + 1), f"Delegate/{XNNPACK[code]}:{k}"))
+            k += 1
+        else:
+            rows.append(
+                (
+                    code if isinstance(code, str) else f"BUILTIN_{code}",
+                    0.5 * (n + 1),
+                    f"[{name}]:{n}",
+                )
+            )
+            k = 0
+    print("INFO: Profiling Info for Benchmark Initialization:")
+    print("============================== Run Order ==============================")
+    print("\n".join(_table([("AllocateTensors", 1.0, "AllocateTensors/0")], 1.0)))
+    print("\nTimings (microseconds): count=1 curr=1000\n\n")
+    print("INFO: Operator-wise Profiling Info for Regular Benchmark Runs:")
+    total = sum(avg for _, avg, _ in rows) or 1.0
+    print("============================== Run Order ==============================")
+    print("\n".join(_table(rows, total)))
+    print("\n============================== Top by Computation Time ==============================")
+    print("\n".join(_table(sorted(rows, key=lambda r: -r[1]), total)))
+    print(f"\nNumber of nodes executed: {len(rows)}")
+    print("============================== Summary by node type ==============================")
+    types = {}
+    for node_type, avg, _ in rows:
+        count, ms = types.get(node_type, (0, 0.0))
+        types[node_type] = (count + 1, ms + avg)
+    print(TYPE_HEAD)
+    cdf = 0.0
+    for node_type, (count, ms) in sorted(types.items(), key=lambda t: -t[1][1]):
+        cdf += 100 * ms / total
+        print(TYPE_ROW.format(node_type, count, ms, 100 * ms / total, cdf, 0.0, count))
+    print(f"\nTimings (microseconds): count={runs} curr={total * 1000:.0f}")
+    print(f"Memory (bytes): count=0\n{len(rows)} nodes observed\n\n")
+
+
 if "--help" in sys.argv:
     print(HELP if WRITES_OUTPUTS else HELP.replace("\t--output_filepath=\tstring\n", ""))
     sys.exit(0)
@@ -75,3 +200,5 @@ print("count=1 curr=2000(all same)")
 print(f"count={flags['num_runs']} first=2100 curr=2000 min=1990 max=2100 avg=2010 std=40")
 print("Inference timings in us: Init: 3120, First inference: 2100, Warmup (avg): 2010")
 print("Overall peak memory footprint (MB) via periodic monitoring: 4.25")
+if flags.get("enable_op_profiling") == "true":
+    print_profile(flags["graph"], int(flags["num_runs"]))

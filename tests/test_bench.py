@@ -10,14 +10,17 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_profile import REAL, needs_real  # the real tool's recorded output
 
 from bnnexport import provenance
 from bnnexport.bench import BenchOptions, bench
 from bnnexport.cli.bench import bench_command
 from bnnexport.errors import CheckpointError
+from bnnexport.runs import load_model
 
 pytest_plugins = ["sshd_fixture"]
 
@@ -372,3 +375,104 @@ def test_the_table_shows_the_devices_peak_memory(converted_run, sshd, tmp_path):
     assert [row[-1] for row in device_rows] == ["9.8"]
     host_rows = [row.split() for row in table if row.split()[1:2] == ["host"]]
     assert host_rows and all(row[-1] == "-" for row in host_rows)
+
+
+def _tool_printing(tmp_path, text: str):
+    """A shell stand-in for lce_benchmark_model on the local sshd device that prints `text`."""
+    (tmp_path / "output.txt").write_text(text)
+    stand_in = tmp_path / "lce_benchmark_model"
+    stand_in.write_text(f"#!/bin/sh\ncat {tmp_path / 'output.txt'}\n")
+    return ["--runner", "lce_benchmark_model", "--benchmark-binary", str(stand_in)]
+
+
+@needs_real
+def test_profile_names_the_devices_time_by_pytorch_layer(converted_run, sshd, tmp_path):
+    """The real tool's recorded profile of the demo's mnist-bnn flatbuffer, on this run's
+    mnist-bnn flatbuffer (the same 11 ops): every row lands on an mnist-bnn module."""
+    real = (REAL / "profile_mnist_bnn.txt").read_text()
+    args = _tool_printing(tmp_path, real)
+    result = _cli(converted_run, *_device_args(sshd), *args, "--profile", "--json")
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.stdout)["profile"]
+    layers = {t["layer"]: t for t in profile["layers"]}
+    modules = {name for name, _ in load_model(converted_run).named_modules()} | {"(input)"}
+    assert set(layers) <= modules, sorted(layers)
+    assert profile["notes"] == []
+    assert sum(t["share"] for t in profile["layers"]) == pytest.approx(1.0)
+    assert sorted(i for t in profile["layers"] for i in t["ops"]) == list(range(11))
+    # binary layers: the rows LCE ran itself (3 LceBconv2d, 2 LceQuantize, 1 LceBMaxPool2d)
+    assert profile["binary_share"] == pytest.approx(0.79435, abs=2e-4)
+    slowest = profile["layers"][0]
+    assert slowest["binary"] and "LceBconv2d" in slowest["op_types"]
+    assert slowest["ms"] == pytest.approx(7.639 + 0.01, abs=0.03)  # its bconv (+ fused pool)
+    stem = next(t for t in profile["layers"] if "Convolution (NHWC, F32) IGEMM" in t["op_types"])
+    assert not stem["binary"] and stem["layer"] == "features.0"
+    report = (converted_run / "report.md").read_text()
+    assert "## Time by PyTorch layer on" in report and f"| {slowest['layer']} |" in report
+    assert (converted_run / "bench_device_layers.png").is_file()
+    assert "bench_device_layers.png" in report
+    table = _cli(converted_run, *_device_args(sshd), *args, "--profile")
+    assert table.exit_code == 0, table.output
+    summary = [line for line in table.stdout.splitlines() if line.startswith("device profile:")]
+    assert len(summary) == 1 and "binary layers 79 % of device time" in summary[0]
+
+
+def test_a_missing_profile_is_one_note_not_an_error(converted_run, sshd, tmp_path):
+    from test_deploy_lce_benchmark import TAB_OUTPUT
+
+    latency_only = TAB_OUTPUT.split("Operator-wise Profiling Info")[0]
+    args = _tool_printing(tmp_path, latency_only)
+    result = _cli(converted_run, *_device_args(sshd), *args, "--profile", "--json")
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.stdout)["profile"]
+    assert profile["layers"] == [] and profile["notes"] == [
+        "lce_benchmark_model printed no op profile table"
+    ]
+    assert result.stderr.count("note: profile:") == 1
+
+
+@needs_real
+def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, tmp_path):
+    """tests/lce_benchmark_model_standin.py on a real flatbuffer: its table headers are the real
+    tool's, its rows have the real rows' column widths, and bnnexport maps every row to an op."""
+    import dataclasses
+    import subprocess
+
+    from bnnexport.profile import row_ops
+    from converters.validate import flatbuffer_ops
+    from deploy.lce_benchmark import parse_benchmark_output
+
+    flatbuffer = _converted_template / "model-arm64.tflite"
+    stand_in = Path(__file__).with_name("lce_benchmark_model_standin.py")
+    argv = [sys.executable, str(stand_in), f"--graph={flatbuffer}", "--num_runs=3",
+            "--enable_op_profiling=true"]  # fmt: skip
+    printed = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    real = (REAL / "profile_mnist_bnn.txt").read_text()
+
+    def shape(text: str) -> tuple[set[str], set[tuple[int, ...]]]:
+        lines = [line for line in text.splitlines() if line.startswith("\t")]
+        headers = {line for line in lines if "[" in line.split("\t")[1]}
+        widths = {tuple(len(f) for f in line.split("\t")[1:-1]) for line in lines
+                  if line not in headers and line.count("\t") == 8}  # fmt: skip
+        return headers, widths
+
+    assert shape(printed) == shape(real)
+    result = parse_benchmark_output(printed)
+    ops = flatbuffer_ops(flatbuffer)
+    assert result.nodes_executed == len(result.ops) == len(ops)
+    rows = [dataclasses.asdict(o) for o in result.ops]
+    assert row_ops(rows, [op.op_type for op in ops]) == (list(range(len(ops))), [])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--profile"], ["--profile", "--device", "pi@nowhere.invalid", "--runner", "python"]],
+    ids=["no-device", "python-runner"],
+)
+def test_a_bad_profile_combination_is_one_line_and_changes_nothing(converted_run, args):
+    from bnnexport.cli import main
+
+    before = _snapshot(converted_run)
+    line = _one_line_error(CliRunner().invoke(main, ["bench", str(converted_run), *args]))
+    assert "--profile" in line
+    assert _snapshot(converted_run) == before

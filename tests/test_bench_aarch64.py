@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from test_deploy_aarch64 import REAL_BINARY, stand_in_outputs, write_stand_in
 
 from bnnexport.cli.bench import bench_command
+from bnnexport.runs import load_model
 from deploy.runner import topk_accuracy as topk
 
 pytest_plugins = ["aarch64_device"]
@@ -78,15 +79,21 @@ def _bench(run, arm_device, binary, *args):
 
 
 def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp_path):
-    result = _bench(
-        twin_run, arm_device, _binary(arm_device, tmp_path), "--device-batch", str(BATCH)
-    )
+    binary = _binary(arm_device, tmp_path)
+    # the acceptance command: accuracy, the op profile by layer, two thread counts
+    args = ("--device-batch", str(BATCH), "--profile", "--threads", "1,2")
+    result = _bench(twin_run, arm_device, binary, *args)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["device"]["machine"] == "aarch64"
     host = {b["name"]: b for b in data["backends"] if b["where"] == "host"}
-    device, versus_host = [b for b in data["backends"] if b["where"] != "host"]
+    device, versus_host, two = [b for b in data["backends"] if b["where"] != "host"]
     assert (device["name"], versus_host["name"]) == ("lce", "lce vs host lce")
+    assert two["name"] == "lce (2 threads)" and two["extra"]["peak_memory_mb"] is not None
+    profile = data["profile"]
+    modules = {name for name, _ in load_model(twin_run).named_modules()} | {"(input)"}
+    assert profile["notes"] == [] and {t["layer"] for t in profile["layers"]} <= modules
+    assert any(t["binary"] and "LceBconv2d" in t["op_types"] for t in profile["layers"])
     extra = device["extra"]
     assert extra["accuracy_model"] == f"model-arm64-b{BATCH}.tflite"
     assert (extra["accuracy_batch"], extra["accuracy_invocations"]) == (BATCH, 2)
@@ -104,7 +111,6 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
         assert versus_host["top1"] == device["top1"]
         # the agreement columns are recomputed here from the host's own outputs
         from bnnexport.export import torch_outputs
-        from bnnexport.runs import load_model
         from converters.validate import run_lce
 
         torch = torch_outputs(load_model(twin_run), inputs)
@@ -117,4 +123,5 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
             )
     report = (twin_run / "report.md").read_text()
     assert "Accuracy on the device" in report and "| lce vs host lce |" in report
+    assert "## Time by PyTorch layer on" in report and "bench_device_layers.png" in report
     assert arm_device.leftovers() == []

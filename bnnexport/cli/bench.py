@@ -112,6 +112,15 @@ if TYPE_CHECKING:
     "RUN_DIR/model-TARGET-bN.tflite (N = min(this, --samples); written by "
     "`convert --batch-twin N`), one invocation per N samples.",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="With --device: where the device's time goes, by PyTorch layer. The device's "
+    "batch-1 latency run (lce_benchmark_model, same runs and threads) profiles every op; "
+    "each op is traced to the layer it was converted from, and report.md gets the time, "
+    "share, op types and binary/float of each layer with a plot. Needs the "
+    "lce_benchmark_model runner (auto picks it).",
+)
 @json_option
 @handle_errors
 @locks_run("run_dir")
@@ -135,6 +144,13 @@ def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
     from bnnexport.bench import bench, bench_model_file
 
     samples_file = options.pop("samples_file")
+    if options["profile"] and not options["device"]:
+        raise click.BadParameter("profiles the device's run: give --device", param_hint="--profile")
+    if options["profile"] and options["runner"] == "python":
+        raise click.BadParameter(
+            "needs --runner lce_benchmark_model (or auto): the python runner has no op profiler",
+            param_hint="--profile",
+        )
     progress = not as_json and sys.stderr.isatty()
     target, measure = device_target(options), bench_options(options)
     if Path(run_dir).is_file():
@@ -181,4 +197,5 @@ def device_target(options: dict[str, Any]) -> DeviceTarget | None:
         remote_tmp=options["remote_tmp"],
         timeout=options["timeout"],
         batch=options["device_batch"],
+        profile=options.get("profile", False),
     )
