@@ -35,14 +35,14 @@ from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
 from bnnexport.layers import (
     bf16_counts,
-    binary_parameters,
+    binary_layers,
     init_latent_weights,
     set_latent,
     set_precision,
 )
 from bnnexport.metrics import TENSORBOARD_FILE, metrics_csv, pi, write_tensorboard
 from bnnexport.models import create_model
-from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter
+from bnnexport.optimizers import GAMMA, LR, OPTIMIZERS, THRESHOLD, CaseOptimizer, FlipCounter
 from bnnexport.precision import PRECISIONS, resolve_precision
 from bnnexport.provenance import remove_derived
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
@@ -72,11 +72,10 @@ class TrainConfig:
     dataset: str = "mnist5k"
     data_dir: str | None = None
     optimizer: str = "bop"
-    gamma: float | str = 1e-3
-    threshold: float | str = 1e-6
-    # 1e-2 (the paper's CIFAR value) overfits mnist5k's 4,000 images: 0.941 vs 0.957 test
-    # accuracy after 5 epochs; the CIFAR recipes set 1e-2 explicitly.
-    lr: float | str = 1e-3
+    # the optimizers' own defaults (bnnexport.optimizers: GAMMA, THRESHOLD, LR), one set for both
+    gamma: float | str = GAMMA
+    threshold: float | str = THRESHOLD
+    lr: float | str = LR
     epochs: int | None = DEFAULT_EPOCHS  # None: 5 for a new run, the saved value on resume
     batch_size: int = 50
     seed: int = 0
@@ -180,17 +179,29 @@ def first_and_last_weights(model: nn.Module) -> list[torch.Tensor]:
     return [layers[0].weight, layers[-1].weight] if layers else []
 
 
-def _make_optimizer(model: nn.Module, config: TrainConfig) -> CaseOptimizer:
+def _make_optimizer(
+    model: nn.Module, config: TrainConfig, input_shape: tuple[int, ...]
+) -> CaseOptimizer:
     if config.optimizer not in OPTIMIZERS:
         raise DataError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    # bnnexport's own layers are found by type; a model of your own by tracing it once
+    found: dict[str, Any] = {}
+    if not binary_layers(model):
+        generator = torch.Generator().manual_seed(config.seed)
+        found["example_input"] = torch.randn(1, *input_shape, generator=generator)
     if config.optimizer == "adam-latent":
-        return OPTIMIZERS["adam-latent"](model, lr=config.lr)
+        return OPTIMIZERS["adam-latent"](model, lr=config.lr, **found)
     if config.optimizer == "bop2":
         return OPTIMIZERS["bop2"](
-            model, gamma=config.gamma, threshold=config.threshold, lr=config.lr, sigma=config.sigma
+            model,
+            gamma=config.gamma,
+            threshold=config.threshold,
+            lr=config.lr,
+            sigma=config.sigma,
+            **found,
         )
     return OPTIMIZERS[config.optimizer](
-        model, gamma=config.gamma, threshold=config.threshold, lr=config.lr
+        model, gamma=config.gamma, threshold=config.threshold, lr=config.lr, **found
     )
 
 
@@ -391,7 +402,7 @@ class _Trainer:
         set_precision(self.model, self.precision)
         # autocast computes on bf16 copies; the parameters themselves stay float32
         self.amp = self.precision == "amp"
-        self.optimizer = _make_optimizer(self.model, config)
+        self.optimizer = _make_optimizer(self.model, config, self.data.input_shape)
         if config.optimizer == "adam-latent" and checkpoint is None:
             init_latent_weights(self.model)
         self.start_epoch = self.step = 0
@@ -405,7 +416,7 @@ class _Trainer:
         self.forward: nn.Module = (
             nn.parallel.DistributedDataParallel(self.model) if context.enabled else self.model
         )
-        self.counter = FlipCounter(self.model)
+        self.counter = FlipCounter(self.model, self.optimizer.binary_kernels)
         self.l2_weights = first_and_last_weights(self.model) if config.l2_first_last else []
         per_rank = -(-len(self.data.train) // context.world_size)
         self.steps_per_epoch = max(1, -(-per_rank // config.batch_size))
@@ -607,7 +618,7 @@ def _train(
         test_acc = _stored_results(run, result)  # nothing left to train: the stored state
     if config.optimizer == "adam-latent":
         set_latent(trainer.model, False)
-    mismatched = context.count_mismatches(binary_parameters(trainer.model))
+    mismatched = context.count_mismatches(list(trainer.optimizer.binary_kernels.values()))
     report = _report(trainer, run, result, test_acc, epoch_seconds, changes)
     report.seconds = time.perf_counter() - started
     report.rank_mismatched_weights = mismatched
@@ -660,7 +671,7 @@ def _report(
         train_loss=result.loss,
         seconds=0.0,  # the caller's wall clock
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
-        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
+        binary_parameters=sum(kernel.numel() for _, kernel in trainer.counter.kernels),
         flip_rate=result.flip_rate,
         mean_flip_rate=result.mean_flip_rate,
         resumed_from_epoch=trainer.start_epoch,
