@@ -99,6 +99,12 @@ def test_one_set_of_defaults_in_python_and_the_cli():
     assert {key: float(value) for key, value in cli.items()} == defaults
 
 
+def _momentum(bop: Bop, kernel: torch.Tensor) -> torch.Tensor:
+    """Bop's m for `kernel` now (0 before its first step)."""
+    state = bop.state.get(kernel, {})
+    return state["momentum"].clone() if "momentum" in state else torch.zeros_like(kernel)
+
+
 def _train_and_check(model: nn.Module, steps: int) -> tuple[torch.optim.Optimizer, int]:
     """Bop on `model` for `steps` mnist5k batches; after every step each kernel is ±1 and the
     flips are exactly the paper's: m <- (1-γ) m + γ g, then w flips iff w·m > τ."""
@@ -114,8 +120,7 @@ def _train_and_check(model: nn.Module, steps: int) -> tuple[torch.optim.Optimize
             optimizer.zero_grad()
             F.cross_entropy(model(inputs), labels).backward()
             before = {n: p.detach().clone() for n, p in optimizer.binary_kernels.items()}
-            momentum = {n: bop.state[p]["momentum"].clone() if p in bop.state
-                        else torch.zeros_like(p) for n, p in optimizer.binary_kernels.items()}  # fmt: skip
+            momentum = {n: _momentum(bop, p) for n, p in optimizer.binary_kernels.items()}
             optimizer.step()
             for name, kernel in optimizer.binary_kernels.items():
                 assert bool((kernel.abs() == 1).all()), f"{name} left ±1 at step {step}"
