@@ -426,7 +426,7 @@ def require_plus_minus_one(kernels: dict[str, torch.Tensor]) -> None:
             raise NotBinaryError(
                 f"Bop flips signs only, and {name} has {off} of {kernel.numel()} values that are "
                 "not ±1: initialise it with torch.where(w >= 0, 1.0, -1.0), or pass "
-                "init_sign=True to have bop_with_adam do so"
+                "init_sign=True (train --init-sign) to have bop_with_adam do so"
             )
 
 

@@ -71,7 +71,12 @@ class TrainConfig:
     model: str = "mnist-bnn"
     dataset: str = "mnist5k"
     data_dir: str | None = None
+    # the data set loader's own options (imagefolder: image_size, mean, std, val_split)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
     optimizer: str = "bop"
+    # Bop: set binary kernels that are not ±1 to sign(w), ties to +1 (a model of your own
+    # initialised with real weights); without it such a kernel is refused
+    init_sign: bool = False
     # the optimizers' own defaults (bnnexport.optimizers: GAMMA, THRESHOLD, LR), one set for both
     gamma: float | str = GAMMA
     threshold: float | str = THRESHOLD
@@ -191,6 +196,7 @@ def _make_optimizer(
         found["example_input"] = torch.randn(1, *input_shape, generator=generator)
     if config.optimizer == "adam-latent":
         return OPTIMIZERS["adam-latent"](model, lr=config.lr, **found)
+    found["init_sign"] = config.init_sign
     if config.optimizer == "bop2":
         return OPTIMIZERS["bop2"](
             model,
@@ -205,14 +211,15 @@ def _make_optimizer(
     )
 
 
-def _binary_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """state_dict with every binary kernel binarized (what leaves training)."""
-    from bnnexport.layers import binary_layers
+def _binary_state(model: nn.Module, kernels: list[str]) -> dict[str, torch.Tensor]:
+    """state_dict with every binary kernel binarized (what leaves training): bnnexport's binary
+    layers' weights and the parameters named in `kernels` (a model of your own)."""
     from bnnexport.quantizers import binarize
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for name, layer in binary_layers(model):
-        state[f"{name}.weight" if name else "weight"] = binarize(layer.weight.detach())
+    names = [f"{name}.weight" if name else "weight" for name, _ in binary_layers(model)]
+    for name in [*names, *kernels]:
+        state[name] = binarize(state[name])
     return state
 
 
@@ -244,6 +251,28 @@ def validate_config(config: TrainConfig) -> None:
         kind = None
     if kind not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"unknown torch device {config.device!r}: use cpu, cuda or cuda:N")
+    _check_dataset_options(config.dataset, config.dataset_options)
+
+
+IMAGEFOLDER_OPTIONS = ("image_size", "mean", "std", "val_split")
+
+
+def _check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
+    """Options of the imagefolder loader only, each in range (the loader checks the layout)."""
+    if not options:
+        return
+    names = ", ".join("--" + key.replace("_", "-") for key in options)
+    if dataset != "imagefolder":
+        raise ConfigError(f"{names}: options of --dataset imagefolder, not of {dataset}")
+    unknown = set(options) - set(IMAGEFOLDER_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown imagefolder option(s): {', '.join(sorted(unknown))}")
+    size = options.get("image_size")
+    if size is not None and not (isinstance(size, int) and size >= 4):
+        raise ConfigError(f"--image-size {size}: must be an integer of at least 4 pixels")
+    split = options.get("val_split")
+    if split is not None and not 0.0 < split < 1.0:
+        raise ConfigError(f"--val-split {split}: must be between 0 and 1 (exclusive)")
 
 
 def _check_hyperparameter(option: str, value: float | str, ok: Any, rule: str) -> None:
@@ -379,7 +408,7 @@ class _Trainer:
         resume_changes = resume_changes or {}
         self.config, self.run, self.context = config, run, context
         torch.manual_seed(config.seed)
-        self.data = load_dataset(config.dataset, config.data_dir)
+        self.data = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
         if checkpoint is not None:
             model = build_model(checkpoint, run.checkpoint).train()
         else:
@@ -540,7 +569,9 @@ class _Trainer:
                 "model_kwargs": {
                     k: v for k, v in self.model.bnnexport_config.items() if k != "name"
                 },
-                "model": _binary_state(self.model),
+                "model": _binary_state(self.model, list(self.optimizer.binary_kernels)),
+                # what verify checks in a model of your own (bnnexport's layers it finds by type)
+                "binary_kernels": list(self.optimizer.binary_kernels),
                 "latent": self.model.state_dict() if config.optimizer == "adam-latent" else None,
                 "optimizer": self.optimizer.state_dict(),
                 "epoch": epoch,
@@ -792,5 +823,12 @@ def _json_line(record: dict[str, Any]) -> str:
 
 
 def default_out(model: str, dataset: str) -> str:
-    """Default run directory for a model and data set."""
+    """Default run directory for a model and data set (an import string by its attribute:
+    `mynets:small_bnn` -> small_bnn).
+
+    Example:
+        >>> default_out("mynets:small_bnn", "mnist5k")
+        'runs/small_bnn-mnist5k'
+    """
+    model, dataset = (name.rpartition(":")[2] for name in (model, dataset))
     return str(Path("runs") / f"{model}-{dataset}")
