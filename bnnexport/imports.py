@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from bnnexport.errors import ConfigError
+from bnnexport.errors import BnnExportError, ConfigError
 
 
 def is_import_string(name: str) -> bool:
@@ -51,10 +51,22 @@ def import_object(spec: str, option: str) -> Any:
     return getattr(module, attribute)
 
 
-def call_with_accepted(function: Callable[..., Any], **kwargs: Any) -> Any:
-    """`function(**kwargs)` with only the keyword arguments it accepts (all with **kwargs)."""
-    parameters = inspect.signature(function).parameters.values()
+def call_with_accepted(function: Callable[..., Any], option: str, **kwargs: Any) -> Any:
+    """`function(**kwargs)` with only the keyword arguments it accepts (all with **kwargs).
+
+    An error of bnnexport's own passes through; any other exception the user's function raises
+    becomes a ConfigError naming `option`, its type and first line (one line, exit 2)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option}: {function!r} is not a function to call") from None
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         names = {p.name for p in parameters}
         kwargs = {key: value for key, value in kwargs.items() if key in names}
-    return function(**kwargs)
+    try:
+        return function(**kwargs)
+    except BnnExportError:
+        raise
+    except Exception as error:
+        detail = str(error).splitlines()[0] if str(error) else ""
+        raise ConfigError(f"{option} failed: {type(error).__name__}: {detail}") from None

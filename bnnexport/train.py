@@ -251,7 +251,6 @@ def validate_config(config: TrainConfig) -> None:
         kind = None
     if kind not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"unknown torch device {config.device!r}: use cpu, cuda or cuda:N")
-    _check_dataset_options(config.dataset, config.dataset_options)
 
 
 IMAGEFOLDER_OPTIONS = ("image_size", "mean", "std", "val_split")
@@ -634,6 +633,8 @@ def _train(
             return stored
         files.require_run_directory(run.root)  # what training on will rewrite is bnnexport's
     config.epochs = config.epochs or DEFAULT_EPOCHS
+    # here, not in validate_config: on --resume the data set is the run's own, known only now
+    _check_dataset_options(config.dataset, config.dataset_options)
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.
     trainer = _Trainer(config, run, checkpoint, context, changes)

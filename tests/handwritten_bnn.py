@@ -57,3 +57,8 @@ def hand_written_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Modul
 
 
 KERNELS = ["w1", "w2", "fc"]  # what discovery must find, in graph order
+
+
+def failing_factory(num_classes: int = 10) -> nn.Module:
+    """A factory that raises, as a user's may (the CLI must answer in one line)."""
+    raise ValueError(f"no model for {num_classes} classes here")

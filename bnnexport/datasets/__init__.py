@@ -176,7 +176,9 @@ def load_dataset(
     """
     if is_import_string(name):
         loader = import_object(name, "--dataset")
-        data = call_with_accepted(loader, data_dir=data_dir, augment=augment, **options)
+        data = call_with_accepted(
+            loader, f"--dataset {name}", data_dir=data_dir, augment=augment, **options
+        )
         if not isinstance(data, DatasetSplits):
             raise DataError(
                 f"--dataset {name} returned {type(data).__name__}, not a "

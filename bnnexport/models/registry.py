@@ -108,7 +108,7 @@ def _create_imported(
         given["num_classes"] = int(num_classes)
     if input_shape is not None:
         given["input_shape"] = tuple(int(v) for v in input_shape)
-    model = call_with_accepted(factory, **given)
+    model = call_with_accepted(factory, f"--model {name}", **given)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--model {name} returned {type(model).__name__}, not an nn.Module")
     # what a checkpoint needs to build it again; the shape is known only from the data
