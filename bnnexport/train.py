@@ -432,7 +432,7 @@ class _Trainer:
         self.amp = self.precision == "amp"
         self.optimizer = _make_optimizer(self.model, config, self.data.input_shape)
         if config.optimizer == "adam-latent" and checkpoint is None:
-            init_latent_weights(self.model)
+            init_latent_weights(self.model, kernels=self.optimizer.binary_kernels)
         self.start_epoch = self.step = 0
         if checkpoint is not None:
             if checkpoint.get("latent") is not None:

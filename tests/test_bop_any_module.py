@@ -79,10 +79,17 @@ def test_bop_refuses_real_weights_unless_told_to_take_their_sign():
     assert all(bool((p.abs() == 1).all()) for p in optimizer.binary_kernels.values())
 
 
-def test_latent_adam_clips_the_kernels_it_finds():
-    optimizer = latent_adam(hand_written_bnn(), example_input=EXAMPLE)
+def test_latent_adam_clips_the_kernels_it_finds_and_they_start_glorot_uniform():
+    from bnnexport.layers import init_latent_weights
+
+    model = hand_written_bnn()
+    optimizer = latent_adam(model, example_input=EXAMPLE)
     latent = optimizer.optimizers["latent"].param_groups[0]["params"]
     assert [id(p) for p in latent] == [id(p) for p in optimizer.binary_kernels.values()]
+    init_latent_weights(model, kernels=optimizer.binary_kernels)
+    bound = (6.0 / (16 * 9 + 16 * 9)) ** 0.5  # w1: fan_in 16·3·3, fan_out 16·3·3
+    assert 0.9 * bound < float(model.w1.abs().max()) <= bound
+    assert float(model.fc.abs().max()) <= (6.0 / (model.fc.shape[1] + 10)) ** 0.5
 
 
 def test_one_set_of_defaults_in_python_and_the_cli():

@@ -102,7 +102,8 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     choices=sorted(OPTIMIZERS),
     default=DEFAULTS.optimizer,
     help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
-    "real latent weights binarized with the STE (the baseline).",
+    "real latent weights binarized with the STE (the baseline; binary kernels start "
+    "Glorot-uniform, a model of your own's too).",
 )
 @click.option(
     "--init-sign",
