@@ -175,11 +175,15 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
 def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
     """PyTorch as a `converters.lce.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
+    from bnnexport.layers import binary_layers
     from bnnexport.runs import load_model
     from bnnexport.torch_probe import TorchProbe, twin_outputs
     from converters.lce import Reference
 
     model = load_model(run.root)
+    if not binary_layers(model):  # a model of your own (--model module:factory): its
+        # binarizations are no Quantizer modules to hook, so PyTorch checks outputs only
+        return Reference(name="PyTorch", outputs=lambda x: torch_outputs(model, x))
     return Reference(
         name="PyTorch", outputs=lambda x: torch_outputs(model, x),
         probe=lambda: TorchProbe(model, onnx_path), twin_outputs=twin_outputs(model),

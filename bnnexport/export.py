@@ -94,7 +94,12 @@ def write_samples(run: RunDir, checkpoint: dict, samples: int) -> tuple[np.ndarr
         inputs = (grid / 64.0).astype(np.float32)
         labels = np.full(samples, -1, dtype=np.int64)
     else:
-        data = load_dataset(config["dataset"], config.get("data_dir"), augment=False)
+        data = load_dataset(
+            config["dataset"],
+            config.get("data_dir"),
+            augment=False,
+            **config.get("dataset_options", {}),
+        )
         count = min(samples, len(data.test))
         pairs = [data.test[k] for k in range(count)]
         inputs = torch.stack([x for x, _ in pairs]).numpy().astype(np.float32)

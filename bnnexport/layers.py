@@ -211,16 +211,21 @@ def bf16_counts(model: nn.Module) -> dict[str, int]:
 
 
 @torch.no_grad()
-def init_latent_weights(model: nn.Module, generator: torch.Generator | None = None) -> None:
-    """Glorot-uniform latent weights for every binary layer (larq's default kernel initializer).
+def init_latent_weights(
+    model: nn.Module,
+    generator: torch.Generator | None = None,
+    kernels: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Glorot-uniform latent weights for every binary layer (larq's default kernel initializer),
+    or, in a model without bnnexport's binary layers, for the kernels in `kernels` (a model of
+    your own: the optimizer's `binary_kernels`).
 
     Latent weights that start at exactly ±1 sit at the clipping bound, as far from a sign
     change as they can be: with Adam's ~lr-sized steps none flips for the first 1/lr steps.
     """
-    for _, layer in binary_layers(model):
-        fan_out, fan_in = layer.weight.shape[0], layer.weight[0].numel()
-        receptive = layer.weight[0, 0].numel()
+    weights = [layer.weight for _, layer in binary_layers(model)]
+    for weight in weights or list((kernels or {}).values()):
+        fan_out, fan_in = weight.shape[0], weight[0].numel()
+        receptive = weight[0, 0].numel() if weight.dim() > 2 else 1
         bound = (6.0 / (fan_in + fan_out * receptive)) ** 0.5
-        layer.weight.copy_(
-            torch.empty_like(layer.weight).uniform_(-bound, bound, generator=generator)
-        )
+        weight.copy_(torch.empty_like(weight).uniform_(-bound, bound, generator=generator))

@@ -35,14 +35,14 @@ from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
 from bnnexport.layers import (
     bf16_counts,
-    binary_parameters,
+    binary_layers,
     init_latent_weights,
     set_latent,
     set_precision,
 )
 from bnnexport.metrics import TENSORBOARD_FILE, metrics_csv, pi, write_tensorboard
 from bnnexport.models import create_model
-from bnnexport.optimizers import OPTIMIZERS, CaseOptimizer, FlipCounter
+from bnnexport.optimizers import GAMMA, LR, OPTIMIZERS, THRESHOLD, CaseOptimizer, FlipCounter
 from bnnexport.precision import PRECISIONS, resolve_precision
 from bnnexport.provenance import remove_derived
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
@@ -71,12 +71,16 @@ class TrainConfig:
     model: str = "mnist-bnn"
     dataset: str = "mnist5k"
     data_dir: str | None = None
+    # the data set loader's own options (imagefolder: image_size, mean, std, val_split)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
     optimizer: str = "bop"
-    gamma: float | str = 1e-3
-    threshold: float | str = 1e-6
-    # 1e-2 (the paper's CIFAR value) overfits mnist5k's 4,000 images: 0.941 vs 0.957 test
-    # accuracy after 5 epochs; the CIFAR recipes set 1e-2 explicitly.
-    lr: float | str = 1e-3
+    # Bop: set binary kernels that are not ±1 to sign(w), ties to +1 (a model of your own
+    # initialised with real weights); without it such a kernel is refused
+    init_sign: bool = False
+    # the optimizers' own defaults (bnnexport.optimizers: GAMMA, THRESHOLD, LR), one set for both
+    gamma: float | str = GAMMA
+    threshold: float | str = THRESHOLD
+    lr: float | str = LR
     epochs: int | None = DEFAULT_EPOCHS  # None: 5 for a new run, the saved value on resume
     batch_size: int = 50
     seed: int = 0
@@ -180,28 +184,42 @@ def first_and_last_weights(model: nn.Module) -> list[torch.Tensor]:
     return [layers[0].weight, layers[-1].weight] if layers else []
 
 
-def _make_optimizer(model: nn.Module, config: TrainConfig) -> CaseOptimizer:
+def _make_optimizer(
+    model: nn.Module, config: TrainConfig, input_shape: tuple[int, ...]
+) -> CaseOptimizer:
     if config.optimizer not in OPTIMIZERS:
         raise DataError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    # bnnexport's own layers are found by type; a model of your own by tracing it once
+    found: dict[str, Any] = {}
+    if not binary_layers(model):
+        generator = torch.Generator().manual_seed(config.seed)
+        found["example_input"] = torch.randn(1, *input_shape, generator=generator)
     if config.optimizer == "adam-latent":
-        return OPTIMIZERS["adam-latent"](model, lr=config.lr)
+        return OPTIMIZERS["adam-latent"](model, lr=config.lr, **found)
+    found["init_sign"] = config.init_sign
     if config.optimizer == "bop2":
         return OPTIMIZERS["bop2"](
-            model, gamma=config.gamma, threshold=config.threshold, lr=config.lr, sigma=config.sigma
+            model,
+            gamma=config.gamma,
+            threshold=config.threshold,
+            lr=config.lr,
+            sigma=config.sigma,
+            **found,
         )
     return OPTIMIZERS[config.optimizer](
-        model, gamma=config.gamma, threshold=config.threshold, lr=config.lr
+        model, gamma=config.gamma, threshold=config.threshold, lr=config.lr, **found
     )
 
 
-def _binary_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """state_dict with every binary kernel binarized (what leaves training)."""
-    from bnnexport.layers import binary_layers
+def _binary_state(model: nn.Module, kernels: list[str]) -> dict[str, torch.Tensor]:
+    """state_dict with every binary kernel binarized (what leaves training): bnnexport's binary
+    layers' weights and the parameters named in `kernels` (a model of your own)."""
     from bnnexport.quantizers import binarize
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for name, layer in binary_layers(model):
-        state[f"{name}.weight" if name else "weight"] = binarize(layer.weight.detach())
+    names = [f"{name}.weight" if name else "weight" for name, _ in binary_layers(model)]
+    for name in [*names, *kernels]:
+        state[name] = binarize(state[name])
     return state
 
 
@@ -233,6 +251,27 @@ def validate_config(config: TrainConfig) -> None:
         kind = None
     if kind not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"unknown torch device {config.device!r}: use cpu, cuda or cuda:N")
+
+
+IMAGEFOLDER_OPTIONS = ("image_size", "mean", "std", "val_split")
+
+
+def _check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
+    """Options of the imagefolder loader only, each in range (the loader checks the layout)."""
+    if not options:
+        return
+    names = ", ".join("--" + key.replace("_", "-") for key in options)
+    if dataset != "imagefolder":
+        raise ConfigError(f"{names}: options of --dataset imagefolder, not of {dataset}")
+    unknown = set(options) - set(IMAGEFOLDER_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown imagefolder option(s): {', '.join(sorted(unknown))}")
+    size = options.get("image_size")
+    if size is not None and not (isinstance(size, int) and size >= 4):
+        raise ConfigError(f"--image-size {size}: must be an integer of at least 4 pixels")
+    split = options.get("val_split")
+    if split is not None and not 0.0 < split < 1.0:
+        raise ConfigError(f"--val-split {split}: must be between 0 and 1 (exclusive)")
 
 
 def _check_hyperparameter(option: str, value: float | str, ok: Any, rule: str) -> None:
@@ -368,7 +407,7 @@ class _Trainer:
         resume_changes = resume_changes or {}
         self.config, self.run, self.context = config, run, context
         torch.manual_seed(config.seed)
-        self.data = load_dataset(config.dataset, config.data_dir)
+        self.data = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
         if checkpoint is not None:
             model = build_model(checkpoint, run.checkpoint).train()
         else:
@@ -391,9 +430,9 @@ class _Trainer:
         set_precision(self.model, self.precision)
         # autocast computes on bf16 copies; the parameters themselves stay float32
         self.amp = self.precision == "amp"
-        self.optimizer = _make_optimizer(self.model, config)
+        self.optimizer = _make_optimizer(self.model, config, self.data.input_shape)
         if config.optimizer == "adam-latent" and checkpoint is None:
-            init_latent_weights(self.model)
+            init_latent_weights(self.model, kernels=self.optimizer.binary_kernels)
         self.start_epoch = self.step = 0
         if checkpoint is not None:
             if checkpoint.get("latent") is not None:
@@ -405,7 +444,7 @@ class _Trainer:
         self.forward: nn.Module = (
             nn.parallel.DistributedDataParallel(self.model) if context.enabled else self.model
         )
-        self.counter = FlipCounter(self.model)
+        self.counter = FlipCounter(self.model, self.optimizer.binary_kernels)
         self.l2_weights = first_and_last_weights(self.model) if config.l2_first_last else []
         per_rank = -(-len(self.data.train) // context.world_size)
         self.steps_per_epoch = max(1, -(-per_rank // config.batch_size))
@@ -529,7 +568,9 @@ class _Trainer:
                 "model_kwargs": {
                     k: v for k, v in self.model.bnnexport_config.items() if k != "name"
                 },
-                "model": _binary_state(self.model),
+                "model": _binary_state(self.model, list(self.optimizer.binary_kernels)),
+                # what verify checks in a model of your own (bnnexport's layers it finds by type)
+                "binary_kernels": list(self.optimizer.binary_kernels),
                 "latent": self.model.state_dict() if config.optimizer == "adam-latent" else None,
                 "optimizer": self.optimizer.state_dict(),
                 "epoch": epoch,
@@ -592,6 +633,8 @@ def _train(
             return stored
         files.require_run_directory(run.root)  # what training on will rewrite is bnnexport's
     config.epochs = config.epochs or DEFAULT_EPOCHS
+    # here, not in validate_config: on --resume the data set is the run's own, known only now
+    _check_dataset_options(config.dataset, config.dataset_options)
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.
     trainer = _Trainer(config, run, checkpoint, context, changes)
@@ -607,7 +650,7 @@ def _train(
         test_acc = _stored_results(run, result)  # nothing left to train: the stored state
     if config.optimizer == "adam-latent":
         set_latent(trainer.model, False)
-    mismatched = context.count_mismatches(binary_parameters(trainer.model))
+    mismatched = context.count_mismatches(list(trainer.optimizer.binary_kernels.values()))
     report = _report(trainer, run, result, test_acc, epoch_seconds, changes)
     report.seconds = time.perf_counter() - started
     report.rank_mismatched_weights = mismatched
@@ -660,7 +703,7 @@ def _report(
         train_loss=result.loss,
         seconds=0.0,  # the caller's wall clock
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
-        binary_parameters=sum(layer.weight.numel() for _, layer in trainer.counter.layers),
+        binary_parameters=sum(kernel.numel() for _, kernel in trainer.counter.kernels),
         flip_rate=result.flip_rate,
         mean_flip_rate=result.mean_flip_rate,
         resumed_from_epoch=trainer.start_epoch,
@@ -781,5 +824,12 @@ def _json_line(record: dict[str, Any]) -> str:
 
 
 def default_out(model: str, dataset: str) -> str:
-    """Default run directory for a model and data set."""
+    """Default run directory for a model and data set (an import string by its attribute:
+    `mynets:small_bnn` -> small_bnn).
+
+    Example:
+        >>> default_out("mynets:small_bnn", "mnist5k")
+        'runs/small_bnn-mnist5k'
+    """
+    model, dataset = (name.rpartition(":")[2] for name in (model, dataset))
     return str(Path("runs") / f"{model}-{dataset}")

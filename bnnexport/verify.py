@@ -154,8 +154,20 @@ def check_kernel(kernel: torch.Tensor) -> tuple[int, list[list[Any]]]:
     return count, [[i, _finite_or_text(v)] for i, v in zip(where, quoted, strict=True)]
 
 
-def verify_model(model: nn.Module, source: str = "model", kind: str = "checkpoint") -> VerifyReport:
-    """Check every binary layer of a PyTorch model (kernel strictly ±1, input binarized)."""
+def verify_model(
+    model: nn.Module,
+    source: str = "model",
+    kind: str = "checkpoint",
+    kernels: list[str] | None = None,
+) -> VerifyReport:
+    """Check every binary layer of a PyTorch model (kernel strictly ±1, input binarized).
+
+    bnnexport's own layers are found by type; in a model without them, `kernels` names the
+    binary kernels (what training found by tracing, `bnnexport.discover`, and recorded in the
+    checkpoint as `binary_kernels`), each of which must be strictly ±1.
+    """
+    if not binary_layers(model) and kernels:
+        return _report([_kernel_check(model, name) for name in kernels], source, kind)
     checks = []
     for name, layer in binary_layers(model):
         # the stored weight, even in latent mode: it is what a checkpoint or a pack carries on
@@ -176,6 +188,26 @@ def verify_model(model: nn.Module, source: str = "model", kind: str = "checkpoin
             )
         )
     return _report(checks, source, kind)
+
+
+def _kernel_check(model: nn.Module, name: str) -> LayerCheck:
+    """The verdict on a named binary kernel of a model of your own."""
+    params = dict(model.named_parameters())
+    if name not in params:
+        raise NotBinaryError(f"the model has no binary kernel {name!r} that training recorded")
+    kernel = params[name]
+    off, examples = check_kernel(kernel)
+    return LayerCheck(
+        name=name,
+        op="kernel",
+        shape=list(kernel.shape),
+        values=kernel.numel(),
+        kernel="offending" if off else "strict",
+        input="binarized (found by tracing)",
+        strict=not off,
+        off=off,
+        examples=examples,
+    )
 
 
 def _report(checks: list[LayerCheck], source: str, kind: str) -> VerifyReport:
@@ -259,8 +291,9 @@ def verify(path: str | os.PathLike) -> VerifyReport:
 def verify_run(run_dir: str | os.PathLike) -> VerifyReport:
     """Verify a run directory's checkpoint and write RUN_DIR/verify.json."""
     run = RunDir(run_dir).require()
-    model = build_model(load_checkpoint(run.checkpoint), run.checkpoint)
-    report = verify_model(model, str(run.root), "checkpoint")
+    checkpoint = load_checkpoint(run.checkpoint)
+    model = build_model(checkpoint, run.checkpoint)
+    report = verify_model(model, str(run.root), "checkpoint", checkpoint.get("binary_kernels"))
     report.save(run.root / "verify.json")
     return report
 

@@ -1,4 +1,6 @@
-"""The README's `convert_module` example runs as written and converts its binary layer."""
+"""The README's examples run as written: `convert_module`'s converts its binary layer, "Your own
+model" trains a hand-written BNN with Bop, converts it and benches the flatbuffer, and the
+researchers' commands run at a tiny size."""
 
 from __future__ import annotations
 
@@ -83,3 +85,67 @@ def test_readme_researchers_commands_run_at_a_tiny_size(tmp_path):
     assert sorted(r["hyperparameters"]["gamma"] for r in gamma) == [1e-3, 1e-2]
     for figure in ("sec51/sweep.png", "sec51-bop-vs-latent/compare.png", "sec51-gamma/compare.png"):
         assert (runs / figure).stat().st_size > 10_000
+
+
+def own_model_example() -> tuple[str, list[str]]:
+    """The "Your own model" section's Python block and its shell commands."""
+    text = README.read_text()
+    block = re.search(
+        r"<!-- own-model-example.*?```python\n(.*?)```\s*```bash\n(.*?)```", text, re.S
+    )
+    assert block is not None, "README lost its own-model example"
+    commands = [line.split("#")[0].strip() for line in block.group(2).splitlines()]
+    return block.group(1), [c for c in commands if c]
+
+
+def _exec_in(code: str, folder: Path) -> tuple[str, dict]:
+    printed, namespace = io.StringIO(), {"__name__": "readme"}
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, str(README), "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return printed.getvalue(), namespace
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_readme_own_model_example_finds_its_kernels_and_trains_them_with_bop(tmp_path):
+    """Fast: the example up to the conversion, on a few large batches."""
+    import torch
+
+    code, _ = own_model_example()
+    assert len(code.strip().splitlines()) <= 30  # a handful of lines, as promised
+    training = code.split("x, y = ")[0].replace("batch_size=50", "batch_size=1000")
+    _, namespace = _exec_in(training, tmp_path)
+    kernels = namespace["optimizer"].binary_kernels
+    assert list(kernels) == ["w", "fc"]
+    assert all(bool((k.abs() == 1).all()) for k in kernels.values())
+    assert isinstance(namespace["model"](torch.zeros(2, 1, 28, 28)), torch.Tensor)
+
+
+@pytest.mark.slow
+@pytest.mark.long  # one epoch, a conversion through TensorFlow and a benchmark: ~1 min
+@pytest.mark.filterwarnings("ignore")
+def test_readme_own_model_example_runs_to_a_bench_number(tmp_path):
+    import json
+    import shlex
+
+    from cli_inprocess import run_in_process
+
+    code, commands = own_model_example()
+    printed, _ = _exec_in(code, tmp_path)
+    expected = re.search(r"# (.*)$", code.strip().splitlines()[-1]).group(1)
+    assert printed.strip().splitlines()[-1] == expected
+    assert [c.split()[:2] for c in commands] == [["bnnexport", "bench"]]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = run_in_process(*shlex.split(commands[0])[1:], "--runs", "5")
+    finally:
+        os.chdir(cwd)
+    assert result.returncode == 0, result.stderr
+    bench = json.loads((tmp_path / "mine-arm64-bench.json").read_text())
+    lce = next(b for b in bench["backends"] if b["name"] == "lce")
+    assert lce["top1"] > 0.5 and lce["latency_ms"]["mean"] > 0  # chance is 0.1

@@ -48,11 +48,15 @@ def exported(tmp_path_factory):
 
 @pytest.mark.parametrize("row", _params(ROWS, long=True))
 def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, exported):
+    from bnnexport.verify import verify_onnx
     from converters.lce import convert_onnx
 
     path, shape = exported(row)
     result = convert_onnx(path, path.with_suffix(".tflite"), inputs=sample_inputs(shape))
     assert result.binary_layers > 0
+    # verify on the same file agrees with what convert did: strict, the same binary layers
+    verified = verify_onnx(path)
+    assert verified.strict and len(verified.layers) == result.lce_bconv2d
     assert result.lce_bconv2d == result.binary_layers and result.float_fallbacks == []
     ort_gate = result.gate("ONNX Runtime")
     assert ort_gate.argmax_agreement == 1.0

@@ -74,6 +74,51 @@ def choice_option(
     )
 
 
+class NameOrImport(click.ParamType):
+    """One of `choices`, or an import string `module:attribute` of your own (checked when it
+    is imported, `bnnexport.imports`)."""
+
+    def __init__(self, choices: Sequence[str], what: str) -> None:
+        self.choices = list(choices)
+        self.what = what
+        self.name = f"[{'|'.join(self.choices)}|module:{what}]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        value = str(value)
+        if value in self.choices or ":" in value:
+            return value
+        self.fail(
+            f"{value!r} is not one of {', '.join(self.choices)}, nor an import string "
+            f"module:{self.what}",
+            param,
+            ctx,
+        )
+
+
+def name_or_import_option(
+    *names: str, choices: Sequence[str], what: str, default: str, help: str
+) -> Callable[[F], F]:
+    """A click option taking a registered name or `module:WHAT` (a one-line exit 2 otherwise)."""
+    return click.option(
+        *names, type=NameOrImport(choices, what), default=default, show_default=True, help=help
+    )
+
+
+class FloatList(click.ParamType):
+    """Comma-separated finite numbers: "0.5,0.4,0.3" -> [0.5, 0.4, 0.3]."""
+
+    name = "X[,X...]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> list[float]:
+        if isinstance(value, list):
+            return value
+        try:
+            numbers = [float(part) for part in str(value).split(",")]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+        return numbers
+
+
 def fail(message: str, exit_code: int = 2, as_json: bool = False) -> None:
     """Print `bnnexport: error: MESSAGE` on stderr and exit; with `as_json` also print
     `{"error": MESSAGE, "exit_code": CODE}` on stdout, so a script always gets one object."""

@@ -7,11 +7,13 @@ import os
 import click
 
 from bnnexport.cli.common import (
+    FloatList,
     choice_option,
     count_option,
     emit,
     handle_errors,
     json_option,
+    name_or_import_option,
     number_or_schedule,
 )
 from bnnexport.datasets import list_datasets
@@ -22,35 +24,92 @@ from bnnexport.precision import PRECISIONS
 from bnnexport.train import TrainConfig, default_out, train
 
 DEFAULTS = TrainConfig()
+
+
+def dataset_options(
+    image_size: int | None,
+    mean: list[float] | None,
+    std: list[float] | None,
+    val_split: float | None,
+) -> dict:
+    """The data set options given (config.json's `dataset_options`)."""
+    given = {"image_size": image_size, "mean": mean, "std": std, "val_split": val_split}
+    return {key: value for key, value in given.items() if value is not None}
+
+
 RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "threshold", "lr",
                       "sigma", "epochs", "batch_size", "seed")  # fmt: skip
 
 
 @click.command("train")
-@choice_option(
+@name_or_import_option(
     "--model",
     choices=list_models(),
+    what="factory",
     default=DEFAULTS.model,
-    help="Model from the registry (`bnnexport zoo list`).",
+    help="Model from the registry (`bnnexport zoo list`), or your own as module:factory "
+    "(imported with the current directory on the path; called with num_classes and "
+    "input_shape as far as it takes them; recorded in the run for export, convert, bench "
+    "and --resume).",
 )
-@choice_option(
+@name_or_import_option(
     "--dataset",
     choices=list_datasets(),
+    what="loader",
     default=DEFAULTS.dataset,
-    help="mnist5k ships inside the package; cifar10 reads a local cifar-10-batches-py.",
+    help="mnist5k ships inside the package; cifar10 reads a local cifar-10-batches-py; "
+    "imagefolder reads ROOT/train/CLASS/ and ROOT/val/CLASS/, or ROOT/CLASS/ with "
+    "--val-split; module:loader is your own: loader(data_dir, augment) returning a "
+    "bnnexport.datasets.splits.DatasetSplits.",
 )
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Directory of the data set (cifar10: the cifar-10-batches-py folder).",
+    help="Directory of the data set (cifar10: the cifar-10-batches-py folder; imagefolder: ROOT).",
+)
+@click.option(
+    "--image-size",
+    type=int,
+    default=None,
+    metavar="N",
+    help="imagefolder: resize every image whole to N x N (training adds a horizontal flip) "
+    "instead of ImageNet's random-resized 224 crops. [default: ImageNet's]",
+)
+@click.option(
+    "--mean",
+    type=FloatList(),
+    default=None,
+    help="imagefolder: per-channel mean (1 or 3 values, pixels in [0, 1]) subtracted before "
+    "dividing by --std. [default: pixels scaled to [-1, 1]]",
+)
+@click.option(
+    "--std",
+    type=FloatList(),
+    default=None,
+    help="imagefolder: per-channel standard deviation (1 or 3 values > 0), with --mean.",
+)
+@click.option(
+    "--val-split",
+    type=float,
+    default=None,
+    metavar="FRACTION",
+    help="imagefolder with a plain ROOT/CLASS/ folder: the fraction of each class (drawn "
+    "with a fixed seed) held out for validation.",
 )
 @choice_option(
     "--optimizer",
     choices=sorted(OPTIMIZERS),
     default=DEFAULTS.optimizer,
     help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
-    "real latent weights binarized with the STE (the baseline).",
+    "real latent weights binarized with the STE (the baseline; binary kernels start "
+    "Glorot-uniform, a model of your own's too).",
+)
+@click.option(
+    "--init-sign",
+    is_flag=True,
+    help="Bop: set binary kernels that are not exactly ±1 (a model of your own initialised "
+    "with real weights) to sign(w), ties to +1, and say so; without it they are refused.",
 )
 @click.option(
     "--gamma",
@@ -160,7 +219,12 @@ def train_command(
     model,
     dataset,
     data_dir,
+    image_size,
+    mean,
+    std,
+    val_split,
     optimizer,
+    init_sign,
     gamma,
     threshold,
     lr,
@@ -192,7 +256,9 @@ def train_command(
         model=model,
         dataset=dataset,
         data_dir=data_dir,
+        dataset_options=dataset_options(image_size, mean, std, val_split),
         optimizer=optimizer,
+        init_sign=init_sign,
         gamma=number_or_schedule(gamma),
         threshold=number_or_schedule(threshold),
         lr=number_or_schedule(lr),
@@ -213,6 +279,8 @@ def train_command(
         for name in TrainConfig.__dataclass_fields__
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
     }
+    if config.dataset_options:  # each is checked against the run's own on --resume
+        explicit.add("dataset_options")
     if "sigma" in explicit and optimizer != "bop2" and not resume:
         raise ConfigError(f"--sigma is bop2's second-moment rate; --optimizer {optimizer} has none")
     if recipe is not None:

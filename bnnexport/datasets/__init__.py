@@ -30,6 +30,7 @@ from torch.utils.data import Dataset, TensorDataset
 from bnnexport.datasets.imagefolder import load_imagefolder
 from bnnexport.datasets.splits import DatasetSplits
 from bnnexport.errors import DataError
+from bnnexport.imports import call_with_accepted, import_object, is_import_string
 
 MNIST5K_TEST_PER_CLASS = 100
 _SPLIT_SEED = 20190101  # fixed forever: the mnist5k test set must never change
@@ -164,12 +165,29 @@ def list_datasets() -> list[str]:
 
 
 def load_dataset(
-    name: str, data_dir: str | Path | None = None, augment: bool = True
+    name: str, data_dir: str | Path | None = None, augment: bool = True, **options: Any
 ) -> DatasetSplits:
-    """Load a data set by name; a missing or malformed directory raises `DataError`."""
+    """Load a data set by name; a missing or malformed directory raises `DataError`.
+
+    `name` may be an import string, `module:loader` (`bnnexport.imports`): a loader of your
+    own, called as `loader(data_dir, augment=augment)` (as far as its signature takes them)
+    and returning a `DatasetSplits`. `options` go to the loader (imagefolder: image_size,
+    mean, std, val_split).
+    """
+    if is_import_string(name):
+        loader = import_object(name, "--dataset")
+        data = call_with_accepted(
+            loader, f"--dataset {name}", data_dir=data_dir, augment=augment, **options
+        )
+        if not isinstance(data, DatasetSplits):
+            raise DataError(
+                f"--dataset {name} returned {type(data).__name__}, not a "
+                "bnnexport.datasets.splits.DatasetSplits"
+            )
+        return data
     if name not in _LOADERS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}")
-    return _LOADERS[name](data_dir, augment=augment)
+    return _LOADERS[name](data_dir, augment=augment, **options)
 
 
 register_dataset("imagefolder", load_imagefolder)

@@ -22,6 +22,9 @@ from typing import Any
 
 from torch import nn
 
+from bnnexport.errors import ConfigError
+from bnnexport.imports import call_with_accepted, import_object, is_import_string
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -70,7 +73,14 @@ def create_model(
     input_shape: tuple[int, int, int] | list[int] | None = None,
     **kwargs: Any,
 ) -> nn.Module:
-    """Build a registered model; defaults are the model's native classes and input shape."""
+    """Build a registered model; defaults are the model's native classes and input shape.
+
+    `name` may also be an import string, `module:factory` (`bnnexport.imports`): a factory of
+    your own, given `num_classes`, `input_shape` and `kwargs` as far as its signature takes
+    them (ConfigError when it does not import or does not return an `nn.Module`).
+    """
+    if is_import_string(name):
+        return _create_imported(name, num_classes, input_shape, **kwargs)
     info = model_info(name)
     num_classes = info.num_classes if num_classes is None else int(num_classes)
     shape = tuple(int(v) for v in (input_shape or info.input_shape))
@@ -83,4 +93,29 @@ def create_model(
         "input_shape": list(shape),
         **kwargs,
     }
+    return model
+
+
+def _create_imported(
+    name: str,
+    num_classes: int | None,
+    input_shape: tuple[int, int, int] | list[int] | None,
+    **kwargs: Any,
+) -> nn.Module:
+    factory = import_object(name, "--model")
+    given: dict[str, Any] = dict(kwargs)
+    if num_classes is not None:
+        given["num_classes"] = int(num_classes)
+    if input_shape is not None:
+        given["input_shape"] = tuple(int(v) for v in input_shape)
+    model = call_with_accepted(factory, f"--model {name}", **given)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"--model {name} returned {type(model).__name__}, not an nn.Module")
+    # what a checkpoint needs to build it again; the shape is known only from the data
+    config = {"name": name, **kwargs}
+    if num_classes is not None:
+        config["num_classes"] = int(num_classes)
+    if input_shape is not None:
+        config["input_shape"] = [int(v) for v in input_shape]
+    model.bnnexport_config = config
     return model

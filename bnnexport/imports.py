@@ -1,0 +1,72 @@
+"""Import strings, `module:attribute`: your own model factory or data set loader on the command
+line (`--model mynets:small_bnn`, `--dataset mydata:load`).
+
+The string is what a run records (config.json, the checkpoint), so `export`, `convert`, `bench`
+and `--resume` import the same object again. The module is imported as Python would import it,
+with the current directory on the path first (as `python -m` puts it there).
+
+Example:
+    >>> import_object("math:sqrt", "--model")(4.0)
+    2.0
+    >>> import_object("math:nothing", "--model")
+    Traceback (most recent call last):
+    ...
+    bnnexport.errors.ConfigError: --model math:nothing: module math has no attribute 'nothing'
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from bnnexport.errors import BnnExportError, ConfigError
+
+
+def is_import_string(name: str) -> bool:
+    """True for `module:attribute` (a registered name never holds a colon)."""
+    return ":" in name
+
+
+def import_object(spec: str, option: str) -> Any:
+    """The object `spec` ("package.module:attribute") names; ConfigError (one line, naming
+    `option`) when the string is malformed, the module does not import or lacks the name."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute.isidentifier():
+        raise ConfigError(f"{option} {spec}: expected module:attribute, e.g. mynets:small_bnn")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # the user's module may raise anything while importing
+        detail = str(error).splitlines()[0] if str(error) else ""
+        raise ConfigError(
+            f"{option} {spec}: cannot import {module_name} ({type(error).__name__}: {detail})"
+        ) from None
+    if not hasattr(module, attribute):
+        raise ConfigError(f"{option} {spec}: module {module_name} has no attribute {attribute!r}")
+    return getattr(module, attribute)
+
+
+def call_with_accepted(function: Callable[..., Any], option: str, **kwargs: Any) -> Any:
+    """`function(**kwargs)` with only the keyword arguments it accepts (all with **kwargs).
+
+    An error of bnnexport's own passes through; any other exception the user's function raises
+    becomes a ConfigError naming `option`, its type and first line (one line, exit 2)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option}: {function!r} is not a function to call") from None
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        names = {p.name for p in parameters}
+        kwargs = {key: value for key, value in kwargs.items() if key in names}
+    try:
+        return function(**kwargs)
+    except BnnExportError:
+        raise
+    except Exception as error:
+        detail = str(error).splitlines()[0] if str(error) else ""
+        raise ConfigError(f"{option} failed: {type(error).__name__}: {detail}") from None
