@@ -795,7 +795,10 @@ def _interrupt(args: list[str], when) -> subprocess.CompletedProcess:
     while not when() and time.time() < deadline and process.poll() is None:
         time.sleep(0.02)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=120)
+    try:
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # a hung child must not outlive the test
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
@@ -832,9 +835,12 @@ def test_ctrl_c_swallowed_by_a_library_still_ends_the_command(tmp_path):
     process = subprocess.Popen(
         [CLI[0], "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    first = process.stdout.readline()
-    assert first.strip() == "ready", first + process.stderr.read()
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=30)
+    try:
+        first = process.stdout.readline()
+        assert first.strip() == "ready", first + process.stderr.read()
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()  # a hung child must not outlive the test
     assert process.returncode == 130
     assert stderr == "bnnexport: error: interrupted\n"
