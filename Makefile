@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # torch first: the pinned CPU build; a bare `torch` requirement would pull the CUDA wheels.
-# The real BNN libraries tests/test_real_clients.py converts. --no-deps: bitorch 0.4.1 and
+# The real BNN libraries tests/conversion/test_real_clients.py converts. --no-deps: bitorch 0.4.1 and
 # Brevitas 0.13.4 would otherwise pull an older torch / downgrade setuptools (<81); their few
 # pure-Python dependencies are listed by hand (bitorch imports pandas; Brevitas needs
 # dependencies and unfoldNd, and onnxoptimizer for export_qonnx).
@@ -49,7 +49,7 @@ ssh-tools:
 		|| echo "could not install OpenSSH: the SSH device tests will be skipped"; \
 	fi
 
-# The emulated aarch64 device (tests/aarch64_device.py, docs/LCE_NOTES.md §7) is built from these Debian
+# The emulated aarch64 device (tests/support/aarch64_device.py, docs/LCE_NOTES.md §7) is built from these Debian
 # packages; installed once, nothing to do after. Without them the aarch64 tests skip, saying why.
 DEVICE_TOOLS := qemu-user-static binfmt-support arch-test mmdebstrap
 device-tools:

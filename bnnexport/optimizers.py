@@ -571,7 +571,7 @@ class BopNormalized(Bop):
     flip as often. Dividing by the layer's mean |m| makes τ a pure number (1-3 are sensible:
     flip the weights whose momentum is that many times stronger than the layer's average),
     so one τ suits every layer; scaling all of a layer's gradients by any c > 0 leaves its
-    flips unchanged (tests/test_bop_variants.py checks it).
+    flips unchanged (tests/training/test_bop_variants.py checks it).
 
     Reference: Algorithm 2 of Helwegen et al., "Latent Weights Do Not Exist" (NeurIPS 2019),
     with τ replaced by τ·mean|m|. The layer-mean form is bnnexport's own variant, not a

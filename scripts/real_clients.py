@@ -1,5 +1,6 @@
-"""The real-client table of docs/BENCHMARKS.md: convert every row of tests/client_nets.py (and
-the tf2onnx-style larq graph of tests/tf2onnx_nets.py) and print one Markdown row each.
+"""The real-client table of docs/BENCHMARKS.md: convert every row of
+tests/support/client_nets.py (and
+the tf2onnx-style larq graph of tests/support/tf2onnx_nets.py) and print one Markdown row each.
 
     PYTHONPATH=. .venv/bin/python scripts/real_clients.py [--rows ID,ID...] > table.md
 
@@ -26,8 +27,8 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import onnx
-    from client_nets import ROWS, export_onnx, sample_inputs
-    from tf2onnx_nets import larq_like
+    from support.client_nets import ROWS, export_onnx, sample_inputs
+    from support.tf2onnx_nets import larq_like
 
     from converters.lce import convert_onnx
     from converters.runtimes import tf

@@ -1,4 +1,8 @@
-"""Shared fixtures. `trained_run`: one short real training run on the shipped mnist5k subset."""
+"""Shared fixtures, registered once for every test folder.
+
+`trained_run`: one short real training run on the shipped mnist5k subset; `seeded`: torch's
+generator at seed 0; the loopback sshd (`support.sshd_fixture`) and the emulated aarch64 device
+(`support.aarch64_device`). What tests share besides fixtures lives in `tests/support/`."""
 
 from __future__ import annotations
 
@@ -8,7 +12,17 @@ from pathlib import Path
 import pytest
 
 # a script run on the emulated device, not a module: --doctest-modules must not import it
-collect_ignore = ["lce_benchmark_model_standin.py"]
+collect_ignore = ["support/lce_benchmark_model_standin.py"]
+
+pytest_plugins = ["support.sshd_fixture", "support.aarch64_device"]
+
+
+@pytest.fixture
+def seeded() -> None:
+    """Random ±1 kernels and BatchNorm statistics, the same on every run."""
+    import torch
+
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,126 @@
+"""`bnnexport bench --device` end to end on the emulated aarch64 device
+(tests/support/aarch64_device.py).
+
+A trained, exported and converted run with its batch-32 twin; bench runs the LCE flatbuffer on
+the device with `lce_benchmark_model`: the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64
+names one (then the device must agree with PyTorch and the host's LCE), else the aarch64 stand-in
+of test_deploy_aarch64.py, whose outputs this test computes itself to check every number of the
+device rows (top-1, agreement and max |diff| vs PyTorch and vs host LCE).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
+
+from bnnexport.cli.bench import bench_command
+from bnnexport.runs import load_model
+from deploy.runner import topk_accuracy as topk
+
+SAMPLES = 40
+BATCH = 32  # 2 chunks on the device, the last one padded
+
+
+@pytest.fixture(scope="module")
+def twin_run(_trained_run_template, tmp_path_factory):
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+
+    run = tmp_path_factory.mktemp("bench-arm") / "run"
+    shutil.copytree(_trained_run_template, run)
+    export_onnx(run, samples=SAMPLES)
+    convert_run(run, target="arm64", fmt="tflite", batch_twin=BATCH)
+    return run
+
+
+def _binary(arm_device, tmp_path) -> str:
+    if REAL_BINARY:
+        print(f"\nlce_benchmark_model: the real binary {REAL_BINARY}")
+        return REAL_BINARY
+    print("\nlce_benchmark_model: the aarch64 Python stand-in (protocol only)")
+    return str(write_stand_in(tmp_path / "lce_benchmark_model", None))
+
+
+def _bench(run, arm_device, binary, *args):
+    argv = [
+        str(run),
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "--samples",
+        str(SAMPLES),
+        "--device",
+        arm_device.destination,
+        "--port",
+        str(arm_device.port),
+        "--ssh-key",
+        str(arm_device.key),
+        "--remote-tmp",
+        arm_device.remote_tmp,
+        "--runner",
+        "lce_benchmark_model",
+        "--benchmark-binary",
+        binary,
+        "--timeout",
+        "900",
+        "--json",
+        *args,
+    ]
+    for option in arm_device.options:
+        argv += ["--ssh-option", option]
+    return CliRunner().invoke(bench_command, argv)
+
+
+def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp_path):
+    binary = _binary(arm_device, tmp_path)
+    # the issue's acceptance command: accuracy, the op profile by layer, two thread counts
+    args = ("--device-batch", str(BATCH), "--profile", "--threads", "1,2")
+    result = _bench(twin_run, arm_device, binary, *args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"]["machine"] == "aarch64"
+    host = {b["name"]: b for b in data["backends"] if b["where"] == "host"}
+    device, versus_host, two = [b for b in data["backends"] if b["where"] != "host"]
+    assert (device["name"], versus_host["name"]) == ("lce", "lce vs host lce")
+    assert two["name"] == "lce (2 threads)" and two["extra"]["peak_memory_mb"] is not None
+    profile = data["profile"]
+    modules = {name for name, _ in load_model(twin_run).named_modules()} | {"(input)"}
+    assert profile["notes"] == [] and {t["layer"] for t in profile["layers"]} <= modules
+    assert any(t["binary"] and "LceBconv2d" in t["op_types"] for t in profile["layers"])
+    extra = device["extra"]
+    assert extra["accuracy_model"] == f"model-arm64-b{BATCH}.tflite"
+    assert (extra["accuracy_batch"], extra["accuracy_invocations"]) == (BATCH, 2)
+    assert extra["note"] is None and extra["peak_memory_mb"] is not None
+    assert device["latency_ms"]["mean"] > 0
+    if REAL_BINARY:
+        assert device["argmax_agreement"] == 1.0 and device["top1"] == host["pytorch"]["top1"]
+        assert versus_host["argmax_agreement"] == 1.0 and versus_host["max_abs_diff"] < 1e-3
+    else:
+        with np.load(twin_run / "samples.npz") as samples:
+            inputs, labels = samples["inputs"][:SAMPLES], samples["labels"][:SAMPLES]
+        expected = stand_in_outputs(inputs, 10)
+        assert device["top1"] == pytest.approx(topk(expected, labels, 1))
+        assert device["top5"] == pytest.approx(topk(expected, labels, 5))
+        assert versus_host["top1"] == device["top1"]
+        # the agreement columns are recomputed here from the host's own outputs
+        from bnnexport.export import torch_outputs
+        from converters.validate import run_lce
+
+        torch = torch_outputs(load_model(twin_run), inputs)
+        lce = run_lce(twin_run / "model-arm64.tflite", inputs)
+        for row, reference in ((device, torch), (versus_host, lce)):
+            agree = float(np.mean(expected.argmax(1) == reference.argmax(1)))
+            assert row["argmax_agreement"] == pytest.approx(agree)
+            assert row["max_abs_diff"] == pytest.approx(
+                np.abs(expected - reference).max(), rel=1e-4
+            )
+    report = (twin_run / "report.md").read_text()
+    assert "Accuracy on the device" in report and "| lce vs host lce |" in report
+    assert "## Time by PyTorch layer on" in report and "bench_device_layers.png" in report
+    assert arm_device.leftovers() == []

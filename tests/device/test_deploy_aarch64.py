@@ -1,0 +1,291 @@
+"""The device path against a genuine aarch64 user space
+(tests/support/aarch64_device.py, qemu-user).
+
+The real SSH client talks to an aarch64 sshd; `uname -m`, the ELF check, upload and clean-up, and
+the Python runner's refusal (LCE has no aarch64 wheel) all meet the real thing. The accuracy
+protocol of `lce_benchmark_model` (deploy/device_accuracy.py) runs against:
+- the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64 names one: a real LCE flatbuffer at
+  batch N, outputs compared with the host's LCE interpreter;
+- otherwise an aarch64 Python stand-in that honours exactly the documented flags and file formats
+  (checks the input file's size against --input_layer_shape, writes --output_filepath) and
+  computes a small NumPy model whose outputs this test knows, so wrong chunking, ordering or
+  concatenation shows up as wrong numbers.
+Each accuracy test prints which of the two it used.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
+
+from deploy.device_accuracy import AccuracyJob, DeviceOptions, run_on_device
+from deploy.errors import (
+    DeviceAuthError,
+    DeviceError,
+    MissingBinaryError,
+    RemoteCommandError,
+    WrongArchitectureError,
+)
+from deploy.lce_benchmark import run_lce_benchmark
+from deploy.remote_runner import run_remote_runner
+
+
+@pytest.fixture
+def stand_in(arm_device, tmp_path):
+    """(binary, graph, log): the stand-in script, a 10-class "graph", the device-side log."""
+    log = arm_device.host_tmp.parent / "stand-in.log"
+    log.unlink(missing_ok=True)
+
+    def make(writes_outputs: bool = True) -> Path:
+        name = "lce_benchmark_model" if writes_outputs else "lce_benchmark_model_07"
+        return write_stand_in(
+            tmp_path / name, f"{Path(arm_device.remote_tmp).parent}/stand-in.log", writes_outputs
+        )
+
+    graph = tmp_path / "model-b4.json"
+    graph.write_text(json.dumps({"classes": 10}))
+    return make, graph, log
+
+
+def _invocations(log: Path) -> list[dict[str, str]]:
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [dict(a[2:].split("=", 1) for a in json.loads(line) if "=" in a) for line in lines]
+
+
+# --- the device itself -----------------------------------------------------------------------
+
+
+def test_missing_packages_become_a_skip_reason_naming_them(monkeypatch):
+    from support import aarch64_device
+
+    monkeypatch.setattr(aarch64_device.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(
+        aarch64_device.shutil,
+        "which",
+        lambda tool: None if tool == "mmdebstrap" else f"/usr/bin/{tool}",
+    )
+    with pytest.raises(
+        aarch64_device.DeviceUnavailable,
+        match=r"Debian packages missing: mmdebstrap \(`make device-tools`",
+    ):
+        aarch64_device.check_host()
+
+
+def test_device_is_aarch64(arm_device):
+    identity = arm_device.client().identity()
+    assert identity.machine == "aarch64"
+    assert "aarch64" in identity.uname and identity.os.startswith("Debian")
+
+
+def test_login_takes_only_the_session_key(arm_device):
+    with pytest.raises(DeviceAuthError, match="Permission denied"):
+        arm_device.client(identity_file=arm_device.other_key).run(["true"])
+
+
+def test_upload_round_trip_and_cleanup(arm_device, tmp_path):
+    client = arm_device.client()
+    (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 64)
+    with client.workdir() as work:
+        client.put(tmp_path / "a.bin", f"{work}/a.bin")
+        assert arm_device.leftovers() != []
+        # a genuine aarch64 tool reads the uploaded file on the device
+        digest = client.run(["sha256sum", f"{work}/a.bin"]).stdout.split()[0]
+        client.get(f"{work}/a.bin", tmp_path / "b.bin")
+    assert (tmp_path / "b.bin").read_bytes() == (tmp_path / "a.bin").read_bytes()
+    import hashlib
+
+    assert digest == hashlib.sha256((tmp_path / "a.bin").read_bytes()).hexdigest()
+    assert arm_device.leftovers() == []
+
+
+def test_x86_binary_is_refused_before_upload(arm_device, tiny_flatbuffer):
+    if platform.machine() != "x86_64":
+        pytest.skip("needs an x86_64 host binary to upload")
+    with pytest.raises(WrongArchitectureError, match="built for x86_64 but the device is aarch64"):
+        run_lce_benchmark(arm_device.client(), tiny_flatbuffer, binary=shutil.which("true"))
+    assert arm_device.leftovers() == []
+
+
+def test_x86_binary_on_the_device_path_is_refused(arm_device, tiny_flatbuffer):
+    if platform.machine() != "x86_64":
+        pytest.skip("needs an x86_64 host binary to place on the device")
+    folder = arm_device.host_tmp.parent / "x86-bin"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(shutil.which("true"), folder / "lce_benchmark_model")
+    client = arm_device.client(remote_path=[f"{Path(arm_device.remote_tmp).parent}/x86-bin"])
+    with pytest.raises(WrongArchitectureError, match="x86_64 but the device is aarch64"):
+        run_lce_benchmark(client, tiny_flatbuffer)
+    assert arm_device.leftovers() == []
+
+
+def test_python_runner_is_refused_without_lce_on_aarch64(arm_device, tiny_flatbuffer):
+    client = arm_device.client()
+    assert client.run(["python3", "-c", "import numpy"], timeout=120).returncode == 0
+    with pytest.raises(MissingBinaryError, match="LCE has no pip wheel for Linux aarch64"):
+        run_remote_runner(client, tiny_flatbuffer)
+    assert arm_device.leftovers() == []
+
+
+# --- accuracy with lce_benchmark_model: the stand-in -----------------------------------------
+
+
+def test_stand_in_outputs_come_back_in_sample_order(arm_device, stand_in):
+    samples = 6  # two chunks of 4, the last one padded: order, padding and joining all show
+    print("\nlce_benchmark_model: the aarch64 Python stand-in (protocol only)")
+    make, graph, log = stand_in
+    inputs = np.random.default_rng(samples).standard_normal((samples, 1, 3, 2)).astype(np.float32)
+    job = AccuracyJob(graph, inputs, batch=4, outputs_per_sample=10)
+    run = run_on_device(arm_device.client(), graph, DeviceOptions(binary=make(), runs=3), job)
+    np.testing.assert_allclose(run.outputs, stand_in_outputs(inputs, 10), rtol=1e-5, atol=1e-5)
+    assert run.invocations == -(-samples // 4) and run.note is None
+    assert run.result.count == 3 and run.result.peak_memory_mb == 4.25
+    passes = [f for f in _invocations(log) if "input_layer_value_files" in f]
+    assert len(passes) == run.invocations
+    for flags in passes:
+        assert flags["input_layer"] == "x" and flags["input_layer_shape"] == "4,1,3,2"
+        assert flags["input_layer_value_files"].startswith("x:")
+        assert flags["graph"].endswith("/model-b4.json") and "output_filepath" in flags
+        assert (
+            flags["num_runs"],
+            flags["warmup_runs"],
+            flags["warmup_min_secs"],
+            flags["min_secs"],
+            flags["enable_op_profiling"],
+        ) == ("1", "0", "0", "0", "false")
+    assert arm_device.leftovers() == []
+
+
+def test_wrong_input_shape_aborts_and_cleans_up(arm_device, stand_in):
+    make, graph, _ = stand_in
+    inputs = np.zeros((8, 1, 3, 2), np.float32)
+    job = AccuracyJob(graph, inputs, batch=4, outputs_per_sample=10)
+    job.input_shape = lambda: "4,1,3,3"  # a shape that does not match the file's bytes
+    expected = (
+        r"failed on .* computing outputs on chunk\.000000: "
+        r"ERROR: file chunk\.000000 has 96 bytes, the tensor 144"
+    )
+    with pytest.raises(RemoteCommandError, match=expected) as info:
+        run_on_device(arm_device.client(), graph, DeviceOptions(binary=make()), job)
+    assert "\n" not in str(info.value) and info.value.exit_code == 2
+    assert arm_device.leftovers() == []
+
+
+def test_outputs_of_the_wrong_size_are_refused(arm_device, stand_in, tmp_path):
+    make, _, _ = stand_in
+    graph = tmp_path / "model-12-classes.json"
+    graph.write_text(json.dumps({"classes": 12}))  # the job expects 10 outputs per sample
+    job = AccuracyJob(graph, np.zeros((4, 1, 3, 2), np.float32), 4, 10)
+    with pytest.raises(DeviceError, match="have 192 bytes, expected 160") as info:
+        run_on_device(arm_device.client(), graph, DeviceOptions(binary=make()), job)
+    assert "\n" not in str(info.value)
+    assert arm_device.leftovers() == []
+
+
+def test_binary_without_output_filepath_gives_latency_and_one_note(arm_device, stand_in):
+    make, graph, log = stand_in
+    job = AccuracyJob(graph, np.zeros((4, 1, 3, 2), np.float32), 4, 10)
+    run = run_on_device(arm_device.client(), graph, DeviceOptions(binary=make(False)), job)
+    assert run.outputs is None and run.invocations == 0
+    assert "has no --output_filepath" in run.note and "\n" not in run.note
+    assert run.result.mean_ms == pytest.approx(2.01)
+    assert not [f for f in _invocations(log) if "input_layer_value_files" in f]
+    assert arm_device.leftovers() == []
+
+
+# --- accuracy with lce_benchmark_model: the user's real binary -------------------------------
+
+BATCH_MODEL = "tf.TensorSpec([1, 8, 8, 32]"
+
+
+@pytest.mark.skipif(
+    not REAL_BINARY,
+    reason="set BNNEXPORT_LCE_BENCHMARK_AARCH64 to the real "
+    "lce_benchmark_model_aarch64 to run it under emulation",
+)
+def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
+    from support.sshd_fixture import TINY_MODEL_SOURCE
+
+    print(f"\nlce_benchmark_model: the real binary {REAL_BINARY}")
+    pytest.importorskip("larq_compute_engine")
+    batch = 4
+    assert BATCH_MODEL in TINY_MODEL_SOURCE and "[1, -1]" in TINY_MODEL_SOURCE
+    source = TINY_MODEL_SOURCE.replace(BATCH_MODEL, f"tf.TensorSpec([{batch}, 8, 8, 32]")
+    (tmp_path / "make.py").write_text(source.replace("[1, -1]", f"[{batch}, -1]"))
+    subprocess.run(
+        [sys.executable, str(tmp_path / "make.py"), str(tmp_path)], check=True, capture_output=True
+    )
+    flatbuffer = tmp_path / f"tiny-b{batch}.tflite"
+    (tmp_path / "tiny.tflite").rename(flatbuffer)
+    inputs = np.random.default_rng(3).standard_normal((10, 8, 8, 32)).astype(np.float32)
+    from converters.runtimes import lce_batch_predict, lce_interpreter
+
+    host = lce_batch_predict(lce_interpreter(flatbuffer))
+    padded = np.concatenate([inputs, np.zeros((2, 8, 8, 32), np.float32)])
+    # one invocation per chunk, as on the device (the wrapper's predict() feeds batch-1 slices)
+    reference = np.concatenate([host([padded[i : i + batch]])[0] for i in range(0, 12, batch)])
+    job = AccuracyJob(flatbuffer, inputs, batch=batch, outputs_per_sample=10)
+    run = run_on_device(
+        arm_device.client(),
+        flatbuffer,
+        DeviceOptions(binary=REAL_BINARY, runs=2, warmup_runs=1, timeout=900),
+        job,
+    )
+    assert run.note is None and run.invocations == 3
+    np.testing.assert_allclose(run.outputs, reference[:10], rtol=1e-4, atol=1e-4)
+    assert arm_device.leftovers() == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(
+                errors="replace"
+            ):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_standalone_device_stops_everything_it_started(arm_device, tmp_path, stop):
+    import signal
+    import socket
+    import time
+
+    session = tmp_path / "standalone"
+    script = Path(__file__).parents[1] / "support" / "aarch64_device.py"
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(session)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = [process.stdout.readline() for _ in range(2)]
+        assert lines[-1].startswith("serving; stop it with Ctrl-C"), lines
+        port = int(lines[0].split("--port ")[1].split()[0])
+        namespace = f"mount --bind {session}"  # unshare's script: it holds sshd's namespace
+        assert _processes_mentioning(namespace) != []
+        process.send_signal(getattr(signal, stop))
+        stopping = time.monotonic()
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - stopping < 10  # not a 20 s wait for a signal nobody heeds
+    finally:
+        if process.poll() is None:
+            process.kill()
+    deadline = time.monotonic() + 5
+    while _processes_mentioning(namespace) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_mentioning(namespace) == []
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

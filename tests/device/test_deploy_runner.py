@@ -1,0 +1,80 @@
+"""deploy/runner.py: standalone (stdlib + numpy + LCE only), and what it measures."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy import runner
+
+
+def test_runner_imports_only_stdlib_numpy_and_lce():
+    tree = ast.parse(Path(runner.__file__).read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.add(node.module.split(".")[0])
+    allowed = set(sys.stdlib_module_names) | {"numpy", "larq_compute_engine"}
+    assert modules <= allowed, modules - allowed
+
+
+def test_latency_stats():
+    stats = runner.latency_stats([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert stats == {
+        "min": 1.0,
+        "median": 3.0,
+        "p90": pytest.approx(7.6),
+        "mean": 4.0,
+        "std": pytest.approx(np.std([1, 2, 3, 4, 10])),
+        "runs": 5,
+    }
+
+
+def test_layout_follows_the_model():
+    nchw = np.zeros((2, 32, 8, 6), np.float32)
+    assert runner.match_layout(nchw, [1, 32, 8, 6]).shape == (2, 32, 8, 6)
+    assert runner.match_layout(nchw, [1, 8, 6, 32]).shape == (2, 8, 6, 32)
+    with pytest.raises(SystemExit, match="the model takes"):
+        runner.match_layout(nchw, [1, 28, 28, 1])
+
+
+def test_runner_as_a_copied_script(tiny_flatbuffer, tiny_samples, tmp_path):
+    """Copied alone into a directory and run with -I (no project on sys.path), as on a device."""
+    copy = tmp_path / "runner.py"
+    copy.write_text(Path(runner.__file__).read_text())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            str(copy),
+            "--model",
+            str(tiny_flatbuffer),
+            "--samples",
+            str(tiny_samples),
+            "--runs",
+            "7",
+            "--json",
+            "--outputs",
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["latency_ms"]["runs"] == 7 and result["accuracy"]["samples"] == 12
+    with np.load(tmp_path / "out.npz") as data:
+        outputs = data["outputs"]
+    with np.load(tiny_samples) as data:
+        labels = data["labels"]
+    assert outputs.shape == (12, 10)
+    assert result["accuracy"]["top1"] == pytest.approx(np.mean(outputs.argmax(1) == labels))

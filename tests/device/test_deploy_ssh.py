@@ -1,0 +1,142 @@
+"""deploy.ssh and deploy.remote_runner against a real sshd on 127.0.0.1 (this machine = device)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from deploy.errors import (
+    DeviceAuthError,
+    DeviceTimeoutError,
+    DeviceUnreachableError,
+    MissingBinaryError,
+    RemoteCommandError,
+)
+from deploy.remote_runner import run_remote_runner
+
+
+def _leftovers(server) -> list[str]:
+    return sorted(p.name for p in server.remote_tmp.iterdir())
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in listing.splitlines() if text in line and "ps -eo" not in line]
+
+
+def test_run_returns_the_remote_output(sshd):
+    assert sshd.client().run(["echo", "hello device"]).stdout == "hello device\n"
+
+
+def test_failed_remote_command_is_one_line_error(sshd):
+    with pytest.raises(RemoteCommandError, match=r"exit 3") as info:
+        sshd.client().run("echo broken >&2; exit 3")
+    assert "\n" not in str(info.value) and "broken" in str(info.value)
+
+
+def test_workdir_is_made_under_remote_tmp_and_removed(sshd):
+    client = sshd.client()
+    with client.workdir() as work:
+        assert work.startswith(str(sshd.remote_tmp))
+        client.run(["touch", f"{work}/file"])
+        assert len(_leftovers(sshd)) == 1
+    assert _leftovers(sshd) == []
+
+
+def test_workdir_is_removed_when_the_body_fails(sshd):
+    client = sshd.client()
+    with pytest.raises(KeyError), client.workdir():
+        raise KeyError("failure inside the block")
+    assert _leftovers(sshd) == []
+
+
+def test_put_and_get_round_trip(sshd, tmp_path):
+    client = sshd.client()
+    (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 40)
+    with client.workdir() as work:
+        client.put(tmp_path / "a.bin", f"{work}/a.bin")
+        client.get(f"{work}/a.bin", tmp_path / "b.bin")
+    assert (tmp_path / "b.bin").read_bytes() == (tmp_path / "a.bin").read_bytes()
+
+
+def test_identity_describes_this_machine(sshd):
+    identity = sshd.client().identity()
+    assert (
+        identity.uname
+        == subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()
+    )
+    assert (
+        identity.machine
+        == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    )
+    assert identity.cores == int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    assert identity.cpu_model not in ("", "unknown")
+    assert identity.os != "unknown"
+
+
+def test_closed_port_is_unreachable(sshd):
+    client = sshd.client(port=sshd.closed_port())
+    with pytest.raises(DeviceUnreachableError, match="Connection refused") as info:
+        client.run(["true"])
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+
+
+def test_key_the_server_does_not_accept_is_refused(sshd):
+    with pytest.raises(DeviceAuthError, match="Permission denied") as info:
+        sshd.client(identity_file=sshd.other_key).run(["true"])
+    assert info.value.exit_code == 2
+
+
+def test_unknown_host_key_is_refused_because_checking_stays_on(sshd, tmp_path):
+    (tmp_path / "empty_known_hosts").write_text("")
+    options = [
+        f"UserKnownHostsFile={tmp_path / 'empty_known_hosts'}",
+        "GlobalKnownHostsFile=/dev/null",
+    ]
+    with pytest.raises(DeviceAuthError, match="Host key verification failed"):
+        sshd.client(options=options).run(["true"])
+
+
+def test_remote_runner_measures_latency_and_accuracy_on_the_device(
+    sshd, tiny_flatbuffer, tiny_samples
+):
+    from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+    result, outputs = run_remote_runner(
+        sshd.client(),
+        tiny_flatbuffer,
+        samples=tiny_samples,
+        runs=20,
+        python=sys.executable,
+        timeout=300,
+    )
+    latency = result["latency_ms"]
+    assert result["runtime"] == "lce-python" and latency["runs"] == 20
+    assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
+    with np.load(tiny_samples) as data:
+        inputs, labels = data["inputs"], data["labels"]
+    reference = Interpreter(tiny_flatbuffer.read_bytes(), use_indirect_bgemm=True).predict(
+        inputs.transpose(0, 2, 3, 1).copy()
+    )
+    np.testing.assert_allclose(outputs, reference, rtol=1e-5, atol=1e-5)
+    assert result["accuracy"]["top1"] == pytest.approx(np.mean(reference.argmax(1) == labels))
+    assert _leftovers(sshd) == []
+
+
+def test_remote_runner_without_lce_python_is_missing_binary(sshd, tiny_flatbuffer):
+    with pytest.raises(MissingBinaryError, match="larq_compute_engine"):
+        run_remote_runner(sshd.client(), tiny_flatbuffer, python="/nonexistent/python3")
+    assert _leftovers(sshd) == []
+
+
+def test_timeout_stops_the_remote_runner_and_cleans_up(sshd, tiny_flatbuffer):
+    with pytest.raises(DeviceTimeoutError, match="ran past 4 s") as info:
+        run_remote_runner(
+            sshd.client(), tiny_flatbuffer, runs=10**9, python=sys.executable, timeout=4
+        )
+    assert info.value.exit_code == 2
+    assert _leftovers(sshd) == []
+    assert _processes_mentioning(str(sshd.remote_tmp)) == []

@@ -1,0 +1,136 @@
+"""`bench MODEL`: a flatbuffer or ONNX file of the user's, outside any run directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from support.converter_nets import StemAndBinaryConv
+
+from bnnexport.cli import main
+
+
+@pytest.fixture(scope="module")
+def _converted(tmp_path_factory):
+    from bnnexport import convert_module
+
+    folder = tmp_path_factory.mktemp("module")
+    torch.manual_seed(0)
+    convert_module(StemAndBinaryConv(), torch.randn(1, 2, 7, 7), out=folder / "net-arm64.tflite")
+    return folder
+
+
+@pytest.fixture
+def converted(_converted, tmp_path):
+    """A copy of a folder holding convert_module's net-arm64.tflite, .onnx and manifest."""
+    folder = tmp_path / "mine"
+    shutil.copytree(_converted, folder)
+    (folder / "notes.txt").write_text("the user's own notes\n")
+    return folder
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["bench", *args, "--runs", "3", "--warmup", "1"])
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_convert_module_flatbuffer_is_benched_against_its_onnx_on_random_inputs(converted):
+    result = invoke(str(converted / "net-arm64.tflite"), "--samples", "20", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [b["name"] for b in report["backends"]] == ["onnxruntime", "lce"]
+    assert report["random_inputs"] is True and report["samples"] == 20
+    lce = report["backends"][1]
+    assert lce["argmax_agreement"] == 1.0 and lce["top1"] is None  # random: no labels
+    written = sorted(p.name for p in converted.iterdir())
+    assert "net-arm64-bench.json" in written and "net-arm64-report.md" in written
+    assert "net-arm64-bench_latency.png" in written
+    assert "bench.json" not in written and "report.md" not in written
+    assert (converted / "notes.txt").read_text() == "the user's own notes\n"
+    text = (converted / "net-arm64-report.md").read_text()
+    assert "random standard-normal inputs" in text and "(net-arm64-bench_latency.png)" in text
+
+
+def test_samples_file_with_labels_gives_accuracy(converted, tmp_path):
+    rng = np.random.default_rng(1)
+    inputs = rng.standard_normal((12, 2, 7, 7)).astype(np.float32)
+    samples = tmp_path / "mine.npz"
+    np.savez(samples, inputs=inputs, labels=np.arange(12) % 4)
+    result = invoke(str(converted / "net-arm64.tflite"), "--samples-file", str(samples), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["random_inputs"] is False and report["samples"] == 12
+    assert all(b["top1"] is not None for b in report["backends"])
+    onnx_top1 = report["backends"][0]["top1"]
+    logits = _onnx_outputs(converted / "net-arm64.onnx", inputs)
+    assert onnx_top1 == pytest.approx(float(np.mean(logits.argmax(1) == np.arange(12) % 4)))
+
+
+def _onnx_outputs(onnx_path, inputs):  # the reference, computed independently
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path))
+    return np.concatenate([session.run(None, {session.get_inputs()[0].name: x[None]})[0]
+                           for x in inputs])  # fmt: skip
+
+
+def test_a_bare_flatbuffer_is_benched_alone(converted, tmp_path):
+    alone = tmp_path / "elsewhere"
+    alone.mkdir()
+    shutil.copy(converted / "net-arm64.tflite", alone / "model.tflite")
+    result = invoke(str(alone / "model.tflite"), "--samples", "8", "--json")
+    assert result.exit_code == 0, result.output
+    assert [b["name"] for b in json.loads(result.stdout)["backends"]] == ["lce"]
+
+
+def test_samples_of_another_shape_are_one_line(converted, tmp_path):
+    samples = tmp_path / "wrong.npz"
+    np.savez(samples, inputs=np.zeros((4, 3, 7, 7), np.float32))
+    before = sorted(p.name for p in converted.iterdir())
+    one_line_error(invoke(str(converted / "net-arm64.tflite"), "--samples-file", str(samples)))
+    assert sorted(p.name for p in converted.iterdir()) == before
+
+
+def test_samples_file_with_a_run_directory_is_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    samples = tmp_path / "s.npz"
+    np.savez(samples, inputs=np.zeros((4, 2, 7, 7), np.float32))
+    assert "--samples-file" in one_line_error(
+        invoke(str(tmp_path / "run"), "--samples-file", str(samples))
+    )
+
+
+def test_a_users_report_next_to_the_model_is_never_replaced(converted):
+    (converted / "net-arm64-report.md").write_text("my own report\n")
+    line = one_line_error(invoke(str(converted / "net-arm64.tflite"), "--samples", "4"))
+    assert "net-arm64-report.md" in line
+    assert (converted / "net-arm64-report.md").read_text() == "my own report\n"
+
+
+def test_a_flatbuffer_file_on_a_device(converted, sshd, tmp_path):
+    from support.recorded_outputs import TAB_OUTPUT
+
+    (tmp_path / "output.txt").write_text(TAB_OUTPUT)
+    stand_in = tmp_path / "lce_benchmark_model"
+    stand_in.write_text(f"#!/bin/sh\ncat {tmp_path / 'output.txt'}\n")
+    device = ["--device", sshd.destination, "--port", str(sshd.port), "--ssh-key", str(sshd.key)]
+    for option in sshd.options:
+        device += ["--ssh-option", option]
+    device += ["--remote-tmp", str(sshd.remote_tmp), "--runner", "lce_benchmark_model"]
+    device += ["--benchmark-binary", str(stand_in)]
+    result = invoke(str(converted / "net-arm64.tflite"), "--samples", "8", *device, "--json")
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["backends"][-1]
+    assert row["name"] == "lce" and row["where"] == sshd.destination
+    assert row["latency_ms"]["min"] == 15.002 and row["extra"]["peak_memory_mb"] == 9.8
+    assert "latency only" in row["extra"]["note"]

@@ -1,0 +1,60 @@
+"""bnnexport.convert_module: any nn.Module -> ONNX (the user's exporter) -> the convert path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.client_nets import index_put
+
+from bnnexport import convert_module
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_dynamo_exporter_converts_a_plain_torch_bnn(tmp_path):
+    report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                            exporter="dynamo")  # fmt: skip
+    assert report.lce_bconv2d == report.binary_layers == 2
+    assert report.rewrites["index-put"] == 4 and report.zero_free_signs == []
+    assert report.argmax_agreement == 1.0 and report.torch_argmax_agreement == 1.0
+    assert (tmp_path / "n.onnx").is_file() and (tmp_path / "n.tflite").is_file()
+
+
+def test_an_unknown_exporter_is_refused_before_exporting(tmp_path):
+    with pytest.raises(ValueError, match="exporter must be one of legacy, dynamo"):
+        convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                       exporter="onnx2")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_gate_runs_on_the_users_own_samples_and_says_they_were_not_random(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+
+    import converters.lce
+
+    seen = {}
+    real = converters.lce.convert_onnx
+
+    def spy(*args, **kwargs):
+        seen["inputs"] = kwargs["inputs"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(converters.lce, "convert_onnx", spy)
+    mine = torch.rand(5, 3, 16, 16) * 2 - 1  # e.g. images in [-1, 1]
+    report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                            samples=mine)  # fmt: skip
+    np.testing.assert_array_equal(seen["inputs"], mine.numpy())
+    assert report.samples == 5 and report.random_inputs is False
+    report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                            samples=3)  # fmt: skip
+    assert report.samples == 3 and report.random_inputs is True
+
+
+def test_samples_of_another_shape_are_refused_in_one_line(tmp_path):
+    from bnnexport.errors import DataError
+
+    with pytest.raises(DataError, match=r"samples of shape \[2, 3, 8, 8\] do not fit"):
+        convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                       samples=torch.zeros(2, 3, 8, 8))  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,162 @@
+"""Your data and your model from the CLI: `--model module:factory`, `--dataset module:loader`
+and imagefolder's --image-size, --mean/--std and --val-split. A bad value of any of them is one
+line, exit 2, and the run directory is left as it was; a plain folder of 32x32 images trains at
+its own size with a model defined outside bnnexport (tests/support/handwritten_bnn.py), and export,
+convert, bench and --resume find both again from what the run recorded."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from support.cli_inprocess import run_in_process
+
+CLASSES = ("dots", "stripes", "plain")
+MODULE = "support.handwritten_bnn"  # a model defined outside bnnexport
+MODEL = f"{MODULE}:hand_written_bnn"
+
+
+def write_plain_folder(root, per_class: int = 6, size: int = 32):
+    """ROOT/CLASS/*.png: three synthetic classes at `size` x `size`, each its own pattern."""
+    rng = np.random.default_rng(0)
+    grid = np.indices((size, size)).sum(axis=0)
+    patterns = [grid % 4 == 0, np.indices((size, size))[1] % 6 < 3, np.zeros((size, size), bool)]
+    for name, pattern in zip(CLASSES, patterns, strict=True):
+        (root / name).mkdir(parents=True)
+        for k in range(per_class):
+            base = np.where(pattern, 220, 40)[..., None] + rng.normal(0, 12, (size, size, 3))
+            Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(root / name / f"{k}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def plain_folder(tmp_path_factory):
+    return write_plain_folder(tmp_path_factory.mktemp("images") / "textures")
+
+
+@pytest.fixture(scope="module")
+def split_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("split") / "data"
+    write_plain_folder(root / "train", per_class=2)
+    write_plain_folder(root / "val", per_class=2)
+    return root
+
+
+BAD = {
+    "model-import": (["--model", "no_such_module_26:factory"], "cannot import no_such_module_26"),
+    "model-attribute": (["--model", f"{MODULE}:nothing"], "has no attribute 'nothing'"),
+    "model-not-a-module": (["--model", f"{MODULE}:KERNELS"], "not a function to call"),
+    "model-unknown-name": (["--model", "no-such-net"], "nor an import string module:factory"),
+    "model-raises": (["--model", "support.handwritten_bnn:failing_factory"],
+                     "failed: ValueError: no model for 10 classes here"),
+    "dataset-import": (["--dataset", "no_such_module_26:load"], "cannot import no_such_module_26"),
+    "dataset-not-splits": (["--dataset", "support.handwritten_bnn:hand_written_bnn"],
+                           "returned HandWrittenBNN, not a"),
+    "image-size-small": (["--dataset", "imagefolder", "--image-size", "2", "--val-split", "0.5"],
+                         "--image-size 2: must be an integer of at least 4"),
+    "image-size-mnist": (["--image-size", "32"], "of --dataset imagefolder, not of mnist5k"),
+    "mean-alone": (["--dataset", "imagefolder", "--val-split", "0.5", "--mean", "0.5"],
+                   "--mean and --std go together"),
+    "std-zero": (["--dataset", "imagefolder", "--val-split", "0.5", "--mean", "0.5", "--std", "0"],
+                 "std > 0"),
+    "mean-count": (["--dataset", "imagefolder", "--val-split", "0.5", "--mean", "1,2",
+                    "--std", "1,2"], "give 1 or 3 values"),
+    "mean-text": (["--dataset", "imagefolder", "--mean", "grey"], "not a comma-separated list"),
+    "val-split-range": (["--dataset", "imagefolder", "--val-split", "1.5"],
+                        "--val-split 1.5: must be between 0 and 1"),
+    "val-split-missing": (["--dataset", "imagefolder"], "pass --val-split FRACTION"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_a_bad_option_is_one_line_exit_2_and_leaves_the_run_directory_alone(
+    case, plain_folder, tmp_path
+):
+    args, message = BAD[case]
+    if "imagefolder" in args:
+        args = [*args, "--data-dir", str(plain_folder)]
+    out = tmp_path / "run"
+    result = run_in_process("train", *args, "--epochs", "1", "--out", str(out))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert message in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_val_split_on_a_train_val_folder_is_refused(split_folder, tmp_path):
+    out = tmp_path / "run"
+    result = run_in_process("train", "--dataset", "imagefolder", "--data-dir", str(split_folder),
+                            "--val-split", "0.2", "--out", str(out))  # fmt: skip
+    assert result.returncode == 2 and "--val-split is for a plain ROOT/CLASS/ folder" in (
+        result.stderr
+    )
+    assert not out.exists()
+
+
+def test_a_plain_folder_splits_per_class_with_a_fixed_seed(plain_folder):
+    from bnnexport.datasets import load_dataset
+
+    first = load_dataset("imagefolder", plain_folder, image_size=16, val_split=0.34)
+    again = load_dataset("imagefolder", plain_folder, image_size=16, val_split=0.34)
+    assert (len(first.train), len(first.test), first.input_shape) == (12, 6, (3, 16, 16))
+    assert [s for s in first.test.samples] == [s for s in again.test.samples]
+    assert sorted(label for _, label in first.test.samples) == [0, 0, 1, 1, 2, 2]
+    assert not {p for p, _ in first.test.samples} & {p for p, _ in first.train.samples}
+
+
+def test_mean_and_std_scale_pixels_per_channel(plain_folder):
+    from bnnexport.datasets import load_dataset
+
+    signed = load_dataset("imagefolder", plain_folder, image_size=8, val_split=0.5)
+    scaled = load_dataset("imagefolder", plain_folder, image_size=8, val_split=0.5,
+                          mean=[0.5, 0.5, 0.5], std=[0.25, 0.5, 1.0])  # fmt: skip
+    x, y = signed.test[0][0], scaled.test[0][0]  # x = p/127.5 - 1 = 2(p/255 - 0.5)
+    np.testing.assert_allclose(y.numpy(), (x / 2 / np.array([0.25, 0.5, 1.0])[:, None, None]),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def _train_own(folder, out, *extra: str):
+    return run_in_process(
+        "train", "--model", MODEL, "--dataset", "imagefolder", "--data-dir", str(folder),
+        "--image-size", "32", "--val-split", "0.34", "--epochs", "1", "--batch-size", "6",
+        "--init-sign", "--out", str(out), "--json", *extra,
+    )  # fmt: skip
+
+
+def test_own_model_trains_at_its_own_image_size_and_export_and_resume_find_it(
+    plain_folder, tmp_path
+):
+    out = tmp_path / "own"
+    result = _train_own(plain_folder, out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    # w1, w2: 16x16x3x3 each; fc: 3 classes x 16 channels x (32/4)^2 (224 would be 3 x 16 x 56^2)
+    assert report["binary_parameters"] == 2 * 16 * 16 * 9 + 3 * 16 * 8 * 8
+    assert report["strict"] is True
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == MODEL and config["dataset"] == "imagefolder"
+    assert config["dataset_options"] == {"image_size": 32, "val_split": 0.34}
+    exported = run_in_process("export", str(out), "--json")
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(exported.stdout)["binary_layers"] == 3
+    resumed = run_in_process("train", "--out", str(out), "--resume", "--epochs", "2", "--json")
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["epochs"] == 2
+    changed = run_in_process("train", "--out", str(out), "--resume", "--epochs", "3",
+                             "--image-size", "64")  # fmt: skip
+    assert changed.returncode == 2 and "differs from the run's" in changed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_own_model_on_own_images_exports_converts_and_benches(plain_folder, tmp_path):
+    out = tmp_path / "own"
+    assert _train_own(plain_folder, out).returncode == 0
+    for command in (["export"], ["convert"], ["bench", "--runs", "5"]):
+        result = run_in_process(*command, str(out), "--json")
+        assert result.returncode == 0, (command, result.stderr)
+    converted = json.loads((out / "convert.json").read_text())
+    assert converted["lce_bconv2d"] == converted["binary_layers"] == 3
+    bench = json.loads((out / "bench.json").read_text())
+    assert {row["name"] for row in bench["backends"]} >= {"pytorch", "onnxruntime", "lce"}

@@ -1,0 +1,54 @@
+"""bnnexport.torch_probe: PyTorch's binarizations, read and imposed through hooks, line up with
+the exported ONNX graph's (what lets the gates replay signs in PyTorch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.fresh_run import fresh_run
+
+from bnnexport.errors import FidelityError
+from bnnexport.export import export_onnx
+from bnnexport.runs import load_model
+from bnnexport.torch_probe import TorchProbe
+from converters.gate import OnnxProbe
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    run = fresh_run(tmp_path_factory.mktemp("probe") / "run")
+    export_onnx(run, samples=8)
+    x = np.load(run / "samples.npz")["inputs"].astype(np.float32)
+    return load_model(run), run / "model.onnx", x
+
+
+def test_binarization_inputs_match_onnx_runtime_source_by_source(exported):
+    model, path, x = exported
+    torch_probe, onnx_probe = TorchProbe(model, path), OnnxProbe(path)
+    assert torch_probe.sources == onnx_probe.sources and len(torch_probe.sources) == 3
+    logits, values = torch_probe.run(x[0])
+    onnx_logits, onnx_values = onnx_probe.run(x[0])
+    np.testing.assert_allclose(logits, onnx_logits, atol=1e-3)
+    for ours, theirs in zip(values, onnx_values, strict=True):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, atol=1e-3)
+
+
+def test_imposed_signs_replace_pytorchs_own(exported):
+    """All -1 at every binarization: PyTorch and ONNX Runtime then compute the same logits,
+    which differ from the model's own."""
+    model, path, x = exported
+    torch_probe, onnx_probe = TorchProbe(model, path), OnnxProbe(path)
+    _, values = onnx_probe.run(x[0])
+    minus = [-np.ones_like(v) for v in values]
+    forced, _ = torch_probe.run(x[0], minus)
+    np.testing.assert_allclose(forced, onnx_probe.run(x[0], minus)[0], atol=1e-3)
+    assert np.abs(forced - torch_probe.run(x[0])[0]).max() > 1e-2
+
+
+def test_a_model_with_other_binarizations_than_the_onnx_graph_is_refused(exported):
+    model, path, x = exported
+    probe = TorchProbe(model, path)
+    probe.calls = probe.calls[:-1]  # as if the ONNX graph had one binarization fewer
+    with pytest.raises(FidelityError, match="cannot be matched up"):
+        probe.run(x[0])

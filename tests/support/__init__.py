@@ -1,0 +1,1 @@
+"""What the tests share: model builders, the CLI runner, the SSH and emulated-device fixtures."""

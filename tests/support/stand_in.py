@@ -1,0 +1,31 @@
+"""The stand-in for `lce_benchmark_model` (lce_benchmark_model_standin.py beside this file):
+a configured copy to install on a device, and what it computes, written independently of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+REAL_BINARY = os.environ.get("BNNEXPORT_LCE_BENCHMARK_AARCH64")
+
+STAND_IN_FILE = Path(__file__).with_name("lce_benchmark_model_standin.py")
+
+
+def write_stand_in(path: Path, log: str | None, writes_outputs: bool = True) -> Path:
+    """A copy of the stand-in with its LOG and WRITES_OUTPUTS set."""
+    text = STAND_IN_FILE.read_text()
+    assert "\nLOG = None\n" in text and "\nWRITES_OUTPUTS = True\n" in text
+    text = text.replace("\nLOG = None\n", f"\nLOG = {log!r}\n")
+    text = text.replace("\nWRITES_OUTPUTS = True\n", f"\nWRITES_OUTPUTS = {writes_outputs}\n")
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def stand_in_outputs(inputs: np.ndarray, classes: int) -> np.ndarray:
+    """What the stand-in computes, written independently of it."""
+    flat = inputs.reshape(len(inputs), -1).astype(np.float64)
+    weights = np.cos(0.01 * np.outer(np.arange(1, flat.shape[1] + 1), np.arange(1, classes + 1)))
+    return (flat @ weights).astype(np.float32)

@@ -1,0 +1,115 @@
+"""bnnexport compare: runs side by side in one figure and one table; repetitions of a setting
+(seeds) become mean ± std. sweep: several optimizers (the latent baseline included), seeds,
+schedules for --lr; new options refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.cli_inprocess import run_in_process
+
+from bnnexport.compare import compare, mean_std
+from bnnexport.files import write_bytes_atomic
+from bnnexport.sweep import plan_runs
+from bnnexport.train import TrainConfig
+
+
+def fake_run(path: Path, optimizer="bop", gamma=1e-3, seed=0, accuracy=0.9, flips=10) -> Path:
+    """A run directory as train leaves it (config.json, metrics.jsonl), without training."""
+    config = {**TrainConfig(optimizer=optimizer, gamma=gamma, seed=seed).to_json(),
+              "out": str(path), "epochs": 2}  # fmt: skip
+    rows = []
+    for step in (5, 10, 15, 20):
+        rows.append({"kind": "step", "step": step, "epoch": 1 + (step > 10), "steps": 5,
+                     "flips": {"a": flips}, "flip_rate": {"a": -4.0 - seed},
+                     "mean_flip_rate": -4.0 - seed})  # fmt: skip
+        if step % 10 == 0:
+            rows.append({"kind": "epoch", "step": step, "epoch": step // 10, "seconds": 1.5,
+                         "train_loss": 0.1, "train_accuracy": 0.9,
+                         "test_accuracy": accuracy - 0.1 * (step == 10)})  # fmt: skip
+    write_bytes_atomic(path / "config.json", json.dumps(config).encode())
+    write_bytes_atomic(path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return path
+
+
+def test_seeds_of_one_setting_are_one_row_with_mean_and_std(tmp_path):
+    runs = [
+        fake_run(tmp_path / "s0", seed=0, accuracy=0.90, flips=10),
+        fake_run(tmp_path / "s1", seed=1, accuracy=0.94, flips=30),
+        fake_run(tmp_path / "latent", optimizer="adam-latent", accuracy=0.8, flips=4),
+    ]
+    report = compare(runs, tmp_path / "cmp")
+    bop, latent = report.rows
+    assert (bop.optimizer, bop.seeds, latent.optimizer) == ("bop", [0, 1], "adam-latent")
+    assert (bop.test_accuracy, bop.test_accuracy_std) == pytest.approx((0.92, 0.02))
+    assert (bop.flips, bop.flips_std) == (80.0, 40.0)  # 4 rows of 10 and of 30 flips
+    assert bop.seconds == 3.0 and bop.last_flip_rate_std == 0.5
+    assert bop.hyperparameters == {"gamma": 1e-3, "threshold": 1e-6, "lr": 1e-3}
+    assert latent.hyperparameters == {"lr": 1e-3} and latent.label == "adam-latent lr=0.001"
+    table = list(csv.DictReader(io.StringIO((tmp_path / "cmp" / "compare.csv").read_text())))
+    assert [(r["optimizer"], r["runs"], r["gamma"]) for r in table] == [
+        ("bop", "2", "0.001"), ("adam-latent", "1", ""),
+    ]  # fmt: skip
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["rows"][0]["seeds"] == [0, 1]
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
+
+
+def test_mean_std_is_the_population_spread():
+    assert mean_std([1.0, 3.0]) == (2.0, 1.0) and mean_std([0.5]) == (0.5, 0.0)
+    assert mean_std([0.9, 0.91, 0.95])[1] == pytest.approx(np.std([0.9, 0.91, 0.95]))  # ddof 0
+
+
+def test_compare_cli_prints_the_table_and_refuses_a_non_run_in_one_line(tmp_path):
+    run = fake_run(tmp_path / "a")
+    result = run_in_process("compare", str(run), "--out", str(tmp_path / "cmp"))
+    assert result.returncode == 0, result.stderr
+    assert "bop γ=0.001 τ=1e-06" in result.stdout and "0.9000" in result.stdout
+    (tmp_path / "empty").mkdir()
+    result = run_in_process("compare", str(run), str(tmp_path / "empty"), "--out",
+                            str(tmp_path / "cmp2"))  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "is not a training run" in lines[0]
+    assert not (tmp_path / "cmp2").exists()
+
+
+def test_sweep_plans_one_folder_per_optimizer_setting_and_seed(tmp_path):
+    base = TrainConfig(seed=7, lr="linear:1e-2,1e-4,100")
+    plan = plan_runs(base, [1e-2, 1e-4], [0.0], tmp_path, ["bop", "adam-latent"], 2)
+    assert list(plan) == [("bop", 1e-2, 0.0), ("bop", 1e-4, 0.0), ("adam-latent", None, None)]
+    outs = [Path(c.out).relative_to(tmp_path).as_posix() for cs in plan.values() for c in cs]
+    assert outs[:2] == ["optimizer=bop,gamma=0.01,threshold=0/seed=7",
+                        "optimizer=bop,gamma=0.01,threshold=0/seed=8"]  # fmt: skip
+    assert outs[-1] == "optimizer=adam-latent/seed=8"
+    latent = plan[("adam-latent", None, None)][0]
+    assert latent.optimizer == "adam-latent" and latent.lr == "linear:1e-2,1e-4,100"
+    one = plan_runs(base, [1e-3], [1e-6], tmp_path, ["bop"], 1)
+    assert [c.out for c in one[("bop", 1e-3, 1e-6)]] == [
+        str(tmp_path / "gamma=0.001,threshold=1e-06")
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--optimizer", "bop,nope"], "--optimizer"),
+        (["--optimizer", "bop,bop"], "--optimizer"),
+        (["--seeds", "0"], "--seeds"),
+        (["--lr", "cosine:1"], "cosine:1"),
+        (["--eval-every", "-1"], "--eval-every"),
+        (["--log-every", "x"], "--log-every"),
+    ],
+)
+def test_a_bad_sweep_option_is_one_line_and_writes_nothing(tmp_path, args, fragment):
+    out = tmp_path / "sweep"
+    result = run_in_process(
+        "sweep", "--gamma", "1e-3", "--threshold", "0", "--out", str(out), *args
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("bnnexport: error: ") and fragment in lines[0]
+    assert not out.exists()

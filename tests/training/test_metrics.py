@@ -1,0 +1,126 @@
+"""Metrics rows say how many steps they cover, π_t stays a per-step rate whatever --log-every
+is, train.json gives the last epoch's mean π, and the exports (CSV, TensorBoard) hold every row.
+New train options are refused in one line, exit 2, leaving the run as it was."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from support.cli_inprocess import run_in_process
+
+from bnnexport.metrics import metrics_csv, pi, tensorboard_available
+from bnnexport.runs import read_jsonl
+from bnnexport.train import TrainConfig, train
+
+
+def _train(out: Path, **kwargs):
+    config = TrainConfig(epochs=1, batch_size=1000, out=str(out), **kwargs)  # 4 steps
+    return train(config, progress=False)
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("metrics") / "run"
+    report = _train(out, log_every=3, eval_every=2, metrics_csv=True)
+    return out, report
+
+
+@pytest.mark.slow
+def test_each_row_states_the_steps_it_covers_and_pi_is_per_step(logged_run):
+    out, _ = logged_run
+    sizes = {k[: -len(".weight")]: v.numel() for k, v in
+             torch.load(out / "checkpoint.pt", weights_only=True)["model"].items()
+             if k.endswith(".weight") and v.dim() > 1}  # fmt: skip
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
+    assert [(r["step"], r["steps"]) for r in rows] == [(3, 3), (4, 1)]  # the epoch's tail too
+    for row in rows:
+        for layer, flips in row["flips"].items():
+            expected = math.log(flips / (sizes[layer] * row["steps"]) + math.exp(-9))
+            assert row["flip_rate"][layer] == pytest.approx(expected)
+        all_flips = sum(row["flips"].values())
+        weights = sum(sizes[layer] for layer in row["flips"])
+        assert row["mean_flip_rate"] == pytest.approx(pi(all_flips / (weights * row["steps"])))
+    assert sum(sum(r["flips"].values()) for r in rows) > 0
+
+
+@pytest.mark.slow
+def test_train_json_reports_the_last_epochs_mean_flip_rate(logged_run):
+    out, report = logged_run
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
+    steps = sum(r["steps"] for r in rows)
+    for layer, rate in report.flip_rate.items():
+        per_step = [math.exp(r["flip_rate"][layer]) - math.exp(-9) for r in rows]
+        mean_fraction = sum(f * r["steps"] for f, r in zip(per_step, rows, strict=True)) / steps
+        assert rate == pytest.approx(pi(mean_fraction), rel=1e-6)
+    epoch = next(r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "epoch")
+    assert epoch["flip_rate"] == report.flip_rate
+    assert epoch["mean_flip_rate"] == report.mean_flip_rate > -9
+
+
+@pytest.mark.slow
+def test_eval_every_records_test_accuracy_mid_epoch_without_changing_training(logged_run, tmp_path):
+    out, report = logged_run
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert evals[-1]["test_accuracy"] == report.test_accuracy  # step 4 ends the epoch
+    plain = tmp_path / "plain"
+    _train(plain, log_every=3)  # same run without evaluations: bit-identical weights
+    a = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(plain / "checkpoint.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_metrics_csv_holds_every_row_with_one_column_per_layer_value(logged_run):
+    out, _ = logged_run
+    records = read_jsonl(out / "metrics.jsonl")
+    rows = list(csv.DictReader(io.StringIO((out / "metrics.csv").read_text())))
+    assert [r["kind"] for r in rows] == [r["kind"] for r in records]
+    step = next(r for r in rows if r["kind"] == "step")
+    first = next(r for r in records if r["kind"] == "step")
+    assert float(step["flip_rate.features.2"]) == first["flip_rate"]["features.2"]
+    assert (out / "metrics.csv").read_bytes() == metrics_csv(records)
+
+
+@pytest.mark.slow
+def test_tensorboard_scalars_are_written_when_tensorboard_is_installed(logged_run):
+    if not tensorboard_available():
+        pytest.skip("the optional tensorboard package is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = logged_run
+    events = EventAccumulator(str(out))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"flip_rate/features.2", "flip_rate/all", "test/accuracy", "train/loss"} <= set(tags)
+    assert [e.step for e in events.Scalars("flip_rate/all")] == [3, 4]
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--log-every", "-1"], "--log-every"),
+        (["--eval-every", "often"], "--eval-every"),
+        (["--metrics-csv=yes"], "--metrics-csv"),
+        (["--sigma", "2", "--optimizer", "bop2"], "--sigma"),
+        (["--sigma", "0.1"], "--optimizer bop has none"),
+    ],
+)
+def test_a_bad_metrics_or_sigma_option_is_one_line_and_leaves_the_run(trained_run, args, fragment):
+    before = _snapshot(trained_run)
+    result = run_in_process("train", "--out", str(trained_run), "--force", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: ") and fragment in lines[0]
+    assert _snapshot(trained_run) == before
