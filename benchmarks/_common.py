@@ -116,8 +116,8 @@ def log(message: str) -> None:
 # --- the larq side: its own virtual environment -----------------------------------------------
 
 LARQ_VENV = ROOT / "benchmarks" / ".venv-larq"
-# docs/LCE_NOTES.md §1: the stack of the main venv (minus torch), plus larq; tf-keras without its
-# deps.
+# docs/LCE_NOTES.md "Dependency stack": the stack of the main venv (minus torch), plus larq;
+# tf-keras without its deps.
 LARQ_STACK = [
     "numpy<2",
     "ml-dtypes==0.5.4",
@@ -152,10 +152,11 @@ def larq_python(create: bool = True) -> Path:
     return python
 
 
-# larq-zoo and tf2onnx for `larq_zoo_tf2onnx.py` (docs/BENCHMARKS.md §8), added to the same venv
-# on first use. larq-zoo 2.4.0 and zookeeper pin protobuf<3.21 and tensorflow-datasets<4.9, which
-# TensorFlow 2.21 (protobuf 7) cannot share, so they go in without their deps; zookeeper's import
-# of tensorflow_datasets needs 4.9.9 (protos regenerated for protobuf 7) and its small deps.
+# larq-zoo and tf2onnx for `larq_zoo_tf2onnx.py` (docs/BENCHMARKS.md "larq-zoo via tf2onnx"), added
+# to the same venv on first use. larq-zoo 2.4.0 and zookeeper pin protobuf<3.21 and
+# tensorflow-datasets<4.9, which TensorFlow 2.21 (protobuf 7) cannot share, so they go in without
+# their deps; zookeeper's import of tensorflow_datasets needs 4.9.9 (protos regenerated for protobuf
+# 7) and its small deps.
 LARQ_ZOO_NO_DEPS = [
     "larq-zoo==2.4.0",
     "zookeeper==1.4.0",
@@ -310,8 +311,8 @@ def torch_pipeline(
 
 
 def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
-    """One batch-1 inference in LCE's interpreter (indirect BGEMM, docs/LCE_NOTES.md §4), random
-    input."""
+    """One batch-1 inference in LCE's interpreter (indirect BGEMM, docs/LCE_NOTES.md "Running
+    flatbuffers"), random input."""
     import numpy as np
 
     from converters.runtimes import lce_batch_predict, lce_interpreter

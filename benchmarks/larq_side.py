@@ -2,7 +2,7 @@
 
 Never imports bnnexport or torch: it is started as a subprocess by `train_throughput.py`,
 `native_vs_torch.py` and `larq_zoo_tf2onnx.py` with the larq venv's Python (created by
-`_common.larq_python()`, docs/LCE_NOTES.md §1: larq 0.14.0 + `pip install --no-deps
+`_common.larq_python()`, docs/LCE_NOTES.md "Dependency stack": larq 0.14.0 + `pip install --no-deps
 tf-keras==2.21.0`, `TF_USE_LEGACY_KERAS=1`). Every answer is one JSON object per line on stdout.
 
 BinaryNet here is bnnexport's layout (bnnexport/models/binarynet.py) written with larq layers:

@@ -1,8 +1,8 @@
 """larq-zoo models through tf2onnx and bnnexport's converter, beside LCE's native Keras converter.
 
-Question (docs/BENCHMARKS.md §8): a larq user who exports a larq-zoo model with tf2onnx and
-converts the ONNX file with bnnexport (`converters.lce.convert_onnx`) instead of calling LCE's
-`convert_keras_model` on the Keras model: does every binary layer become an LceBconv2d, is the
+Question (docs/BENCHMARKS.md "larq-zoo via tf2onnx"): a larq user who exports a larq-zoo model with
+tf2onnx and converts the ONNX file with bnnexport (`converters.lce.convert_onnx`) instead of calling
+LCE's `convert_keras_model` on the Keras model: does every binary layer become an LceBconv2d, is the
 flatbuffer as small, as exact and as fast?
 
 For each model (`--models`), in the larq venv (benchmarks/.venv-larq, `larq_side.py zoo`, with

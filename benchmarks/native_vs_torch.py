@@ -8,8 +8,8 @@ use_indirect_bgemm=True), both flatbuffers timed interleaved in this one process
 
 Two variants (`--variants`):
 - `full`: the whole BinaryNet. larq's native path leaves the three binary dense layers as float
-  FULLY_CONNECTED (docs/LCE_NOTES.md §2/§4); bnnexport turns them into LceBconv2d, so bytes differ
-  on purpose.
+  FULLY_CONNECTED (docs/LCE_NOTES.md "Binary ops" and "Running flatbuffers"); bnnexport turns them
+  into LceBconv2d, so bytes differ on purpose.
 - `convs`: the six convs, BatchNorms and max-pools only (no dense layers): the like-for-like
   comparison of what both paths binarize.
 

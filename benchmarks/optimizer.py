@@ -37,7 +37,7 @@ from bnnexport.layers import binary_parameters
 from bnnexport.models import create_model
 from bnnexport.optimizers import OPTIMIZERS, Bop, bop_with_adam, latent_adam
 
-# the paper's CIFAR-10 BinaryNet settings (docs/LCE_NOTES.md §5)
+# the paper's CIFAR-10 BinaryNet settings (docs/LCE_NOTES.md "Paper recipes")
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2
 
 

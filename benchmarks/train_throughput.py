@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-TARGET = 1.5  # docs/BENCHMARKS.md §2: the default path at least 1.5x larq's images/s
+# docs/BENCHMARKS.md "Training throughput": the default path at least 1.5x larq's images/s
+TARGET = 1.5
 
 
 def summarize(

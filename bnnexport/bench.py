@@ -2,9 +2,9 @@
 
 On the host, on the same test samples (`RUN_DIR/samples.npz`) and in one call: PyTorch, ONNX
 Runtime, the float TFLite model and the LCE flatbuffer (LCE's interpreter with indirect BGEMM,
-docs/LCE_NOTES.md §4). With `device="user@host"` the LCE flatbuffer also runs on that device over
-SSH, through `lce_benchmark_model` or bnnexport's own device-side runner (`deploy/runner.py`).
-Latency is batch 1 after warm-up; all times are milliseconds.
+docs/LCE_NOTES.md "Running flatbuffers"). With `device="user@host"` the LCE flatbuffer also runs on
+that device over SSH, through `lce_benchmark_model` or bnnexport's own device-side runner
+(`deploy/runner.py`). Latency is batch 1 after warm-up; all times are milliseconds.
 
 Example:
     >>> from bnnexport.bench import BenchOptions, bench

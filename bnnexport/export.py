@@ -1,11 +1,11 @@
 """`bnnexport export`: the trained model -> RUN_DIR/model.onnx, checked in ONNX Runtime.
 
 The model is exported with the legacy TorchScript exporter (`dynamo=False`), so every
-binarization is written as `Sign -> Add -> Sign` (docs/LCE_NOTES.md §3). Constant folding is off:
-it would fold BatchNorm into the binary kernels (±1 times a scale), and the rounding of those
-scaled sums turns a binary conv's exact zeros into tiny signed values, so ONNX Runtime would no
-longer agree with PyTorch's sign(0) = +1. Kept separate, kernels stay exactly ±1 and the ONNX model
-computes exactly what PyTorch does; the converter folds BatchNorm itself.
+binarization is written as `Sign -> Add -> Sign` (docs/LCE_NOTES.md "PyTorch to ONNX"). Constant
+folding is off: it would fold BatchNorm into the binary kernels (±1 times a scale), and the rounding
+of those scaled sums turns a binary conv's exact zeros into tiny signed values, so ONNX Runtime
+would no longer agree with PyTorch's sign(0) = +1. Kept separate, kernels stay exactly ±1 and the
+ONNX model computes exactly what PyTorch does; the converter folds BatchNorm itself.
 
 The test samples every later fidelity check uses are written to RUN_DIR/samples.npz first.
 model.onnx is written through a temporary file and replaced only when ONNX Runtime agrees with

@@ -5,8 +5,8 @@ and bench take it as they take a trained run. Kernels are strictly ±1 (the bina
 that way). BatchNorm statistics and affine parameters are drawn at random around their defaults:
 a fresh BatchNorm (β = 0, mean 0, variance 1) passes a binary conv's integer sums through
 unchanged, so exact zeros reach the next sign, where torch says +1 and LCE may say -1
-(docs/LCE_NOTES.md §4, "Exact zeros before a sign"). With non-integer statistics a tie has
-probability zero, and the converted model agrees with PyTorch as a trained one does.
+(docs/LCE_NOTES.md "Running flatbuffers", "Exact zeros before a sign"). With non-integer statistics
+a tie has probability zero, and the converted model agrees with PyTorch as a trained one does.
 
 Example:
     >>> from bnnexport.init import init_run

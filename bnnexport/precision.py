@@ -6,7 +6,7 @@ bf16 has 8 significant bits, so an integer v is stored exactly when |v| < 256; w
 are ±1 (no zero padding) and n is even, every sum is even, and even integers are exact up to
 512. Hence `bf16-exact`: compute the forward in bf16, and if the largest |output| reaches that
 bound, recompute that call in float32. The result is then the float32 result bit for bit; the
-backward (real-valued gradients, which bf16 would round) stays float32. docs/LCE_NOTES.md §8
+backward (real-valued gradients, which bf16 would round) stays float32. docs/LCE_NOTES.md "bf16"
 states the argument; benchmarks/train_throughput.py measures what each mode buys.
 
 Modes (`TrainConfig.precision`, `bnnexport train --precision`):

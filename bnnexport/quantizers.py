@@ -3,7 +3,7 @@
 Every quantizer maps to {-1, +1} with sign(0) = +1 in the forward pass and differs only in its
 pseudo-gradient. The forward is written as `sign(sign(x) + 0.1)`, which the ONNX exporter writes as
 `Sign -> Add -> Sign`, a pattern the converter turns into LCE's `LceQuantize` (docs/LCE_NOTES.md
-§2/§3).
+"Binary ops" and "PyTorch to ONNX").
 
 Example:
     >>> import torch

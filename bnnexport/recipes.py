@@ -9,8 +9,8 @@ so the schedule keeps its shape: γ still decays x0.1 five times when the 500-ep
 recipe runs 50 epochs (every 10 epochs), and the CLI says so in one line on stderr.
 Explicit arguments override the recipe; an explicit `gamma`, `threshold` or `lr` is taken as
 given (in steps, like the `train` flags). The recipe's name and the overrides are recorded
-in config.json (`recipe`, `recipe_overrides`). Settings docs/LCE_NOTES.md §5 does not give
-are listed in the recipe's `assumptions`.
+in config.json (`recipe`, `recipe_overrides`). Settings docs/LCE_NOTES.md "Paper recipes" does not
+give are listed in the recipe's `assumptions`.
 
 Example:
     >>> from bnnexport.recipes import recipe_config

@@ -1,12 +1,12 @@
 """A batch-N twin of an ONNX model and of its LCE flatbuffer, for accuracy on a device.
 
 `lce_benchmark_model` runs a flatbuffer at the batch it was converted with (`--input_layer_shape`
-cannot re-batch a batch-1 model, docs/LCE_NOTES.md §7), so on-device accuracy needs the same model
-converted at batch N. `rebatch` fixes the ONNX input's batch dimension to N; a graph that hard-codes
-batch 1 elsewhere (a Reshape to a constant [1, ...], an output fixed at 1) is refused with one
-`HardCodedBatchError`, as is one whose outputs at batch N differ from those at batch 1 on the same
-samples (checked with ONNX Runtime). `convert_twin` then converts the twin through the same gate as
-the batch-1 file (`converters.lce.convert_onnx`).
+cannot re-batch a batch-1 model, docs/LCE_NOTES.md "aarch64 device"), so on-device accuracy needs
+the same model converted at batch N. `rebatch` fixes the ONNX input's batch dimension to N; a graph
+that hard-codes batch 1 elsewhere (a Reshape to a constant [1, ...], an output fixed at 1) is
+refused with one `HardCodedBatchError`, as is one whose outputs at batch N differ from those at
+batch 1 on the same samples (checked with ONNX Runtime). `convert_twin` then converts the twin
+through the same gate as the batch-1 file (`converters.lce.convert_onnx`).
 
 Example:
     >>> import onnx

@@ -26,7 +26,7 @@ logit range, either plainly or after a *sign-tie replay*:
   agreement (before any replay) must be at least `min_plain_agreement`, or at most one may
   differ. (Untrained 1000-class models have near-flat logits: in an initialised Bi-Real-Net-18
   at 224x224 single ties moved logits by up to 11 % of the range and changed 8 of 50
-  predictions, all with margins under 2.1 %; docs/BENCHMARKS.md §5.)
+  predictions, all with margins under 2.1 %; docs/BENCHMARKS.md "Conversion scaling".)
 - Zero compared samples is a failure, not agreement 1.0.
 
 The report keeps the plain numbers beside the resolved ones (docs/ARCHITECTURE.md, "Conversion

@@ -1,6 +1,7 @@
 """An ONNX graph with its constants folded, in numpy: what both the pattern finder and the
 translator walk.
- The torch exporter leaves constant subgraphs that are not folded (docs/LCE_NOTES.md §3: `F.pad(x,
+ The torch exporter leaves constant subgraphs that are not folded (docs/LCE_NOTES.md "PyTorch to
+ ONNX": `F.pad(x,
 value=1)` exports a Pad whose pads come from a Shape/ConstantOfShape/Concat/Slice/Cast chain).
 `Graph` evaluates every node whose inputs are all constants (initializers, Constant nodes, or
 `Shape`

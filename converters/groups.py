@@ -3,8 +3,8 @@
 LCE 0.16's converter infers a binary conv's groups from its filter (input channels divided by
 the filter's input channels) and makes it one grouped `LceBconv2d` only when every group's
 input channels are a multiple of 32, since each group is bit-packed in 32-bit words on its own;
-otherwise it leaves a float conv (docs/LCE_NOTES.md §13). It has no binary depthwise kernel.
-`plan_binary_groups` picks:
+otherwise it leaves a float conv (docs/LCE_NOTES.md "Grouped convolutions"). It has no binary
+depthwise kernel. `plan_binary_groups` picks:
 
 - ``"single"``: groups == 1, or a multiple of 32 input channels per group: one `LceBconv2d`;
 - ``"split"``: at least `MIN_SPLIT_CHANNELS` input channels per group: the float input is split
@@ -12,8 +12,8 @@ otherwise it leaves a float conv (docs/LCE_NOTES.md §13). It has no binary dept
   per group), and the accumulators are concatenated. The layer keeps 1-bit weights (a 16-per-
   group block's flatbuffer is 6.5x smaller than its float form), and on this host's portable
   x86 kernels it runs 1.1-1.4x slower than the same split written with float convs
-  (docs/BENCHMARKS.md §9); below 16 channels a binary conv still fills a 32-bit word per
-  position, and the split measured about 3x slower than float at 8 per group and 20x at 1;
+  (docs/BENCHMARKS.md "Grouped latency"); below 16 channels a binary conv still fills a 32-bit word
+  per position, and the split measured about 3x slower than float at 8 per group and 20x at 1;
 - ``"refuse"``: fewer channels per group (depthwise included): the layer stays float, which the
   gate refuses unless `--allow-float`, with `why` as its reason.
 

@@ -62,7 +62,8 @@ RANDOM_SAMPLES = 16
 FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check
 TWIN_SAMPLES = 16  # exact-grid twin: rounding-free, so a few samples show any translation bug
 # the twin's arithmetic is exact up to float ops after the last binarization (a 7x7 average):
-# bit-exact for every zoo model but QuickNet-Small (3e-7 of the range, docs/BENCHMARKS.md §5)
+# bit-exact for every zoo model but QuickNet-Small (3e-7 of the range, docs/BENCHMARKS.md
+# "Conversion scaling")
 TWIN_RTOL = 1e-6
 
 
@@ -182,7 +183,7 @@ def release_memory(model_bytes: int) -> None:
     Building and saving a `tf.function` leaves its graph (the model's constants, ~1x-10x the
     ONNX file) in reference cycles that only `gc.collect()` frees, and glibc keeps freed
     memory in its arenas until `malloc_trim`; without both, every conversion of a large model
-    starts on top of the last one's leftovers (docs/LCE_NOTES.md §9)."""
+    starts on top of the last one's leftovers (docs/LCE_NOTES.md "Conversion memory")."""
     if model_bytes < RELEASE_ABOVE_BYTES:
         return
     gc.collect()
@@ -327,7 +328,7 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
 def _float_tflite(saved: str, model_bytes: int) -> bytes:
     """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
     into Python only to read its signatures and drops it into reference cycles: collect it
-    before the converter reads the model again (docs/LCE_NOTES.md §9)."""
+    before the converter reads the model again (docs/LCE_NOTES.md "Conversion memory")."""
     from converters.runtimes import tf
 
     converter = tf().lite.TFLiteConverter.from_saved_model(saved)
@@ -448,7 +449,8 @@ def convert_onnx(
     _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     # the graph's folded constants and the original are each a copy of the weights: drop both
-    # before the converters run (docs/LCE_NOTES.md §9); a rebatch loads the file again
+    # before the converters run (docs/LCE_NOTES.md "Conversion memory"); a rebatch loads the file
+    # again
     del graph
     reference = runnable_reference(original)
     del original

@@ -3,8 +3,8 @@
 The translator walks the ONNX graph backwards from its outputs (so constant chains and
 patterns absorbed into a binary layer are never emitted on their own) and writes each node as
 TensorFlow ops. Binary layers (`converters.patterns`) are emitted in the exact forms of
-docs/LCE_NOTES.md §2; everything else as plain TensorFlow. The model's input and output keep ONNX's
-layout (NCHW), so the converted model is a drop-in replacement for the ONNX one.
+docs/LCE_NOTES.md "Binary ops"; everything else as plain TensorFlow. The model's input and output
+keep ONNX's layout (NCHW), so the converted model is a drop-in replacement for the ONNX one.
 
 Example:
     >>> from converters.onnx_to_tf import save_saved_model

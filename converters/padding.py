@@ -2,8 +2,8 @@
 
 Torch pads a binary conv's input after the sign, with 0 (the conv's own `pads`, "outer") or with
 a Pad node's constant (0, +1 or -1, "inner"), which 1 bit cannot always hold. LCE 0.16 has exact
-forms for only some of these (docs/LCE_NOTES.md §2), so `plan_binary_padding` picks one of four
-strategies, and `converters.tf_layers` emits each as TensorFlow ops:
+forms for only some of these (docs/LCE_NOTES.md "Binary ops"), so `plan_binary_padding` picks one of
+four strategies, and `converters.tf_layers` emits each as TensorFlow ops:
 
 - ``"valid"``: no padding, binarize -> VALID conv;
 - ``"one_padded"``: +1 padding equal to TF's SAME, binarize -> pad with +1 -> VALID conv;
@@ -94,7 +94,8 @@ def _as_pads(pads: Sequence[int]) -> Pads:
 
 def _one_padding_is_same(geometry: _Shape, inner: Pads, inner_value: float, outer: Pads) -> bool:
     """+1 padding alone, exactly TF's SAME: LCE fuses a +1 Pad into its bconv as SAME padding
-    whatever the pads were (docs/LCE_NOTES.md §2), so no other +1 padding may take this form."""
+    whatever the pads were (docs/LCE_NOTES.md "Binary ops"), so no other +1 padding may take this
+    form."""
     if inner_value != 1.0 or not any(inner) or any(outer):
         return False
     return padding_mode(*geometry, inner) == "SAME"

@@ -8,7 +8,8 @@ settings:
 - `ort_session`: an ONNX Runtime CPU session (intra-op threads as asked, one inter-op thread,
   ORT's kernel-scaling fusions off, see `SCALING_FUSIONS`);
 - `tflite_interpreter`: the stock TFLite interpreter, for the float model;
-- `lce_interpreter`: LCE's interpreter with indirect BGEMM (docs/LCE_NOTES.md §4), and
+- `lce_interpreter`: LCE's interpreter with indirect BGEMM (docs/LCE_NOTES.md "Running
+flatbuffers"), and
   `lce_batch_predict` to run it on whole batches;
 - `read_flatbuffer`: a flatbuffer's bytes, refused unless it is one.
 
@@ -140,8 +141,8 @@ def tflite_interpreter(flatbuffer: str | Path | bytes, threads: int = 1) -> Tfli
 
 def lce_interpreter(flatbuffer: str | Path | bytes, threads: int = 1) -> LceInterpreter:
     """LCE's Python interpreter for a flatbuffer (indirect BGEMM, the fast x86 kernels,
-    docs/LCE_NOTES.md §4). Its `predict(x)` runs `x` one sample at a time; for a flatbuffer
-    converted at batch N, or to time one call without `predict`'s per-sample loop, use
+    docs/LCE_NOTES.md "Running flatbuffers"). Its `predict(x)` runs `x` one sample at a time; for a
+    flatbuffer converted at batch N, or to time one call without `predict`'s per-sample loop, use
     `lce_batch_predict`."""
     tf()  # first, so TensorFlow's start-up log lines are discarded
     from larq_compute_engine.tflite.python.interpreter import Interpreter
@@ -160,7 +161,7 @@ def lce_batch_predict(
 
     LCE's `Interpreter.predict` feeds one sample at a time, so it cannot run a batch-N
     flatbuffer and adds a Python loop to every timed call; the object it wraps (its
-    undocumented `interpreter` attribute) takes whole batches (docs/LCE_NOTES.md §4). This is
-    the one place bnnexport reaches into it.
+    undocumented `interpreter` attribute) takes whole batches (docs/LCE_NOTES.md "Running
+    flatbuffers"). This is the one place bnnexport reaches into it.
     """
     return interpreter.interpreter.predict

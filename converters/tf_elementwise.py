@@ -2,8 +2,8 @@
 
 Per-channel constant arithmetic (Add/Sub/Mul/Div, BatchNorm) on a binary conv's output is
 folded into the pending affine map of its `Value`, so LCE fuses it into the bconv; a spatial
-constant is applied behind a reshape (LCE bug 2, docs/LCE_NOTES.md §2). Flatten/Reshape of an NHWC
-tensor yields a column-permuted flat tensor that the next dense layer absorbs.
+constant is applied behind a reshape (LCE bug 2, docs/LCE_NOTES.md "Binary ops"). Flatten/Reshape of
+an NHWC tensor yields a column-permuted flat tensor that the next dense layer absorbs.
 
 Example:
     >>> HANDLERS["Relu"]   # (translator, node, inputs) -> Value   # doctest: +SKIP
@@ -105,8 +105,8 @@ def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
 def prelu(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     """PReLU written as relu(x) + relu(-x) * (-slope), with the slope one axis shorter than x.
 
-    That is the one form TFLite's converter fuses into a single PRELU op (docs/LCE_NOTES.md
-    §10); each element equals max(x, 0) + slope * min(x, 0) exactly, since negating is exact.
+    That is the one form TFLite's converter fuses into a single PRELU op (docs/LCE_NOTES.md "PReLU
+    fusion"); each element equals max(x, 0) + slope * min(x, 0) exactly, since negating is exact.
     """
     x = inputs[0]
     slope = tr.const(node.input[1])

@@ -1,7 +1,7 @@
 """Layer handlers of the translator: convolutions, dense layers, pooling, BatchNorm.
 
-Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (docs/LCE_NOTES.md §2);
-a conv's form is chosen by `converters.padding.plan_binary_padding`:
+Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (docs/LCE_NOTES.md "Binary
+ops"); a conv's form is chosen by `converters.padding.plan_binary_padding`:
 
 - no padding: binarize -> VALID conv;
 - one-padding equal to TF's SAME: binarize -> `tf.pad(..., 1)` -> VALID conv (pad_values=1);
@@ -95,11 +95,11 @@ def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
 
     LCE 0.16 turns Pad + VALID conv into SAME whenever the output is ceil(size / stride) and the
     pads split like SAME's (before = total // 2, after = total - before), without checking the total
-    (docs/LCE_NOTES.md §2, bug 1): torch's (1, 1) for a 3x3/2 conv on an even size became SAME's (0,
-    1). Trailing rows/columns no window reaches are dropped (the leading ones are always read by the
-    first window): what is left has SAME's total whenever the output size is SAME's, so LCE's
-    rewrite then only fires when the pads are exactly SAME's (`padding_mode` already emits those as
-    SAME), and the VALID conv's output size is unchanged.
+    (docs/LCE_NOTES.md "Binary ops", bug 1): torch's (1, 1) for a 3x3/2 conv on an even size became
+    SAME's (0, 1). Trailing rows/columns no window reaches are dropped (the leading ones are always
+    read by the first window): what is left has SAME's total whenever the output size is SAME's, so
+    LCE's rewrite then only fires when the pads are exactly SAME's (`padding_mode` already emits
+    those as SAME), and the VALID conv's output size is unchanged.
     """
     out = []
     for axis, (before, after) in enumerate(((pads[0], pads[2]), (pads[1], pads[3]))):
@@ -112,7 +112,7 @@ def _read_pads(x, ksize, strides, dilations, pads) -> list[tuple[int, int]]:
 def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     """Float Conv: groups == 1, depthwise, or grouped as one conv per group on its slice of
     the input, concatenated (LCE 0.16's interpreter runs a grouped CONV_2D ~20x slower than
-    the split, docs/LCE_NOTES.md §13)."""
+    the split, docs/LCE_NOTES.md "Grouped convolutions")."""
     kernel = tr.const(node.input[1])
     if kernel is None:
         raise unsupported(node, "the kernel must be a constant")
@@ -262,7 +262,7 @@ class _BinaryConv:
 
 
 # Each emitter returns the conv and the [H, W, O] correction map to subtract (or None); the
-# forms are the ones LCE turns into LceBconv2d (docs/LCE_NOTES.md §2).
+# forms are the ones LCE turns into LceBconv2d (docs/LCE_NOTES.md "Binary ops").
 
 
 def _emit_valid(x, plan: PaddingPlan, conv: _BinaryConv):
@@ -283,7 +283,7 @@ def _emit_corrected(x, plan: PaddingPlan, conv: _BinaryConv):
     """Pad the float tensor (with `plan.fill` inside, +1 outside), binarize, VALID binary conv.
 
     Padding before the sign, with concat, keeps LCE from seeing a Pad + VALID conv that bug 1
-    would rewrite to SAME (docs/LCE_NOTES.md §2); the +1s that stand for torch's zeros are
+    would rewrite to SAME (docs/LCE_NOTES.md "Binary ops"); the +1s that stand for torch's zeros are
     taken back by the correction map."""
     inner, outer = plan.inner, plan.outer
     padded = pad_constant(x, [(inner[0], inner[2]), (inner[1], inner[3])], plan.fill)

@@ -79,8 +79,8 @@ class Value:
         """`acc * m + b'` with `b'` moved half an accumulator step so no value is exactly 0.
 
         The accumulator is an integer; torch maps an exact 0 to +1, LCE's kernels may not
-        (docs/LCE_NOTES.md §4), so the threshold is moved to the half-integer that keeps every
-        integer's sign as torch computes it.
+        (docs/LCE_NOTES.md "Running flatbuffers"), so the threshold is moved to the half-integer
+        that keeps every integer's sign as torch computes it.
         """
         with self._scope():
             return affine(self.acc, self.m, tie_break_bias(self.m, self.b))
@@ -170,7 +170,8 @@ def binarizing_in(scope: str | None) -> Iterator[None]:
 
 
 def binarize(x: Any) -> Any:
-    """sign(x) with sign(0) = +1, in the LCE_NOTES §2 form LCE turns into `LceQuantize`."""
+    """sign(x) with sign(0) = +1, in the docs/LCE_NOTES.md "Binary ops" form LCE turns into
+    `LceQuantize`."""
     scope = _BINARIZE_SCOPE.get()
     with tf().name_scope(scope + "/") if scope else contextlib.nullcontext():
         return tf().sign(tf().sign(x) + 0.1)
@@ -182,7 +183,7 @@ def sign_kernel(signs: np.ndarray) -> Any:
     The converters fold the cast before LCE's patterns run, so the flatbuffer has the same ops
     and weights (a few tensor names and the order of small constants may differ), while the
     traced graph, the SavedModel and the converters' imports of it each hold a quarter of the
-    float bytes (docs/LCE_NOTES.md §12). The cast is named as a constant would be, so the
+    float bytes (docs/LCE_NOTES.md "int8 kernels"). The cast is named as a constant would be, so the
     names of the fused ops after it stay the same.
     """
     stored = tf().constant(np.asarray(signs, np.int8), name="sign_kernel")
@@ -217,7 +218,8 @@ def pad_constant(x: Any, pads: list[tuple[int, int]], value: float) -> Any:
     """Pad an NHWC tensor with `value`.
 
     Zero uses the plain Pad op; another value is built with concat, because a PadV2 right
-    before a float Conv2D is rewritten by LCE to SAME zero padding (docs/LCE_NOTES.md §2, bug 1).
+    before a float Conv2D is rewritten by LCE to SAME zero padding (docs/LCE_NOTES.md "Binary ops",
+    bug 1).
     """
     if value == 0.0:
         return tf().pad(x, [[0, 0], *pads, [0, 0]])
@@ -276,7 +278,7 @@ def subtract_spatial(y: Any, const: np.ndarray) -> Any:
     """y - const for a spatial (not per-channel) constant, reshaped so LCE cannot fuse it.
 
     LCE folds a constant Add/Sub right after a bconv into the per-channel bias without a
-    shape check (docs/LCE_NOTES.md §2, bug 2); a reshape in between prevents that fusion.
+    shape check (docs/LCE_NOTES.md "Binary ops", bug 2); a reshape in between prevents that fusion.
     """
     shape = [int(d) for d in y.shape]
     flat = tf().reshape(y, [shape[0], -1])

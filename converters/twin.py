@@ -18,8 +18,8 @@ value is exact (0.5, 0, 1, 0) in every runtime: the linear layer that feeds one 
 scales and layout ops) gets a zero weight and bias in the twin (`zeroed_feeds`). Real-to-Binary
 Net's sigmoid gates, which scale every binary conv's output, otherwise put rounded values
 between binarizations, and the two runtimes' roundings flip signs that compound over its 16
-blocks (docs/LCE_NOTES.md §11). Only float ops after the last binarization (a global average
-over 7x7, a softmax) may still round.
+blocks (docs/LCE_NOTES.md "Inexact functions"). Only float ops after the last binarization (a global
+average over 7x7, a softmax) may still round.
 
 Example:
     >>> import numpy as np
@@ -75,7 +75,7 @@ def bn_variance(eps: float) -> np.float32:
     float64). A plain 4096 works only for eps below half of float32's spacing at 4096
     (2.4e-4): with Keras' eps = 1e-3, sqrt(4096 + eps) is 64.00001 and every runtime's folded
     BatchNorm keeps a tiny residue of its own sign at the zeros the twin puts on purpose
-    (docs/LCE_NOTES.md §6).
+    (docs/LCE_NOTES.md "Real-world exports").
 
     >>> float(bn_variance(1e-5)), float(bn_variance(1e-3) + np.float32(1e-3))
     (4096.0, 4096.0)

@@ -1,7 +1,8 @@
 """Run the three runtimes on the same inputs and compare them: the converter's fidelity gate.
 
 - `run_onnx`: ONNX Runtime (the reference the converted model must match);
-- `run_lce`: Larq Compute Engine's interpreter, with its fastest x86 setting (docs/LCE_NOTES.md §4);
+- `run_lce`: Larq Compute Engine's interpreter, with its fastest x86 setting (docs/LCE_NOTES.md
+"Running flatbuffers");
 - `run_tflite`: the stock TFLite interpreter, for the float model;
   (each takes a model file, its bytes, or a session/interpreter opened by `converters.runtimes`)
 - `op_histogram`: which ops a flatbuffer holds (LCE's custom ops by name, e.g. LceBconv2d);

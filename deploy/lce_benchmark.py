@@ -1,8 +1,8 @@
 """Run `lce_benchmark_model` on a device and parse what it prints.
 
 `lce_benchmark_model` is TFLite's `benchmark_model` with LCE's ops registered (docs/LCE_NOTES.md
-§4). Its times are microseconds in the summary lines and milliseconds in the op-profiling tables;
-the parsed result is in milliseconds throughout.
+"Running flatbuffers"). Its times are microseconds in the summary lines and milliseconds in the
+op-profiling tables; the parsed result is in milliseconds throughout.
 
 Example:
     >>> text = '''count=50 first=16042 curr=15211 min=15002 max=16310 avg=15408.2 std=245

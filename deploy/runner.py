@@ -51,7 +51,8 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float | Non
 
 
 def load_interpreter(model_path: str, threads: int):
-    """LCE's interpreter with indirect BGEMM (the fastest kernels on x86, docs/LCE_NOTES.md §4)."""
+    """LCE's interpreter with indirect BGEMM (the fastest kernels on x86, docs/LCE_NOTES.md "Running
+    flatbuffers")."""
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
     with open(model_path, "rb") as handle:

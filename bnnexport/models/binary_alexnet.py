@@ -12,9 +12,9 @@ as a float conv with a ±1 kernel. No float layers, no shortcuts, no biases; Bat
 trainable scale (larq-zoo's `scale=False`). The 11x11/4 conv pads exactly as Keras' "same"
 (`same_conv`: (3, 4) at 224), which also keeps it clear of an LCE converter bug.
 
-Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md §2): BatchNorm sits before each
-max-pool (conv -> BN -> pool -> sign, which LCE runs as a bconv writing packed bits and a binary
-max-pool); with γ = 1 the two orders are the same function. "same" binary convs pad with +1
+Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md "Binary ops"): BatchNorm sits
+before each max-pool (conv -> BN -> pool -> sign, which LCE runs as a bconv writing packed bits and
+a binary max-pool); with γ = 1 the two orders are the same function. "same" binary convs pad with +1
 (`pad_value`).
 
 Reduced inputs work down to 3x64x64 (the last pool then sees 3x3); smaller ones raise ValueError.

@@ -1,5 +1,5 @@
-"""BinaryNet, the CIFAR-10 VGG of Helwegen et al. 2019 (docs/LCE_NOTES.md §5) and Courbariaux et
-al. 2016.
+"""BinaryNet, the CIFAR-10 VGG of Helwegen et al. 2019 (docs/LCE_NOTES.md "Paper recipes") and
+Courbariaux et al. 2016.
 
 Layout (native input 3x32x32, sizes in brackets):
     binary-kernel conv 3x3 3->128, VALID, real-valued input   [30]  + BN
@@ -13,7 +13,7 @@ binarized, so LCE runs it as a float conv with a ±1 kernel); there are no float
 shortcuts and no biases. BatchNorm has no trainable scale (the paper's `scale=False`, see
 `scale_free_bn`).
 
-Where LCE's guidance changed the paper's code (docs/LCE_NOTES.md §2):
+Where LCE's guidance changed the paper's code (docs/LCE_NOTES.md "Binary ops"):
 - the paper pools before BatchNorm; here BatchNorm comes first (conv -> BN -> max-pool -> sign),
   the order LCE turns into `LceBconv2d -> LceBMaxPool2d` on packed bits. With γ = 1 BatchNorm is
   increasing per channel, so both orders compute the same function.

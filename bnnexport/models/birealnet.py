@@ -17,8 +17,8 @@ BatchNorm momentum 0.2 (Keras 0.8), with a trainable scale.
 Scaling: Bi-Real scales each kernel by its mean |w| (magnitude-aware sign). Bop keeps kernels
 strictly ±1; a positive per-channel factor before BatchNorm is normalised away by it.
 
-Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md §2): binary convs pad with +1
-(`pad_value="one"`, LCE keeps the bits packed) instead of 0; pass `pad_value="zero"` for
+Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md "Binary ops"): binary convs pad
+with +1 (`pad_value="one"`, LCE keeps the bits packed) instead of 0; pass `pad_value="zero"` for
 the original. The float 7x7/2 stem pads as Keras' "same" (`same_conv`: (2, 3) at 224), which
 keeps it clear of an LCE converter bug with strided padded convs. Reduced inputs work (3x32x32
 ends at 1x1).

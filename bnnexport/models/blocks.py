@@ -109,8 +109,9 @@ def same_conv(conv: nn.Conv2d, height: int, width: int) -> tuple[nn.Module, tupl
     asymmetric ((0, 1) for a stride-2 3x3 conv on an even size), exactly as the Keras models
     in larq-zoo pad. Symmetric torch padding would do for torch alone, but a stride-2 conv with
     symmetric padding on an even size is what LCE 0.16's converter silently rewrites to "same"
-    (docs/LCE_NOTES.md §2, bug 1): for a float conv the project's converter does not work around
-    it, so the converted model would be wrong. With the "same" amounts the rewrite changes nothing.
+    (docs/LCE_NOTES.md "Binary ops", bug 1): for a float conv the project's converter does not work
+    around it, so the converted model would be wrong. With the "same" amounts the rewrite changes
+    nothing.
     """
     (kh, kw), (sh, sw) = conv.kernel_size, conv.stride
     if conv.padding not in ((0, 0), 0, "valid"):

@@ -8,8 +8,8 @@ Layout (input 1x28x28):
     float dense 128->10
 
 Binary layers take input channels in multiples of 32 and output channels in multiples of 8 (LCE's
-sizing advice, docs/LCE_NOTES.md §2); the max-pools follow their binary convs so LCE runs them on
-packed bits.
+sizing advice, docs/LCE_NOTES.md "Binary ops"); the max-pools follow their binary convs so LCE runs
+them on packed bits.
 
 Example:
     >>> import torch

@@ -17,12 +17,12 @@ kernels strictly ±1, and a positive per-channel factor right before BatchNorm i
 by it, so the factor is left out: the trained function is the same. The paper's L2 (5e-7) on the
 first and last layers is a training setting, not part of the model.
 
-Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md §2): BatchNorm comes before each
-max-pool that follows a binary conv (same function with γ = 1, and LCE keeps those tensors
-bit-packed); "same" binary convs pad with +1 (`pad_value`). The float 11x11/4 conv pads as Keras'
-"same" (`same_conv`), which keeps it clear of an LCE converter bug with strided padded convs. The
-6x6 conv takes the size of the feature map it sees, so reduced inputs work down to 3x64x64 (where it
-is 1x1).
+Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md "Binary ops"): BatchNorm comes
+before each max-pool that follows a binary conv (same function with γ = 1, and LCE keeps those
+tensors bit-packed); "same" binary convs pad with +1 (`pad_value`). The float 11x11/4 conv pads as
+Keras' "same" (`same_conv`), which keeps it clear of an LCE converter bug with strided padded convs.
+The 6x6 conv takes the size of the feature map it sees, so reduced inputs work down to 3x64x64
+(where it is 1x1).
 
 Example:
     >>> import torch

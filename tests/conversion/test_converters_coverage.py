@@ -1,7 +1,7 @@
 """Translator ops no other converter test reaches: LeakyRelu, GlobalMaxPool, Softmax,
 LogSoftmax (and a Dropout in eval mode, which the exporters drop or keep as a no-op), in one
-small BNN through the legacy exporter and the whole gate (docs/LCE_NOTES.md §15 lists which test
-covers every op)."""
+small BNN through the legacy exporter and the whole gate (docs/LCE_NOTES.md "Coverage" lists which
+test covers every op)."""
 
 from __future__ import annotations
 

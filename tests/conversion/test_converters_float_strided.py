@@ -2,9 +2,9 @@
 
 LCE 0.16 rewrites an explicit zero Pad + strided VALID conv into a SAME conv whenever the
 output size is ceil(size / stride) and the pads split like SAME's, without checking the
-total: torch's (1, 1) on an even size became TF's (0, 1) (docs/LCE_NOTES.md §2, bug 1; max |diff|
-~3-4 on first layers such as ResNet's 7x7/2 pad 3). The translator must keep these float convs
-exact and still emit them as float CONV_2D.
+total: torch's (1, 1) on an even size became TF's (0, 1) (docs/LCE_NOTES.md "Binary ops", bug 1; max
+|diff| ~3-4 on first layers such as ResNet's 7x7/2 pad 3). The translator must keep these float
+convs exact and still emit them as float CONV_2D.
 """
 
 from __future__ import annotations

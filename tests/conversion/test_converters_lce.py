@@ -152,7 +152,7 @@ def test_average_pooling_and_prelu(tmp_path):
 
     result, torch_check = convert_net(Net(), (1, 3, 6, 6), tmp_path)
     _assert_exact_binary(result, torch_check, 1)
-    # one fused op, as LCE's native converter gives Keras' PReLU (docs/LCE_NOTES.md §10)
+    # one fused op, as LCE's native converter gives Keras' PReLU (docs/LCE_NOTES.md "PReLU fusion")
     assert result.op_histogram.get("PRELU") == 1, result.op_histogram
     assert "NEG" not in result.op_histogram and "RELU" not in result.op_histogram
 

@@ -1,6 +1,7 @@
 """converters.lce frees each conversion's TensorFlow state before the next converter runs
-(docs/LCE_NOTES.md §9): the traced graph of a large model sits in reference cycles that only a
-garbage collection frees, so without it every conversion starts on top of the last one's."""
+(docs/LCE_NOTES.md "Conversion memory"): the traced graph of a large model sits in reference cycles
+that only a garbage collection frees, so without it every conversion starts on top of the last
+one's."""
 
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def test_sign_kernels_are_saved_as_int8(tmp_path, monkeypatch):
     monkeypatch.setattr(tf_layers, "sign_kernel", _float_sign_kernel)
     as_float = _saved_model_bytes(onnx_path, tmp_path / "float")
     # 4 bytes per ±1 weight as float32 constants, 1 as int8: every copy the tracing, the
-    # SavedModel and the converters' imports make shrinks by that much (docs/LCE_NOTES.md §12)
+    # SavedModel and the converters' imports make shrinks by that much (docs/LCE_NOTES.md "int8
+    # kernels")
     assert as_float - int8 >= 0.95 * 3 * SIGN_KERNEL_ELEMENTS
 
 

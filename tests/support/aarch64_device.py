@@ -4,10 +4,10 @@ tests/conftest.py registers it as a plugin; the `arm_device` fixture is an
 `sshd_fixture.Sshd`-like object whose `client()` talks to a genuine aarch64 user space (`uname -m`
 prints aarch64; python3, numpy, coreutils and sshd are aarch64 binaries run by qemu-aarch64).
 
-Built from Debian packages only (docs/LCE_NOTES.md §7): `qemu-user-static binfmt-support arch-test
-mmdebstrap` (`make device-tools` installs them). The root file system is made once with
-`mmdebstrap --variant=extract --arch=arm64` and cached in `~/.cache/bnnexport-test/` (or
-`$BNNEXPORT_TEST_CACHE`); it is rebuilt when missing or made by an older recipe. An extract-only
+Built from Debian packages only (docs/LCE_NOTES.md "aarch64 device"): `qemu-user-static
+binfmt-support arch-test mmdebstrap` (`make device-tools` installs them). The root file system is
+made once with `mmdebstrap --variant=extract --arch=arm64` and cached in `~/.cache/bnnexport-test/`
+(or `$BNNEXPORT_TEST_CACHE`); it is rebuilt when missing or made by an older recipe. An extract-only
 tree runs no maintainer scripts, so the fix-ups are done here: passwd/group, /bin/sh, the BLAS and
 LAPACK `.so.3` links numpy needs, host keys, a /run/sshd directory.
 

@@ -1,5 +1,5 @@
-"""Recipes resolve to the schedules the paper documents (docs/LCE_NOTES.md §5), in optimizer
-steps."""
+"""Recipes resolve to the schedules the paper documents (docs/LCE_NOTES.md "Paper recipes"), in
+optimizer steps."""
 
 from __future__ import annotations
 

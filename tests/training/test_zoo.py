@@ -193,9 +193,9 @@ def _native_through_both_gates(run, name: str, samples: int, input_shape=None):
 def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
     """At 224x224 the real-valued shortcuts put a pre-sign value within float rounding of zero
     on many samples, and a freshly initialised Bi-Real-Net has near-flat logits, so ties change
-    some of its unsure predictions (plain agreement 0.75-0.84, docs/BENCHMARKS.md §5); the gates
-    hold its sure predictions and every replayed sample, and every binary layer is an
-    LceBconv2d."""
+    some of its unsure predictions (plain agreement 0.75-0.84, docs/BENCHMARKS.md "Conversion
+    scaling"); the gates hold its sure predictions and every replayed sample, and every binary layer
+    is an LceBconv2d."""
     _native_through_both_gates(tmp_path / "run", "birealnet18", samples=24)
 
 
@@ -254,8 +254,8 @@ def on_exact_grids(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 @pytest.mark.long
 def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_path):
     """QuickNet at 224 with randomised BatchNorm meets more LCE sign ties per sample than the
-    gate's search resolves (docs/BENCHMARKS.md §5). On exact grids there are none to meet: the
-    conversion itself must then be exact, at the native size."""
+    gate's search resolves (docs/BENCHMARKS.md "Conversion scaling"). On exact grids there are none
+    to meet: the conversion itself must then be exact, at the native size."""
     from converters.lce import convert_onnx
     from converters.validate import compare, run_lce
 
