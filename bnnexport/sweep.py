@@ -1,4 +1,4 @@
-"""`sweep(base, gammas, thresholds) -> SweepReport`: the paper's γ/τ analysis (Fig. 2, §5.1).
+"""`sweep(base, gammas, thresholds) -> SweepReport`: the paper's γ/τ analysis (Fig. 2, Section 5.1).
 
 One training run per (γ, τ) setting, in OUT/gamma=G,threshold=T, then OUT/sweep.png (test
 accuracy and flip rate π_t over steps, one curve per setting: `bnnexport.compare`'s figure)
