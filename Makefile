@@ -65,14 +65,19 @@ device-tools:
 # `make test`: the suite without the tests marked `long` (full-size conversions, minutes in all);
 # `make test-all`: everything. `make test-quick`: neither `slow` nor `long` (no training, no
 # conversion through TensorFlow), the loop to run while editing.
+# Tests run in two worker processes (pytest-xdist; a test file stays on one worker, so its module
+# fixtures are built once), each with one thread per library: a second OpenMP thread per worker
+# only contends for the same two cores (on a busy 2-core machine a training step took 10x longer).
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
 test-quick: install
-	$(BIN)/python -m pytest -q -m "not slow and not long"
+	$(PYTEST) -m "not slow and not long"
 
 test: install ssh-tools device-tools
-	$(BIN)/python -m pytest -q -m "not long"
+	$(PYTEST) -m "not long"
 
 test-all: install ssh-tools device-tools
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 lint: install
 	$(BIN)/ruff check .

@@ -825,12 +825,18 @@ def test_ctrl_c_swallowed_by_a_library_still_ends_the_command(tmp_path):
         "import signal, time, bnnexport.__main__ as entry\n"
         "entry.UNWIND_SECONDS = 1.0\n"
         "signal.signal(signal.SIGINT, entry._on_sigint)\n"
-        "print('ready', flush=True)\n"
+        # the outer try catches an interrupt that lands between two sleeps (at the inner loop's
+        # jump), which would otherwise end the script with SIGINT instead of the watchdog
         "while True:\n"
         "    try:\n"
-        "        time.sleep(0.05)\n"
+        "        print('ready', flush=True)\n"
+        "        while True:\n"
+        "            try:\n"
+        "                time.sleep(0.05)\n"
+        "            except KeyboardInterrupt:\n"
+        "                pass  # what the swallowing library does\n"
         "    except KeyboardInterrupt:\n"
-        "        pass  # what the swallowing library does\n"
+        "        pass\n"
     )
     process = subprocess.Popen(
         [CLI[0], "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
