@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from bnnexport import provenance
-from bnnexport.errors import FidelityError
 from bnnexport.progress import Steps
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, load_checkpoint
@@ -114,13 +113,12 @@ def torch_outputs(model: torch.nn.Module, inputs: np.ndarray, batch: int = 250) 
     return np.concatenate(outs)
 
 
-def check_onnx(
+def onnx_gate(
     model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
 ) -> tuple[np.ndarray, GateReport]:
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
-    (`reference`); FidelityError (exit 1) when they disagree beyond sign ties."""
+    (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
     from bnnexport.torch_probe import TorchProbe
-    from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions, OnnxProbe, Witness, validate
 
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
@@ -133,14 +131,28 @@ def check_onnx(
         logits, values = probe.run(x)
         return logits, dict(zip(probe.sources, values, strict=True))
 
-    try:
-        gate = validate(
-            reference, candidate, inputs, GateOptions(rtol=RTOL), ("PyTorch", "ONNX Runtime"),
-            probe=lambda: TorchProbe(model, path), witness=Witness(run=onnx_witness),
-        )  # fmt: skip
-    except ConversionMismatchError as error:
-        raise FidelityError(f"{error}; the exported model is not kept") from None
+    gate = validate(
+        reference, candidate, inputs, GateOptions(rtol=RTOL), ("PyTorch", "ONNX Runtime"),
+        probe=lambda: TorchProbe(model, path), witness=Witness(run=onnx_witness),
+    )  # fmt: skip
     return candidate, gate
+
+
+def check_onnx(
+    model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
+) -> tuple[np.ndarray, GateReport]:
+    """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming
+    RUN_DIR/gate-refusal.json, where its diagnostics go; an inconclusive check (a degenerate
+    model) says so."""
+    from bnnexport.convert import REFUSAL_FILE, _explained, gate_refusal
+    from converters.errors import ConversionMismatchError
+
+    try:
+        return onnx_gate(model, path, inputs, reference)
+    except ConversionMismatchError as error:
+        error = _explained(error, path, inputs)
+        refusal = path.parent / REFUSAL_FILE
+        raise gate_refusal(error, refusal, "the exported model is not kept") from None
 
 
 def export_onnx(
