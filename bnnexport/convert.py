@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -436,11 +437,13 @@ def convert_module(
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions, convert_onnx
 
+    trusted = None
     try:
         _export_check(model, onnx_path, inputs, expected)
     except ConversionMismatchError as error:  # a degenerate model may go on to the twin
         if not (trust_twin and isinstance(error, InconclusiveCheckError)):
             raise gate_refusal(error, refusal, "no flatbuffer written") from None
+        trusted = {**error.diagnostics, "inconclusive": str(error)}
     start = time.perf_counter()
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps,
@@ -456,6 +459,13 @@ def convert_module(
     report.torch_argmax_agreement = lce_vs_torch.argmax_agreement
     report.torch_max_abs_diff = lce_vs_torch.max_abs_diff
     report.random_inputs = isinstance(samples, int)
+    report.trusted_twin = report.trusted_twin or trusted
+    if report.trusted_twin is not None:
+        warnings.warn(
+            f"{out}: the check on real weights could not decide (a degenerate model); "
+            "converted on the strength of the exact-grid twin alone (report.trusted_twin)",
+            stacklevel=2,
+        )
     return report
 
 

@@ -558,7 +558,7 @@ def _refused(
     if not (options.trust_twin and twin is not None):
         raise found from None
     options.step("real-weight check inconclusive: accepted on the exact-grid twin (--trust-twin)")
-    return [], twin, {"why": str(found), **found.diagnostics}
+    return [], twin, {**found.diagnostics, "inconclusive": str(found)}
 
 
 def _rebatch(
