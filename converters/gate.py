@@ -22,8 +22,8 @@ logit range, either plainly or after a *sign-tie replay*:
     rounding meets a handful, a converter bug meets thousands.
 
 - A tie is an accident of one sample's sums, so it does not recur: the same value (bit for
-  bit, in both runtimes) of one channel of one binarization decided differently at two or more
-  positions is a *fixed* value, a function of integer accumulators and parameters, that the
+  bit, in both runtimes) of one channel of one binarization decided differently on two
+  different inputs is a *fixed* value, a function of integer accumulators and parameters, that the
   candidate decides by another rule wherever it occurs; never a tie. (The converter with its
   tie-break removed does exactly that in BinaryNet: one BatchNorm threshold 1.6e-6 from an
   integer, 35 positions on 14 of 16 samples, each alone within rounding.)
@@ -260,26 +260,26 @@ def _replay(
 
 class _Recurrence:
     """Remembers, over every replayed sample, each (binarization, channel, reference value,
-    candidate value) a replay decided differently, and where: a rounding tie does not recur.
-    The same position of an identical input is one occurrence, not two."""
+    candidate value) a replay decided differently, and on which inputs: a rounding tie does
+    not recur on another input. (Within one input a value may appear at several positions as
+    copies of one computation: a max-pool's overlapping windows pick the same element.)"""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[str, int, float, float], dict[tuple[str, int], int]] = {}
+        self.seen: dict[tuple[str, int, float, float], dict[str, int]] = {}
 
     def add(self, row: int, x: np.ndarray, diffs: list[SignDiff]) -> None:
-        """Record sample `row` (input `x`); _Mismatch at the first value seen twice."""
+        """Record sample `row` (input `x`); _Mismatch at the first value seen on two inputs."""
         digest = hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()
         for diff in diffs:
-            for position, channel, mine, their in diff.cells:
+            for _position, channel, mine, their in diff.cells:
                 where = self.seen.setdefault((diff.source, channel, mine, their), {})
-                where.setdefault((digest, position), row)
+                where.setdefault(digest, row)
                 if len(where) > 1:
                     raise _Mismatch(
                         f"the same value of {diff.source!r} channel {channel} ({mine:.3g}; "
-                        f"{their:.3g} in the candidate) is binarized differently at "
-                        f"{len(where)} positions on samples {sorted(set(where.values()))}: a "
-                        "fixed value decided by another rule, not a rounding tie (ties do "
-                        "not recur)", diffs,
+                        f"{their:.3g} in the candidate) is binarized differently on samples "
+                        f"{sorted(where.values())}: a fixed value decided by another rule, "
+                        "not a rounding tie (ties do not recur)", diffs,
                     )  # fmt: skip
 
 
