@@ -484,7 +484,7 @@ def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.
         try:
             onnx_gate(model, onnx_path, inputs, expected)
         except ConversionMismatchError as error:
-            raise _explained(error, onnx_path, inputs) from None
+            raise explain_refusal(error, onnx_path, inputs) from None
         return
     plain = compare(expected, run_onnx(onnx_path, inputs), RTOL)
     if round((1.0 - plain.argmax_agreement) * len(inputs)) > 1:
@@ -495,17 +495,21 @@ def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.
              "plain_argmax_agreement": plain.argmax_agreement,
              "plain_max_abs_diff": plain.max_abs_diff},
         )  # fmt: skip
-        raise _explained(error, onnx_path, inputs)
+        raise explain_refusal(error, onnx_path, inputs)
 
 
-def _explained(
-    error: ConversionMismatchError, onnx_path: Path, inputs: np.ndarray
+def explain_refusal(
+    error: ConversionMismatchError, onnx_path: Path, inputs: np.ndarray, escape: str | None = None
 ) -> ConversionMismatchError:
-    """`error`, or the InconclusiveCheckError that explains it (a degenerate model)."""
-    from converters.gate import GateOptions, OnnxProbe, inconclusive
+    """`error`, or the InconclusiveCheckError that explains it (a degenerate model); `escape`
+    replaces the advice's --trust-twin (export has no such option)."""
+    from converters.gate import TRUST_TWIN, GateOptions, OnnxProbe, inconclusive
 
     rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
-    found = inconclusive(error, OnnxProbe(onnx_path), inputs, rows, GateOptions(rtol=RTOL))
+    probe, options = OnnxProbe(onnx_path), GateOptions(rtol=RTOL)
+    found = inconclusive(
+        error, probe, inputs, rows, options, escape=TRUST_TWIN if escape is None else escape
+    )
     return found or error
 
 

@@ -144,13 +144,18 @@ def check_onnx(
     """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming
     RUN_DIR/gate-refusal.json, where its diagnostics go; an inconclusive check (a degenerate
     model) says so."""
-    from bnnexport.convert import REFUSAL_FILE, _explained, gate_refusal
+    from bnnexport.convert import REFUSAL_FILE, explain_refusal, gate_refusal
     from converters.errors import ConversionMismatchError
 
     try:
         return onnx_gate(model, path, inputs, reference)
     except ConversionMismatchError as error:
-        error = _explained(error, path, inputs)
+        error = explain_refusal(
+            error,
+            path,
+            inputs,
+            escape=" (bnnexport.convert_module can convert it with trust_twin=True)",
+        )
         refusal = path.parent / REFUSAL_FILE
         raise gate_refusal(error, refusal, "the exported model is not kept") from None
 

@@ -64,6 +64,10 @@ TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may
 MIN_TIES = 2  # ... or this many, whichever is larger, per sample
 # reported only: predictions whose reference top-1 margin is at least this fraction of the range
 CONFIDENT_MARGIN = 0.05
+# the advice's last option, for the callers that have it (convert, convert_module)
+TRUST_TWIN = (
+    ", or convert with --trust-twin (trust_twin=True) to decide on the exact-grid twin alone"
+)
 CENSUS_SAMPLES = 16  # refused samples searched for binarization inputs within rounding of zero
 
 
@@ -403,12 +407,14 @@ def inconclusive(
     rows: list[int],
     options: GateOptions,
     twin: str | None = None,
+    escape: str = TRUST_TWIN,
 ) -> InconclusiveCheckError | None:
     """The InconclusiveCheckError explaining `error`, a refusal on samples `rows` of `inputs`,
     when on one of them more binarization inputs lie within rounding of zero in the reference
     (`probe`) than ties could explain: no comparison with real weights can decide such a model
     (`near_zero_census`). None otherwise. Either way `error.diagnostics` gets the census and
-    `twin`, the exact-grid twin's verdict in words, when known."""
+    `twin`, the exact-grid twin's verdict in words, when known. `escape` ends the advice (the
+    option that converts such a model anyway, where the caller has one)."""
     rows = list(rows)[:CENSUS_SAMPLES]
     census = near_zero_census(probe, np.asarray(inputs)[rows], options)
     for found in census:
@@ -427,8 +433,7 @@ def inconclusive(
         f"({first['exact_zeros']} exactly 0; ties explain at most {first['tie_bound']}), and "
         "each runtime rounds them its own way; the usual cause is BatchNorm with its default "
         "statistics (an untrained model): train it first, or randomise BatchNorm as "
-        "`bnnexport init` does, or convert with --trust-twin (trust_twin=True) to decide on "
-        f"the exact-grid twin alone{verdict}"
+        f"`bnnexport init` does{escape}{verdict}"
     )
     return InconclusiveCheckError(line, error.diagnostics)
 
