@@ -150,12 +150,7 @@ def check_onnx(
     try:
         return onnx_gate(model, path, inputs, reference)
     except ConversionMismatchError as error:
-        error = explain_refusal(
-            error,
-            path,
-            inputs,
-            escape=" (bnnexport.convert_module can convert it with trust_twin=True)",
-        )
+        error = explain_refusal(error, path, inputs, escape="")  # export has no --trust-twin
         refusal = path.parent / REFUSAL_FILE
         raise gate_refusal(error, refusal, "the exported model is not kept") from None
 
