@@ -279,6 +279,8 @@ def convert_run(
         )  # fmt: skip
     except ConversionMismatchError as error:
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
+    if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
+        files.remove([refusal])
     twin = None
     if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         twin = _batch_twin(onnx_path, output, batch_twin, target, inputs, options, references)

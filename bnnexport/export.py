@@ -139,11 +139,15 @@ def onnx_gate(
 
 
 def check_onnx(
-    model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
+    model: torch.nn.Module,
+    path: Path,
+    inputs: np.ndarray,
+    reference: np.ndarray,
+    refusal: Path | None = None,
 ) -> tuple[np.ndarray, GateReport]:
-    """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming
-    RUN_DIR/gate-refusal.json, where its diagnostics go; an inconclusive check (a degenerate
-    model) says so."""
+    """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming `refusal`
+    (default: gate-refusal.json beside `path`), where its diagnostics go; an inconclusive check
+    (a degenerate model) says so."""
     from bnnexport.convert import REFUSAL_FILE, explain_refusal, gate_refusal
     from converters.errors import ConversionMismatchError
 
@@ -151,7 +155,7 @@ def check_onnx(
         return onnx_gate(model, path, inputs, reference)
     except ConversionMismatchError as error:
         error = explain_refusal(error, path, inputs, escape="")  # export has no --trust-twin
-        refusal = path.parent / REFUSAL_FILE
+        refusal = refusal or path.parent / REFUSAL_FILE
         raise gate_refusal(error, refusal, "the exported model is not kept") from None
 
 
@@ -202,7 +206,7 @@ def export_onnx(
             )  # fmt: skip
         steps(f"check in ONNX Runtime against PyTorch on {len(inputs)} samples")
         reference = torch_outputs(model, inputs)
-        candidate, gate = check_onnx(model, path, inputs, reference)
+        candidate, gate = check_onnx(model, path, inputs, reference, run.root / "gate-refusal.json")
         import onnx
 
         binary = len(find_binary_layers(onnx.load(str(path))))
