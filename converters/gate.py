@@ -23,11 +23,19 @@ logit range, either plainly or after a *sign-tie replay*:
 
 - A tie is an accident of one sample's sums, so it does not recur: the same value (bit for
   bit, in both runtimes) of one channel of one binarization decided differently on two
-  different inputs is a *fixed* value, a function of integer accumulators and parameters, that the
-  candidate decides by another rule wherever it occurs; never a tie. (The converter with its
-  tie-break removed does exactly that in BinaryNet: one BatchNorm threshold 1.6e-6 from an
-  integer, 35 positions on 14 of 16 samples, each alone within rounding.)
+  different inputs is a *fixed* value, a function of integer accumulators and parameters,
+  that the candidate decides by another rule wherever it occurs; never a tie. (The converter
+  with its tie-break removed does exactly that in BinaryNet: one BatchNorm threshold 1.6e-6
+  from an integer, 35 positions on 14 of 16 samples, each alone within rounding.)
+- There is no rule on plain agreement: a single tie early in a deep network may change a
+  prediction the reference is fairly sure of, and the replay judges that sample like any other.
+  How many such predictions changed is reported (`sure_predictions`, `sure_changed`).
 - Zero compared samples is a failure, not agreement 1.0.
+
+A refusal's `ConversionMismatchError.diagnostics` say what the gate saw
+(`mismatch_diagnostics`); `inconclusive` tells a degenerate model (binarization inputs within
+rounding of zero by the thousand, which no comparison on real weights can decide) from a
+wrong conversion.
 
 The report keeps the plain numbers beside the resolved ones (docs/ARCHITECTURE.md, "Conversion
 gate").
