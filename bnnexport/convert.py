@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 import warnings
@@ -32,13 +31,13 @@ import numpy as np
 from bnnexport import files, provenance
 from bnnexport.errors import CheckpointError, ConfigError, DataError, FidelityError
 from bnnexport.progress import Steps
+from bnnexport.refusals import explain_refusal, gate_refusal, refusal_path
 from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
     from converters.batch import TwinResult
-    from converters.errors import ConversionMismatchError
     from converters.lce import ConversionResult, ConvertOptions, Reference
 
 TARGETS = ("arm64", "arm32")
@@ -133,26 +132,6 @@ class ConvertReport(Report):
         op_width = max((len(op) for op in histogram), default=0)
         lines += [f"  {op.ljust(op_width)}  {count}" for op, count in histogram.items()]
         return "\n".join(lines)
-
-
-REFUSAL_FILE = "gate-refusal.json"
-
-
-def refusal_path(output: Path, run: RunDir | None) -> Path:
-    """Where a refusal's diagnostics go: RUN_DIR/gate-refusal.json, or beside the output."""
-    if run is not None:
-        return run.root / REFUSAL_FILE
-    return output.with_name(f"{output.stem}-{REFUSAL_FILE}")
-
-
-def gate_refusal(error: ConversionMismatchError, path: Path, outcome: str) -> FidelityError:
-    """The one-line FidelityError for a refusal by the gate; its diagnostics (which samples,
-    which binarization first differs, how many positions, how near zero, what the twin said)
-    written to `path` (recorded as bnnexport's), which the line names."""
-    payload = {"error": str(error), **error.diagnostics}
-    text = json.dumps(payload, indent=2, default=str) + "\n"
-    files.write_bytes_atomic(path, text.encode())
-    return FidelityError(f"{error}; {outcome}; diagnostics in {path}")
 
 
 def _locate(path: Path, target: str, batch: int) -> tuple[Path, Path, Path, RunDir | None]:
@@ -498,21 +477,6 @@ def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.
              "plain_max_abs_diff": plain.max_abs_diff},
         )  # fmt: skip
         raise explain_refusal(error, onnx_path, inputs)
-
-
-def explain_refusal(
-    error: ConversionMismatchError, onnx_path: Path, inputs: np.ndarray, escape: str | None = None
-) -> ConversionMismatchError:
-    """`error`, or the InconclusiveCheckError that explains it (a degenerate model); `escape`
-    replaces the advice's --trust-twin (export has no such option)."""
-    from converters.gate import TRUST_TWIN, GateOptions, OnnxProbe, inconclusive
-
-    rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
-    probe, options = OnnxProbe(onnx_path), GateOptions(rtol=RTOL)
-    found = inconclusive(
-        error, probe, inputs, rows, options, escape=TRUST_TWIN if escape is None else escape
-    )
-    return found or error
 
 
 def _module_inputs(samples: Any, shape: tuple[int, ...]) -> np.ndarray:

@@ -148,7 +148,7 @@ def check_onnx(
     """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming `refusal`
     (default: gate-refusal.json beside `path`), where its diagnostics go; an inconclusive check
     (a degenerate model) says so."""
-    from bnnexport.convert import REFUSAL_FILE, explain_refusal, gate_refusal
+    from bnnexport.refusals import REFUSAL_FILE, explain_refusal, gate_refusal
     from converters.errors import ConversionMismatchError
 
     try:

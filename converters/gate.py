@@ -408,6 +408,19 @@ def near_zero_census(
     return found
 
 
+def _about_rounding(diagnostics: dict[str, Any], options: GateOptions) -> bool:
+    """Whether a refusal is one that values within rounding of zero can cause: every sign the
+    refused sample's replay found different lies within `tie_rtol` of zero (too many of them,
+    recurring, or exact zeros), or the witness itself rounded the other way. Without a replay
+    (no `binarizations` recorded) it cannot be told, so it may be."""
+    if "binarizations" not in diagnostics:
+        return True
+    if str(diagnostics.get("why", "")).startswith("its witness computes other logits"):
+        return True
+    found = diagnostics["binarizations"]
+    return bool(found) and all(d["largest"] <= options.tie_rtol for d in found)
+
+
 def inconclusive(
     error: ConversionMismatchError,
     probe: SignProbe,
@@ -417,19 +430,22 @@ def inconclusive(
     twin: str | None = None,
     escape: str = TRUST_TWIN,
 ) -> InconclusiveCheckError | None:
-    """The InconclusiveCheckError explaining `error`, a refusal on samples `rows` of `inputs`,
-    when on one of them more binarization inputs lie within rounding of zero in the reference
-    (`probe`) than ties could explain: no comparison with real weights can decide such a model
-    (`near_zero_census`). None otherwise. Either way `error.diagnostics` gets the census and
-    `twin`, the exact-grid twin's verdict in words, when known. `escape` ends the advice (the
-    option that converts such a model anyway, where the caller has one)."""
+    """The InconclusiveCheckError explaining `error`, a refusal on samples `rows` of `inputs`
+    that rounding can cause (`_about_rounding`), when on one of them more binarization inputs
+    lie within rounding of zero in the reference (`probe`) than ties could explain: no
+    comparison on real weights can decide such a model (`near_zero_census`). None otherwise.
+    `error.diagnostics` gets `twin`, the exact-grid twin's verdict in words, when known, and
+    the census when taken. `escape` ends the advice (the option that converts such a model
+    anyway, where the caller has one)."""
+    if twin is not None:
+        error.diagnostics["twin"] = twin
     rows = list(rows)[:CENSUS_SAMPLES]
+    if not _about_rounding(error.diagnostics, options):
+        return None  # a sign far from zero, or logits off: wrong however the model rounds
     census = near_zero_census(probe, np.asarray(inputs)[rows], options)
     for found in census:
         found["sample"] = rows[found["sample"]]
     error.diagnostics["near_zero"] = census[:50]
-    if twin is not None:
-        error.diagnostics["twin"] = twin
     if not census:
         return None
     first = census[0]

@@ -322,3 +322,19 @@ def test_a_model_with_exact_zeros_by_the_thousand_is_inconclusive_not_wrong(tmp_
     assert "on sample 2" in str(found) and "BatchNorm with its default statistics" in str(found)
     assert "--trust-twin" in str(found) and found.diagnostics["twin"] == "passed"
     assert inconclusive(error, probe, x, [2], GateOptions(tie_fraction=1.0)) is None
+
+
+def test_a_sign_far_from_zero_is_wrong_even_in_a_degenerate_model(tmp_path):
+    """Near-zero values by the thousand excuse only what rounding can do: a refusal whose
+    differing signs lie far from zero keeps its own message."""
+    from converters.gate import inconclusive
+
+    torch.manual_seed(0)
+    path = export(ZeroNet().eval(), (1, 16, 6, 6), tmp_path / "zero.onnx")
+    x = np.random.default_rng(1).standard_normal((4, 16, 6, 6)).astype(np.float32)
+    far = {"source": "s", "positions": 1, "size": 576, "largest": 0.5, "exact_zeros": 0}
+    error = ConversionMismatchError("wrong", {"binarizations": [far], "why": "not a tie"})
+    assert inconclusive(error, OnnxProbe(path), x, [2], GateOptions()) is None
+    near = {**far, "largest": 1e-7, "positions": 300}
+    error = ConversionMismatchError("ties", {"binarizations": [near], "why": "300 signs differ"})
+    assert inconclusive(error, OnnxProbe(path), x, [2], GateOptions()) is not None
