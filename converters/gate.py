@@ -152,6 +152,7 @@ class SignDiff:
     size: int
     largest: float  # largest |x| / max |x| of the tensor among them, in either runtime
     exact_zeros: int  # of them, exactly 0 (or -0.0) in both runtimes
+    reference_largest: float = 0.0  # as `largest`, in the reference alone
     # (flat position, channel, reference value, candidate value) of each, in compute order
     cells: list[tuple[int, int, float, float]] = field(default_factory=list)
 
@@ -208,7 +209,8 @@ def _sign_diff(source: str, their: np.ndarray, mine: np.ndarray, signs: np.ndarr
     count = int(differ.sum())
     diff = SignDiff(source, count, int(mine.size), 0.0, 0)
     if count:
-        diff.largest = max(_relative(mine, differ), _relative(their, differ))
+        diff.reference_largest = _relative(mine, differ)
+        diff.largest = max(diff.reference_largest, _relative(their, differ))
         diff.exact_zeros = int(((mine == 0) & (their == 0) & differ).sum())
         flat = np.flatnonzero(differ)[:MAX_CELLS]
         channel = flat // (mine.size // mine.shape[0])  # axis 0: the channel (or the feature)
@@ -409,16 +411,18 @@ def near_zero_census(
 
 
 def _about_rounding(diagnostics: dict[str, Any], options: GateOptions) -> bool:
-    """Whether a refusal is one that values within rounding of zero can cause: every sign the
-    refused sample's replay found different lies within `tie_rtol` of zero (too many of them,
-    recurring, or exact zeros), or the witness itself rounded the other way. Without a replay
-    (no `binarizations` recorded) it cannot be told, so it may be."""
+    """Whether a refusal is one that values within rounding of zero can cause: at every sign
+    the refused sample's replay found different, the reference's own value lies within
+    `tie_rtol` of zero (the candidate's may not: the translator moves an integer accumulator's
+    exact 0 half a step, `converters.tf_ops.tie_break_bias`), or the witness itself rounded
+    the other way. Without a replay (no `binarizations` recorded) it cannot be told, so it may
+    be."""
     if "binarizations" not in diagnostics:
         return True
     if str(diagnostics.get("why", "")).startswith("its witness computes other logits"):
         return True
     found = diagnostics["binarizations"]
-    return bool(found) and all(d["largest"] <= options.tie_rtol for d in found)
+    return bool(found) and all(d["reference_largest"] <= options.tie_rtol for d in found)
 
 
 def inconclusive(

@@ -332,9 +332,10 @@ def test_a_sign_far_from_zero_is_wrong_even_in_a_degenerate_model(tmp_path):
     torch.manual_seed(0)
     path = export(ZeroNet().eval(), (1, 16, 6, 6), tmp_path / "zero.onnx")
     x = np.random.default_rng(1).standard_normal((4, 16, 6, 6)).astype(np.float32)
-    far = {"source": "s", "positions": 1, "size": 576, "largest": 0.5, "exact_zeros": 0}
+    far = {"source": "s", "positions": 1, "size": 576, "largest": 0.5, "exact_zeros": 0,
+           "reference_largest": 0.5}  # fmt: skip
     error = ConversionMismatchError("wrong", {"binarizations": [far], "why": "not a tie"})
     assert inconclusive(error, OnnxProbe(path), x, [2], GateOptions()) is None
-    near = {**far, "largest": 1e-7, "positions": 300}
+    near = {**far, "reference_largest": 1e-7, "positions": 300}  # the candidate's: far
     error = ConversionMismatchError("ties", {"binarizations": [near], "why": "300 signs differ"})
     assert inconclusive(error, OnnxProbe(path), x, [2], GateOptions()) is not None
