@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ import numpy as np
 from bnnexport import files, provenance
 from bnnexport.errors import CheckpointError, ConfigError, DataError, FidelityError
 from bnnexport.progress import Steps
+from bnnexport.refusals import explain_refusal, gate_refusal, refusal_path
 from bnnexport.reports import Report, format_value
 from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
@@ -58,8 +60,8 @@ class ConvertReport(Report):
     float_conv2d: int
     fully_connected: int
     float_fallbacks: list[str]
-    argmax_agreement: float
-    max_abs_diff: float
+    argmax_agreement: float | None  # None: not decided on real weights (`trusted_twin`)
+    max_abs_diff: float | None
     tie_samples: list[int]
     tie_positions: int
     tie_largest: float
@@ -82,6 +84,8 @@ class ConvertReport(Report):
     zero_free_signs: list[str] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
     batch_twin: dict | None = None  # converters.batch.TwinResult, with --batch-twin N
+    # with --trust-twin: why the real-weight check could not decide (None: it decided)
+    trusted_twin: dict | None = None
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -93,9 +97,11 @@ class ConvertReport(Report):
         onnx_gate, torch_gate = result.gate("ONNX Runtime"), result.gate("PyTorch")
         return cls(
             **same, format=fmt, seconds=seconds,
-            argmax_agreement=onnx_gate.plain_argmax_agreement,
-            max_abs_diff=onnx_gate.plain_max_abs_diff, tie_samples=onnx_gate.tie_samples,
-            tie_positions=onnx_gate.tie_positions, tie_largest=onnx_gate.tie_largest,
+            argmax_agreement=onnx_gate.plain_argmax_agreement if onnx_gate else None,
+            max_abs_diff=onnx_gate.plain_max_abs_diff if onnx_gate else None,
+            tie_samples=onnx_gate.tie_samples if onnx_gate else [],
+            tie_positions=onnx_gate.tie_positions if onnx_gate else 0,
+            tie_largest=onnx_gate.tie_largest if onnx_gate else 0.0,
             torch_argmax_agreement=torch_gate.plain_argmax_agreement if torch_gate else None,
             torch_max_abs_diff=torch_gate.plain_max_abs_diff if torch_gate else None,
             torch_tie_samples=torch_gate.tie_samples if torch_gate else None,
@@ -200,6 +206,7 @@ def convert_run(
     batch: int = 1,
     disabled_rewrites: tuple[str, ...] = (),
     progress: bool | None = None,
+    trust_twin: bool = False,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -215,9 +222,13 @@ def convert_run(
         disabled_rewrites: normaliser passes to skip (`converters.normalize.REWRITES`), to see
             what one is for.
         progress: step lines on stderr (None: only when stderr is a terminal).
+        trust_twin: accept a model the real-weight check cannot decide (many binarization
+            inputs within rounding of zero) when its exact-grid twin passes; recorded in the
+            report's `trusted_twin`.
 
     Raises:
-        FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch;
+        FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch
+        (diagnostics in RUN_DIR/gate-refusal.json, or MODEL-TARGET-gate-refusal.json);
         FloatFallbackError (exit 1) when a binary layer would stay float; UnsupportedOpError,
         InvalidModelError, CheckpointError (exit 2).
     """
@@ -230,7 +241,8 @@ def convert_run(
     if run is not None:
         provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     outputs = _outputs(output, float_output if fmt == "tflite" else None, batch_twin, run)
-    for written in outputs:  # before any work: a file of the user's is never replaced
+    refusal = refusal_path(output, run)
+    for written in [*outputs, refusal]:  # before any work: a file of the user's is never replaced
         files.require_replaceable(written)
     inputs, references = _checks_of(run, onnx_path, samples)
 
@@ -241,6 +253,7 @@ def convert_run(
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), batch=batch,
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
+        trust_twin=trust_twin,
     )  # fmt: skip
     try:
         result = convert_onnx(
@@ -248,12 +261,16 @@ def convert_run(
             write_float_tflite=float_output if fmt == "tflite" else None, references=references,
         )  # fmt: skip
     except ConversionMismatchError as error:
-        raise FidelityError(f"{error}; no flatbuffer kept") from None
+        raise gate_refusal(error, refusal, "no flatbuffer kept") from None
+    if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
+        files.remove([refusal])
     twin = None
     if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         twin = _batch_twin(onnx_path, output, batch_twin, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
     report.batch_twin = twin.to_json() if twin is not None else None
+    if report.trusted_twin is not None:  # never silent, whatever the output format
+        options.step("accepted on the exact-grid twin alone (--trust-twin): see trusted_twin")
     for written in outputs:
         if written.suffix == ".tflite" and written.is_file():
             provenance.record(written.parent, written.name, [onnx_path.name])
@@ -345,6 +362,7 @@ def convert_module(
     samples: Any = MODULE_SAMPLES,
     allow_float: tuple[str, ...] = (),
     progress: bool | None = None,
+    trust_twin: bool = False,
 ) -> ConvertReport:
     """Convert any PyTorch BNN (`nn.Module`) to an LCE flatbuffer at `out`.
 
@@ -354,8 +372,13 @@ def convert_module(
     tensor of `example_input`'s shape but any batch), or a number of standard-normal inputs of
     that shape (the report's `random_inputs` says which; ONNX Runtime on the exported file is
     the reference). PyTorch's own
-    outputs on those inputs are compared with ONNX Runtime's (the export check: at most one
-    prediction may differ, for a rounding tie) and reported as `torch_argmax_agreement`.
+    outputs on those inputs are compared with ONNX Runtime's (the export check: for a bnnexport
+    model the gate of `bnnexport export`, with its tie replay; for any other module at most one
+    prediction may differ, for a rounding tie) and reported as `torch_argmax_agreement`. A
+    model whose binarization inputs lie within rounding of zero by the thousand (BatchNorm with
+    its default statistics) cannot be checked on real weights: the error says so, and
+    `trust_twin=True` converts it on the strength of the exact-grid twin (`trusted_twin` in
+    the report). On any refusal the gate's diagnostics go to OUT-STEM-gate-refusal.json.
 
     Example:
         >>> import torch, torch.nn as nn
@@ -371,13 +394,14 @@ def convert_module(
     import torch
 
     from bnnexport.export import torch_outputs
-    from converters.validate import compare, run_lce, run_onnx
+    from converters.validate import compare, run_lce
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
     out = Path(out)
     onnx_path = out.with_suffix(".onnx")
-    for written in (onnx_path, out):  # never a file of the user's, whatever its name
+    refusal = refusal_path(out, None)
+    for written in (onnx_path, out, refusal):  # never a file of the user's, whatever its name
         files.require_replaceable(written)
     inputs = _module_inputs(samples, tuple(example_input.shape))
     steps = Steps("convert_module", progress)
@@ -394,31 +418,69 @@ def convert_module(
 
         files.write_bytes_atomic(onnx_path, onnx.load(str(exported)).SerializeToString())
     expected = torch_outputs(model, inputs)
-    export_check = compare(expected, run_onnx(onnx_path, inputs), RTOL)
-    if round((1.0 - export_check.argmax_agreement) * len(inputs)) > 1:
-        raise FidelityError(
-            f"ONNX Runtime disagrees with PyTorch on the exported {onnx_path}: argmax agreement "
-            f"{export_check.argmax_agreement:.2%}, max |diff| {export_check.max_abs_diff:.3g}"
-        )
-    start = time.perf_counter()
-    from converters.errors import ConversionMismatchError
+    from converters.errors import ConversionMismatchError, InconclusiveCheckError
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions, convert_onnx
 
+    trusted = None
+    try:
+        _export_check(model, onnx_path, inputs, expected)
+    except ConversionMismatchError as error:  # a degenerate model may go on to the twin
+        if not (trust_twin and isinstance(error, InconclusiveCheckError)):
+            raise gate_refusal(error, refusal, "no flatbuffer written") from None
+        trusted = {**error.diagnostics, "inconclusive": str(error)}
+    start = time.perf_counter()
     options = ConvertOptions(
-        gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps
-    )
+        gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps,
+        trust_twin=trust_twin,
+    )  # fmt: skip
     try:
         result = convert_onnx(onnx_path, out, target=target, inputs=inputs, options=options)
     except ConversionMismatchError as error:
-        raise FidelityError(f"{error}; no flatbuffer kept") from None
+        raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     provenance.record(out.parent, out.name, [onnx_path.name])
     report = ConvertReport.from_result(result, "lce", time.perf_counter() - start)
     lce_vs_torch = compare(expected, run_lce(result.output, inputs), RTOL)
     report.torch_argmax_agreement = lce_vs_torch.argmax_agreement
     report.torch_max_abs_diff = lce_vs_torch.max_abs_diff
     report.random_inputs = isinstance(samples, int)
+    report.trusted_twin = report.trusted_twin or trusted
+    if report.trusted_twin is not None:
+        warnings.warn(
+            f"{out}: the check on real weights could not decide (a degenerate model); "
+            "converted on the strength of the exact-grid twin alone (report.trusted_twin)",
+            stacklevel=2,
+        )
     return report
+
+
+def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.ndarray) -> None:
+    """ConversionMismatchError unless ONNX Runtime agrees with PyTorch (`expected`) on
+    `inputs`: through the export gate with its tie replay for a bnnexport model (its
+    binarizations are `Quantizer` modules), else with at most one differing prediction. An
+    InconclusiveCheckError instead when binarization inputs lie within rounding of zero by more
+    than ties could explain (`converters.gate.inconclusive`)."""
+    from bnnexport.export import onnx_gate
+    from bnnexport.quantizers import Quantizer
+    from converters.errors import ConversionMismatchError
+    from converters.validate import compare, run_onnx
+
+    if any(isinstance(m, Quantizer) for m in model.modules()):
+        try:
+            onnx_gate(model, onnx_path, inputs, expected)
+        except ConversionMismatchError as error:
+            raise explain_refusal(error, onnx_path, inputs) from None
+        return
+    plain = compare(expected, run_onnx(onnx_path, inputs), RTOL)
+    if round((1.0 - plain.argmax_agreement) * len(inputs)) > 1:
+        error = ConversionMismatchError(
+            f"ONNX Runtime disagrees with PyTorch on the exported {onnx_path}: argmax agreement "
+            f"{plain.argmax_agreement:.2%}, max |diff| {plain.max_abs_diff:.3g}",
+            {"comparison": "ONNX Runtime vs PyTorch", "samples": plain.samples,
+             "plain_argmax_agreement": plain.argmax_agreement,
+             "plain_max_abs_diff": plain.max_abs_diff},
+        )  # fmt: skip
+        raise explain_refusal(error, onnx_path, inputs)
 
 
 def _module_inputs(samples: Any, shape: tuple[int, ...]) -> np.ndarray:

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from bnnexport import provenance
-from bnnexport.errors import FidelityError
 from bnnexport.progress import Steps
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, load_checkpoint
@@ -119,13 +118,12 @@ def torch_outputs(model: torch.nn.Module, inputs: np.ndarray, batch: int = 250) 
     return np.concatenate(outs)
 
 
-def check_onnx(
+def onnx_gate(
     model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
 ) -> tuple[np.ndarray, GateReport]:
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
-    (`reference`); FidelityError (exit 1) when they disagree beyond sign ties."""
+    (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
     from bnnexport.torch_probe import TorchProbe
-    from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions, OnnxProbe, Witness, validate
 
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
@@ -138,14 +136,32 @@ def check_onnx(
         logits, values = probe.run(x)
         return logits, dict(zip(probe.sources, values, strict=True))
 
-    try:
-        gate = validate(
-            reference, candidate, inputs, GateOptions(rtol=RTOL), ("PyTorch", "ONNX Runtime"),
-            probe=lambda: TorchProbe(model, path), witness=Witness(run=onnx_witness),
-        )  # fmt: skip
-    except ConversionMismatchError as error:
-        raise FidelityError(f"{error}; the exported model is not kept") from None
+    gate = validate(
+        reference, candidate, inputs, GateOptions(rtol=RTOL), ("PyTorch", "ONNX Runtime"),
+        probe=lambda: TorchProbe(model, path), witness=Witness(run=onnx_witness),
+    )  # fmt: skip
     return candidate, gate
+
+
+def check_onnx(
+    model: torch.nn.Module,
+    path: Path,
+    inputs: np.ndarray,
+    reference: np.ndarray,
+    refusal: Path | None = None,
+) -> tuple[np.ndarray, GateReport]:
+    """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming `refusal`
+    (default: gate-refusal.json beside `path`), where its diagnostics go; an inconclusive check
+    (a degenerate model) says so."""
+    from bnnexport.refusals import REFUSAL_FILE, explain_refusal, gate_refusal
+    from converters.errors import ConversionMismatchError
+
+    try:
+        return onnx_gate(model, path, inputs, reference)
+    except ConversionMismatchError as error:
+        error = explain_refusal(error, path, inputs, escape="")  # export has no --trust-twin
+        refusal = refusal or path.parent / REFUSAL_FILE
+        raise gate_refusal(error, refusal, "the exported model is not kept") from None
 
 
 def export_onnx(
@@ -195,7 +211,7 @@ def export_onnx(
             )  # fmt: skip
         steps(f"check in ONNX Runtime against PyTorch on {len(inputs)} samples")
         reference = torch_outputs(model, inputs)
-        candidate, gate = check_onnx(model, path, inputs, reference)
+        candidate, gate = check_onnx(model, path, inputs, reference, run.root / "gate-refusal.json")
         import onnx
 
         binary = len(find_binary_layers(onnx.load(str(path))))

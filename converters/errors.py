@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 class ConverterError(Exception):
@@ -46,9 +47,21 @@ class InvalidModelError(ConverterError):
 
 
 class ConversionMismatchError(ConverterError):
-    """The converted model disagrees with its reference beyond the tolerance (the fidelity gate)."""
+    """The converted model disagrees with its reference beyond the tolerance (the fidelity gate).
+
+    `diagnostics` holds what the gate saw (`converters.gate.mismatch_diagnostics`), for the
+    caller to write beside the run: the message stays one line."""
 
     exit_code = 1
+
+    def __init__(self, message: str, diagnostics: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.diagnostics = diagnostics if diagnostics is not None else {}
+
+
+class InconclusiveCheckError(ConversionMismatchError):
+    """The real-weight check cannot decide: more binarization inputs lie within rounding of
+    zero than rounding ties could explain (a degenerate model, e.g. untrained BatchNorm)."""
 
 
 class FloatFallbackError(ConverterError):

@@ -21,13 +21,21 @@ logit range, either plainly or after a *sign-tie replay*:
   - at most `max(MIN_TIES, tie_fraction x size)` such positions per binarization and sample:
     rounding meets a handful, a converter bug meets thousands.
 
-- Ties may explain logit differences, not the predictions the reference is sure of: among the
-  samples whose top-1 margin is at least `confident_margin` of the logit range, the plain argmax
-  agreement (before any replay) must be at least `min_plain_agreement`, or at most one may
-  differ. (Untrained 1000-class models have near-flat logits: in an initialised Bi-Real-Net-18
-  at 224x224 single ties moved logits by up to 11 % of the range and changed 8 of 50
-  predictions, all with margins under 2.1 %; docs/BENCHMARKS.md "Conversion scaling".)
+- A tie is an accident of one sample's sums, so it does not recur: the same value (bit for
+  bit, in both runtimes) of one channel of one binarization decided differently on two
+  different inputs is a *fixed* value, a function of integer accumulators and parameters,
+  that the candidate decides by another rule wherever it occurs; never a tie. (The converter
+  with its tie-break removed does exactly that in BinaryNet: one BatchNorm threshold 1.6e-6
+  from an integer, 35 positions on 14 of 16 samples, each alone within rounding.)
+- There is no rule on plain agreement: a single tie early in a deep network may change a
+  prediction the reference is fairly sure of, and the replay judges that sample like any other.
+  How many such predictions changed is reported (`sure_predictions`, `sure_changed`).
 - Zero compared samples is a failure, not agreement 1.0.
+
+A refusal's `ConversionMismatchError.diagnostics` say what the gate saw
+(`mismatch_diagnostics`); `inconclusive` tells a degenerate model (binarization inputs within
+rounding of zero by the thousand, which no comparison on real weights can decide) from a
+wrong conversion.
 
 The report keeps the plain numbers beside the resolved ones (docs/ARCHITECTURE.md, "Conversion
 gate").
@@ -43,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -52,7 +61,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
-from converters.errors import ConversionMismatchError
+from converters.errors import ConversionMismatchError, InconclusiveCheckError
 from converters.graph import Graph, load_onnx
 from converters.patterns import binarizations_in
 from converters.runtimes import ort_session
@@ -61,8 +70,13 @@ from converters.validate import RTOL, check_input_shape, compare
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
 TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...
 MIN_TIES = 2  # ... or this many, whichever is larger, per sample
-MIN_PLAIN_AGREEMENT = 0.99  # ties may move logits, not predictions the reference is sure of
-CONFIDENT_MARGIN = 0.05  # ... i.e. whose top-1 margin is at least this fraction of the range
+# reported only: predictions whose reference top-1 margin is at least this fraction of the range
+CONFIDENT_MARGIN = 0.05
+# the advice's last option, for the callers that have it (convert, convert_module)
+TRUST_TWIN = (
+    ", or convert with --trust-twin (trust_twin=True) to decide on the exact-grid twin alone"
+)
+CENSUS_SAMPLES = 16  # refused samples searched for binarization inputs within rounding of zero
 
 
 @dataclass(frozen=True)
@@ -72,12 +86,7 @@ class GateOptions:
     rtol: float = RTOL
     tie_rtol: float = TIE_RTOL
     tie_fraction: float = TIE_FRACTION
-    min_plain_agreement: float = MIN_PLAIN_AGREEMENT
     confident_margin: float = CONFIDENT_MARGIN
-
-    def allowed_flips(self, samples: int) -> int:
-        """Most predictions that may differ before any replay, out of `samples`."""
-        return max(1, math.floor((1.0 - self.min_plain_agreement) * samples + 1e-9))
 
     def tie_bound(self, size: int) -> int:
         """Most tie positions allowed in one binarization input of `size` activations."""
@@ -133,8 +142,34 @@ class GateReport:
         return asdict(self)
 
 
+@dataclass
+class SignDiff:
+    """The signs of one binarization, on one sample, that a replay imposed against the
+    reference's own choice."""
+
+    source: str
+    positions: int
+    size: int
+    largest: float  # largest |x| / max |x| of the tensor among them, in either runtime
+    exact_zeros: int  # of them, exactly 0 (or -0.0) in both runtimes
+    reference_largest: float = 0.0  # as `largest`, in the reference alone
+    # (flat position, channel, reference value, candidate value) of each, in compute order
+    cells: list[tuple[int, int, float, float]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary, without the per-position cells."""
+        return {k: v for k, v in asdict(self).items() if k != "cells"}
+
+
 class _Mismatch(Exception):
     """A sample no sign-tie replay explains (turned into ConversionMismatchError)."""
+
+    def __init__(self, why: str, diffs: list[SignDiff] | None = None):
+        super().__init__(why)
+        self.diffs = diffs or []
+
+
+MAX_CELLS = 1000  # per binarization and sample: more is refused by the tie bound anyway
 
 
 def _matches(logits: np.ndarray, target: np.ndarray, tolerance: float) -> bool:
@@ -147,7 +182,7 @@ def _confident_flips(
     ref: np.ndarray, out: np.ndarray, tolerance: float, margin: float
 ) -> tuple[int, int]:
     """(samples whose reference top-1 margin is >= `margin` x the logit range, how many of them
-    the candidate predicts otherwise)."""
+    the candidate predicts otherwise). Reported, never a reason to refuse."""
     span = float(ref.max() - ref.min()) if ref.size else 0.0
     top = np.sort(ref, axis=1)
     sure = np.ones(len(ref), dtype=bool)  # one output: nothing to be unsure between
@@ -158,6 +193,52 @@ def _confident_flips(
     return int(sure.sum()), int((sure & changed).sum())
 
 
+def _relative(values: np.ndarray, at: np.ndarray) -> float:
+    """Largest |values[at]| over the largest |values| (inf for an all-zero tensor)."""
+    top = float(np.abs(values).max())
+    return float(np.abs(values[at]).max()) / top if top > 0 else math.inf
+
+
+def _sign_diff(source: str, their: np.ndarray, mine: np.ndarray, signs: np.ndarray) -> SignDiff:
+    """Where the imposed `signs` go against the reference's own (`mine`); `their` is the
+    candidate's value of the same binarization input."""
+    if their.size != mine.size:
+        raise _Mismatch(f"binarization input {source!r} has another size in the witness")
+    their = their.reshape(mine.shape)
+    differ = (signs.reshape(mine.shape) < 0) != (mine < 0)
+    count = int(differ.sum())
+    diff = SignDiff(source, count, int(mine.size), 0.0, 0)
+    if count:
+        diff.reference_largest = _relative(mine, differ)
+        diff.largest = max(diff.reference_largest, _relative(their, differ))
+        diff.exact_zeros = int(((mine == 0) & (their == 0) & differ).sum())
+        flat = np.flatnonzero(differ)[:MAX_CELLS]
+        channel = flat // (mine.size // mine.shape[0])  # axis 0: the channel (or the feature)
+        found = zip(flat, channel, mine.reshape(-1)[flat], their.reshape(-1)[flat], strict=True)
+        diff.cells = [(int(p), int(c), float(m), float(t)) for p, c, m, t in found]
+    return diff
+
+
+def _judge(diff: SignDiff, options: GateOptions, diffs: list[SignDiff]) -> None:
+    """_Mismatch unless every sign of `diff` is a rounding tie (module doc)."""
+    source, bound = diff.source, options.tie_bound(diff.size)
+    if diff.positions > bound:
+        raise _Mismatch(
+            f"{diff.positions} signs of {source!r} differ (at most {bound} of {diff.size} may "
+            "be rounding ties)", diffs,
+        )  # fmt: skip
+    if diff.exact_zeros:
+        raise _Mismatch(
+            f"an exact zero of {source!r} is binarized differently (a sign convention, not "
+            "rounding)", diffs,
+        )  # fmt: skip
+    if not diff.largest <= options.tie_rtol:
+        raise _Mismatch(
+            f"a sign of {source!r} differs at {diff.largest:.2g} of its largest value, not a tie",
+            diffs,
+        )
+
+
 def _replay(
     probe: SignProbe,
     witness: Witness,
@@ -165,8 +246,9 @@ def _replay(
     target: np.ndarray,
     tolerance: float,
     options: GateOptions,
-) -> tuple[np.ndarray, int, float]:
-    """Impose the witness's signs in the probe on one sample; (logits, positions, largest)."""
+) -> tuple[np.ndarray, list[SignDiff]]:
+    """Impose the witness's signs in the probe on one sample; (logits, the differing signs of
+    each binarization that has any)."""
     logits, witnessed = witness.run(x)
     if not _matches(logits, target, tolerance):
         raise _Mismatch("its witness computes other logits than the candidate itself")
@@ -176,35 +258,43 @@ def _replay(
     theirs = [np.asarray(witnessed[s]) for s in probe.sources]
     imposed = [np.where(witness.negative(v), -1.0, 1.0).astype(np.float32) for v in theirs]
     replayed, ours = probe.run(x, imposed)
-    positions, largest = 0, 0.0
+    diffs = []
     for source, their, mine, signs in zip(probe.sources, theirs, ours, imposed, strict=True):
-        if their.size != mine.size:
-            raise _Mismatch(f"binarization input {source!r} has another size in the witness")
-        their = their.reshape(mine.shape)
-        differ = (signs.reshape(mine.shape) < 0) != (mine < 0)
-        count = int(differ.sum())
-        if not count:
-            continue
-        if count > options.tie_bound(mine.size):
-            raise _Mismatch(
-                f"{count} signs of {source!r} differ (at most {options.tie_bound(mine.size)} "
-                f"of {mine.size} may be rounding ties)"
-            )
-        if np.any((mine[differ] == 0) & (their[differ] == 0)):
-            raise _Mismatch(
-                f"an exact zero of {source!r} is binarized differently (a sign convention, "
-                "not rounding)"
-            )
-        ratio = max(float(np.abs(v[differ]).max()) / float(np.abs(v).max()) for v in (mine, their))
-        if not ratio <= options.tie_rtol:
-            raise _Mismatch(
-                f"a sign of {source!r} differs at {ratio:.2g} of its largest value, not a tie"
-            )
-        positions, largest = positions + count, max(largest, ratio)
+        diff = _sign_diff(source, their, mine, signs)
+        if diff.positions:
+            diffs.append(diff)
+            _judge(diff, options, diffs)
     if not _matches(replayed, target, tolerance):
         worst = float(np.abs(replayed.reshape(-1) - target.reshape(-1)).max())
-        raise _Mismatch(f"with the candidate's signs the reference still differs by {worst:.3g}")
-    return replayed, positions, largest
+        raise _Mismatch(
+            f"with the candidate's signs the reference still differs by {worst:.3g}", diffs
+        )
+    return replayed, diffs
+
+
+class _Recurrence:
+    """Remembers, over every replayed sample, each (binarization, channel, reference value,
+    candidate value) a replay decided differently, and on which inputs: a rounding tie does
+    not recur on another input. (Within one input a value may appear at several positions as
+    copies of one computation: a max-pool's overlapping windows pick the same element.)"""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, int, float, float], dict[str, int]] = {}
+
+    def add(self, row: int, x: np.ndarray, diffs: list[SignDiff]) -> None:
+        """Record sample `row` (input `x`); _Mismatch at the first value seen on two inputs."""
+        digest = hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()
+        for diff in diffs:
+            for _position, channel, mine, their in diff.cells:
+                where = self.seen.setdefault((diff.source, channel, mine, their), {})
+                where.setdefault(digest, row)
+                if len(where) > 1:
+                    raise _Mismatch(
+                        f"the same value of {diff.source!r} channel {channel} ({mine:.3g}; "
+                        f"{their:.3g} in the candidate) is binarized differently on samples "
+                        f"{sorted(where.values())}: a fixed value decided by another rule, "
+                        "not a rounding tie (ties do not recur)", diffs,
+                    )  # fmt: skip
 
 
 def validate(
@@ -220,7 +310,9 @@ def validate(
 
     `probe` builds the reference's `SignProbe` (only when a sample needs a replay) and
     `witness` is the candidate's; without them every sample must agree plainly.
-    Raises `ConversionMismatchError` naming the worst sample and what failed.
+    Raises `ConversionMismatchError` naming the worst sample and what failed; its
+    `diagnostics` say which samples, which binarization first differs, how many positions and
+    how far from zero (`mismatch_diagnostics`).
     """
     what = f"{names[1]} vs {names[0]}"
     if len(reference) == 0 or len(candidate) == 0:
@@ -243,33 +335,135 @@ def validate(
         f"plain argmax agreement {plain.argmax_agreement:.2%} on {plain.samples} samples, "
         f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
     )
-    if flips > options.allowed_flips(sure):
-        raise ConversionMismatchError(
-            f"{what} disagree: {numbers}; sign ties may move logits, not predictions: "
-            f"{flips} of the {sure} predictions the reference is sure of differ (at least "
-            f"{options.min_plain_agreement:.0%} must agree before any replay, or all but one)"
-        )
     if probe is None or witness is None:
-        raise ConversionMismatchError(f"{what} disagree on {len(failing)} samples: {numbers}")
+        raise ConversionMismatchError(
+            f"{what} disagree on {len(failing)} samples: {numbers}",
+            mismatch_diagnostics(report, failing, None, "no replay: every sample must agree"),
+        )
     resolved = ref.copy()
-    sign_probe = probe()
+    sign_probe, recurrence = probe(), _Recurrence()
     for row in failing:
         sample = np.asarray(inputs[row], np.float32)
         try:
-            logits, positions, largest = _replay(
-                sign_probe, witness, sample, out[row], plain.tolerance, options
-            )
+            logits, diffs = _replay(sign_probe, witness, sample, out[row], plain.tolerance, options)
+            recurrence.add(row, sample, diffs)
         except _Mismatch as why:
+            details = mismatch_diagnostics(report, failing, row, str(why), why.diffs)
             raise ConversionMismatchError(
-                f"{what} disagree on sample {row} ({why}); {numbers}"
+                f"{what} disagree on sample {row} ({why}); {numbers}", details
             ) from None
         resolved[row] = logits.reshape(-1)
         report.tie_samples.append(row)
-        report.tie_positions += positions
-        report.tie_largest = max(report.tie_largest, largest)
+        report.tie_positions += sum(d.positions for d in diffs)
+        report.tie_largest = max([report.tie_largest, *(d.largest for d in diffs)])
     after = compare(resolved, out, options.rtol)
     report.argmax_agreement, report.max_abs_diff = after.argmax_agreement, after.max_abs_diff
     return report
+
+
+def mismatch_diagnostics(
+    report: GateReport,
+    failing: list[int],
+    sample: int | None,
+    why: str,
+    diffs: list[SignDiff] | tuple[SignDiff, ...] = (),
+) -> dict[str, Any]:
+    """What a refusal shows (written next to the run by bnnexport): the plain numbers, the
+    samples that failed the plain comparison, the sample refused and why, and per binarization
+    of that sample (compute order) how many signs the candidate took differently and how far
+    from zero; samples resolved before it are `report.tie_samples`."""
+    return {
+        "comparison": f"{report.candidate} vs {report.reference}",
+        "samples": report.samples,
+        "plain_argmax_agreement": report.plain_argmax_agreement,
+        "plain_max_abs_diff": report.plain_max_abs_diff,
+        "tolerance": report.tolerance,
+        "failing_samples": failing,
+        "resolved_samples": list(report.tie_samples),
+        "refused_sample": sample,
+        "why": why,
+        "first_differing_binarization": diffs[0].source if diffs else None,
+        "binarizations": [d.to_json() for d in diffs],
+    }
+
+
+def near_zero_census(
+    probe: SignProbe, inputs: np.ndarray, options: GateOptions
+) -> list[dict[str, Any]]:
+    """Per sample of `inputs` and binarization, the inputs of the binarization that lie within
+    rounding of zero in `probe` (|x| <= tie_rtol x its largest |x|, exact zeros included),
+    where they are more than the replay could call ties (`GateOptions.tie_bound`): there the
+    real-weight check cannot decide (a degenerate model, e.g. untrained BatchNorm)."""
+    found = []
+    for row, x in enumerate(np.asarray(inputs, np.float32)):
+        _, values = probe.run(x)
+        for source, value in zip(probe.sources, values, strict=True):
+            top = float(np.abs(value).max())
+            near = np.abs(value) <= options.tie_rtol * top
+            count = int(near.sum())
+            if count > options.tie_bound(value.size):
+                found.append(
+                    {"sample": row, "binarization": source, "near_zero": count,
+                     "exact_zeros": int((value == 0).sum()), "size": int(value.size),
+                     "tie_bound": options.tie_bound(value.size)}
+                )  # fmt: skip
+    return found
+
+
+def _about_rounding(diagnostics: dict[str, Any], options: GateOptions) -> bool:
+    """Whether a refusal is one that values within rounding of zero can cause: at every sign
+    the refused sample's replay found different, the reference's own value lies within
+    `tie_rtol` of zero (the candidate's may not: the translator moves an integer accumulator's
+    exact 0 half a step, `converters.tf_ops.tie_break_bias`), or the witness itself rounded
+    the other way. Without a replay (no `binarizations` recorded) it cannot be told, so it may
+    be."""
+    if "binarizations" not in diagnostics:
+        return True
+    if str(diagnostics.get("why", "")).startswith("its witness computes other logits"):
+        return True
+    found = diagnostics["binarizations"]
+    return bool(found) and all(d["reference_largest"] <= options.tie_rtol for d in found)
+
+
+def inconclusive(
+    error: ConversionMismatchError,
+    probe: SignProbe,
+    inputs: np.ndarray,
+    rows: list[int],
+    options: GateOptions,
+    twin: str | None = None,
+    escape: str = TRUST_TWIN,
+) -> InconclusiveCheckError | None:
+    """The InconclusiveCheckError explaining `error`, a refusal on samples `rows` of `inputs`
+    that rounding can cause (`_about_rounding`), when on one of them more binarization inputs
+    lie within rounding of zero in the reference (`probe`) than ties could explain: no
+    comparison on real weights can decide such a model (`near_zero_census`). None otherwise.
+    `error.diagnostics` gets `twin`, the exact-grid twin's verdict in words, when known, and
+    the census when taken. `escape` ends the advice (the option that converts such a model
+    anyway, where the caller has one)."""
+    if twin is not None:
+        error.diagnostics["twin"] = twin
+    rows = list(rows)[:CENSUS_SAMPLES]
+    if not _about_rounding(error.diagnostics, options):
+        return None  # a sign far from zero, or logits off: wrong however the model rounds
+    census = near_zero_census(probe, np.asarray(inputs)[rows], options)
+    for found in census:
+        found["sample"] = rows[found["sample"]]
+    error.diagnostics["near_zero"] = census[:50]
+    if not census:
+        return None
+    first = census[0]
+    verdict = "" if twin is None else f"; the exact-grid twin {twin}"
+    line = (
+        f"{error.diagnostics.get('comparison', 'the check')} cannot be decided on real weights: "
+        f"{first['near_zero']} of {first['size']} inputs of binarization "
+        f"{first['binarization']!r} lie within rounding of zero on sample {first['sample']} "
+        f"({first['exact_zeros']} exactly 0; ties explain at most {first['tie_bound']}), and "
+        "each runtime rounds them its own way; the usual cause is BatchNorm with its default "
+        "statistics (an untrained model): train it first, or randomise BatchNorm as "
+        f"`bnnexport init` does{escape}{verdict}"
+    )
+    return InconclusiveCheckError(line, error.diagnostics)
 
 
 class OnnxProbe:

@@ -39,13 +39,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from converters.errors import ConverterError, FloatFallbackError, ZeroSignError
+from converters.errors import (
+    ConversionMismatchError,
+    ConverterError,
+    FloatFallbackError,
+    ZeroSignError,
+)
 from converters.gate import (
     GateOptions,
     GateReport,
     OnnxProbe,
     SignProbe,
     Witness,
+    inconclusive,
     signbit_negative,
     validate,
 )
@@ -106,6 +112,8 @@ class ConversionResult:
     twin: list[GateReport] = field(default_factory=list)
     float_fallbacks: list[str] = field(default_factory=list)
     normalized: NormalizeReport = field(default_factory=NormalizeReport)
+    # with `trust_twin`: why the real-weight check was inconclusive (None: it decided)
+    trusted_twin: dict | None = None
 
     def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
         """The gate report comparing `candidate` with `reference`, if that check ran."""
@@ -218,6 +226,9 @@ class ConvertOptions:
     twin: bool = True
     batch: int = 1
     disabled_rewrites: tuple[str, ...] = ()
+    # convert a model the real-weight check cannot decide (InconclusiveCheckError) when the
+    # exact-grid twin passes; the result's `trusted_twin` records it
+    trust_twin: bool = False
     # called with a short line as each step starts (a progress display); None: silent
     on_step: Callable[[str], None] | None = None
 
@@ -397,7 +408,7 @@ def check_twin(
     x = grid_inputs(inputs[:TWIN_SAMPLES])
     flatbuffer, _, _ = _translate(twin, float_model=False)
     lce_out = run_lce(flatbuffer, x)
-    strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL), min_plain_agreement=1.0)
+    strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
     names = ("ONNX Runtime twin", "LCE twin")
     reports = [validate(run_onnx(twin.SerializeToString(), x), lce_out, x, strict, names)]
     for ref in references:
@@ -469,13 +480,18 @@ def convert_onnx(
         inputs = random_inputs(info.input_shapes[0])
     options.step(f"gate: LCE against {len(references) + 1} reference(s) on {len(inputs)} samples")
     check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
-    gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references, options,
-                   write_float_tflite is not None)  # fmt: skip
+    twin: list[GateReport] | None = None
+    trusted = None
+    try:
+        gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references,
+                       options, write_float_tflite is not None)  # fmt: skip
+    except ConversionMismatchError as error:
+        gates, twin, trusted = _refused(error, model, inputs, references, options)
     # the gate's ONNX Runtime sessions and interpreters, before the twin's
     release_memory(model.ByteSize())
-    if options.twin:
+    if options.twin and twin is None:
         options.step("exact-grid twin: convert and compare")
-    twin = check_twin(model, inputs, references, options.gate) if options.twin else []
+        twin = check_twin(model, inputs, references, options.gate)
     if normalized.batch is not None and options.batch != 1:
         options.step(f"convert again at batch {options.batch}")
         original = load_onnx(onnx_path)
@@ -500,10 +516,51 @@ def convert_onnx(
         float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
         seconds=time.perf_counter() - start,
         gates=gates,
-        twin=twin,
+        twin=twin or [],
         float_fallbacks=allowed,
         normalized=normalized,
+        trusted_twin=trusted,
     )
+
+
+def _twin_verdict(
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: ConvertOptions,
+) -> tuple[list[GateReport] | None, str]:
+    """(the twin's reports, or None when it failed or did not run; what it said, in words)."""
+    if not options.twin:
+        return None, "not run (twin check disabled)"
+    options.step("exact-grid twin: convert and compare")
+    try:
+        reports = check_twin(model, inputs, references, options.gate)
+    except ConversionMismatchError as error:
+        return None, f"failed: {error}"
+    worst = max(r.max_abs_diff for r in reports)
+    return reports, f"passed ({len(reports)} comparisons, no tie, max |diff| {worst:.3g})"
+
+
+def _refused(
+    error: ConversionMismatchError,
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: ConvertOptions,
+) -> tuple[list[GateReport], list[GateReport] | None, dict]:
+    """After the real-weight gate refused: run the twin and raise `error`, with the twin's
+    verdict in its diagnostics, or the InconclusiveCheckError that explains it (a degenerate
+    model, `converters.gate.inconclusive`). With `options.trust_twin`, an inconclusive model
+    whose twin passes is accepted: returns (no gate reports, the twin's, the record)."""
+    twin, said = _twin_verdict(model, inputs, references, options)
+    rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
+    found = inconclusive(error, OnnxProbe(model), inputs, rows, options.gate, said)
+    if found is None:
+        raise error
+    if not (options.trust_twin and twin is not None):
+        raise found from None
+    options.step("real-weight check inconclusive: accepted on the exact-grid twin (--trust-twin)")
+    return [], twin, {**found.diagnostics, "inconclusive": str(found)}
 
 
 def _rebatch(
@@ -514,7 +571,7 @@ def _rebatch(
     difference beyond the tolerance is a translation error."""
     model, _ = normalize(original, options.batch, options.disabled_rewrites)
     flatbuffer, float_flatbuffer, _ = _translate(model, float_model=True)
-    strict = GateOptions(rtol=options.gate.rtol, min_plain_agreement=1.0)
+    strict = GateOptions(rtol=options.gate.rtol)  # no probe: every sample must agree plainly
     names = ("LCE batch 1", f"LCE batch {options.batch}")
     report = validate(run_lce(gated, inputs), run_lce(flatbuffer, inputs), inputs, strict, names)
     return flatbuffer, float_flatbuffer, report

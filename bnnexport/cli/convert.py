@@ -66,6 +66,14 @@ from bnnexport.cli.common import (
     help="Skip one pass of the normalising front end (e.g. bitorch-sign); repeatable. "
     "A diagnostic: the conversion then names the node that pass would rewrite.",
 )
+@click.option(
+    "--trust-twin",
+    is_flag=True,
+    help="When the check on real weights cannot decide because more binarization inputs lie "
+    "within rounding of zero than ties explain (a degenerate model, e.g. untrained "
+    "BatchNorm), convert on the strength of the exact-grid twin alone; the report's "
+    "trusted_twin says so. Any other refusal still exits 1.",
+)
 @json_option
 @handle_errors
 @locks_run("source")
@@ -78,6 +86,7 @@ def convert_command(
     batch_twin: int | None,
     batch: int,
     disabled: tuple[str, ...],
+    trust_twin: bool,
     as_json: bool,
 ) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
@@ -89,9 +98,9 @@ def convert_command(
     and inputs on power-of-two grids, so every sum is exact) is converted too and must agree with no
     sign tie at all. Exit 1, keeping no flatbuffer, when a sample differs by more than 1e-4 of the
     logit range, unless replaying LCE's own signs explains it by a few rounding ties (listed under
-    tie_samples; an exact 0 in both runtimes never counts), or when more than 1 % of the predictions
-    the reference is sure of (top-1 margin >= 5 % of the logit range; and more than one) differ
-    before any replay. An unsupported ONNX op exits 2, naming the node and its op type.
+    tie_samples; an exact 0 in both runtimes never counts, nor does the same value decided
+    differently twice); the error line names gate-refusal.json, which says why. An unsupported
+    ONNX op exits 2, naming the node and its op type.
 
     Any ONNX file is first normalised: bitorch's, Brevitas' (QONNX BipolarQuant and plain),
     ReActNet/Bi-Real/IR-Net's and tf2onnx's binarizations become one canonical form, weights
@@ -117,6 +126,7 @@ def convert_command(
         batch_twin=batch_twin,
         batch=batch,
         disabled_rewrites=disabled,
+        trust_twin=trust_twin,
         progress=False if as_json else None,
     )
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

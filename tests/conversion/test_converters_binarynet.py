@@ -88,7 +88,12 @@ def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
 
 def test_binarynet_without_the_exact_zero_tie_break_is_refused(tmp_path, monkeypatch):
     """The mutation the gate once let through (193 of 200 samples called "sign ties", real
-    agreement 0.32): LCE binarizing exact zeros its own way must end in exit 1, no flatbuffer."""
+    agreement 0.32): LCE binarizing by its own rounding the values at a BatchNorm threshold
+    1.6e-6 from an integer. Each such sign alone is within rounding of zero; the same value
+    decided differently on sample after sample is not a tie: exit 1, no flatbuffer, and the
+    diagnostics file the line names says where (the twin, exact, passes)."""
+    import json
+
     from click.testing import CliRunner
 
     import converters.tf_ops
@@ -101,4 +106,11 @@ def test_binarynet_without_the_exact_zero_tie_break_is_refused(tmp_path, monkeyp
     result = CliRunner().invoke(main, ["convert", str(path)])
     assert result.exit_code == 1, result.output
     assert "no flatbuffer kept" in result.stderr and len(result.stderr.splitlines()) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["binarynet.onnx"]
+    assert "not a rounding tie" in result.stderr, result.stderr
+    assert not list(tmp_path.glob("*.tflite"))
+    refusal = tmp_path / "binarynet-arm64-gate-refusal.json"
+    assert str(refusal) in result.stderr
+    details = json.loads(refusal.read_text())
+    assert details["first_differing_binarization"] == "/conv_bns.2/BatchNormalization_output_0"
+    assert details["binarizations"][0]["largest"] < 1e-5  # each alone within rounding
+    assert details["twin"].startswith("passed"), details["twin"]

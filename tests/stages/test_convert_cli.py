@@ -112,7 +112,13 @@ def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
     result = invoke("convert", path)
     assert result.exit_code == 1
     assert "LCE vs ONNX Runtime disagree" in result.stderr and "no flatbuffer kept" in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]
+    refusal = tmp_path / "net-arm64-gate-refusal.json"  # the diagnostics, named in the line
+    assert f"diagnostics in {refusal}" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert json.loads(refusal.read_text())["comparison"] == "LCE vs ONNX Runtime"
+    assert not list(tmp_path.glob("*.tflite"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "net-arm64-gate-refusal.json", "net.onnx", "provenance.json"
+    ]  # fmt: skip
 
 
 def test_truncated_onnx_exits_2_with_one_line(tmp_path):

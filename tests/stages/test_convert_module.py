@@ -58,3 +58,45 @@ def test_samples_of_another_shape_are_refused_in_one_line(tmp_path):
         convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
                        samples=torch.zeros(2, 3, 8, 8))  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+def _fresh_mnist_bnn():
+    """mnist-bnn as `create_model` builds it: BatchNorm with its default statistics, so the
+    folded ±1 kernels' integer sums of 0 come out of each runtime as its own rounding."""
+    from bnnexport import create_model
+
+    torch.manual_seed(0)
+    return create_model("mnist-bnn").eval(), torch.zeros(1, 1, 28, 28)
+
+
+def test_a_fresh_model_is_refused_as_degenerate_saying_where_and_what_to_do(tmp_path):
+    import json
+
+    from bnnexport.errors import FidelityError
+
+    model, example = _fresh_mnist_bnn()
+    with pytest.raises(FidelityError) as refused:
+        convert_module(model, example, out=tmp_path / "m.tflite")
+    line = str(refused.value)
+    assert refused.value.exit_code == 1 and "\n" not in line
+    assert "cannot be decided on real weights" in line and "within rounding of zero" in line
+    assert "'/features/features.4/MaxPool_output_0'" in line and "on sample 0" in line
+    assert "BatchNorm with its default statistics" in line and "train it first" in line
+    assert "randomise BatchNorm as `bnnexport init` does" in line and "trust_twin" in line
+    assert "exporter" not in line  # the export is not to blame
+    details = json.loads((tmp_path / "m-gate-refusal.json").read_text())
+    assert str(tmp_path / "m-gate-refusal.json") in line
+    assert details["near_zero"][0]["near_zero"] > details["near_zero"][0]["tie_bound"]
+    assert not (tmp_path / "m.tflite").exists()
+
+
+@pytest.mark.long  # a conversion and its twin: ~50 s on a loaded machine
+def test_trust_twin_converts_a_degenerate_model_and_says_so(tmp_path):
+    model, example = _fresh_mnist_bnn()
+    with pytest.warns(UserWarning, match="exact-grid twin alone"):
+        report = convert_module(model, example, out=tmp_path / "m.tflite", trust_twin=True)
+    assert report.trusted_twin is not None
+    assert "cannot be decided on real weights" in report.trusted_twin["inconclusive"]
+    assert report.lce_bconv2d == report.binary_layers == 3
+    assert report.twin_checks and all(c["max_abs_diff"] <= c["tolerance"] for c in
+                                      report.twin_checks)  # fmt: skip

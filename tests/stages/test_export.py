@@ -75,6 +75,8 @@ def test_disagreement_exits_1_and_keeps_the_previous_onnx(tmp_path, monkeypatch)
     assert result.exit_code == 1
     assert result.stderr.startswith("bnnexport: error: ONNX Runtime vs PyTorch disagree")
     assert "plain argmax agreement" in result.stderr
+    assert f"diagnostics in {run / 'gate-refusal.json'}" in result.stderr
+    assert json.loads((run / "gate-refusal.json").read_text())["refused_sample"] is not None
     assert (run / "model.onnx").read_bytes() == before
 
 

@@ -181,8 +181,7 @@ def _native_through_both_gates(run, name: str, samples: int, input_shape=None):
     converted = convert_run(run, target="arm64")
     assert converted.lce_bconv2d == converted.binary_layers == 16, converted.op_histogram
     floor = GateOptions()
-    for check in converted.checks:  # ties move logits, not sure predictions; resolved: all agree
-        assert check["sure_changed"] <= floor.allowed_flips(check["sure_predictions"]), check
+    for check in converted.checks:  # after the replay every sample agrees
         assert check["argmax_agreement"] == 1.0 and check["tie_largest"] <= floor.tie_rtol
     assert converted.twin_max_abs_diff is not None
     return converted
