@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -72,7 +73,10 @@ def test_identity_describes_this_machine(sshd):
         identity.machine
         == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
     )
-    assert identity.cores == int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    # nproc obeys OMP_NUM_THREADS (make test sets it), the shell sshd starts does not inherit it
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    cores = subprocess.run(["nproc"], capture_output=True, text=True, env=plain).stdout
+    assert identity.cores == int(cores)
     assert identity.cpu_model not in ("", "unknown")
     assert identity.os != "unknown"
 
