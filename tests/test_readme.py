@@ -22,6 +22,7 @@ def readme_example() -> str:
     return block.group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_readme_convert_module_example_runs_and_prints_what_it_says(tmp_path):
     code = readme_example()
@@ -110,6 +111,7 @@ def _exec_in(code: str, folder: Path) -> tuple[str, dict]:
     return printed.getvalue(), namespace
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_readme_own_model_example_finds_its_kernels_and_trains_them_with_bop(tmp_path):
     """Fast: the example up to the conversion, on a few large batches."""

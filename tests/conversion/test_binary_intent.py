@@ -54,6 +54,7 @@ def test_a_sign_kernel_with_exact_zeros_is_refused_by_convert_and_verify(tmp_pat
     assert "sign(w) maps 0 to 0" in result.stdout
 
 
+@pytest.mark.slow
 def test_allow_float_keeps_such_a_layer_float_on_purpose(tmp_path):
     torch.manual_seed(0)
     path = export(SignedWeight(1), (1, 1, 8, 8), tmp_path / "mine.onnx")
@@ -64,6 +65,7 @@ def test_allow_float_keeps_such_a_layer_float_on_purpose(tmp_path):
     assert report["float_fallbacks"] == [layer] and report["lce_bconv2d"] == 0
 
 
+@pytest.mark.slow
 def test_the_same_model_without_zeros_is_binary_for_both(tmp_path):
     torch.manual_seed(0)
     path = export(SignedWeight(0), (1, 1, 8, 8), tmp_path / "mine.onnx")

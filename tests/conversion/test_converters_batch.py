@@ -98,6 +98,7 @@ def test_twin_is_named_after_the_batch_1_file():
     assert twin_path("runs/x/model-arm64.tflite", 64).name == "model-arm64-b64.tflite"
 
 
+@pytest.mark.slow
 def test_convert_run_writes_a_gated_twin(trained_run):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx

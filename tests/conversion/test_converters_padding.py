@@ -228,6 +228,7 @@ GRID = [
 ]
 
 
+@pytest.mark.slow
 def test_every_plan_on_a_grid_is_torchs_arithmetic():
     """All four strategies over sizes 1-7, kernels 1-3, strides 1-2, dilations 1-2 and ten
     paddings: the emitted arithmetic equals torch's, the SAME forms' pads are TF's SAME rule

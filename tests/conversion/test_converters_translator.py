@@ -26,6 +26,7 @@ def _chain(op_types: list[str]) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.slow
 def test_a_graph_deeper_than_the_recursion_limit_translates(monkeypatch):
     """Translation walks the graph iteratively: a chain of 2,500 nodes under a recursion limit
     of 1,000 that nothing may raise (the recursive translator needed one frame per node)."""

@@ -395,6 +395,7 @@ def test_a_constant_pad_before_a_transpose_moves_below_it_with_its_pads_permuted
     assert_exact(before, after, inputs(shape=NHWC))
 
 
+@pytest.mark.slow
 def test_the_one_padded_tf2onnx_conv_converts_to_lce_bconv2d(tmp_path):
     from converters.errors import FloatFallbackError
 
@@ -510,6 +511,7 @@ def test_a_reshape_that_only_moves_unit_axes_becomes_a_transpose():
     assert_exact(before, after, inputs(shape=ALEX))
 
 
+@pytest.mark.slow
 def test_alexnet_dense_layers_convert_to_lce_bconv2d(tmp_path):
     """A 1x1 conv on a 1x1 input is still a conv to LCE: both layers become LceBconv2d.
 
@@ -600,6 +602,7 @@ def test_a_relu_sum_that_is_not_a_prelu_stays(kwargs):
     assert "PRelu" not in ops(after) and "keras-prelu" not in report.applied
 
 
+@pytest.mark.slow
 def test_keras_prelu_after_a_binary_conv_converts_to_one_prelu_op(tmp_path):
     binarize = [const("zero", np.float32(0)), const("one", np.float32(1)),
                 const("minus", np.float32(-1)),

@@ -46,6 +46,7 @@ def exported(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", _params(ROWS, long=True))
 def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, exported):
     from bnnexport.verify import verify_onnx
@@ -113,6 +114,7 @@ def larq_like(tmp_path_factory):
     return path, shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 def test_tf2onnx_larq_graph_converts_at_the_batch_given(larq_like, batch):
     from converters.lce import ConvertOptions, convert_onnx
@@ -128,6 +130,7 @@ def test_tf2onnx_larq_graph_converts_at_the_batch_given(larq_like, batch):
     assert {"transpose-binarized", "transpose-sink"} <= set(result.normalized.applied)
 
 
+@pytest.mark.slow
 def test_tf2onnx_without_moving_its_transposes_refuses_in_one_line(larq_like):
     path, _ = larq_like
     result = CliRunner().invoke(

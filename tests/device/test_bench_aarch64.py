@@ -77,6 +77,7 @@ def _bench(run, arm_device, binary, *args):
     return CliRunner().invoke(bench_command, argv)
 
 
+@pytest.mark.slow
 def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp_path):
     binary = _binary(arm_device, tmp_path)
     # the acceptance command: accuracy, the op profile by layer, two thread counts

@@ -90,6 +90,7 @@ def test_login_takes_only_the_session_key(arm_device):
         arm_device.client(identity_file=arm_device.other_key).run(["true"])
 
 
+@pytest.mark.slow
 def test_upload_round_trip_and_cleanup(arm_device, tmp_path):
     client = arm_device.client()
     (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 64)
@@ -106,6 +107,7 @@ def test_upload_round_trip_and_cleanup(arm_device, tmp_path):
     assert arm_device.leftovers() == []
 
 
+@pytest.mark.slow
 def test_x86_binary_is_refused_before_upload(arm_device, tiny_flatbuffer):
     if platform.machine() != "x86_64":
         pytest.skip("needs an x86_64 host binary to upload")
@@ -114,6 +116,7 @@ def test_x86_binary_is_refused_before_upload(arm_device, tiny_flatbuffer):
     assert arm_device.leftovers() == []
 
 
+@pytest.mark.slow
 def test_x86_binary_on_the_device_path_is_refused(arm_device, tiny_flatbuffer):
     if platform.machine() != "x86_64":
         pytest.skip("needs an x86_64 host binary to place on the device")
@@ -126,6 +129,7 @@ def test_x86_binary_on_the_device_path_is_refused(arm_device, tiny_flatbuffer):
     assert arm_device.leftovers() == []
 
 
+@pytest.mark.slow
 def test_python_runner_is_refused_without_lce_on_aarch64(arm_device, tiny_flatbuffer):
     client = arm_device.client()
     assert client.run(["python3", "-c", "import numpy"], timeout=120).returncode == 0
@@ -137,6 +141,7 @@ def test_python_runner_is_refused_without_lce_on_aarch64(arm_device, tiny_flatbu
 # --- accuracy with lce_benchmark_model: the stand-in -----------------------------------------
 
 
+@pytest.mark.slow
 def test_stand_in_outputs_come_back_in_sample_order(arm_device, stand_in):
     samples = 6  # two chunks of 4, the last one padded: order, padding and joining all show
     print("\nlce_benchmark_model: the aarch64 Python stand-in (protocol only)")
@@ -163,6 +168,7 @@ def test_stand_in_outputs_come_back_in_sample_order(arm_device, stand_in):
     assert arm_device.leftovers() == []
 
 
+@pytest.mark.slow
 def test_wrong_input_shape_aborts_and_cleans_up(arm_device, stand_in):
     make, graph, _ = stand_in
     inputs = np.zeros((8, 1, 3, 2), np.float32)
@@ -178,6 +184,7 @@ def test_wrong_input_shape_aborts_and_cleans_up(arm_device, stand_in):
     assert arm_device.leftovers() == []
 
 
+@pytest.mark.slow
 def test_outputs_of_the_wrong_size_are_refused(arm_device, stand_in, tmp_path):
     make, _, _ = stand_in
     graph = tmp_path / "model-12-classes.json"
@@ -189,6 +196,7 @@ def test_outputs_of_the_wrong_size_are_refused(arm_device, stand_in, tmp_path):
     assert arm_device.leftovers() == []
 
 
+@pytest.mark.slow
 def test_binary_without_output_filepath_gives_latency_and_one_note(arm_device, stand_in):
     make, graph, log = stand_in
     job = AccuracyJob(graph, np.zeros((4, 1, 3, 2), np.float32), 4, 10)

@@ -45,6 +45,7 @@ def stand_in_bin(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_binary_on_the_device_path_is_run_with_the_uploaded_graph(
     sshd, tiny_flatbuffer, stand_in_bin
 ):
@@ -57,6 +58,7 @@ def test_binary_on_the_device_path_is_run_with_the_uploaded_graph(
     assert _leftovers(sshd) == []
 
 
+@pytest.mark.slow
 def test_uploaded_binary_is_used(sshd, tiny_flatbuffer, stand_in_bin):
     result, raw = run_lce_benchmark(
         sshd.client(), tiny_flatbuffer, binary=stand_in_bin / "lce_benchmark_model"
@@ -66,6 +68,7 @@ def test_uploaded_binary_is_used(sshd, tiny_flatbuffer, stand_in_bin):
     assert _leftovers(sshd) == []
 
 
+@pytest.mark.slow
 def test_missing_binary_on_the_device(sshd, tiny_flatbuffer):
     with pytest.raises(MissingBinaryError, match="not on the PATH") as info:
         run_lce_benchmark(sshd.client(), tiny_flatbuffer)
@@ -91,6 +94,7 @@ def test_aarch64_binary_on_an_x86_device_is_refused_before_upload(sshd, tiny_fla
     assert _leftovers(sshd) == []
 
 
+@pytest.mark.slow
 def test_failing_binary_is_a_one_line_error(sshd, tmp_path, stand_in_bin):
     missing_graph = tmp_path / "model.tflite"
     missing_graph.write_bytes(b"")
@@ -102,6 +106,7 @@ def test_failing_binary_is_a_one_line_error(sshd, tmp_path, stand_in_bin):
     assert _leftovers(sshd) == []
 
 
+@pytest.mark.slow
 def test_binary_past_the_timeout_is_stopped_on_the_device(sshd, tiny_flatbuffer, stand_in_bin):
     script = stand_in_bin / "lce_benchmark_model"
     script.write_text("#!/bin/sh\nsleep 300\n")

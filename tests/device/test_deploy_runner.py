@@ -46,6 +46,7 @@ def test_layout_follows_the_model():
         runner.match_layout(nchw, [1, 28, 28, 1])
 
 
+@pytest.mark.slow
 def test_runner_as_a_copied_script(tiny_flatbuffer, tiny_samples, tmp_path):
     """Copied alone into a directory and run with -I (no project on sys.path), as on a device."""
     copy = tmp_path / "runner.py"

@@ -38,6 +38,7 @@ def test_failed_remote_command_is_one_line_error(sshd):
     assert "\n" not in str(info.value) and "broken" in str(info.value)
 
 
+@pytest.mark.slow
 def test_workdir_is_made_under_remote_tmp_and_removed(sshd):
     client = sshd.client()
     with client.workdir() as work:
@@ -54,6 +55,7 @@ def test_workdir_is_removed_when_the_body_fails(sshd):
     assert _leftovers(sshd) == []
 
 
+@pytest.mark.slow
 def test_put_and_get_round_trip(sshd, tmp_path):
     client = sshd.client()
     (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 40)
@@ -104,6 +106,7 @@ def test_unknown_host_key_is_refused_because_checking_stays_on(sshd, tmp_path):
         sshd.client(options=options).run(["true"])
 
 
+@pytest.mark.slow
 def test_remote_runner_measures_latency_and_accuracy_on_the_device(
     sshd, tiny_flatbuffer, tiny_samples
 ):
@@ -136,6 +139,7 @@ def test_remote_runner_without_lce_python_is_missing_binary(sshd, tiny_flatbuffe
     assert _leftovers(sshd) == []
 
 
+@pytest.mark.slow
 def test_timeout_stops_the_remote_runner_and_cleans_up(sshd, tiny_flatbuffer):
     with pytest.raises(DeviceTimeoutError, match="ran past 4 s") as info:
         run_remote_runner(

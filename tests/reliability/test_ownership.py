@@ -160,6 +160,7 @@ def test_convert_module_refuses_to_replace_a_foreign_model_onnx(tmp_path):
     assert snapshot(folder) == before
 
 
+@pytest.mark.slow
 def test_convert_module_replaces_its_own_files_and_shows_its_steps(tmp_path, capsys):
     from bnnexport import convert_module
 
@@ -181,6 +182,7 @@ def _dynamic_batch_onnx(path: Path) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_convert_at_another_batch_writes_its_own_file(tmp_path):
     onnx_path = _dynamic_batch_onnx(tmp_path / "dyn.onnx")
     result = invoke("convert", str(onnx_path), "--batch", "2", "--json")

@@ -48,12 +48,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
         assert fragment in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["verify", "summary", "export"])
 def test_missing_checkpoint(tmp_path, command):
     result = run_cli(command, str(tmp_path / "nowhere"))
     assert_one_line_error(result, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04truncated"], ids=["empty", "truncated-zip"])
 def test_empty_or_truncated_checkpoint(trained_run, content):
     (trained_run / "checkpoint.pt").write_bytes(content)
@@ -63,12 +65,14 @@ def test_empty_or_truncated_checkpoint(trained_run, content):
     assert snapshot(trained_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_cut_in_half(trained_run):
     checkpoint = trained_run / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
     assert_one_line_error(run_cli("summary", str(trained_run)), 2, "truncated")
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model(trained_run):
     checkpoint = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     checkpoint["model_kwargs"]["hidden"] = 64  # same name, other shapes
@@ -76,6 +80,7 @@ def test_checkpoint_of_another_model(trained_run):
     assert_one_line_error(run_cli("summary", str(trained_run)), 2, "does not match model")
 
 
+@pytest.mark.slow
 def test_checkpoint_naming_an_unknown_model(trained_run):
     checkpoint = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     checkpoint["model_name"] = "resnet-9000"
@@ -87,18 +92,21 @@ class Payload:
     """Any class: unpickling it would need code from outside the checkpoint."""
 
 
+@pytest.mark.slow
 def test_checkpoint_carrying_a_pickled_object_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": "bnnexport-checkpoint", "model": Payload()}, path)
     assert_one_line_error(run_cli("verify", str(path)), 2, "pickled Python objects")
 
 
+@pytest.mark.slow
 def test_foreign_torch_file_is_not_a_bnnexport_checkpoint(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save({"weight": torch.ones(3)}, path)
     assert_one_line_error(run_cli("summary", str(path)), 2, "not a bnnexport checkpoint")
 
 
+@pytest.mark.slow
 def test_file_that_is_not_onnx(tmp_path):
     path = tmp_path / "model.onnx"
     path.write_bytes(b"\x00\x01 definitely not protobuf \xff" * 10)
@@ -106,6 +114,7 @@ def test_file_that_is_not_onnx(tmp_path):
     assert_one_line_error(run_cli("verify", str(path)), 2)
 
 
+@pytest.mark.slow
 def test_onnx_with_an_unsupported_op_names_the_op(tmp_path):
     import onnx
     from onnx import TensorProto, helper
@@ -123,6 +132,7 @@ def test_onnx_with_an_unsupported_op_names_the_op(tmp_path):
     assert not list(tmp_path.glob("*.tflite"))
 
 
+@pytest.mark.slow
 def test_file_that_is_not_a_flatbuffer(trained_run):
     assert run_cli("export", str(trained_run)).returncode == 0
     (trained_run / "model-arm64.tflite").write_bytes(b"not a flatbuffer at all")
@@ -133,6 +143,7 @@ def test_file_that_is_not_a_flatbuffer(trained_run):
     assert snapshot(trained_run) == before
 
 
+@pytest.mark.slow
 def test_wrong_input_shape_for_a_model(trained_run):
     import numpy as np
 
@@ -150,6 +161,7 @@ def test_wrong_input_shape_for_a_model(trained_run):
     assert not (trained_run / "model-arm64.tflite").exists()
 
 
+@pytest.mark.slow
 def test_non_binary_weights_are_refused_at_export(trained_run):
     checkpoint = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     checkpoint["model"]["features.5.weight"][0, 0, 0, 0] = 0.5
@@ -194,6 +206,7 @@ def test_unwritable_output_directory_keeps_the_run_intact(
     assert snapshot(trained_run) == before
 
 
+@pytest.mark.slow
 def test_unreachable_device(trained_run):
     """Everything on the host is in order, so the failure is the SSH connection's own."""
     assert run_cli("export", str(trained_run)).returncode == 0
@@ -216,6 +229,7 @@ def test_unreachable_device(trained_run):
     assert "cannot reach pi@127.0.0.1" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
     out = tmp_path / "run"
     process = subprocess.Popen(
@@ -238,6 +252,7 @@ def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == epoch + 1
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained_run):
     """The process dies after writing the new checkpoint's bytes but before the rename."""
     before = (trained_run / "checkpoint.pt").read_bytes()
@@ -802,6 +817,7 @@ def _interrupt(args: list[str], when) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.2, 0.6, 1.2, 2.5])  # start-up, torch, data, training
 def test_ctrl_c_at_any_moment_is_one_line_130(delay, tmp_path):
     started = time.time()

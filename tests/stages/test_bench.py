@@ -80,6 +80,7 @@ def _one_line_error(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_every_host_backend_is_measured(host_report):
     assert [b.name for b in host_report.backends] == HOST_BACKENDS
     for backend in host_report.backends:
@@ -161,6 +162,7 @@ def test_cli_table(converted_run):
     assert "median ms" in result.stdout and "report.md" in result.stdout
 
 
+@pytest.mark.slow
 def test_device_runner_end_to_end_over_ssh(converted_run, sshd):
     result = _cli(
         converted_run,
@@ -186,6 +188,7 @@ def test_device_runner_end_to_end_over_ssh(converted_run, sshd):
     assert list(sshd.remote_tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_auto_runner_picks_lce_benchmark_model_without_python_lce(converted_run, sshd):
     line = _one_line_error(
         _cli(converted_run, *_device_args(sshd), "--remote-python", "/nonexistent/python3")
@@ -255,6 +258,7 @@ def test_wrong_architecture_binary(converted_run, sshd, tmp_path, no_host_benchm
     assert list(sshd.remote_tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_device_timeout(converted_run, sshd):
     # the runner needs seconds to import LCE alone: a 1 s limit always stops it
     line = _one_line_error(
@@ -273,6 +277,7 @@ def test_device_timeout(converted_run, sshd):
     assert list(sshd.remote_tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd, tmp_path):
     """The uploaded binary here is a shell script standing in for lce_benchmark_model (no x86
     build of it exists): it prints output in the documented format, op-profiling tables
@@ -315,6 +320,7 @@ def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd,
     assert list(sshd.remote_tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_thread_list_gives_one_device_row_per_count_and_a_scaling_plot(
     converted_run, sshd, tmp_path
 ):
@@ -358,6 +364,7 @@ def test_a_bad_thread_list_is_one_line_and_changes_nothing(converted_run, thread
     assert _snapshot(converted_run) == before
 
 
+@pytest.mark.slow
 def test_the_table_shows_the_devices_peak_memory(converted_run, sshd, tmp_path):
     from support.recorded_outputs import TAB_OUTPUT
 
@@ -383,6 +390,7 @@ def _tool_printing(tmp_path, text: str):
     return ["--runner", "lce_benchmark_model", "--benchmark-binary", str(stand_in)]
 
 
+@pytest.mark.slow
 @needs_real
 def test_profile_names_the_devices_time_by_pytorch_layer(converted_run, sshd, tmp_path):
     """The real tool's recorded profile of the demo's mnist-bnn flatbuffer, on this run's
@@ -415,6 +423,7 @@ def test_profile_names_the_devices_time_by_pytorch_layer(converted_run, sshd, tm
     assert len(summary) == 1 and "binary layers 79 % of device time" in summary[0]
 
 
+@pytest.mark.slow
 def test_a_missing_profile_is_one_note_not_an_error(converted_run, sshd, tmp_path):
     from support.recorded_outputs import TAB_OUTPUT
 

@@ -44,6 +44,7 @@ def one_line_error(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_convert_module_flatbuffer_is_benched_against_its_onnx_on_random_inputs(converted):
     result = invoke(str(converted / "net-arm64.tflite"), "--samples", "20", "--json")
     assert result.exit_code == 0, result.output
@@ -117,6 +118,7 @@ def test_a_users_report_next_to_the_model_is_never_replaced(converted):
     assert (converted / "net-arm64-report.md").read_text() == "my own report\n"
 
 
+@pytest.mark.slow
 def test_a_flatbuffer_file_on_a_device(converted, sshd, tmp_path):
     from support.recorded_outputs import TAB_OUTPUT
 

@@ -9,6 +9,7 @@ from support.client_nets import index_put
 from bnnexport import convert_module
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_dynamo_exporter_converts_a_plain_torch_bnn(tmp_path):
     report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
@@ -26,6 +27,7 @@ def test_an_unknown_exporter_is_refused_before_exporting(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_gate_runs_on_the_users_own_samples_and_says_they_were_not_random(
     tmp_path, monkeypatch
 ):

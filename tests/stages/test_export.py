@@ -17,6 +17,7 @@ from bnnexport.runs import load_checkpoint, save_checkpoint
 from converters.patterns import SIGN_ADD_SIGN, find_binary_layers
 
 
+@pytest.mark.slow
 def test_export_writes_onnx_with_sign_add_sign_and_strict_kernels(tmp_path):
     run = fresh_run(tmp_path / "run")
     report = export_onnx(run, samples=200)
@@ -94,6 +95,7 @@ def test_export_of_a_missing_run_exits_2_with_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_init_run_without_a_dataset_exports_on_random_grid_samples(tmp_path):
     import subprocess
     import sys

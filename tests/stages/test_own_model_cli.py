@@ -125,6 +125,7 @@ def _train_own(folder, out, *extra: str):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_own_model_trains_at_its_own_image_size_and_export_and_resume_find_it(
     plain_folder, tmp_path
 ):

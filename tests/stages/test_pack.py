@@ -36,6 +36,7 @@ def metadata(path: Path) -> dict[str, str]:
         return handle.metadata()
 
 
+@pytest.mark.slow
 def test_packed_model_outputs_equal_the_original_bit_for_bit(trained_run):
     pack(trained_run)
     inputs = mnist_inputs()

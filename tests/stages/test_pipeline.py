@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from bnnexport.cli.pipeline import pipeline_command
@@ -18,6 +19,7 @@ def _pipeline(run, *args):
     )
 
 
+@pytest.mark.slow
 def test_pipeline_runs_every_stage_and_ends_with_the_bench_table(_trained_run_template, tmp_path):
     from bnnexport.pipeline import STAGES
 
@@ -47,6 +49,7 @@ def test_pipeline_runs_every_stage_and_ends_with_the_bench_table(_trained_run_te
     assert saved["samples"] == 100
 
 
+@pytest.mark.slow
 def test_pipeline_json_holds_every_stage(_trained_run_template, tmp_path):
     from bnnexport.pipeline import STAGES
 

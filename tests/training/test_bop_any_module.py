@@ -143,6 +143,7 @@ def _train_and_check(model: nn.Module, steps: int) -> tuple[torch.optim.Optimize
     return optimizer, flips
 
 
+@pytest.mark.slow
 def test_bop_trains_a_hand_written_bnn_by_the_papers_rule(one_thread):
     torch.manual_seed(0)
     model = hand_written_bnn()

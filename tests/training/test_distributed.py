@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from support.sshd_fixture import free_port
 
@@ -15,6 +16,7 @@ from bnnexport.layers import binary_parameters
 from bnnexport.runs import load_model
 
 
+@pytest.mark.slow
 def test_two_process_gloo_run_matches_across_ranks_and_writes_one_run_directory(
     trained_run, tmp_path
 ):

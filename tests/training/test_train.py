@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from support.waiting import training_in_epoch, wait_until
 
@@ -22,6 +23,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_train_json_prints_one_object_and_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
     result = run_cli("train", "--epochs", "1", "--batch-size", "100", "--out", str(out), "--json")
@@ -53,6 +55,7 @@ def test_trained_kernels_are_strictly_binary(trained_run):
         assert bool(((p == 1) | (p == -1)).all())
 
 
+@pytest.mark.slow
 def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path):
     out = tmp_path / "latent"
     result = run_cli(
@@ -76,6 +79,7 @@ def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path
     assert torch.equal(kernel, torch.where(latent >= 0, 1.0, -1.0))
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_last_epoch(trained_run):
     result = run_cli("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
     assert result.returncode == 0, result.stderr
@@ -86,6 +90,7 @@ def test_resume_continues_from_the_last_epoch(trained_run):
     assert torch.load(trained_run / "checkpoint.pt", weights_only=True)["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_existing_run_is_not_overwritten_without_resume_or_force(trained_run):
     before = (trained_run / "checkpoint.pt").read_bytes()
     result = run_cli("train", "--out", str(trained_run), "--epochs", "1")
@@ -94,6 +99,7 @@ def test_existing_run_is_not_overwritten_without_resume_or_force(trained_run):
     assert (trained_run / "checkpoint.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_missing_cifar_directory_is_a_one_line_error(tmp_path):
     result = run_cli(
         "train",
@@ -109,6 +115,7 @@ def test_missing_cifar_directory_is_a_one_line_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_malformed_cifar_directory_names_what_is_missing(tmp_path):
     (tmp_path / "cifar-10-batches-py").mkdir()
     (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
@@ -119,6 +126,7 @@ def test_malformed_cifar_directory_names_what_is_missing(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -156,6 +164,7 @@ def test_every_command_has_help_for_every_option():
         assert command.get_help(Context(command)).strip()
 
 
+@pytest.mark.slow
 def test_python_m_and_console_script_both_run():
     assert run_cli("--help").returncode == 0
     script = Path(sys.executable).parent / "bnnexport"
