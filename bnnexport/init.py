@@ -26,7 +26,7 @@ from torch import nn
 
 from bnnexport import files
 from bnnexport.errors import CheckpointError, ConfigError
-from bnnexport.layers import binary_layers
+from bnnexport.layers import batch_norms, binary_layers
 from bnnexport.models import create_model, model_info
 from bnnexport.reports import Report, write_json_atomic
 from bnnexport.runs import RunDir, clear_run, lock_run, save_checkpoint
@@ -55,9 +55,7 @@ def randomize_batchnorm(model: nn.Module, seed: int = 0) -> None:
     """
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for module in model.modules():
-            if not isinstance(module, nn.modules.batchnorm._BatchNorm):
-                continue
+        for module in batch_norms(model):
             n = module.num_features
             if module.running_mean is not None:
                 module.running_mean.copy_(torch.randn(n, generator=generator) * 0.5)

@@ -165,6 +165,18 @@ class BinaryLinear(nn.Linear, BinaryLayer):
         return BinaryProduct(exact_bound(self.in_features, all_terms_binary=True))
 
 
+# torch's public BatchNorm classes (a lazy one becomes its plain class once materialised)
+BATCH_NORMS = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+    nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
+)  # fmt: skip
+
+
+def batch_norms(model: nn.Module) -> list[nn.Module]:
+    """Every BatchNorm module of `model`, in `modules()` order."""
+    return [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+
+
 def binary_layers(model: nn.Module) -> list[tuple[str, BinaryLayer]]:
     """(qualified name, layer) for every binary layer of `model`, in definition order."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, BinaryLayer)]

@@ -34,6 +34,7 @@ from bnnexport.datasets import load_dataset
 from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
 from bnnexport.layers import (
+    batch_norms,
     bf16_counts,
     binary_layers,
     init_latent_weights,
@@ -143,7 +144,7 @@ def recalibrate_batchnorm(model: nn.Module, batches: Any, device: str = "cpu") -
     averages lag behind the current weights and eval-mode accuracy swings; the exported model
     uses these statistics, so they must describe the weights being saved.
     """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    norms = batch_norms(model)
     if not norms:
         return
     saved = [(m.momentum, m.training) for m in norms]
