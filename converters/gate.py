@@ -21,12 +21,19 @@ logit range, either plainly or after a *sign-tie replay*:
   - at most `max(MIN_TIES, tie_fraction x size)` such positions per binarization and sample:
     rounding meets a handful, a converter bug meets thousands.
 
-- A tie is an accident of one sample's sums, so it does not recur: the same value (bit for
-  bit, in both runtimes) of one channel of one binarization decided differently on two
-  different inputs is a *fixed* value, a function of integer accumulators and parameters,
-  that the candidate decides by another rule wherever it occurs; never a tie. (The converter
-  with its tie-break removed does exactly that in BinaryNet: one BatchNorm threshold 1.6e-6
-  from an integer, 35 positions on 14 of 16 samples, each alone within rounding.)
+- A value that recurs is a *fixed* value: the same value (bit for bit, in both runtimes) of one
+  channel of one binarization decided differently on two different inputs is a function of
+  the parameters and of integer accumulators, not an accident of one sample's sums. Where the
+  candidate decides such values by a rule of its own (`Replay.judged`: the translator's
+  binary-conv accumulators under a per-channel affine map, whose signs it fixes in float64),
+  deciding one apart from the reference is wrong wherever it occurs (the converter with its
+  tie-break removed does that in BinaryNet: one BatchNorm threshold 1.6e-6 from an integer,
+  35 positions on 14 of 16 samples, each alone within rounding). Unless the references
+  themselves split on it: a third runtime, an *arbiter* (`Replay.arbiters`, the other
+  references), given the same upstream signs, that decides it as the candidate does makes it
+  a tie. A float value (a residual sum, a float stem) that recurs is rounded, not decided: a
+  correct translator that folds a BatchNorm rounds it its own way on every sample (QuickNet
+  at 224x224 does: a residual sum 8e-6 in ONNX Runtime and PyTorch, -2.1e-5 in LCE).
 - There is no rule on plain agreement: a single tie early in a deep network may change a
   prediction the reference is fairly sure of, and the replay judges that sample like any other.
   How many such predictions changed is reported (`sure_predictions`, `sure_changed`).
@@ -53,7 +60,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -118,6 +125,22 @@ class Witness:
 def signbit_negative(values: np.ndarray) -> np.ndarray:
     """LCE's rule: its kernels pack the IEEE sign bit, so -0.0 becomes -1."""
     return np.signbit(np.asarray(values))
+
+
+@dataclass
+class Replay:
+    """What the sign-tie replay of `validate` needs (module doc): the reference's `probe`
+    (built only when a sample needs a replay), the candidate's `witness`, `arbiters` (other
+    references' probes, built on demand) that tell a fixed value the references themselves
+    split on from one the candidate decides by a rule of its own, and `judged`, the
+    binarization inputs where a recurring split is judged at all: those the candidate decides
+    by a rule of its own (`TranslationInfo.exact_sources`); None: every one; empty: none (the
+    candidate is a reference runtime)."""
+
+    probe: Callable[[], SignProbe]
+    witness: Witness
+    arbiters: Sequence[Callable[[], SignProbe]] = ()
+    judged: frozenset[str] | None = None
 
 
 @dataclass
@@ -246,9 +269,9 @@ def _replay(
     target: np.ndarray,
     tolerance: float,
     options: GateOptions,
-) -> tuple[np.ndarray, list[SignDiff]]:
+) -> tuple[np.ndarray, list[SignDiff], dict[str, np.ndarray]]:
     """Impose the witness's signs in the probe on one sample; (logits, the differing signs of
-    each binarization that has any)."""
+    each binarization that has any, the signs imposed by source)."""
     logits, witnessed = witness.run(x)
     if not _matches(logits, target, tolerance):
         raise _Mismatch("its witness computes other logits than the candidate itself")
@@ -269,32 +292,59 @@ def _replay(
         raise _Mismatch(
             f"with the candidate's signs the reference still differs by {worst:.3g}", diffs
         )
-    return replayed, diffs
+    return replayed, diffs, dict(zip(probe.sources, imposed, strict=True))
 
 
 class _Recurrence:
     """Remembers, over every replayed sample, each (binarization, channel, reference value,
-    candidate value) a replay decided differently, and on which inputs: a rounding tie does
-    not recur on another input. (Within one input a value may appear at several positions as
-    copies of one computation: a max-pool's overlapping windows pick the same element.)"""
+    candidate value) a replay decided differently, and on which inputs: a value seen on two
+    inputs is fixed, and a tie only where an arbiter splits with the reference on it (module
+    doc). (Within one input a value may appear at several positions as copies of one
+    computation: a max-pool's overlapping windows pick the same element.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, replay: Replay) -> None:
         self.seen: dict[tuple[str, int, float, float], dict[str, int]] = {}
+        self.arbiters, self.judged, self.built = list(replay.arbiters), replay.judged, {}
+        self.excused: set[tuple[str, int, float, float]] = set()
 
-    def add(self, row: int, x: np.ndarray, diffs: list[SignDiff]) -> None:
-        """Record sample `row` (input `x`); _Mismatch at the first value seen on two inputs."""
+    def add(self, row: int, x: np.ndarray, diffs: list[SignDiff], signs: dict[str, np.ndarray]):
+        """Record sample `row` (input `x`, replayed with the candidate's `signs` by source);
+        _Mismatch at the
+        first value seen on two inputs that no arbiter decides as the candidate."""
         digest = hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()
         for diff in diffs:
-            for _position, channel, mine, their in diff.cells:
-                where = self.seen.setdefault((diff.source, channel, mine, their), {})
+            if self.judged is not None and diff.source not in self.judged:
+                continue
+            for position, channel, mine, their in diff.cells:
+                key = (diff.source, channel, mine, their)
+                where = self.seen.setdefault(key, {})
                 where.setdefault(digest, row)
-                if len(where) > 1:
+                if len(where) < 2 or key in self.excused:
+                    continue
+                if not self._split(diff.source, position, x, signs):
                     raise _Mismatch(
                         f"the same value of {diff.source!r} channel {channel} ({mine:.3g}; "
                         f"{their:.3g} in the candidate) is binarized differently on samples "
                         f"{sorted(where.values())}: a fixed value decided by another rule, "
-                        "not a rounding tie (ties do not recur)", diffs,
+                        "not a rounding tie (ties do not recur, and no other reference decides "
+                        "it as the candidate)", diffs,
                     )  # fmt: skip
+                self.excused.add(key)
+
+    def _split(self, source: str, position: int, x: np.ndarray, signs: dict[str, np.ndarray]):
+        """Whether an arbiter, given the candidate's signs upstream, takes the candidate's sign
+        (not the reference's) at `position` of `source`."""
+        for k, build in enumerate(self.arbiters):
+            if k not in self.built:
+                self.built[k] = build()
+            arbiter = self.built[k]
+            if source not in arbiter.sources or not set(arbiter.sources) <= set(signs):
+                continue  # it binarizes elsewhere than the reference: no common ground
+            _, values = arbiter.run(x, [signs[s] for s in arbiter.sources])
+            own = np.asarray(values[arbiter.sources.index(source)]).reshape(-1)[position] < 0
+            if bool(own) == bool(signs[source].reshape(-1)[position] < 0):
+                return True
+        return False
 
 
 def validate(
@@ -303,13 +353,12 @@ def validate(
     inputs: np.ndarray,
     options: GateOptions = GateOptions(),
     names: tuple[str, str] = ("reference", "candidate"),
-    probe: Callable[[], SignProbe] | None = None,
-    witness: Witness | None = None,
+    replay: Replay | None = None,
 ) -> GateReport:
     """Check `candidate` outputs against `reference` outputs on `inputs` (see module doc).
 
-    `probe` builds the reference's `SignProbe` (only when a sample needs a replay) and
-    `witness` is the candidate's; without them every sample must agree plainly.
+    `replay` explains samples that differ by sign ties; without it every sample must agree
+    plainly.
     Raises `ConversionMismatchError` naming the worst sample and what failed; its
     `diagnostics` say which samples, which binarization first differs, how many positions and
     how far from zero (`mismatch_diagnostics`).
@@ -335,18 +384,20 @@ def validate(
         f"plain argmax agreement {plain.argmax_agreement:.2%} on {plain.samples} samples, "
         f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
     )
-    if probe is None or witness is None:
+    if replay is None:
         raise ConversionMismatchError(
             f"{what} disagree on {len(failing)} samples: {numbers}",
             mismatch_diagnostics(report, failing, None, "no replay: every sample must agree"),
         )
     resolved = ref.copy()
-    sign_probe, recurrence = probe(), _Recurrence()
+    sign_probe, recurrence = replay.probe(), _Recurrence(replay)
     for row in failing:
         sample = np.asarray(inputs[row], np.float32)
         try:
-            logits, diffs = _replay(sign_probe, witness, sample, out[row], plain.tolerance, options)
-            recurrence.add(row, sample, diffs)
+            logits, diffs, signs = _replay(
+                sign_probe, replay.witness, sample, out[row], plain.tolerance, options
+            )
+            recurrence.add(row, sample, diffs, signs)
         except _Mismatch as why:
             details = mismatch_diagnostics(report, failing, row, str(why), why.diffs)
             raise ConversionMismatchError(

@@ -49,6 +49,7 @@ from converters.gate import (
     GateOptions,
     GateReport,
     OnnxProbe,
+    Replay,
     SignProbe,
     Witness,
     inconclusive,
@@ -58,6 +59,7 @@ from converters.gate import (
 from converters.graph import Graph, attributes, load_onnx
 from converters.groups import plan_binary_groups
 from converters.normalize import NormalizeReport, normalize, runnable_reference
+from converters.onnx_to_tf import TranslationInfo
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
 from converters.runtimes import lce_interpreter, ort_session, tf, tflite_interpreter
 from converters.twin import exact_grid_twin, grid_inputs
@@ -316,8 +318,17 @@ def _refuse_fallbacks(why: dict[str, str], allowed: Sequence[str]) -> list[str]:
     return sorted(why)
 
 
-def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
-    """(LCE flatbuffer, float flatbuffer or None, TranslationInfo)."""
+@dataclass
+class Translated:
+    """A model through the translator and the converters: the LCE flatbuffer, the stock TFLite
+    converter's float flatbuffer (None when not asked for) and what the translator saw."""
+
+    flatbuffer: bytes
+    float_flatbuffer: bytes | None
+    info: TranslationInfo
+
+
+def _translate(model: onnx.ModelProto, float_model: bool) -> Translated:
     from converters.onnx_to_tf import save_saved_model
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
@@ -333,7 +344,7 @@ def _translate(model: onnx.ModelProto, float_model: bool):  # noqa: ANN202
         float_flatbuffer = None
         if float_model:
             float_flatbuffer = _float_tflite(saved, size)
-    return flatbuffer, float_flatbuffer, info
+    return Translated(flatbuffer, float_flatbuffer, info)
 
 
 def _float_tflite(saved: str, model_bytes: int) -> bytes:
@@ -406,7 +417,7 @@ def check_twin(
     on the real samples (`check_zero_free`)."""
     twin = exact_grid_twin(model)
     x = grid_inputs(inputs[:TWIN_SAMPLES])
-    flatbuffer, _, _ = _translate(twin, float_model=False)
+    flatbuffer = _translate(twin, float_model=False).flatbuffer
     lce_out = run_lce(flatbuffer, x)
     strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
     names = ("ONNX Runtime twin", "LCE twin")
@@ -467,10 +478,15 @@ def convert_onnx(
     del original
     reference_path = onnx_path if reference is None else reference.SerializeToString()
     options.step("translate to TensorFlow, run the LCE and TFLite converters")
-    flatbuffer, float_flatbuffer, info = _translate(model, float_model=True)
+    translated = _translate(model, float_model=True)
+    flatbuffer, float_flatbuffer, info = (
+        translated.flatbuffer,
+        translated.float_flatbuffer or b"",
+        translated.info,
+    )
     float_bytes = len(float_flatbuffer)
     if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
-        float_flatbuffer = b""
+        float_flatbuffer = translated.float_flatbuffer = b""
     histogram = op_histogram(flatbuffer)
     allowed = _refuse_fallbacks(
         _fallbacks(lookalikes, binary, info.binary_emitted, histogram), options.allow_float
@@ -483,8 +499,8 @@ def convert_onnx(
     twin: list[GateReport] | None = None
     trusted = None
     try:
-        gates = _gates(reference_path, model, flatbuffer, float_flatbuffer, inputs, references,
-                       options, write_float_tflite is not None)  # fmt: skip
+        gates = _gates(reference_path, model, translated, inputs, references, options,
+                       write_float_tflite is not None)  # fmt: skip
     except ConversionMismatchError as error:
         gates, twin, trusted = _refused(error, model, inputs, references, options)
     # the gate's ONNX Runtime sessions and interpreters, before the twin's
@@ -570,7 +586,8 @@ def _rebatch(
     comparison with the gated batch-1 flatbuffer: the same kernels per sample, so any
     difference beyond the tolerance is a translation error."""
     model, _ = normalize(original, options.batch, options.disabled_rewrites)
-    flatbuffer, float_flatbuffer, _ = _translate(model, float_model=True)
+    rebatched = _translate(model, float_model=True)
+    flatbuffer, float_flatbuffer = rebatched.flatbuffer, rebatched.float_flatbuffer or b""
     strict = GateOptions(rtol=options.gate.rtol)  # no probe: every sample must agree plainly
     names = ("LCE batch 1", f"LCE batch {options.batch}")
     report = validate(run_lce(gated, inputs), run_lce(flatbuffer, inputs), inputs, strict, names)
@@ -580,59 +597,50 @@ def _rebatch(
 def _gates(
     onnx_path: Path | bytes,
     model: onnx.ModelProto,
-    flatbuffer: bytes,
-    float_flatbuffer: bytes,
+    translated: Translated,
     inputs: np.ndarray,
     references: Sequence[Reference],
     options: ConvertOptions,
     check_float: bool,
 ) -> list[GateReport]:
     """LCE against ONNX Runtime and each reference; the float TFLite model against ONNX
-    Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand."""
+    Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand.
+    Recurring splits are judged where the translator decides signs exactly
+    (`TranslationInfo.exact_sources`), each reference arbitrating the others'."""
     witnesses = WitnessModels(model)
     probes: dict[str, SignProbe] = {}
 
     def onnx_probe() -> SignProbe:
-        return probes.setdefault("onnx", OnnxProbe(model))
+        if "onnx" not in probes:
+            probes["onnx"] = OnnxProbe(model)
+        return probes["onnx"]
 
+    judged = frozenset(translated.info.exact_sources)
     onnx_outputs = run_onnx(onnx_path, inputs)
-    lce_outputs = run_lce(flatbuffer, inputs)
+    lce_outputs = run_lce(translated.flatbuffer, inputs)
     lce_witness = witnesses.witness("LCE")
+    # each reference's probe arbitrates the values the others split on (converters.gate)
+    arbiters = [onnx_probe, *(ref.probe for ref in references if ref.probe is not None)]
+    replay = Replay(onnx_probe, lce_witness, arbiters[1:], judged)
     gates = [
-        validate(
-            onnx_outputs,
-            lce_outputs,
-            inputs,
-            options.gate,
-            ("ONNX Runtime", "LCE"),
-            onnx_probe,
-            lce_witness,
-        )  # fmt: skip
+        validate(onnx_outputs, lce_outputs, inputs, options.gate, ("ONNX Runtime", "LCE"), replay)
     ]
     for ref in references:
-        gates.append(
-            validate(
-                ref.outputs(inputs),
-                lce_outputs,
-                inputs,
-                options.gate,
-                (ref.name, "LCE"),
-                ref.probe,
-                lce_witness,
-            )  # fmt: skip
-        )
+        others = [a for a in arbiters if a is not ref.probe]
+        replay = None if ref.probe is None else Replay(ref.probe, lce_witness, others, judged)
+        found = ref.outputs(inputs)
+        gates.append(validate(found, lce_outputs, inputs, options.gate, (ref.name, "LCE"), replay))
     if check_float:
         few = slice(0, FLOAT_CHECK_SAMPLES)
         gates.append(
             validate(
                 onnx_outputs[few],
-                run_tflite(float_flatbuffer, inputs[few]),
+                run_tflite(translated.float_flatbuffer, inputs[few]),
                 inputs[few],
                 options.gate,
                 ("ONNX Runtime", "float TFLite"),
-                onnx_probe,
-                witnesses.witness("float TFLite"),
-            )  # fmt: skip
+                Replay(onnx_probe, witnesses.witness("float TFLite"), arbiters[1:], judged),
+            )
         )
     return gates
 

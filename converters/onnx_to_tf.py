@@ -59,6 +59,8 @@ class Translator:
         # ONNX source -> the Value its binarizations read (what `build_module(witness=True)`
         # also outputs, so a runtime's signs can be replayed in ONNX Runtime)
         self.witnessed: dict[str, Value] = {}
+        # binarization sources decided by the tie-broken accumulator (`binarized_source`)
+        self.exact_sources: dict[str, None] = {}
         self._translating = False  # inside `translate`: `value` may not recurse
         # TF name scope -> the ONNX node emitted in it (converters.layer_map), in the order
         # the translations completed
@@ -177,6 +179,7 @@ class Translator:
         if not base.is_affine:
             out = self.value(found.source)
         else:
+            self.exact_sources[found.source] = None
             out = Value(base.nudged(), base.layout, base.perm)
             for step in reversed(steps):
                 out = self.replay(step, out)
@@ -211,6 +214,10 @@ class TranslationInfo:
     witness_sources: list[str] = field(default_factory=list)
     # the name scope of each translated node, in translation order (converters.layer_map)
     scopes: list[ScopeEntry] = field(default_factory=list)
+    # the binarization sources whose signs the translator decides exactly, not by rounding: a
+    # binary conv's integer accumulator under a per-channel affine map, tie-broken in float64
+    # (`Value.nudged`); converters.gate judges a recurring split only there
+    exact_sources: list[str] = field(default_factory=list)
 
 
 def _static_shape(graph: Graph, info: onnx.ValueInfoProto) -> list[int]:
@@ -239,6 +246,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     outputs = [o.name for o in graph.outputs]
     emitted: list[str] = []
     witnessed: list[str] = []
+    exact: list[str] = []
     scopes: list[ScopeEntry] = []
     errors: list[BaseException] = []
 
@@ -265,6 +273,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
             errors.append(error)
             raise
         emitted[:] = translator.binary_emitted
+        exact[:] = translator.exact_sources
         scopes[:] = translator.scopes.values()
         return result
 
@@ -289,6 +298,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         output_names=outputs,
         witness_sources=list(witnessed),
         scopes=list(scopes),
+        exact_sources=list(exact),
     )
     return module, info
 

@@ -11,6 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from support.converter_nets import binary_conv, binary_linear, export, sign, trained_bn
 
+from bnnexport.quantizers import SteSign
+
 pytestmark = pytest.mark.slow
 
 
@@ -114,3 +116,48 @@ def test_binarynet_without_the_exact_zero_tie_break_is_refused(tmp_path, monkeyp
     assert details["first_differing_binarization"] == "/conv_bns.2/BatchNormalization_output_0"
     assert details["binarizations"][0]["largest"] < 1e-5  # each alone within rounding
     assert details["twin"].startswith("passed"), details["twin"]
+
+
+class QuantizedBinaryNet(BinaryNet):
+    """BinaryNet binarizing through bnnexport's `SteSign` module, so PyTorch can be probed
+    (`TorchProbe`) and arbitrate: the same parameters as BinaryNet for the same seed."""
+
+    def __init__(self):
+        super().__init__()
+        self.binarize = SteSign()
+
+    def forward(self, x):
+        for k, (conv, bn) in enumerate(zip(self.convs, self.conv_bns, strict=True)):
+            x = bn(conv(x if k == 0 else self.binarize(x)))
+            if k % 2 == 1:
+                x = F.max_pool2d(x, 2)
+        x = torch.flatten(x, 1)
+        for fc, bn in zip(self.dense, self.dense_bns, strict=True):
+            x = bn(fc(self.binarize(x)))
+        return x
+
+
+def test_the_tie_break_mutant_is_refused_with_pytorch_as_arbiter(tmp_path, monkeypatch):
+    """The recurring value the mutant decides by its own rounding (exactly 0 in LCE, -9.1e-7
+    in ONNX Runtime) is one PyTorch, the arbiter, decides as ONNX Runtime does: the candidate's
+    own rule, refused, though an arbiter that split from ONNX Runtime would excuse it."""
+    import converters.tf_ops
+    from bnnexport.torch_probe import TorchProbe
+    from converters.errors import ConversionMismatchError
+    from converters.lce import Reference, convert_onnx
+
+    torch.manual_seed(0)
+    net = QuantizedBinaryNet().eval()
+    path = export(net, (1, 3, 32, 32), tmp_path / "binarynet.onnx", do_constant_folding=False)
+    x = np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32)
+
+    def outputs(batch: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return net(torch.from_numpy(batch)).numpy()
+
+    pytorch = Reference("PyTorch", outputs, probe=lambda: TorchProbe(net, path))
+    monkeypatch.setattr(converters.tf_ops, "tie_break_bias", lambda m, b: b.astype(np.float32))
+    with pytest.raises(ConversionMismatchError, match="no other reference decides it") as refused:
+        convert_onnx(path, tmp_path / "binarynet.tflite", inputs=x, references=[pytorch])
+    assert "LCE vs ONNX Runtime" in str(refused.value)
+    assert not (tmp_path / "binarynet.tflite").exists()

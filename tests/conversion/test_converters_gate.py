@@ -17,7 +17,7 @@ import torch.nn as nn
 from support.converter_nets import binary_conv, binary_linear, export, sign, trained_bn
 
 from converters.errors import ConversionMismatchError
-from converters.gate import GateOptions, OnnxProbe, Witness, signbit_negative, validate
+from converters.gate import GateOptions, OnnxProbe, Replay, Witness, signbit_negative, validate
 from converters.validate import run_onnx
 
 SHAPE = (1, 3, 12, 12)
@@ -132,7 +132,7 @@ def test_a_rounding_tie_decided_the_other_way_is_explained(tied):
     other = outputs(x[:1])
     assert np.abs(other - ort[:1]).max() > 1e-2  # the flip shows in the logits
     report = validate(ort[:1], other, x[:1], GateOptions(),
-                      ("ORT", "other"), lambda: probe, Witness(witness))  # fmt: skip
+                      ("ORT", "other"), Replay(lambda: probe, Witness(witness)))  # fmt: skip
     assert report.tie_samples == [0] and report.tie_positions == 1
     assert 0 < report.tie_largest <= 1e-5
     assert report.plain_max_abs_diff > report.tolerance >= report.max_abs_diff  # both reported
@@ -146,7 +146,7 @@ def test_a_flipped_sign_far_from_zero_is_a_mismatch(tied):
     outputs, witness = controlled(probe, flip_at(far), mirrored_at(far))
     with pytest.raises(ConversionMismatchError, match="not a tie"):
         validate(ort[:1], outputs(x[:1]), x[:1], GateOptions(),
-                 ("ORT", "other"), lambda: probe, Witness(witness))  # fmt: skip
+                 ("ORT", "other"), Replay(lambda: probe, Witness(witness)))  # fmt: skip
 
 
 def test_more_ties_than_the_bound_are_a_mismatch(tied):
@@ -165,8 +165,8 @@ def test_more_ties_than_the_bound_are_a_mismatch(tied):
     outputs, witness = controlled(probe, rule, tiny)
     options = GateOptions(tie_rtol=1.0)
     with pytest.raises(ConversionMismatchError, match="rounding ties"):
-        validate(ort[:1], outputs(x[:1]), x[:1], options, ("ORT", "other"), lambda: probe,
-                 Witness(witness))  # fmt: skip
+        validate(ort[:1], outputs(x[:1]), x[:1], options, ("ORT", "other"),
+                 Replay(lambda: probe, Witness(witness)))  # fmt: skip
 
 
 def test_an_exact_zero_binarized_by_its_sign_bit_is_always_a_mismatch(tmp_path):
@@ -191,7 +191,7 @@ def test_an_exact_zero_binarized_by_its_sign_bit_is_always_a_mismatch(tmp_path):
     wide_open = GateOptions(tie_rtol=1.0, tie_fraction=1.0)
     with pytest.raises(ConversionMismatchError, match="exact zero"):
         validate(run_onnx(path, x), other, x, wide_open, ("ORT", "sign-bit runtime"),
-                 lambda: probe, Witness(witness, negative=signbit_negative))  # fmt: skip
+                 Replay(lambda: probe, Witness(witness, negative=signbit_negative)))  # fmt: skip
 
 
 def test_changed_predictions_the_reference_is_sure_of_are_left_to_the_replay():
@@ -245,7 +245,7 @@ def test_signs_that_do_not_reproduce_the_candidate_are_a_mismatch(tied):
     shifted = Witness(lambda s: (witness(s)[0] + off, witness(s)[1]))
     with pytest.raises(ConversionMismatchError, match="still differs"):
         validate(ort[:1], outputs(x[:1]) + off, x[:1], GateOptions(),
-                 ("ORT", "other"), lambda: probe, shifted)  # fmt: skip
+                 ("ORT", "other"), Replay(lambda: probe, shifted))  # fmt: skip
 
 
 def _twice(x: np.ndarray) -> np.ndarray:
@@ -268,11 +268,60 @@ def test_the_same_value_decided_differently_twice_is_not_a_tie(tied):
     outputs, witness = controlled(probe, flip_at(tie), mirrored_at(tie))
     ort, other = run_onnx(path, x), outputs(x)
     assert np.abs(ort[0] - ort[1]).max() > 0  # two different samples
+    replay = Replay(lambda: probe, Witness(witness))
     each = [validate(ort[k : k + 1], other[k : k + 1], x[k : k + 1], GateOptions(), ("ORT", "o"),
-                     lambda: probe, Witness(witness)) for k in range(2)]  # fmt: skip
+                     replay) for k in range(2)]  # fmt: skip
     assert [r.tie_positions for r in each] == [1, 1]  # alone, each is a fine tie
     with pytest.raises(ConversionMismatchError, match=r"binarized differently on samples \[0, 1\]"):
-        validate(ort, other, x, GateOptions(), ("ORT", "other"), lambda: probe, Witness(witness))
+        validate(ort, other, x, GateOptions(), ("ORT", "other"), replay)
+    # an arbiter that decides the value as the reference does: still the candidate's own rule
+    agreeing = Replay(lambda: probe, Witness(witness), arbiters=[lambda: OnnxProbe(path)])
+    with pytest.raises(ConversionMismatchError, match="no other reference decides it"):
+        validate(ort, other, x, GateOptions(), ("ORT", "other"), agreeing)
+
+
+class Splitting:
+    """A second reference runtime that computes binarization 1 at `index` on the other side of
+    zero: the references themselves split on that value."""
+
+    def __init__(self, probe: OnnxProbe, index: int):
+        self.probe, self.index, self.sources = probe, index, probe.sources
+
+    def run(self, x: np.ndarray, imposed: list[np.ndarray] | None = None):
+        logits, values = self.probe.run(x, imposed)
+        return logits, [mirrored_at(self.index)(k, v) for k, v in enumerate(values)]
+
+
+def test_a_recurring_value_the_references_split_on_is_a_tie(tied):
+    """QuickNet's float stem at 224x224: PyTorch and ONNX Runtime round one fixed value to
+    either side of zero on every sample. With an arbiter that splits from the reference, the
+    candidate siding with it is no rule of its own; at export (`judged` empty, the candidate is
+    a reference runtime) nothing is judged."""
+    path, _, _, tie = tied
+    probe = OnnxProbe(path)
+    x = _twice(tied[1])
+    outputs, witness = controlled(probe, flip_at(tie), mirrored_at(tie))
+    ort, other = run_onnx(path, x), outputs(x)
+    split = Replay(lambda: probe, Witness(witness), arbiters=[lambda: Splitting(probe, tie)])
+    report = validate(ort, other, x, GateOptions(), ("ORT", "other"), split)
+    assert report.tie_samples == [0, 1] and report.argmax_agreement == 1.0
+    export_like = Replay(lambda: probe, Witness(witness), judged=frozenset())
+    assert validate(ort, other, x, GateOptions(), ("ORT", "o"), export_like).tie_samples == [0, 1]
+
+
+def test_a_recurring_value_is_judged_only_where_the_candidate_decides_signs_exactly(tied):
+    """`judged` names the binarization inputs the candidate decides by a rule of its own (the
+    translator's tie-broken accumulators); a recurring split elsewhere is float rounding."""
+    path, _, _, tie = tied
+    probe = OnnxProbe(path)
+    x = _twice(tied[1])
+    outputs, witness = controlled(probe, flip_at(tie), mirrored_at(tie))
+    ort, other = run_onnx(path, x), outputs(x)
+    elsewhere = Replay(lambda: probe, Witness(witness), judged=frozenset(probe.sources[:1]))
+    assert validate(ort, other, x, GateOptions(), ("ORT", "o"), elsewhere).tie_samples == [0, 1]
+    there = Replay(lambda: probe, Witness(witness), judged=frozenset(probe.sources[1:2]))
+    with pytest.raises(ConversionMismatchError, match="binarized differently on samples"):
+        validate(ort, other, x, GateOptions(), ("ORT", "other"), there)
 
 
 def test_one_tie_on_a_repeated_input_is_counted_once(tied):
@@ -281,7 +330,7 @@ def test_one_tie_on_a_repeated_input_is_counted_once(tied):
     outputs, witness = controlled(probe, flip_at(tie), mirrored_at(tie))
     same = np.stack([x[0], x[0]])
     report = validate(run_onnx(path, same), outputs(same), same, GateOptions(), ("ORT", "o"),
-                      lambda: probe, Witness(witness))  # fmt: skip
+                      Replay(lambda: probe, Witness(witness)))  # fmt: skip
     assert report.tie_samples == [0, 1]
 
 
@@ -293,7 +342,7 @@ def test_a_refusal_carries_diagnostics_naming_the_first_differing_binarization(t
     outputs, witness = controlled(probe, flip_at(far), mirrored_at(far))
     with pytest.raises(ConversionMismatchError) as refused:
         validate(ort[:1], outputs(x[:1]), x[:1], GateOptions(), ("ORT", "other"),
-                 lambda: probe, Witness(witness))  # fmt: skip
+                 Replay(lambda: probe, Witness(witness)))  # fmt: skip
     details = refused.value.diagnostics
     assert details["refused_sample"] == 0 and details["failing_samples"] == [0]
     assert details["first_differing_binarization"] == probe.sources[1]

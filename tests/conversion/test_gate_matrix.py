@@ -5,8 +5,10 @@ replay and every binary layer an LceBconv2d. A correct conversion is never refus
 (docs/ARCHITECTURE.md, "Conversion gate").
 
 `make test` runs Bi-Real-Net-18 at 64x64, seed 0 (the case the old sure-prediction floor
-refused); the rest is in the long tier. Each case prints one JSON row, and appends it to the file
-named by BNNEXPORT_MATRIX_LOG when set (docs/BENCHMARKS.md records them).
+refused); the rest is in the long tier, with the small models after one epoch of Bop (mnist-bnn
+on mnist5k; BinaryNet, Bi-Real-Net-18 and QuickNet-Small on a small synthetic image folder).
+Each case prints one JSON row, and appends it to the file named by BNNEXPORT_MATRIX_LOG when set
+(docs/BENCHMARKS.md records them).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from bnnexport.convert import convert_run
 from bnnexport.export import export_onnx
 from bnnexport.init import init_run
 from bnnexport.models import model_info
+from bnnexport.train import TrainConfig, train
 
 pytestmark = pytest.mark.slow
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small"]
@@ -103,3 +106,25 @@ def test_birealnet18_at_64_on_1000_samples_converts_as_the_issue_asked(tmp_path)
 def test_mnist_bnn_after_one_epoch_of_training_converts_through_both_gates(trained_run):
     row = converts_through_both_gates(trained_run, 1000)
     _record({"model": "mnist-bnn (1 epoch)", "size": 28, "seed": 0, **row})
+
+
+TRAINED = [("binarynet", 32), ("birealnet18", 64), ("quicknet-small", 64)]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("name, size", TRAINED, ids=[f"{n}-{s}" for n, s in TRAINED])
+def test_a_zoo_model_after_one_epoch_converts_through_both_gates(tmp_path, name, size):
+    """One epoch of Bop on 10 classes x 16 synthetic images, resized whole to `size`: BatchNorm
+    statistics as training leaves them, not as `init` draws them."""
+    from support.image_folders import write_image_folder
+
+    classes = tuple(f"class{k}" for k in range(10))
+    root = write_image_folder(tmp_path / "images", classes, per_class=16, size=(size, size))
+    config = TrainConfig(
+        model=name, dataset="imagefolder", data_dir=str(root), epochs=1, batch_size=16,
+        dataset_options={"image_size": size}, out=str(tmp_path / "run"),
+        bn_recalibration_batches=2,
+    )  # fmt: skip
+    train(config, progress=False)
+    row = converts_through_both_gates(tmp_path / "run", SAMPLES)
+    _record({"model": f"{name} (1 epoch)", "size": size, "seed": 0, **row})
