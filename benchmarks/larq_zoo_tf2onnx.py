@@ -45,10 +45,11 @@ import numpy as np
 from _common import emit, interleaved, larq_json, larq_zoo_python, log, machine, parser, table
 
 from converters.errors import ConverterError
+from converters.flatbuffer import op_histogram
 from converters.gate import TIE_RTOL, GateOptions
 from converters.lce import ConvertOptions, convert_onnx
+from converters.runners import run_lce
 from converters.runtimes import lce_batch_predict, lce_interpreter
-from converters.validate import op_histogram, run_lce
 
 DEFAULT_MODELS = "QuickNetSmall,QuickNet,BinaryAlexNet,BiRealNet,RealToBinaryNet"
 
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=float,
         default=TIE_RTOL,
         help="diagnostics only: the gate's sign-tie bound, |x| / max |x| of a "
-        f"binarization input (default {TIE_RTOL}, converters/gate.py)",
+        f"binarization input (default {TIE_RTOL}, converters/gate/predicate.py)",
     )
     p.add_argument(
         "--no-twin",

@@ -38,7 +38,7 @@ from _common import (
     torch_pipeline,
 )
 
-from converters.validate import op_histogram
+from converters.flatbuffer import op_histogram
 
 VARIANTS = {"full": ("binarynet", False), "convs": ("binarynet-convs", True)}
 

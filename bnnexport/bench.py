@@ -244,8 +244,8 @@ def _pytorch(run: RunDir, threads: int, x1: np.ndarray) -> Factory:
 
 def _onnxruntime(onnx_path: Path, threads: int, x1: np.ndarray) -> Factory:
     from converters.errors import InvalidModelError
+    from converters.runners import run_onnx
     from converters.runtimes import ort_session
-    from converters.validate import run_onnx
 
     session = ort_session(onnx_path, threads)
     inputs = session.get_inputs()
@@ -259,8 +259,8 @@ def _onnxruntime(onnx_path: Path, threads: int, x1: np.ndarray) -> Factory:
 
 
 def _tflite_float(float_path: Path, threads: int, x1: np.ndarray) -> Factory:
+    from converters.runners import run_tflite
     from converters.runtimes import tflite_interpreter
-    from converters.validate import run_tflite
 
     interpreter = tflite_interpreter(float_path, threads)
     source = interpreter.get_input_details()[0]["index"]
@@ -275,8 +275,8 @@ def _tflite_float(float_path: Path, threads: int, x1: np.ndarray) -> Factory:
 
 
 def _lce(lce_path: Path, threads: int, x1: np.ndarray) -> Factory:
+    from converters.runners import run_lce
     from converters.runtimes import lce_batch_predict, lce_interpreter
-    from converters.validate import run_lce
 
     interpreter = lce_interpreter(lce_path, threads)
     predict = lce_batch_predict(interpreter)  # one call, without predict()'s per-sample loop
@@ -682,7 +682,7 @@ def bench_model_file(
     shape = _input_shape(onnx_path, flatbuffer)
     if samples_file is not None:
         inputs, labels = read_samples_file(samples_file, options.samples)
-        from converters.validate import check_input_shape
+        from converters.runners import check_input_shape
 
         check_input_shape(shape, inputs, str(path))
     else:

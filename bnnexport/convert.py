@@ -38,7 +38,8 @@ from converters.gate import RTOL
 
 if TYPE_CHECKING:
     from converters.batch import TwinResult
-    from converters.lce import ConversionResult, ConvertOptions, Reference
+    from converters.gate.checks import Reference
+    from converters.lce import ConversionResult, ConvertOptions
 
 TARGETS = ("arm64", "arm32")
 FORMATS = ("lce", "tflite")
@@ -179,12 +180,12 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
 
 
 def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
-    """PyTorch as a `converters.lce.Reference`: outputs, sign probe and exact-grid twin."""
+    """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
     from bnnexport.layers import binary_layers
     from bnnexport.runs import load_model
     from bnnexport.torch_probe import TorchProbe, twin_outputs
-    from converters.lce import Reference
+    from converters.gate.checks import Reference
 
     model = load_model(run.root)
     if not binary_layers(model):  # a model of your own (--model module:factory): its
@@ -394,7 +395,8 @@ def convert_module(
     import torch
 
     from bnnexport.export import torch_outputs
-    from converters.validate import compare, run_lce
+    from converters.gate import compare
+    from converters.runners import run_lce
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
@@ -457,30 +459,25 @@ def convert_module(
 def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.ndarray) -> None:
     """ConversionMismatchError unless ONNX Runtime agrees with PyTorch (`expected`) on
     `inputs`: through the export gate with its tie replay for a bnnexport model (its
-    binarizations are `Quantizer` modules), else with at most one differing prediction. An
+    binarizations are `Quantizer` modules), else through the same gate without a replay, on
+    predictions only, at most one differing (`GateOptions.unprobed_flips`). An
     InconclusiveCheckError instead when binarization inputs lie within rounding of zero by more
     than ties could explain (`converters.gate.inconclusive`)."""
     from bnnexport.export import onnx_gate
     from bnnexport.quantizers import Quantizer
     from converters.errors import ConversionMismatchError
-    from converters.validate import compare, run_onnx
+    from converters.gate import GateOptions, validate
+    from converters.runners import run_onnx
 
-    if any(isinstance(m, Quantizer) for m in model.modules()):
-        try:
+    try:
+        if any(isinstance(m, Quantizer) for m in model.modules()):
             onnx_gate(model, onnx_path, inputs, expected)
-        except ConversionMismatchError as error:
-            raise explain_refusal(error, onnx_path, inputs) from None
-        return
-    plain = compare(expected, run_onnx(onnx_path, inputs), RTOL)
-    if round((1.0 - plain.argmax_agreement) * len(inputs)) > 1:
-        error = ConversionMismatchError(
-            f"ONNX Runtime disagrees with PyTorch on the exported {onnx_path}: argmax agreement "
-            f"{plain.argmax_agreement:.2%}, max |diff| {plain.max_abs_diff:.3g}",
-            {"comparison": "ONNX Runtime vs PyTorch", "samples": plain.samples,
-             "plain_argmax_agreement": plain.argmax_agreement,
-             "plain_max_abs_diff": plain.max_abs_diff},
-        )  # fmt: skip
-        raise explain_refusal(error, onnx_path, inputs)
+        else:
+            options = GateOptions(rtol=RTOL, unprobed_flips=1)
+            names = ("PyTorch", "ONNX Runtime")
+            validate(expected, run_onnx(onnx_path, inputs), inputs, options, names)
+    except ConversionMismatchError as error:
+        raise explain_refusal(error, onnx_path, inputs) from None
 
 
 def _module_inputs(samples: Any, shape: tuple[int, ...]) -> np.ndarray:

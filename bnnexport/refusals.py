@@ -25,7 +25,7 @@ import numpy as np
 from bnnexport import files
 from bnnexport.errors import FidelityError
 from bnnexport.runs import RunDir
-from converters.validate import RTOL
+from converters.gate import RTOL
 
 if TYPE_CHECKING:
     from converters.errors import ConversionMismatchError

@@ -2,7 +2,7 @@
 
 `bench` scores host backends with it and `device_accuracy` the device's outputs, so both rows
 follow one rule: top-k from `deploy.runner.topk_accuracy` (None for samples without labels),
-agreement from `converters.validate.compare`.
+agreement from `converters.gate.compare`.
 
 Example:
     >>> import numpy as np
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.validate import compare
+from converters.gate import compare
 from deploy.runner import topk_accuracy
 
 

@@ -29,9 +29,9 @@ from torch import nn
 from bnnexport.errors import FidelityError
 from bnnexport.quantizers import Quantizer
 from converters.gate import Witness
+from converters.gate.twin import twin_initializers
 from converters.graph import Graph, load_onnx
 from converters.patterns import binarizations_in
-from converters.twin import twin_initializers
 
 
 class TorchProbe:
@@ -90,7 +90,7 @@ class TorchProbe:
 
 
 def twin_outputs(model: nn.Module) -> Callable[[onnx.ModelProto, np.ndarray], np.ndarray]:
-    """PyTorch's own exact-grid twin (`converters.twin`): a copy of `model` with the twin ONNX
+    """PyTorch's own exact-grid twin (`converters.gate.twin`): a copy of `model` with the twin ONNX
     graph's float initializers loaded by name (the exporter names them after the state dict)."""
 
     def run(twin: onnx.ModelProto, inputs: np.ndarray) -> np.ndarray:

@@ -20,18 +20,13 @@ from converters.errors import (
     UnsupportedOpError,
     ZeroSignError,
 )
-from converters.gate import GateOptions, GateReport
-from converters.lce import ConversionResult, ConvertOptions, Reference, convert_onnx
+from converters.flatbuffer import op_histogram
+from converters.gate import GateOptions, GateReport, compare
+from converters.gate.checks import Reference
+from converters.lce import ConversionResult, ConvertOptions, convert_onnx
 from converters.normalize import NormalizeReport
 from converters.patterns import BinaryLayerMatch, find_binary_layers
-from converters.validate import (
-    compare,
-    op_histogram,
-    run_lce,
-    run_onnx,
-    run_tflite,
-    validate_outputs,
-)
+from converters.runners import run_lce, run_onnx, run_tflite
 
 __all__ = [
     "BinaryLayerMatch",
@@ -53,6 +48,5 @@ __all__ = [
     "run_lce",
     "run_onnx",
     "run_tflite",
-    "validate_outputs",
     "ZeroSignError",
 ]

@@ -33,7 +33,8 @@ import numpy as np
 from converters.errors import InvalidModelError
 
 if TYPE_CHECKING:
-    from converters.lce import ConvertOptions, Reference
+    from converters.gate.checks import Reference
+    from converters.lce import ConvertOptions
 
 
 class HardCodedBatchError(InvalidModelError):
@@ -130,7 +131,8 @@ def rebatch_onnx(
     """
     import onnx
 
-    from converters.validate import compare, run_onnx
+    from converters.gate import compare
+    from converters.runners import run_onnx
 
     source, target = Path(source), Path(target)
     twin = rebatch(onnx.load(str(source)), batch)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from converters.validate import FlatOp, flatbuffer_ops
+from converters.flatbuffer import FlatOp, flatbuffer_ops
 
 if TYPE_CHECKING:
     import onnx

@@ -1,19 +1,16 @@
 """ONNX file -> Larq Compute Engine flatbuffer (and optionally a float TFLite), with the gate.
 
-`convert_onnx` translates the ONNX model to a TensorFlow SavedModel (`converters.onnx_to_tf`),
-converts it with LCE's converter (target "arm" for both arm64 and arm32: they differ only in the
-file name), and keeps the flatbuffer only when every check passes (`converters.gate`; the
-checks are listed in docs/ARCHITECTURE.md, "Conversion gate"):
+`convert_onnx` normalises the ONNX graph (`converters.normalize`), translates it to a TensorFlow
+SavedModel and converts that with LCE's converter (`converters.translate`; target "arm" for both
+arm64 and arm32: they differ only in the file name), and keeps the flatbuffer only when
 
 1. every binary layer of the ONNX graph became an `LceBconv2d` (else `FloatFallbackError`,
    unless the layer is in `allow_float`), and no layer merely looks binary (a ±1 kernel behind a
    plain `Sign`, which maps 0 to 0);
-2. LCE's outputs agree with ONNX Runtime's and with every extra `Reference` (PyTorch, from
-   bnnexport) on the samples, plainly or after replaying LCE's own signs (`LceWitness`) at
-   bounded rounding ties;
-3. the exact-grid twin of the graph (`converters.twin`) converts to a flatbuffer that agrees
-   with ONNX Runtime (and each reference's own twin) with no sign tie at all;
-4. the float TFLite model, when written, passes the same gate as 2.
+2. the gate's checks pass (`converters.gate.checks.check_conversion`: LCE and the float TFLite
+   model against ONNX Runtime and every extra `Reference`, and the exact-grid twin);
+3. at a batch other than 1, the model translated again at that batch gives the gated
+   flatbuffer's outputs exactly.
 
 The flatbuffer is written to a temporary file and renamed into place only at the end, so a
 failed conversion never leaves one behind.
@@ -27,8 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import os
 import tempfile
 import time
@@ -39,55 +34,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from converters.errors import (
-    ConversionMismatchError,
-    ConverterError,
-    FloatFallbackError,
-    ZeroSignError,
-)
-from converters.gate import (
-    GateOptions,
-    GateReport,
-    OnnxProbe,
-    Replay,
-    SignProbe,
-    Witness,
-    inconclusive,
-    signbit_negative,
-    validate,
-)
+from converters.errors import ConverterError, FloatFallbackError
+from converters.flatbuffer import op_histogram
+from converters.gate import GateOptions, GateReport, validate
+from converters.gate.checks import Reference, check_conversion
 from converters.graph import Graph, attributes, load_onnx
 from converters.groups import plan_binary_groups
 from converters.normalize import NormalizeReport, normalize, runnable_reference
-from converters.onnx_to_tf import TranslationInfo
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
-from converters.runtimes import lce_interpreter, ort_session, tf, tflite_interpreter
-from converters.twin import exact_grid_twin, grid_inputs
-from converters.validate import op_histogram, run_lce, run_onnx, run_tflite, signature_outputs
+from converters.runners import run_lce
+from converters.translate import translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
-FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check
-TWIN_SAMPLES = 16  # exact-grid twin: rounding-free, so a few samples show any translation bug
-# the twin's arithmetic is exact up to float ops after the last binarization (a 7x7 average):
-# bit-exact for every zoo model but QuickNet-Small (3e-7 of the range, docs/BENCHMARKS.md
-# "Conversion scaling")
-TWIN_RTOL = 1e-6
-
-
-@dataclass
-class Reference:
-    """A model the flatbuffer must match besides ONNX Runtime (bnnexport passes PyTorch).
-
-    `outputs(inputs)` runs it on the check inputs (called after ONNX Runtime has checked their
-    shape); `probe` builds a `SignProbe` of it (for the tie replay);
-    `twin_outputs(twin_model, twin_inputs)` runs its own exact-grid twin.
-    """
-
-    name: str
-    outputs: Callable[[np.ndarray], np.ndarray]
-    probe: Callable[[], SignProbe] | None = None
-    twin_outputs: Callable[[onnx.ModelProto, np.ndarray], np.ndarray] | None = None
 
 
 @dataclass
@@ -122,85 +81,6 @@ class ConversionResult:
         return next(
             (g for g in self.gates if (g.reference, g.candidate) == (reference, candidate)), None
         )
-
-
-class WitnessModels:
-    """The model translated again with every binarization's input as an extra output, converted
-    with LCE and with the stock TFLite converter: witnesses of what each flatbuffer binarizes.
-
-    The extra outputs can stop LCE fusing a bconv with the binarization after it, so a witness
-    is not the shipped flatbuffer; the gate uses it only on samples where its logits are the
-    shipped flatbuffer's own. Built on first use: most conversions meet no tie.
-    """
-
-    def __init__(self, model: onnx.ModelProto):
-        self.model = model
-        self._flatbuffers: dict[str, bytes] | None = None
-        self.sources: list[str] = []
-
-    def _convert(self) -> dict[str, bytes]:
-        if self._flatbuffers is None:
-            from converters.onnx_to_tf import save_saved_model
-
-            tf()
-            import larq_compute_engine as lce
-
-            with tempfile.TemporaryDirectory(prefix="bnnexport-witness-") as tmp:
-                saved = str(Path(tmp) / "saved")
-                self.sources = save_saved_model(self.model, saved, witness=True).witness_sources
-                size = self.model.ByteSize()
-                release_memory(size)  # as in `_translate`
-                converted = lce.convert_saved_model(saved, target="arm")
-                release_memory(size)
-                float_converted = _float_tflite(saved, size)
-                self._flatbuffers = {"LCE": converted, "float TFLite": float_converted}
-        return self._flatbuffers
-
-    def witness(self, runtime: str) -> Witness:
-        """The `Witness` of "LCE" (sign-bit rule) or "float TFLite" (x < 0 rule)."""
-        state: dict[str, Callable] = {}
-
-        def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-            if not state:
-                state["run"] = _named_outputs(self._convert()[runtime], runtime)
-            outputs = state["run"](x[None].astype(np.float32))
-            by_source = {s: outputs[f"witness_{k:03d}"][0] for k, s in enumerate(self.sources)}
-            return outputs["output_0"][0], by_source
-
-        negative = signbit_negative if runtime == "LCE" else (lambda v: np.asarray(v) < 0)
-        return Witness(run=run, negative=negative)
-
-
-def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], dict]:
-    """A runner returning a flatbuffer's outputs by signature name (LCE reorders them)."""
-    if runtime == "LCE":
-        order = signature_outputs(flatbuffer)
-        interpreter = lce_interpreter(flatbuffer)
-        return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
-    runner = tflite_interpreter(flatbuffer).get_signature_runner()
-    return lambda x: runner(input_0=x)
-
-
-# A full collection costs about half a second once TensorFlow is loaded (2 s of a 6 s
-# mnist-bnn conversion); below this model size the leftovers it would free are small too.
-RELEASE_ABOVE_BYTES = 32 << 20
-
-
-def release_memory(model_bytes: int) -> None:
-    """For a model of `model_bytes` (at least `RELEASE_ABOVE_BYTES`): collect TensorFlow's
-    reference cycles and hand freed heap back to the OS.
-
-    Building and saving a `tf.function` leaves its graph (the model's constants, ~1x-10x the
-    ONNX file) in reference cycles that only `gc.collect()` frees, and glibc keeps freed
-    memory in its arenas until `malloc_trim`; without both, every conversion of a large model
-    starts on top of the last one's leftovers (docs/LCE_NOTES.md "Conversion memory")."""
-    if model_bytes < RELEASE_ABOVE_BYTES:
-        return
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        pass
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
@@ -318,117 +198,6 @@ def _refuse_fallbacks(why: dict[str, str], allowed: Sequence[str]) -> list[str]:
     return sorted(why)
 
 
-@dataclass
-class Translated:
-    """A model through the translator and the converters: the LCE flatbuffer, the stock TFLite
-    converter's float flatbuffer (None when not asked for) and what the translator saw."""
-
-    flatbuffer: bytes
-    float_flatbuffer: bytes | None
-    info: TranslationInfo
-
-
-def _translate(model: onnx.ModelProto, float_model: bool) -> Translated:
-    from converters.onnx_to_tf import save_saved_model
-
-    tf()  # first, so TensorFlow's start-up log lines are discarded
-    import larq_compute_engine as lce
-
-    with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
-        saved = str(Path(tmp) / "saved")
-        info = save_saved_model(model, saved)
-        size = model.ByteSize()
-        release_memory(size)  # the traced graph, before the converter copies the model again
-        flatbuffer = lce.convert_saved_model(saved, target="arm")
-        release_memory(size)
-        float_flatbuffer = None
-        if float_model:
-            float_flatbuffer = _float_tflite(saved, size)
-    return Translated(flatbuffer, float_flatbuffer, info)
-
-
-def _float_tflite(saved: str, model_bytes: int) -> bytes:
-    """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
-    into Python only to read its signatures and drops it into reference cycles: collect it
-    before the converter reads the model again (docs/LCE_NOTES.md "Conversion memory")."""
-    from converters.runtimes import tf
-
-    converter = tf().lite.TFLiteConverter.from_saved_model(saved)
-    release_memory(model_bytes)
-    flatbuffer = converter.convert()
-    del converter
-    release_memory(model_bytes)
-    return flatbuffer
-
-
-def binarization_inputs(
-    model: onnx.ModelProto, sources: Sequence[str], inputs: np.ndarray
-) -> dict[str, np.ndarray]:
-    """ONNX Runtime's values of tensors `sources` of `model` on `inputs` (one sample at a
-    time, so a model whose batch was fixed to 1 takes any number of samples)."""
-    probe = onnx.ModelProto.FromString(model.SerializeToString())
-    known = {o.name for o in probe.graph.output}
-    for name in sources:
-        if name not in known:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    session = ort_session(probe.SerializeToString())
-    first = session.get_inputs()[0]
-    batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
-    names = list(sources)
-    found: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for x in np.asarray(inputs, np.float32):  # a fixed batch gets the sample repeated
-        feed = {first.name: np.repeat(x[None], batch, axis=0)}
-        for name, value in zip(names, session.run(names, feed), strict=True):
-            found[name].append(value[:1])
-    return {n: np.stack(v) for n, v in found.items()}
-
-
-def check_zero_free(
-    model: onnx.ModelProto, zero_sensitive: dict[str, float], inputs: np.ndarray, what: str
-) -> None:
-    """ZeroSignError unless no exact 0 (or -0.0) reaches a binarization the normaliser made out
-    of a plain Sign (or `x > 0`): there the original maps 0 to 0 (or -1), the flatbuffer to +1.
-    Everywhere else the two are the same function, so on `inputs` they agree exactly."""
-    if not zero_sensitive:
-        return
-    values = binarization_inputs(model, list(zero_sensitive), inputs)
-    for source, value in values.items():
-        zeros = np.argwhere(value.reshape(len(value), -1) == 0)
-        if len(zeros):
-            raise ZeroSignError(
-                f"{len(zeros)} exact zero(s) reach the plain Sign of {source!r} on {what} "
-                f"{int(zeros[0][0])}: it maps 0 to {zero_sensitive[source]:g}, which LCE's "
-                "1-bit activations cannot hold; binarize with sign(sign(x) + 0.1) or "
-                "where(x >= 0, 1, -1) (sign(0) = +1) and export again"
-            )
-
-
-def check_twin(
-    model: onnx.ModelProto,
-    inputs: np.ndarray,
-    references: Sequence[Reference],
-    options: GateOptions,
-) -> list[GateReport]:
-    """Convert the exact-grid twin of `model` and require LCE to agree with ONNX Runtime and
-    each reference's own twin with no tie at all (`converters.twin`). The twin's inputs of
-    binarizations made from a plain Sign are not required to be zero-free: the twin is built
-    from the normalised graph, where both runtimes map 0 to +1 there, so its (common) exact
-    zeros test how the translator breaks them; whether the real model meets a zero is shown
-    on the real samples (`check_zero_free`)."""
-    twin = exact_grid_twin(model)
-    x = grid_inputs(inputs[:TWIN_SAMPLES])
-    flatbuffer = _translate(twin, float_model=False).flatbuffer
-    lce_out = run_lce(flatbuffer, x)
-    strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
-    names = ("ONNX Runtime twin", "LCE twin")
-    reports = [validate(run_onnx(twin.SerializeToString(), x), lce_out, x, strict, names)]
-    for ref in references:
-        if ref.twin_outputs is not None:
-            names = (f"{ref.name} twin", "LCE twin")
-            reports.append(validate(ref.twin_outputs(twin, x), lce_out, x, strict, names))
-    return reports
-
-
 def convert_onnx(
     onnx_path: str | Path,
     output_path: str | Path,
@@ -478,36 +247,25 @@ def convert_onnx(
     del original
     reference_path = onnx_path if reference is None else reference.SerializeToString()
     options.step("translate to TensorFlow, run the LCE and TFLite converters")
-    translated = _translate(model, float_model=True)
-    flatbuffer, float_flatbuffer, info = (
-        translated.flatbuffer,
-        translated.float_flatbuffer or b"",
-        translated.info,
-    )
-    float_bytes = len(float_flatbuffer)
+    translated = translate(model, float_model=True)
+    float_bytes = len(translated.float_flatbuffer or b"")
     if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
-        float_flatbuffer = translated.float_flatbuffer = b""
+        translated.float_flatbuffer = b""
+    flatbuffer, float_flatbuffer = translated.flatbuffer, translated.float_flatbuffer or b""
     histogram = op_histogram(flatbuffer)
     allowed = _refuse_fallbacks(
-        _fallbacks(lookalikes, binary, info.binary_emitted, histogram), options.allow_float
+        _fallbacks(lookalikes, binary, translated.info.binary_emitted, histogram),
+        options.allow_float,
     )
     is_random = inputs is None
     if inputs is None:
-        inputs = random_inputs(info.input_shapes[0])
-    options.step(f"gate: LCE against {len(references) + 1} reference(s) on {len(inputs)} samples")
-    check_zero_free(model, normalized.zero_sensitive, inputs, "check sample")
-    twin: list[GateReport] | None = None
-    trusted = None
-    try:
-        gates = _gates(reference_path, model, translated, inputs, references, options,
-                       write_float_tflite is not None)  # fmt: skip
-    except ConversionMismatchError as error:
-        gates, twin, trusted = _refused(error, model, inputs, references, options)
-    # the gate's ONNX Runtime sessions and interpreters, before the twin's
-    release_memory(model.ByteSize())
-    if options.twin and twin is None:
-        options.step("exact-grid twin: convert and compare")
-        twin = check_twin(model, inputs, references, options.gate)
+        inputs = random_inputs(translated.info.input_shapes[0])
+    checked = check_conversion(
+        onnx_path=reference_path, model=model, translated=translated, inputs=inputs,
+        references=references, options=options, zero_sensitive=normalized.zero_sensitive,
+        check_float=write_float_tflite is not None,
+    )  # fmt: skip
+    gates = checked.gates
     if normalized.batch is not None and options.batch != 1:
         options.step(f"convert again at batch {options.batch}")
         original = load_onnx(onnx_path)
@@ -532,51 +290,11 @@ def convert_onnx(
         float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
         seconds=time.perf_counter() - start,
         gates=gates,
-        twin=twin or [],
+        twin=checked.twin,
         float_fallbacks=allowed,
         normalized=normalized,
-        trusted_twin=trusted,
+        trusted_twin=checked.trusted_twin,
     )
-
-
-def _twin_verdict(
-    model: onnx.ModelProto,
-    inputs: np.ndarray,
-    references: Sequence[Reference],
-    options: ConvertOptions,
-) -> tuple[list[GateReport] | None, str]:
-    """(the twin's reports, or None when it failed or did not run; what it said, in words)."""
-    if not options.twin:
-        return None, "not run (twin check disabled)"
-    options.step("exact-grid twin: convert and compare")
-    try:
-        reports = check_twin(model, inputs, references, options.gate)
-    except ConversionMismatchError as error:
-        return None, f"failed: {error}"
-    worst = max(r.max_abs_diff for r in reports)
-    return reports, f"passed ({len(reports)} comparisons, no tie, max |diff| {worst:.3g})"
-
-
-def _refused(
-    error: ConversionMismatchError,
-    model: onnx.ModelProto,
-    inputs: np.ndarray,
-    references: Sequence[Reference],
-    options: ConvertOptions,
-) -> tuple[list[GateReport], list[GateReport] | None, dict]:
-    """After the real-weight gate refused: run the twin and raise `error`, with the twin's
-    verdict in its diagnostics, or the InconclusiveCheckError that explains it (a degenerate
-    model, `converters.gate.inconclusive`). With `options.trust_twin`, an inconclusive model
-    whose twin passes is accepted: returns (no gate reports, the twin's, the record)."""
-    twin, said = _twin_verdict(model, inputs, references, options)
-    rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
-    found = inconclusive(error, OnnxProbe(model), inputs, rows, options.gate, said)
-    if found is None:
-        raise error
-    if not (options.trust_twin and twin is not None):
-        raise found from None
-    options.step("real-weight check inconclusive: accepted on the exact-grid twin (--trust-twin)")
-    return [], twin, {**found.diagnostics, "inconclusive": str(found)}
 
 
 def _rebatch(
@@ -586,63 +304,12 @@ def _rebatch(
     comparison with the gated batch-1 flatbuffer: the same kernels per sample, so any
     difference beyond the tolerance is a translation error."""
     model, _ = normalize(original, options.batch, options.disabled_rewrites)
-    rebatched = _translate(model, float_model=True)
+    rebatched = translate(model, float_model=True)
     flatbuffer, float_flatbuffer = rebatched.flatbuffer, rebatched.float_flatbuffer or b""
     strict = GateOptions(rtol=options.gate.rtol)  # no probe: every sample must agree plainly
     names = ("LCE batch 1", f"LCE batch {options.batch}")
     report = validate(run_lce(gated, inputs), run_lce(flatbuffer, inputs), inputs, strict, names)
     return flatbuffer, float_flatbuffer, report
-
-
-def _gates(
-    onnx_path: Path | bytes,
-    model: onnx.ModelProto,
-    translated: Translated,
-    inputs: np.ndarray,
-    references: Sequence[Reference],
-    options: ConvertOptions,
-    check_float: bool,
-) -> list[GateReport]:
-    """LCE against ONNX Runtime and each reference; the float TFLite model against ONNX
-    Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand.
-    Recurring splits are judged where the translator decides signs exactly
-    (`TranslationInfo.exact_sources`), each reference arbitrating the others'."""
-    witnesses = WitnessModels(model)
-    probes: dict[str, SignProbe] = {}
-
-    def onnx_probe() -> SignProbe:
-        if "onnx" not in probes:
-            probes["onnx"] = OnnxProbe(model)
-        return probes["onnx"]
-
-    judged = frozenset(translated.info.exact_sources)
-    onnx_outputs = run_onnx(onnx_path, inputs)
-    lce_outputs = run_lce(translated.flatbuffer, inputs)
-    lce_witness = witnesses.witness("LCE")
-    # each reference's probe arbitrates the values the others split on (converters.gate)
-    arbiters = [onnx_probe, *(ref.probe for ref in references if ref.probe is not None)]
-    replay = Replay(onnx_probe, lce_witness, arbiters[1:], judged)
-    gates = [
-        validate(onnx_outputs, lce_outputs, inputs, options.gate, ("ONNX Runtime", "LCE"), replay)
-    ]
-    for ref in references:
-        others = [a for a in arbiters if a is not ref.probe]
-        replay = None if ref.probe is None else Replay(ref.probe, lce_witness, others, judged)
-        found = ref.outputs(inputs)
-        gates.append(validate(found, lce_outputs, inputs, options.gate, (ref.name, "LCE"), replay))
-    if check_float:
-        few = slice(0, FLOAT_CHECK_SAMPLES)
-        gates.append(
-            validate(
-                onnx_outputs[few],
-                run_tflite(translated.float_flatbuffer, inputs[few]),
-                inputs[few],
-                options.gate,
-                ("ONNX Runtime", "float TFLite"),
-                Replay(onnx_probe, witnesses.witness("float TFLite"), arbiters[1:], judged),
-            )
-        )
-    return gates
 
 
 def _write_all(

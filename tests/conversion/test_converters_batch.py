@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.batch import HardCodedBatchError, rebatch, rebatch_onnx, twin_path
-from converters.validate import run_onnx
+from converters.runners import run_onnx
 
 SHAPE = [1, 2, 3, 3]
 
@@ -102,8 +102,8 @@ def test_twin_is_named_after_the_batch_1_file():
 def test_convert_run_writes_a_gated_twin(trained_run):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
+    from converters.runners import run_lce
     from converters.runtimes import lce_interpreter
-    from converters.validate import run_lce
 
     export_onnx(trained_run, samples=40)
     report = convert_run(trained_run, samples=40, batch_twin=16)

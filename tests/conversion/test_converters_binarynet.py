@@ -50,8 +50,9 @@ class BinaryNet(nn.Module):
 
 @pytest.mark.long  # 1000 samples through LCE and torch: ~45 s
 def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
+    from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.validate import compare, run_lce
+    from converters.runners import run_lce
 
     torch.manual_seed(0)
     net = BinaryNet().eval()
@@ -144,7 +145,8 @@ def test_the_tie_break_mutant_is_refused_with_pytorch_as_arbiter(tmp_path, monke
     import converters.tf_ops
     from bnnexport.torch_probe import TorchProbe
     from converters.errors import ConversionMismatchError
-    from converters.lce import Reference, convert_onnx
+    from converters.gate.checks import Reference
+    from converters.lce import convert_onnx
 
     torch.manual_seed(0)
     net = QuantizedBinaryNet().eval()

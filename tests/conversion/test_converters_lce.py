@@ -177,7 +177,7 @@ class GatedBlock(nn.Module):
 
 def test_real_to_binary_sigmoid_gates_convert_with_their_twin_gates_at_one_half(tmp_path):
     """Every binary conv an LceBconv2d; the exact-grid twin zeroes each gate's last linear
-    layer (`converters.twin.zeroed_feeds`), so it compares the runtimes without rounding."""
+    layer (`converters.gate.twin.zeroed_feeds`), so it compares the runtimes without rounding."""
 
     class Net(nn.Module):
         def __init__(self):
@@ -320,7 +320,7 @@ def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypat
     import converters.tf_layers
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions
-    from converters.lce import check_twin
+    from converters.gate.checks import check_twin
 
     path = export(Stack("zero", 2, (12, 12)), (1, 3, 12, 12), tmp_path / "net.onnx")
     model, x = onnx.load(str(path)), grid_inputs(8, (1, 3, 12, 12))

@@ -1,4 +1,4 @@
-"""converters.lce frees each conversion's TensorFlow state before the next converter runs
+"""converters.translate frees each conversion's TensorFlow state before the next converter runs
 (docs/LCE_NOTES.md "Conversion memory"): the traced graph of a large model sits in reference cycles
 that only a garbage collection frees, so without it every conversion starts on top of the last
 one's."""
@@ -21,14 +21,14 @@ from support.converter_nets import (
     sign,
 )
 
-import converters.lce as lce_module
 import converters.onnx_to_tf as onnx_to_tf
 import converters.tf_layers as tf_layers
+import converters.translate as translate_module
 from converters.graph import load_onnx
-from converters.lce import release_memory
 from converters.normalize import normalize
+from converters.runners import run_lce
 from converters.runtimes import tf
-from converters.validate import run_lce
+from converters.translate import release_memory
 
 
 class _Cycle:
@@ -43,9 +43,9 @@ def test_release_memory_collects_reference_cycles():
         dead = weakref.ref(held)
         del held
         assert dead() is not None  # a cycle: reference counting alone does not free it
-        release_memory(lce_module.RELEASE_ABOVE_BYTES - 1)  # a small model: nothing collected
+        release_memory(translate_module.RELEASE_ABOVE_BYTES - 1)  # a small model: nothing collected
         assert dead() is not None
-        release_memory(lce_module.RELEASE_ABOVE_BYTES)
+        release_memory(translate_module.RELEASE_ABOVE_BYTES)
         assert dead() is None
     finally:
         gc.enable()
@@ -84,7 +84,7 @@ def test_each_traced_graph_is_freed_before_a_converter_runs(tmp_path, monkeypatc
         return convert(*args, **kwargs)
 
     monkeypatch.setattr(lce, "convert_saved_model", checked)
-    monkeypatch.setattr(lce_module, "RELEASE_ABOVE_BYTES", 0)  # this small net counts as large
+    monkeypatch.setattr(translate_module, "RELEASE_ABOVE_BYTES", 0)  # a small net counts as large
     gc.disable()  # a collection between the stages would hide a missing release_memory
     try:
         result, _ = convert_net(Net(), (1, 3, 8, 8), tmp_path)
@@ -93,7 +93,6 @@ def test_each_traced_graph_is_freed_before_a_converter_runs(tmp_path, monkeypatc
     assert result.lce_bconv2d == 1
     assert len(alive_at_convert) >= 2  # the model and its exact-grid twin
     assert alive_at_convert == [0] * len(alive_at_convert)
-    assert lce_module.release_memory is release_memory
 
 
 class DenseHeadNet(nn.Module):

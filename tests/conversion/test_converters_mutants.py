@@ -197,19 +197,19 @@ def _install(monkeypatch, where, name: str, mutation: Callable) -> None:
 def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     """The flatbuffer the translator writes now (the gate not run) on `x`."""
     from converters.graph import load_onnx
-    from converters.lce import _translate
     from converters.normalize import normalize
-    from converters.validate import run_lce
+    from converters.runners import run_lce
+    from converters.translate import translate
 
     model, _ = normalize(load_onnx(path), 1)
-    flatbuffer, _, _ = _translate(model, float_model=False)
+    flatbuffer = translate(model, float_model=False).flatbuffer
     return run_lce(flatbuffer, x)
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_a_translator_mutant_changes_the_flatbuffer_and_is_refused(tmp_path, monkeypatch, mutant):
     from converters.lce import convert_onnx
-    from converters.validate import run_onnx
+    from converters.runners import run_onnx
 
     net, where, name, mutation = MUTANTS[mutant]
     torch.manual_seed(0)

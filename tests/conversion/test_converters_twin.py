@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from converters.gate.twin import exact_grid_twin, zeroed_feeds
 from converters.graph import Graph
 from converters.runtimes import ort_session
-from converters.twin import exact_grid_twin, zeroed_feeds
 
 
 def _batch_norm_model(eps: float, channels: int = 8) -> onnx.ModelProto:

@@ -21,6 +21,7 @@ from support.converter_nets import (
     trained_bn,
 )
 
+from converters.flatbuffer import flatbuffer_ops
 from converters.layer_map import (
     CONV_OPS,
     TOP,
@@ -29,7 +30,6 @@ from converters.layer_map import (
     op_layers,
     scope_name,
 )
-from converters.validate import flatbuffer_ops
 
 
 def test_legacy_names_give_module_paths():

@@ -7,8 +7,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.errors import InvalidModelError
+from converters.runners import run_onnx
 from converters.runtimes import ort_session, read_flatbuffer
-from converters.validate import run_onnx
 
 
 def _model(batch: int | str = 1) -> bytes:
@@ -98,8 +98,8 @@ def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
 
 
 def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
+    import converters.runners
     import converters.runtimes
-    import converters.validate
     from bnnexport.bench import host_backends
     from bnnexport.runs import RunDir
 
@@ -107,7 +107,7 @@ def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypat
     (tmp_path / "model.onnx").write_bytes(_model("N"))
     opened = []
     recorded = lambda *a, **k: opened.append((a, k)) or ort_session(*a, **k)  # noqa: E731
-    for module in (converters.runtimes, converters.validate):  # run_onnx opens through validate's
+    for module in (converters.runtimes, converters.runners):  # run_onnx opens through runners'
         monkeypatch.setattr(module, "ort_session", recorded)
     factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=2)}
     x = np.arange(12, dtype=np.float32).reshape(4, 3)

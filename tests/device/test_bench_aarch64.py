@@ -111,7 +111,7 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
         assert versus_host["top1"] == device["top1"]
         # the agreement columns are recomputed here from the host's own outputs
         from bnnexport.export import torch_outputs
-        from converters.validate import run_lce
+        from converters.runners import run_lce
 
         torch = torch_outputs(load_model(twin_run), inputs)
         lce = run_lce(twin_run / "model-arm64.tflite", inputs)

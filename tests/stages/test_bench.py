@@ -446,7 +446,7 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
     import subprocess
 
     from bnnexport.profile import row_ops
-    from converters.validate import flatbuffer_ops
+    from converters.flatbuffer import flatbuffer_ops
     from deploy.lce_benchmark import parse_benchmark_output
 
     flatbuffer = _converted_template / "model-arm64.tflite"

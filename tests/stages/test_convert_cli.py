@@ -60,7 +60,8 @@ def test_report_is_written_to_convert_json_with_file_sizes(converted):
 
 
 def test_float_tflite_runs_in_the_stock_interpreter(converted):
-    from converters.validate import compare, run_onnx, run_tflite
+    from converters.gate import compare
+    from converters.runners import run_onnx, run_tflite
 
     run, _ = converted
     with np.load(run / "samples.npz") as data:
@@ -96,7 +97,7 @@ def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
 
 
 def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
-    import converters.lce
+    import converters.gate.checks
 
     class Net(nn.Module):
         def __init__(self):
@@ -107,8 +108,8 @@ def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
             return self.conv(sign(x)).flatten(1)
 
     path = export(Net(), (1, 4, 5, 5), tmp_path / "net.onnx")
-    real = converters.lce.run_lce
-    monkeypatch.setattr(converters.lce, "run_lce", lambda p, x: real(p, x) * -1.0 + 0.5)
+    real = converters.gate.checks.run_lce
+    monkeypatch.setattr(converters.gate.checks, "run_lce", lambda p, x: real(p, x) * -1.0 + 0.5)
     result = invoke("convert", path)
     assert result.exit_code == 1
     assert "LCE vs ONNX Runtime disagree" in result.stderr and "no flatbuffer kept" in result.stderr
@@ -136,7 +137,7 @@ def test_run_without_model_onnx_exits_2_pointing_at_export(tmp_path):
 
 def test_op_histogram_rejects_a_truncated_flatbuffer(converted):
     from converters.errors import InvalidModelError
-    from converters.validate import op_histogram
+    from converters.flatbuffer import op_histogram
 
     run, _ = converted
     data = (run / "model-arm64.tflite").read_bytes()
@@ -146,7 +147,7 @@ def test_op_histogram_rejects_a_truncated_flatbuffer(converted):
 
 def test_signature_outputs_names_the_flatbuffer_outputs_in_order(converted):
     from converters.errors import InvalidModelError
-    from converters.validate import signature_outputs
+    from converters.flatbuffer import signature_outputs
 
     run, _ = converted
     data = (run / "model-arm64.tflite").read_bytes()

@@ -125,8 +125,9 @@ def grid_inputs(samples: int, shape: tuple[int, ...], seed: int = 1) -> np.ndarr
 def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples: int = 16, **kw):
     """Export, convert (gate on), and return (result, agreement of the flatbuffer with torch)
     on the same inputs. Parameters and inputs are snapped to a grid, see `snap_to_grid`."""
+    from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.validate import compare, run_lce
+    from converters.runners import run_lce
 
     onnx_path = export(snap_to_grid(net), shape, tmp_path / "net.onnx", **kw)
     x = grid_inputs(samples, shape)

@@ -146,8 +146,9 @@ def test_zoo_list_json_names_every_model_with_its_binary_share():
     [pytest.param(n, marks=pytest.mark.long) if n in LONG_ZOO else n for n in ZOO],
 )
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
+    from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.validate import compare, run_lce
+    from converters.runners import run_lce
 
     shape = REDUCED[name]
     model = init_model(name, shape, num_classes=10)
@@ -255,8 +256,9 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     """QuickNet at 224 with randomised BatchNorm meets more LCE sign ties per sample than the
     gate's search resolves (docs/BENCHMARKS.md "Conversion scaling"). On exact grids there are none
     to meet: the conversion itself must then be exact, at the native size."""
+    from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.validate import compare, run_lce
+    from converters.runners import run_lce
 
     model = on_exact_grids(init_model("quicknet"))
     rng = np.random.default_rng(0)

@@ -40,9 +40,9 @@ logit range, either plainly or after a *sign-tie replay*:
 - Zero compared samples is a failure, not agreement 1.0.
 
 A refusal's `ConversionMismatchError.diagnostics` say what the gate saw
-(`mismatch_diagnostics`); `inconclusive` tells a degenerate model (binarization inputs within
-rounding of zero by the thousand, which no comparison on real weights can decide) from a
-wrong conversion.
+(`mismatch_diagnostics`); `converters.gate.inconclusive` tells a degenerate model (binarization
+inputs within rounding of zero by the thousand, which no comparison on real weights can decide)
+from a wrong conversion.
 
 The report keeps the plain numbers beside the resolved ones (docs/ARCHITECTURE.md, "Conversion
 gate").
@@ -62,28 +62,18 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import onnx
 
-from converters.errors import ConversionMismatchError, InconclusiveCheckError
-from converters.graph import Graph, load_onnx
-from converters.patterns import binarizations_in
-from converters.runtimes import ort_session
-from converters.validate import RTOL, check_input_shape, compare
+from converters.errors import ConversionMismatchError
+from converters.gate.compare import RTOL, compare
 
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
 TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...
 MIN_TIES = 2  # ... or this many, whichever is larger, per sample
 # reported only: predictions whose reference top-1 margin is at least this fraction of the range
 CONFIDENT_MARGIN = 0.05
-# the advice's last option, for the callers that have it (convert, convert_module)
-TRUST_TWIN = (
-    ", or convert with --trust-twin (trust_twin=True) to decide on the exact-grid twin alone"
-)
-CENSUS_SAMPLES = 16  # refused samples searched for binarization inputs within rounding of zero
 
 
 @dataclass(frozen=True)
@@ -94,6 +84,12 @@ class GateOptions:
     tie_rtol: float = TIE_RTOL
     tie_fraction: float = TIE_FRACTION
     confident_margin: float = CONFIDENT_MARGIN
+    # Without a replay, judge predictions only and let this many differ (None: every sample
+    # must agree within rtol). For a reference no replay can probe: PyTorch running a module of
+    # your own, whose binarizations bnnexport cannot see; there a rounding tie moves logits
+    # freely and may change one prediction. The flatbuffer itself is still gated against
+    # ONNX Runtime with the replay.
+    unprobed_flips: int | None = None
 
     def tie_bound(self, size: int) -> int:
         """Most tie positions allowed in one binarization input of `size` activations."""
@@ -295,6 +291,29 @@ def _replay(
     return replayed, diffs, dict(zip(probe.sources, imposed, strict=True))
 
 
+def _without_replay(
+    report: GateReport, ref: np.ndarray, out: np.ndarray, options: GateOptions, what: str
+) -> None:
+    """ConversionMismatchError naming the worst difference, unless `options.unprobed_flips`
+    allows the predictions that changed (`GateOptions`)."""
+    allowed = options.unprobed_flips
+    if allowed is not None:
+        flips = round((1.0 - report.plain_argmax_agreement) * report.samples)
+        if flips <= allowed:
+            return
+        what = f"{what} ({flips} predictions differ; without a replay at most {allowed} may)"
+    gaps = np.nan_to_num(np.abs(ref - out), nan=np.inf)  # a NaN output is the worst
+    sample, index = np.unravel_index(int(gaps.argmax()), gaps.shape)
+    failing = [r for r in range(len(ref)) if not _matches(ref[r], out[r], report.tolerance)]
+    raise ConversionMismatchError(
+        f"{what}: plain argmax agreement {report.plain_argmax_agreement:.2%} on "
+        f"{report.samples} samples, max |diff| {report.plain_max_abs_diff:.3g} (tolerance "
+        f"{report.tolerance:.3g}); worst at sample {sample}, output {index}: "
+        f"{ref[sample, index]:.6g} vs {out[sample, index]:.6g}",
+        mismatch_diagnostics(report, failing, None, "no replay: every sample must agree"),
+    )
+
+
 class _Recurrence:
     """Remembers, over every replayed sample, each (binarization, channel, reference value,
     candidate value) a replay decided differently, and on which inputs: a value seen on two
@@ -385,10 +404,8 @@ def validate(
         f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
     )
     if replay is None:
-        raise ConversionMismatchError(
-            f"{what} disagree on {len(failing)} samples: {numbers}",
-            mismatch_diagnostics(report, failing, None, "no replay: every sample must agree"),
-        )
+        _without_replay(report, ref, out, options, f"{what} disagree on {len(failing)} samples")
+        return report
     resolved = ref.copy()
     sign_probe, recurrence = replay.probe(), _Recurrence(replay)
     for row in failing:
@@ -436,151 +453,3 @@ def mismatch_diagnostics(
         "first_differing_binarization": diffs[0].source if diffs else None,
         "binarizations": [d.to_json() for d in diffs],
     }
-
-
-def near_zero_census(
-    probe: SignProbe, inputs: np.ndarray, options: GateOptions
-) -> list[dict[str, Any]]:
-    """Per sample of `inputs` and binarization, the inputs of the binarization that lie within
-    rounding of zero in `probe` (|x| <= tie_rtol x its largest |x|, exact zeros included),
-    where they are more than the replay could call ties (`GateOptions.tie_bound`): there the
-    real-weight check cannot decide (a degenerate model, e.g. untrained BatchNorm)."""
-    found = []
-    for row, x in enumerate(np.asarray(inputs, np.float32)):
-        _, values = probe.run(x)
-        for source, value in zip(probe.sources, values, strict=True):
-            top = float(np.abs(value).max())
-            near = np.abs(value) <= options.tie_rtol * top
-            count = int(near.sum())
-            if count > options.tie_bound(value.size):
-                found.append(
-                    {"sample": row, "binarization": source, "near_zero": count,
-                     "exact_zeros": int((value == 0).sum()), "size": int(value.size),
-                     "tie_bound": options.tie_bound(value.size)}
-                )  # fmt: skip
-    return found
-
-
-def _about_rounding(diagnostics: dict[str, Any], options: GateOptions) -> bool:
-    """Whether a refusal is one that values within rounding of zero can cause: at every sign
-    the refused sample's replay found different, the reference's own value lies within
-    `tie_rtol` of zero (the candidate's may not: the translator moves an integer accumulator's
-    exact 0 half a step, `converters.tf_ops.tie_break_bias`), or the witness itself rounded
-    the other way. Without a replay (no `binarizations` recorded) it cannot be told, so it may
-    be."""
-    if "binarizations" not in diagnostics:
-        return True
-    if str(diagnostics.get("why", "")).startswith("its witness computes other logits"):
-        return True
-    found = diagnostics["binarizations"]
-    return bool(found) and all(d["reference_largest"] <= options.tie_rtol for d in found)
-
-
-def inconclusive(
-    error: ConversionMismatchError,
-    probe: SignProbe,
-    inputs: np.ndarray,
-    rows: list[int],
-    options: GateOptions,
-    twin: str | None = None,
-    escape: str = TRUST_TWIN,
-) -> InconclusiveCheckError | None:
-    """The InconclusiveCheckError explaining `error`, a refusal on samples `rows` of `inputs`
-    that rounding can cause (`_about_rounding`), when on one of them more binarization inputs
-    lie within rounding of zero in the reference (`probe`) than ties could explain: no
-    comparison on real weights can decide such a model (`near_zero_census`). None otherwise.
-    `error.diagnostics` gets `twin`, the exact-grid twin's verdict in words, when known, and
-    the census when taken. `escape` ends the advice (the option that converts such a model
-    anyway, where the caller has one)."""
-    if twin is not None:
-        error.diagnostics["twin"] = twin
-    rows = list(rows)[:CENSUS_SAMPLES]
-    if not _about_rounding(error.diagnostics, options):
-        return None  # a sign far from zero, or logits off: wrong however the model rounds
-    census = near_zero_census(probe, np.asarray(inputs)[rows], options)
-    for found in census:
-        found["sample"] = rows[found["sample"]]
-    error.diagnostics["near_zero"] = census[:50]
-    if not census:
-        return None
-    first = census[0]
-    verdict = "" if twin is None else f"; the exact-grid twin {twin}"
-    line = (
-        f"{error.diagnostics.get('comparison', 'the check')} cannot be decided on real weights: "
-        f"{first['near_zero']} of {first['size']} inputs of binarization "
-        f"{first['binarization']!r} lie within rounding of zero on sample {first['sample']} "
-        f"({first['exact_zeros']} exactly 0; ties explain at most {first['tie_bound']}), and "
-        "each runtime rounds them its own way; the usual cause is BatchNorm with its default "
-        "statistics (an untrained model): train it first, or randomise BatchNorm as "
-        f"`bnnexport init` does{escape}{verdict}"
-    )
-    return InconclusiveCheckError(line, error.diagnostics)
-
-
-class OnnxProbe:
-    """The ONNX model in ONNX Runtime, rewired so every binarization's signs can be imposed.
-
-    For each binarization input `x` (non-constant source of a binarization pattern) the graph
-    gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
-    `x` itself becomes an output. It runs in `converters.runtimes.ort_session`, as `run_onnx` does.
-    """
-
-    def __init__(self, onnx_path: str | Path | onnx.ModelProto):
-        model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
-        model, self.sources = _rewired(model)
-        self.session = ort_session(model.SerializeToString())
-        self.input = self.session.get_inputs()[0]
-
-    def run(
-        self, x: np.ndarray, imposed: list[np.ndarray] | None = None
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        check_input_shape(self.input.shape, np.asarray(x)[None], "the ONNX model")
-        batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
-        feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
-        for k in range(len(self.sources)):
-            mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
-            if imposed is not None:  # broadcast over the batch axis
-                value = np.asarray(imposed[k], np.float32)[None]
-                mask = np.ones(value.shape, dtype=bool)
-            feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
-        outputs = self.session.run(None, feed)
-        return outputs[0][0], [o[0] for o in outputs[1:]]
-
-
-def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of `model` with the probe's inputs and outputs, and its binarization sources."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    for k, node in enumerate(model.graph.node):  # the rewiring finds nodes by name
-        node.name = node.name or f"__node_{k}"
-    graph = Graph(model)
-    consumers: dict[str, list[str]] = {}
-    for found in binarizations_in(graph):
-        consumers.setdefault(found.source, []).append(found.nodes[0])
-    sources = list(consumers)  # binarizations_in lists them in graph order
-    position = {node.name: k for k, node in enumerate(model.graph.node)}
-    nodes = list(model.graph.node)
-    make_info = onnx.helper.make_tensor_value_info
-    for k, source in enumerate(sources):
-        chosen = f"{source}__tie_chosen"
-        for node in nodes:
-            if node.name in consumers[source]:
-                node.input[:] = [chosen if v == source else v for v in node.input]
-        model.graph.input.extend(
-            [
-                make_info(f"tie_mask_{k}", onnx.TensorProto.BOOL, None),
-                make_info(f"tie_value_{k}", onnx.TensorProto.FLOAT, None),
-            ]
-        )
-        model.graph.output.append(make_info(source, onnx.TensorProto.FLOAT, None))
-    inserts = sorted(
-        ((min(position[n] for n in consumers[s]), k, s) for k, s in enumerate(sources)),
-        reverse=True,
-    )
-    for at, k, source in inserts:  # right before the first consumer, so the order stays valid
-        where = onnx.helper.make_node(
-            "Where", [f"tie_mask_{k}", f"tie_value_{k}", source], [f"{source}__tie_chosen"]
-        )
-        nodes.insert(at, where)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return model, sources

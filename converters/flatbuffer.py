@@ -1,0 +1,198 @@
+"""A minimal TFLite flatbuffer reader: the operators a model holds, and its signature's outputs.
+
+Enough of the schema to list operators (LCE's custom ops by name, e.g. `LceBconv2d`), without
+importing TensorFlow.
+
+Example:
+    >>> from converters.flatbuffer import op_histogram
+    >>> op_histogram("model-arm64.tflite")["LceBconv2d"]              # doctest: +SKIP
+    3
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from converters.errors import InvalidModelError
+from converters.runtimes import read_flatbuffer
+
+
+def _table(buf: bytes, pos: int) -> tuple[int, list[int]]:
+    vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+    size = struct.unpack_from("<H", buf, vtable)[0]
+    fields = [struct.unpack_from("<H", buf, vtable + 4 + 2 * k)[0] for k in range((size - 4) // 2)]
+    return pos, fields
+
+
+def _field(buf: bytes, table: tuple[int, list[int]], index: int) -> int | None:
+    pos, fields = table
+    return pos + fields[index] if index < len(fields) and fields[index] else None
+
+
+def _vector(buf: bytes, at: int) -> list[int]:
+    start = at + struct.unpack_from("<I", buf, at)[0]
+    count = struct.unpack_from("<I", buf, start)[0]
+    return [start + 4 + 4 * k for k in range(count)]
+
+
+def _deref(buf: bytes, at: int) -> int:
+    return at + struct.unpack_from("<I", buf, at)[0]
+
+
+def _builtin_names() -> dict[int, str]:
+    """BuiltinOperator names from TF's generated schema, loaded without importing TensorFlow."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec and spec.submodule_search_locations:
+        path = (
+            Path(next(iter(spec.submodule_search_locations))) / "lite/python/schema_py_generated.py"
+        )
+        if path.is_file():
+            module_spec = importlib.util.spec_from_file_location("_tflite_schema", path)
+            module = importlib.util.module_from_spec(module_spec)
+            try:
+                module_spec.loader.exec_module(module)
+                ops = module.BuiltinOperator
+                return {v: k for k, v in vars(ops).items() if isinstance(v, int)}
+            except Exception:
+                pass
+    return {0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D",
+            4: "DEPTHWISE_CONV_2D", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL",
+            22: "RESHAPE", 25: "SOFTMAX", 32: "CUSTOM", 34: "PAD", 39: "TRANSPOSE",
+            41: "SUB", 42: "DIV", 60: "PADV2"}  # fmt: skip
+
+
+def _op_codes(buf: bytes, model: tuple[int, list[int]]) -> list[str]:
+    """The name of each operator code: builtin by schema name, custom by custom code."""
+    names = _builtin_names()
+    codes = []
+    for at in _vector(buf, _field(buf, model, 1)):
+        code = _table(buf, _deref(buf, at))
+        deprecated = _field(buf, code, 0)
+        custom = _field(buf, code, 1)
+        builtin = _field(buf, code, 3)
+        number = struct.unpack_from("<i", buf, builtin)[0] if builtin else 0
+        if deprecated is not None and not builtin:
+            number = struct.unpack_from("<b", buf, deprecated)[0]
+        if custom is not None:
+            codes.append(_string(buf, custom))
+        else:
+            codes.append(names.get(number, f"BUILTIN_{number}"))
+    return codes
+
+
+@dataclass
+class FlatOp:
+    """One operator of a flatbuffer's main subgraph: its index in the execution plan (the
+    node index `lce_benchmark_model`'s op profile prints), type, and tensor names."""
+
+    index: int
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    input_shapes: list[list[int]]
+    output_shapes: list[list[int]]
+
+
+def _int_vector(buf: bytes, at: int | None) -> tuple[int, ...]:
+    if at is None:
+        return ()
+    start = _deref(buf, at)
+    count = struct.unpack_from("<I", buf, start)[0]
+    return struct.unpack_from(f"<{count}i", buf, start + 4)
+
+
+def flatbuffer_ops(flatbuffer_bytes: bytes | str | Path) -> list[FlatOp]:
+    """The operators of the main subgraph in execution order, with their tensors' names
+    ("" for an optional input left out)."""
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        codes = _op_codes(buf, model)
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        tensors = [_table(buf, _deref(buf, at)) for at in _vector(buf, _field(buf, subgraph, 0))]
+
+        def name(index: int) -> str:
+            at = _field(buf, tensors[index], 3) if index >= 0 else None
+            return _string(buf, at) if at is not None else ""
+
+        def shape(index: int) -> list[int]:
+            return list(_int_vector(buf, _field(buf, tensors[index], 0))) if index >= 0 else []
+
+        ops = []
+        operators = _field(buf, subgraph, 3)
+        for k, op_at in enumerate(_vector(buf, operators) if operators else []):
+            op = _table(buf, _deref(buf, op_at))
+            index = _field(buf, op, 0)
+            code = codes[struct.unpack_from("<I", buf, index)[0] if index else 0]
+            ins, outs = (_int_vector(buf, _field(buf, op, f)) for f in (1, 2))
+            ops.append(
+                FlatOp(
+                    k,
+                    code,
+                    [name(i) for i in ins],
+                    [name(i) for i in outs],
+                    [shape(i) for i in ins],
+                    [shape(i) for i in outs],
+                )  # fmt: skip
+            )
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return ops
+
+
+def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
+    """How many times each operator occurs in a TFLite flatbuffer (all subgraphs).
+
+    Builtin ops by their schema name (CONV_2D, FULLY_CONNECTED...), custom ops by their
+    custom code (LceQuantize, LceBconv2d, LceBMaxPool2d, LceDequantize).
+    """
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        codes = _op_codes(buf, model)
+        counts: Counter[str] = Counter()
+        for at in _vector(buf, _field(buf, model, 2)):
+            subgraph = _table(buf, _deref(buf, at))
+            operators = _field(buf, subgraph, 3)
+            for op_at in _vector(buf, operators) if operators else []:
+                op = _table(buf, _deref(buf, op_at))
+                index = _field(buf, op, 0)
+                counts[codes[struct.unpack_from("<I", buf, index)[0] if index else 0]] += 1
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return dict(sorted(counts.items()))
+
+
+def _string(buf: bytes, at: int) -> str:
+    start = _deref(buf, at)
+    length = struct.unpack_from("<I", buf, start)[0]
+    return buf[start + 4 : start + 4 + length].decode()
+
+
+def signature_outputs(flatbuffer_bytes: bytes | str | Path) -> list[str]:
+    """The serving signature's output names, in the order the interpreter returns outputs.
+
+    The converter orders a flatbuffer's outputs its own way (not by name); the signature maps
+    each name to a tensor, and the main subgraph lists its output tensors in output order.
+    """
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        at = _deref(buf, _field(buf, subgraph, 2))
+        order = struct.unpack_from(f"<{struct.unpack_from('<I', buf, at)[0]}i", buf, at + 4)
+        signature = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 7))[0]))
+        names = {}
+        for entry in _vector(buf, _field(buf, signature, 1)):
+            tensor_map = _table(buf, _deref(buf, entry))
+            index = _field(buf, tensor_map, 1)
+            names[struct.unpack_from("<I", buf, index)[0] if index else 0] = _string(
+                buf, _field(buf, tensor_map, 0)
+            )
+        return [names[k] for k in order]
+    except (struct.error, IndexError, KeyError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"flatbuffer without a readable signature ({error})") from None

@@ -1,0 +1,53 @@
+"""The conversion gate: is a converted model the same model as its reference, up to rounding?
+
+- `predicate`: `validate`, the one fidelity predicate (plain comparison, sign-tie replay,
+  recurring values), with `GateOptions`, `GateReport`, `Replay`, `Witness`, `SignProbe`;
+- `compare`: the plain comparison (`compare`, `RTOL`);
+- `probe`: ONNX Runtime as a `SignProbe` (`OnnxProbe`);
+- `inconclusive`: telling a degenerate model from a wrong conversion;
+- `twin`: the exact-grid twin, the rounding-free copy of a graph;
+- `checks`: the checks a conversion must pass, in order (`check_conversion`).
+
+docs/ARCHITECTURE.md ("Conversion gate") gives the reasoning.
+
+Example:
+    >>> import numpy as np
+    >>> from converters.gate import GateOptions, validate
+    >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
+    >>> validate(ref, ref + 1e-6, np.zeros((2, 1)), GateOptions()).argmax_agreement
+    1.0
+"""
+
+from converters.gate.compare import RTOL, Agreement, compare
+from converters.gate.inconclusive import TRUST_TWIN, inconclusive, near_zero_census
+from converters.gate.predicate import (
+    TIE_RTOL,
+    GateOptions,
+    GateReport,
+    Replay,
+    SignProbe,
+    Witness,
+    mismatch_diagnostics,
+    signbit_negative,
+    validate,
+)
+from converters.gate.probe import OnnxProbe
+
+__all__ = [
+    "RTOL",
+    "TIE_RTOL",
+    "TRUST_TWIN",
+    "Agreement",
+    "GateOptions",
+    "GateReport",
+    "OnnxProbe",
+    "Replay",
+    "SignProbe",
+    "Witness",
+    "compare",
+    "inconclusive",
+    "mismatch_diagnostics",
+    "near_zero_census",
+    "signbit_negative",
+    "validate",
+]

@@ -1,0 +1,330 @@
+"""The conversion gate's checks, in the order `check_conversion` runs them.
+
+1. No exact 0 reaches a binarization the normaliser made out of a plain Sign
+   (`check_zero_free`: there the original maps 0 to 0, the flatbuffer to +1).
+2. LCE against ONNX Runtime and each `Reference` (PyTorch, from bnnexport), and the float
+   TFLite model against ONNX Runtime when it is written (`run_gates`): plainly, or after
+   replaying the candidate's own signs (`WitnessModels`) at bounded rounding ties
+   (`converters.gate.predicate`).
+3. When 2 refuses: the exact-grid twin's verdict and, for a model whose binarization inputs sit
+   within rounding of zero by the thousand, the InconclusiveCheckError that says so
+   (`converters.gate.inconclusive`), or acceptance on the twin with `trust_twin`.
+4. The exact-grid twin (`check_twin`, `converters.gate.twin`): agreement with no tie at all.
+
+docs/ARCHITECTURE.md ("Conversion gate") gives the reasoning.
+
+Example:
+    >>> from converters.gate.checks import check_conversion
+    >>> checked = check_conversion(onnx_path=path, model=model, translated=translated,
+    ...     inputs=x, references=(), options=ConvertOptions(), zero_sensitive={},
+    ...     check_float=False)                                           # doctest: +SKIP
+    >>> [g.candidate for g in checked.gates]                            # doctest: +SKIP
+    ['LCE']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnx
+
+from converters.errors import ConversionMismatchError, ZeroSignError
+from converters.flatbuffer import signature_outputs
+from converters.gate.inconclusive import inconclusive
+from converters.gate.predicate import (
+    GateOptions,
+    GateReport,
+    Replay,
+    SignProbe,
+    Witness,
+    signbit_negative,
+    validate,
+)
+from converters.gate.probe import OnnxProbe
+from converters.gate.twin import exact_grid_twin, grid_inputs
+from converters.runners import run_lce, run_onnx, run_tflite
+from converters.runtimes import lce_interpreter, ort_session, tflite_interpreter
+from converters.translate import Translated, releasing, translate
+
+FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check
+TWIN_SAMPLES = 16  # exact-grid twin: rounding-free, so a few samples show any translation bug
+# the twin's arithmetic is exact up to float ops after the last binarization (a 7x7 average):
+# bit-exact for every zoo model but QuickNet-Small (docs/BENCHMARKS.md "Conversion scaling")
+TWIN_RTOL = 1e-6
+
+
+class Checking(Protocol):
+    """How the checks run (`converters.lce.ConvertOptions` is one): the gate's thresholds,
+    whether to run the exact-grid twin, whether to accept an inconclusive model on it, and a
+    `step` callback announcing each step."""
+
+    gate: GateOptions
+    twin: bool
+    trust_twin: bool
+
+    def step(self, line: str) -> None: ...
+
+
+@dataclass
+class Checked:
+    """What the checks measured: one report per real-weight comparison (LCE vs ONNX Runtime
+    first, then each reference, then the float TFLite model), the twin's, and, when an
+    inconclusive model was accepted on the twin (`trust_twin`), why."""
+
+    gates: list[GateReport]
+    twin: list[GateReport]
+    trusted_twin: dict | None = None
+
+
+def check_conversion(
+    *,
+    onnx_path: Path | bytes,
+    model: onnx.ModelProto,
+    translated: Translated,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: Checking,
+    zero_sensitive: dict[str, float],
+    check_float: bool,
+) -> Checked:
+    """Run the checks in order (module doc) on the normalised `model` and its `translated`
+    flatbuffers; `onnx_path` is what ONNX Runtime runs as the reference. Raises the first
+    refusal: ZeroSignError, ConversionMismatchError or InconclusiveCheckError."""
+    options.step(f"gate: LCE against {len(references) + 1} reference(s) on {len(inputs)} samples")
+    check_zero_free(model, zero_sensitive, inputs, "check sample")
+    twin: list[GateReport] | None = None
+    trusted = None
+    with releasing(model.ByteSize()):  # the gate's sessions and interpreters, before the twin's
+        try:
+            gates = run_gates(onnx_path, model, translated, inputs, references, options.gate,
+                              check_float)  # fmt: skip
+        except ConversionMismatchError as error:
+            gates, twin, trusted = _refused(error, model, inputs, references, options)
+    if options.twin and twin is None:
+        options.step("exact-grid twin: convert and compare")
+        twin = check_twin(model, inputs, references, options.gate)
+    return Checked(gates, twin or [], trusted)
+
+
+@dataclass
+class Reference:
+    """A model the flatbuffer must match besides ONNX Runtime (bnnexport passes PyTorch).
+
+    `outputs(inputs)` runs it on the check inputs (called after ONNX Runtime has checked their
+    shape); `probe` builds a `SignProbe` of it (for the tie replay);
+    `twin_outputs(twin_model, twin_inputs)` runs its own exact-grid twin.
+    """
+
+    name: str
+    outputs: Callable[[np.ndarray], np.ndarray]
+    probe: Callable[[], SignProbe] | None = None
+    twin_outputs: Callable[[onnx.ModelProto, np.ndarray], np.ndarray] | None = None
+
+
+class WitnessModels:
+    """The model translated again with every binarization's input as an extra output, converted
+    with LCE and with the stock TFLite converter: witnesses of what each flatbuffer binarizes.
+
+    The extra outputs can stop LCE fusing a bconv with the binarization after it, so a witness
+    is not the shipped flatbuffer; the gate uses it only on samples where its logits are the
+    shipped flatbuffer's own. Built on first use: most conversions meet no tie.
+    """
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self._flatbuffers: dict[str, bytes] | None = None
+        self.sources: list[str] = []
+
+    def _convert(self) -> dict[str, bytes]:
+        if self._flatbuffers is None:
+            translated = translate(self.model, float_model=True, witness=True)
+            self.sources = translated.info.witness_sources
+            self._flatbuffers = {
+                "LCE": translated.flatbuffer, "float TFLite": translated.float_flatbuffer or b""
+            }  # fmt: skip
+        return self._flatbuffers
+
+    def witness(self, runtime: str) -> Witness:
+        """The `Witness` of "LCE" (sign-bit rule) or "float TFLite" (x < 0 rule)."""
+        state: dict[str, Callable] = {}
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            if not state:
+                state["run"] = _named_outputs(self._convert()[runtime], runtime)
+            outputs = state["run"](x[None].astype(np.float32))
+            by_source = {s: outputs[f"witness_{k:03d}"][0] for k, s in enumerate(self.sources)}
+            return outputs["output_0"][0], by_source
+
+        negative = signbit_negative if runtime == "LCE" else (lambda v: np.asarray(v) < 0)
+        return Witness(run=run, negative=negative)
+
+
+def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], dict]:
+    """A runner returning a flatbuffer's outputs by signature name (LCE reorders them)."""
+    if runtime == "LCE":
+        order = signature_outputs(flatbuffer)
+        interpreter = lce_interpreter(flatbuffer)
+        return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+    runner = tflite_interpreter(flatbuffer).get_signature_runner()
+    return lambda x: runner(input_0=x)
+
+
+def binarization_inputs(
+    model: onnx.ModelProto, sources: Sequence[str], inputs: np.ndarray
+) -> dict[str, np.ndarray]:
+    """ONNX Runtime's values of tensors `sources` of `model` on `inputs` (one sample at a
+    time, so a model whose batch was fixed to 1 takes any number of samples)."""
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {o.name for o in probe.graph.output}
+    for name in sources:
+        if name not in known:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort_session(probe.SerializeToString())
+    first = session.get_inputs()[0]
+    batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
+    names = list(sources)
+    found: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for x in np.asarray(inputs, np.float32):  # a fixed batch gets the sample repeated
+        feed = {first.name: np.repeat(x[None], batch, axis=0)}
+        for name, value in zip(names, session.run(names, feed), strict=True):
+            found[name].append(value[:1])
+    return {n: np.stack(v) for n, v in found.items()}
+
+
+def check_zero_free(
+    model: onnx.ModelProto, zero_sensitive: dict[str, float], inputs: np.ndarray, what: str
+) -> None:
+    """ZeroSignError unless no exact 0 (or -0.0) reaches a binarization the normaliser made out
+    of a plain Sign (or `x > 0`): there the original maps 0 to 0 (or -1), the flatbuffer to +1.
+    Everywhere else the two are the same function, so on `inputs` they agree exactly."""
+    if not zero_sensitive:
+        return
+    values = binarization_inputs(model, list(zero_sensitive), inputs)
+    for source, value in values.items():
+        zeros = np.argwhere(value.reshape(len(value), -1) == 0)
+        if len(zeros):
+            raise ZeroSignError(
+                f"{len(zeros)} exact zero(s) reach the plain Sign of {source!r} on {what} "
+                f"{int(zeros[0][0])}: it maps 0 to {zero_sensitive[source]:g}, which LCE's "
+                "1-bit activations cannot hold; binarize with sign(sign(x) + 0.1) or "
+                "where(x >= 0, 1, -1) (sign(0) = +1) and export again"
+            )
+
+
+def check_twin(
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: GateOptions,
+) -> list[GateReport]:
+    """Convert the exact-grid twin of `model` and require LCE to agree with ONNX Runtime and
+    each reference's own twin with no tie at all (`converters.gate.twin`). The twin's inputs of
+    binarizations made from a plain Sign are not required to be zero-free: the twin is built
+    from the normalised graph, where both runtimes map 0 to +1 there, so its (common) exact
+    zeros test how the translator breaks them; whether the real model meets a zero is shown
+    on the real samples (`check_zero_free`)."""
+    twin = exact_grid_twin(model)
+    x = grid_inputs(inputs[:TWIN_SAMPLES])
+    flatbuffer = translate(twin, float_model=False).flatbuffer
+    lce_out = run_lce(flatbuffer, x)
+    strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
+    names = ("ONNX Runtime twin", "LCE twin")
+    reports = [validate(run_onnx(twin.SerializeToString(), x), lce_out, x, strict, names)]
+    for ref in references:
+        if ref.twin_outputs is not None:
+            names = (f"{ref.name} twin", "LCE twin")
+            reports.append(validate(ref.twin_outputs(twin, x), lce_out, x, strict, names))
+    return reports
+
+
+def twin_verdict(
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: Checking,
+) -> tuple[list[GateReport] | None, str]:
+    """(the twin's reports, or None when it failed or did not run; what it said, in words)."""
+    if not options.twin:
+        return None, "not run (twin check disabled)"
+    options.step("exact-grid twin: convert and compare")
+    try:
+        reports = check_twin(model, inputs, references, options.gate)
+    except ConversionMismatchError as error:
+        return None, f"failed: {error}"
+    worst = max(r.max_abs_diff for r in reports)
+    return reports, f"passed ({len(reports)} comparisons, no tie, max |diff| {worst:.3g})"
+
+
+def _refused(
+    error: ConversionMismatchError,
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: Checking,
+) -> tuple[list[GateReport], list[GateReport] | None, dict]:
+    """After the real-weight gate refused: run the twin and raise `error`, with the twin's
+    verdict in its diagnostics, or the InconclusiveCheckError that explains it (a degenerate
+    model, `converters.gate.inconclusive`). With `options.trust_twin`, an inconclusive model
+    whose twin passes is accepted: returns (no gate reports, the twin's, the record)."""
+    twin, said = twin_verdict(model, inputs, references, options)
+    rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
+    found = inconclusive(error, OnnxProbe(model), inputs, rows, options.gate, said)
+    if found is None:
+        raise error
+    if not (options.trust_twin and twin is not None):
+        raise found from None
+    options.step("real-weight check inconclusive: accepted on the exact-grid twin (--trust-twin)")
+    return [], twin, {**found.diagnostics, "inconclusive": str(found)}
+
+
+def run_gates(
+    onnx_path: Path | bytes,
+    model: onnx.ModelProto,
+    translated: Translated,
+    inputs: np.ndarray,
+    references: Sequence[Reference],
+    options: GateOptions,
+    check_float: bool,
+) -> list[GateReport]:
+    """LCE against ONNX Runtime and each reference; the float TFLite model against ONNX
+    Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand.
+    Recurring splits are judged where the translator decides signs exactly
+    (`TranslationInfo.exact_sources`), each reference arbitrating the others'."""
+    witnesses = WitnessModels(model)
+    probes: dict[str, SignProbe] = {}
+
+    def onnx_probe() -> SignProbe:
+        if "onnx" not in probes:
+            probes["onnx"] = OnnxProbe(model)
+        return probes["onnx"]
+
+    judged = frozenset(translated.info.exact_sources)
+    onnx_outputs = run_onnx(onnx_path, inputs)
+    lce_outputs = run_lce(translated.flatbuffer, inputs)
+    lce_witness = witnesses.witness("LCE")
+    # each reference's probe arbitrates the values the others split on (converters.gate)
+    arbiters = [onnx_probe, *(ref.probe for ref in references if ref.probe is not None)]
+    replay = Replay(onnx_probe, lce_witness, arbiters[1:], judged)
+    gates = [validate(onnx_outputs, lce_outputs, inputs, options, ("ONNX Runtime", "LCE"), replay)]
+    for ref in references:
+        others = [a for a in arbiters if a is not ref.probe]
+        replay = None if ref.probe is None else Replay(ref.probe, lce_witness, others, judged)
+        found = ref.outputs(inputs)
+        gates.append(validate(found, lce_outputs, inputs, options, (ref.name, "LCE"), replay))
+    if check_float:
+        few = slice(0, FLOAT_CHECK_SAMPLES)
+        gates.append(
+            validate(
+                onnx_outputs[few],
+                run_tflite(translated.float_flatbuffer, inputs[few]),
+                inputs[few],
+                options,
+                ("ONNX Runtime", "float TFLite"),
+                Replay(onnx_probe, witnesses.witness("float TFLite"), arbiters[1:], judged),
+            )
+        )
+    return gates

@@ -1,0 +1,82 @@
+"""ONNX Runtime as a `converters.gate.SignProbe`: read and impose every binarization's signs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from converters.graph import Graph, load_onnx
+from converters.patterns import binarizations_in
+from converters.runners import check_input_shape
+from converters.runtimes import ort_session
+
+
+class OnnxProbe:
+    """The ONNX model in ONNX Runtime, rewired so every binarization's signs can be imposed.
+
+    For each binarization input `x` (non-constant source of a binarization pattern) the graph
+    gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
+    `x` itself becomes an output. It runs in `converters.runtimes.ort_session`, as `run_onnx` does.
+    """
+
+    def __init__(self, onnx_path: str | Path | onnx.ModelProto):
+        model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
+        model, self.sources = _rewired(model)
+        self.session = ort_session(model.SerializeToString())
+        self.input = self.session.get_inputs()[0]
+
+    def run(
+        self, x: np.ndarray, imposed: list[np.ndarray] | None = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        check_input_shape(self.input.shape, np.asarray(x)[None], "the ONNX model")
+        batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
+        feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
+        for k in range(len(self.sources)):
+            mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
+            if imposed is not None:  # broadcast over the batch axis
+                value = np.asarray(imposed[k], np.float32)[None]
+                mask = np.ones(value.shape, dtype=bool)
+            feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
+        outputs = self.session.run(None, feed)
+        return outputs[0][0], [o[0] for o in outputs[1:]]
+
+
+def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of `model` with the probe's inputs and outputs, and its binarization sources."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for k, node in enumerate(model.graph.node):  # the rewiring finds nodes by name
+        node.name = node.name or f"__node_{k}"
+    graph = Graph(model)
+    consumers: dict[str, list[str]] = {}
+    for found in binarizations_in(graph):
+        consumers.setdefault(found.source, []).append(found.nodes[0])
+    sources = list(consumers)  # binarizations_in lists them in graph order
+    position = {node.name: k for k, node in enumerate(model.graph.node)}
+    nodes = list(model.graph.node)
+    make_info = onnx.helper.make_tensor_value_info
+    for k, source in enumerate(sources):
+        chosen = f"{source}__tie_chosen"
+        for node in nodes:
+            if node.name in consumers[source]:
+                node.input[:] = [chosen if v == source else v for v in node.input]
+        model.graph.input.extend(
+            [
+                make_info(f"tie_mask_{k}", onnx.TensorProto.BOOL, None),
+                make_info(f"tie_value_{k}", onnx.TensorProto.FLOAT, None),
+            ]
+        )
+        model.graph.output.append(make_info(source, onnx.TensorProto.FLOAT, None))
+    inserts = sorted(
+        ((min(position[n] for n in consumers[s]), k, s) for k, s in enumerate(sources)),
+        reverse=True,
+    )
+    for at, k, source in inserts:  # right before the first consumer, so the order stays valid
+        where = onnx.helper.make_node(
+            "Where", [f"tie_mask_{k}", f"tie_value_{k}", source], [f"{source}__tie_chosen"]
+        )
+        nodes.insert(at, where)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model, sources

@@ -1,0 +1,98 @@
+"""An ONNX model through the translator and the converters: the LCE flatbuffer and, when asked,
+the stock TFLite converter's float flatbuffer, with the memory TensorFlow leaves behind released
+between the steps.
+
+Example:
+    >>> from converters.translate import translate
+    >>> translated = translate(model, float_model=True)                 # doctest: +SKIP
+    >>> len(translated.flatbuffer) < len(translated.float_flatbuffer)   # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from converters.onnx_to_tf import TranslationInfo
+from converters.runtimes import tf
+
+# A full collection costs about half a second once TensorFlow is loaded; below this model size
+# the leftovers it would free are small too.
+RELEASE_ABOVE_BYTES = 32 << 20
+
+
+def release_memory(model_bytes: int) -> None:
+    """For a model of `model_bytes` (at least `RELEASE_ABOVE_BYTES`): collect TensorFlow's
+    reference cycles and hand freed heap back to the OS.
+
+    Building and saving a `tf.function` leaves its graph (the model's constants, ~1x-10x the
+    ONNX file) in reference cycles that only `gc.collect()` frees, and glibc keeps freed
+    memory in its arenas until `malloc_trim`; without both, every conversion of a large model
+    starts on top of the last one's leftovers (docs/LCE_NOTES.md "Conversion memory")."""
+    if model_bytes < RELEASE_ABOVE_BYTES:
+        return
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass
+
+
+@contextlib.contextmanager
+def releasing(model_bytes: int) -> Iterator[None]:
+    """`release_memory(model_bytes)` when the block ends, however it ends: around each step
+    that leaves a copy of the model's constants behind."""
+    try:
+        yield
+    finally:
+        release_memory(model_bytes)
+
+
+@dataclass
+class Translated:
+    """The LCE flatbuffer, the float flatbuffer (None when not asked for) and what the
+    translator saw (`TranslationInfo`: with `witness`, the sources of the extra outputs)."""
+
+    flatbuffer: bytes
+    float_flatbuffer: bytes | None
+    info: TranslationInfo
+
+
+def translate(model: onnx.ModelProto, float_model: bool, witness: bool = False) -> Translated:
+    """Translate `model` to a SavedModel (`converters.onnx_to_tf`, with every binarization's
+    input as an extra output when `witness`) and convert it with LCE (target "arm") and, with
+    `float_model`, the stock TFLite converter."""
+    from converters.onnx_to_tf import save_saved_model
+
+    tf()  # first, so TensorFlow's start-up log lines are discarded
+    import larq_compute_engine as lce
+
+    size = model.ByteSize()
+    with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
+        saved = str(Path(tmp) / "saved")
+        with releasing(size):  # the traced graph, before the converter copies the model again
+            info = save_saved_model(model, saved, witness=witness)
+        with releasing(size):
+            flatbuffer = lce.convert_saved_model(saved, target="arm")
+        float_flatbuffer = _float_tflite(saved, size) if float_model else None
+    return Translated(flatbuffer, float_flatbuffer, info)
+
+
+def _float_tflite(saved: str, model_bytes: int) -> bytes:
+    """The stock TFLite converter on a SavedModel. `from_saved_model` loads the whole model
+    into Python only to read its signatures and drops it into reference cycles: collect it
+    before the converter reads the model again (docs/LCE_NOTES.md "Conversion memory")."""
+    with releasing(model_bytes):
+        converter = tf().lite.TFLiteConverter.from_saved_model(saved)
+    with releasing(model_bytes):
+        flatbuffer = converter.convert()
+        del converter
+    return flatbuffer
