@@ -99,7 +99,11 @@ def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
         raise unsupported(node, "only casts to float32")
     if node.op_type in ("Identity", "Dropout", "Cast"):
         return x
-    return Value(fns[node.op_type](x.t), x.layout, x.perm)
+    raw = x.is_affine and np.all(x.m == 1.0) and not np.any(x.b)
+    # LCE fuses a ReLU of a bconv's accumulator, and a per-channel affine after it, into the
+    # bconv: keep the fan-in, which decides whether that affine may be folded (channel_affine)
+    fan_in = x.fan_in if node.op_type == "Relu" and raw else None
+    return Value(fns[node.op_type](x.t), x.layout, x.perm, fan_in=fan_in)
 
 
 def prelu(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:

@@ -194,7 +194,8 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
     else:
         y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
     y, bias = _apply_correction(y, _conv_bias(tr, node, len(scale)), correction, scale)
-    return Value(None, "nhwc", acc=y, m=scale, b=bias)
+    fan_in = int(np.prod(match.kernel.shape[1:]))
+    return Value(None, "nhwc", acc=y, m=scale, b=bias, fan_in=fan_in)
 
 
 def _emit_split(x, plan: PaddingPlan, k_hwio: np.ndarray, strides, dilations, groups: int):
@@ -344,7 +345,7 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
         bias = np.broadcast_to(c.reshape(-1) * attrs.get("beta", 1.0), bias.shape).astype(
             np.float32
         )
-    return Value(None, "flat4", acc=y, m=scale, b=bias)
+    return Value(None, "flat4", acc=y, m=scale, b=bias, fan_in=int(signs.shape[0]))
 
 
 def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:

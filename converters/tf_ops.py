@@ -59,13 +59,16 @@ class Value:
     # the name scope of the node that made the pending affine map: its ops are named after
     # that node wherever they are first read (converters.layer_map)
     origin: str | None = None
+    # the fan-in K of the binary conv whose raw output this is (its accumulator, or a ReLU of
+    # it): LCE may fold a per-channel affine that follows into the bconv (`affine_after_bconv`)
+    fan_in: int | None = None
 
     @property
     def t(self) -> Any:
         """The stored tensor, materialising a pending affine map."""
         if self.stored is None:
             with self._scope():
-                self.stored = affine(self.acc, self.m, self.b)
+                self.stored = affine_after_bconv(self.acc, self.m, self.b, self.fan_in)
         return self.stored
 
     def _scope(self) -> Any:
@@ -132,6 +135,37 @@ def affine(acc: Any, m: np.ndarray, b: np.ndarray) -> Any:
     if np.any(b != 0.0):
         out = out + tf().constant(b.astype(np.float32))
     return out
+
+
+# LCE's float output transform folds its back-transformation into the bias, K*m + b, in float32
+# (docs/LCE_NOTES.md "Binary ops"): b survives only to within an ulp of K*|m|. Beyond this K*|m|
+# (an ulp of 2^-8), the affine map is applied after the bconv instead of folded into it.
+FOLD_LIMIT = 2.0**15
+
+
+def affine_after_bconv(acc: Any, m: np.ndarray, b: np.ndarray, fan_in: int | None) -> Any:
+    """`acc * m + b` (per channel, last axis) on a binary conv's raw output `acc` (an integer,
+    or a ReLU of one) of fan-in `fan_in`, folded by LCE into the bconv where that keeps b exact
+    to 2^-8 (`fan_in * |m| <= FOLD_LIMIT` for every channel).
+
+    Otherwise (a BatchNorm whose running variance is ~0, a channel that never fired while it
+    was calibrated: multiplier gamma/sqrt(eps) ~ 316) it is computed after the bconv, on a
+    flattened view LCE cannot fold, as `(acc - t) * m + (b + t * m)` with t = round(-b / m)
+    per channel: the integer subtraction is exact and leaves the small remainder to the
+    multiply, as torch's `(x - mean) * scale + beta` does, where `acc * m + b` would cancel
+    two large numbers."""
+    if fan_in is None or fan_in * float(np.abs(m).max(initial=0.0)) <= FOLD_LIMIT:
+        return affine(acc, m, b)
+    m64, b64 = m.astype(np.float64), b.astype(np.float64)
+    t = np.round(np.divide(-b64, m64, out=np.zeros_like(b64), where=m64 != 0))
+    shape = [int(d) for d in acc.shape]
+
+    def tiled(c: np.ndarray) -> Any:
+        return tf().constant(np.broadcast_to(c.astype(np.float32), shape[1:]).reshape(1, -1))
+
+    flat = tf().reshape(acc, [shape[0], -1])  # as `subtract_spatial`: no fusion across it
+    flat = (flat - tiled(t)) * tiled(m64) + tiled(b64 + t * m64)
+    return tf().reshape(flat, shape)
 
 
 def tie_break_bias(m: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -329,7 +363,9 @@ def channel_affine(x: Value, m: np.ndarray, b: np.ndarray) -> Value:
     """x * m + b with per-channel (logical axis 1) constants."""
     channels = stored_channels(x)
     if x.is_affine and channels is not None:
-        return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b)
+        return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b, fan_in=x.fan_in)
+    if channels is not None and x.fan_in is not None:  # a ReLU of a bconv's accumulator
+        return Value(affine_after_bconv(x.t, m, b, x.fan_in), x.layout, x.perm)
     if channels is not None:
         # 1-D constants: LCE folds a Mul/Add after a bconv into its [C] multiplier and bias,
         # and a 4-D [1, 1, 1, C] constant there makes the flatbuffer fail to load

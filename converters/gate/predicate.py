@@ -265,9 +265,11 @@ def _replay(
     target: np.ndarray,
     tolerance: float,
     options: GateOptions,
+    judged: frozenset[str] | None,
 ) -> tuple[np.ndarray, list[SignDiff], dict[str, np.ndarray]]:
     """Impose the witness's signs in the probe on one sample; (logits, the differing signs of
-    each binarization that has any, the signs imposed by source)."""
+    each binarization that has any, the signs imposed by source). Outside `judged` (where the
+    candidate's values are its own: a tie-broken accumulator), the values must agree too."""
     logits, witnessed = witness.run(x)
     if not _matches(logits, target, tolerance):
         raise _Mismatch("its witness computes other logits than the candidate itself")
@@ -283,12 +285,34 @@ def _replay(
         if diff.positions:
             diffs.append(diff)
             _judge(diff, options, diffs)
+        if judged is not None and source not in judged:
+            _same_values(source, their, mine, options.rtol, diffs)
     if not _matches(replayed, target, tolerance):
         worst = float(np.abs(replayed.reshape(-1) - target.reshape(-1)).max())
         raise _Mismatch(
             f"with the candidate's signs the reference still differs by {worst:.3g}", diffs
         )
     return replayed, diffs, dict(zip(probe.sources, imposed, strict=True))
+
+
+def _same_values(
+    source: str, their: np.ndarray, mine: np.ndarray, rtol: float, diffs: list[SignDiff]
+) -> None:
+    """_Mismatch unless the candidate's value of every input of one binarization is within
+    `rtol` of the tensor's largest |value| of the reference's: with the same signs upstream,
+    the two compute the same float function, so a tie changes signs, never values."""
+    their = np.asarray(their, np.float64).reshape(mine.shape)
+    gaps = np.nan_to_num(np.abs(their - mine), nan=np.inf)
+    top, worst = float(np.abs(mine).max()), int(gaps.argmax())
+    if gaps.flat[worst] <= rtol * top:
+        return
+    channel = worst // (mine.size // mine.shape[0])
+    raise _Mismatch(
+        f"with the same signs upstream, input {worst} (channel {channel}) of {source!r} is "
+        f"{their.flat[worst]:.6g} in the candidate and {mine.flat[worst]:.6g} in the "
+        f"reference ({gaps.flat[worst] / max(top, 1e-30):.2g} of its largest value): a value "
+        "computed otherwise, not a sign tie", diffs,
+    )  # fmt: skip
 
 
 def _without_replay(
@@ -412,7 +436,13 @@ def validate(
         sample = np.asarray(inputs[row], np.float32)
         try:
             logits, diffs, signs = _replay(
-                sign_probe, replay.witness, sample, out[row], plain.tolerance, options
+                sign_probe,
+                replay.witness,
+                sample,
+                out[row],
+                plain.tolerance,
+                options,
+                replay.judged,
             )
             recurrence.add(row, sample, diffs, signs)
         except _Mismatch as why:

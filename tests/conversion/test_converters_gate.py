@@ -388,3 +388,31 @@ def test_a_sign_far_from_zero_is_wrong_even_in_a_degenerate_model(tmp_path):
     near = {**far, "reference_largest": 1e-7, "positions": 300}  # the candidate's: far
     error = ConversionMismatchError("ties", {"binarizations": [near], "why": "300 signs differ"})
     assert inconclusive(error, OnnxProbe(path), x, [2], GateOptions()) is not None
+
+
+def test_a_value_computed_otherwise_is_refused_even_when_every_sign_is_explained(tied):
+    """A replay explains signs, never values: with the candidate's signs imposed, the reference
+    computes the same float function, so each binarization input must agree within rtol of its
+    largest value. (LCE's fused output transform of a one-padded binary conv once lost the
+    BatchNorm bias of a channel with a huge multiplier: every sign explained, values 7e-4 of
+    the range off.) Where the candidate's values are its own (`judged`: tie-broken
+    accumulators) only signs are compared."""
+    path, x, ort, tie = tied
+    probe = OnnxProbe(path)
+    _, values = probe.run(x[0])
+    far = int(np.abs(values[1]).reshape(-1).argmax())
+
+    def shown(k: int, v: np.ndarray) -> np.ndarray:
+        v = mirrored_at(tie)(k, v)
+        if k == 1:
+            v.reshape(-1)[far] *= 1.01  # same sign, 1 % off
+        return v
+
+    outputs, witness = controlled(probe, flip_at(tie), shown)
+    candidate = outputs(x[:1])
+    checked = Replay(lambda: probe, Witness(witness), judged=frozenset())
+    with pytest.raises(ConversionMismatchError, match="a value computed otherwise") as refused:
+        validate(ort[:1], candidate, x[:1], GateOptions(), ("ORT", "other"), checked)
+    assert f"input {far} " in str(refused.value)
+    own = Replay(lambda: probe, Witness(witness), judged=frozenset(probe.sources))
+    assert validate(ort[:1], candidate, x[:1], GateOptions(), ("ORT", "o"), own).tie_samples == [0]

@@ -329,3 +329,54 @@ def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypat
     monkeypatch.setattr(converters.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
     with pytest.raises(ConversionMismatchError, match="LCE twin vs ONNX Runtime twin"):
         check_twin(model, x, [], GateOptions())
+
+
+class DeadChannels(nn.Module):
+    """QuickNet's bconv -> ReLU -> BatchNorm, one-padded, with every fourth channel one that
+    never fires: its ±1 kernel is all -1 and every input is +1 (the stem's weights are 0, its
+    bias 1), so its accumulator is -288 everywhere, and its BatchNorm statistics say so (mean
+    and variance 0: multiplier gamma/sqrt(eps) = 316; output exactly beta)."""
+
+    DEAD = slice(None, None, 4)
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Conv2d(3, 32, 3, padding=1)
+        self.conv = binary_conv(32, 32)
+        self.bn = trained_bn(nn.BatchNorm2d(32))
+        with torch.no_grad():
+            self.first.weight.zero_()
+            self.first.bias.fill_(1.0)
+            self.conv.weight[self.DEAD] = -1.0
+            self.bn.running_mean[self.DEAD] = 0.0
+            self.bn.running_var[self.DEAD] = 0.0
+            self.bn.bias[self.DEAD] = torch.linspace(-0.01, 0.01, 8)
+
+    def forward(self, x):
+        x = self.first(x)
+        y = self.conv(F.pad(sign(x), (1, 1, 1, 1), value=1.0))
+        return (x + self.bn(F.relu(y))).mean((2, 3))
+
+
+def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_exactly(tmp_path):
+    """LCE folds a BatchNorm after a bconv (and a ReLU) into its output transform as K*m + b in
+    float32; with m = 316 and K = 288 that rounds b (-0.01..0.01) to a multiple of 2^-7
+    (docs/LCE_NOTES.md "Binary ops"). Such an affine map is applied after the bconv instead,
+    and the channels that never fire come out as torch computes them: 1 + beta."""
+    import numpy as np
+    from support.converter_nets import export
+
+    from converters.gate import compare
+    from converters.lce import convert_onnx
+    from converters.runners import run_lce
+
+    net = DeadChannels().eval()
+    path = export(net, (1, 3, 4, 4), tmp_path / "net.onnx")
+    x = np.random.default_rng(0).standard_normal((16, 3, 4, 4)).astype(np.float32)
+    with torch.no_grad():
+        expected = net(torch.from_numpy(x)).numpy()
+    result = convert_onnx(path, tmp_path / "net.tflite", inputs=x)
+    got = run_lce(result.output, x)
+    _assert_exact_binary(result, compare(expected, got), 1)
+    dead = np.abs(got - expected)[:, DeadChannels.DEAD]
+    assert dead.max() <= 1e-6, dead.max(axis=0)
