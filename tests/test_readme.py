@@ -134,7 +134,7 @@ def test_readme_own_model_example_runs_to_a_bench_number(tmp_path):
     import json
     import shlex
 
-    from support.cli_inprocess import run_in_process
+    from support.cli import run_in_process
 
     code, commands = own_model_example()
     printed, _ = _exec_in(code, tmp_path)

@@ -10,10 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from click.testing import CliRunner
+from support.cli import invoke
 from support.converter_nets import export, sign
-
-from bnnexport.cli import main
 
 
 class SignedWeight(nn.Module):
@@ -28,10 +26,6 @@ class SignedWeight(nn.Module):
 
     def forward(self, x):
         return F.conv2d(sign(self.stem(x)), self.w.sign(), padding=1).mean((2, 3))
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
 
 
 def one_line(result, code: int) -> str:

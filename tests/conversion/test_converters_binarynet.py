@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from support.cli import invoke
 from support.converter_nets import binary_conv, binary_linear, export, sign, trained_bn
 
 from bnnexport.quantizers import SteSign
@@ -97,16 +98,13 @@ def test_binarynet_without_the_exact_zero_tie_break_is_refused(tmp_path, monkeyp
     diagnostics file the line names says where (the twin, exact, passes)."""
     import json
 
-    from click.testing import CliRunner
-
     import converters.tf_ops
-    from bnnexport.cli import main
 
     torch.manual_seed(0)
     path = export(BinaryNet().eval(), (1, 3, 32, 32), tmp_path / "binarynet.onnx",
                   do_constant_folding=False)  # fmt: skip
     monkeypatch.setattr(converters.tf_ops, "tie_break_bias", lambda m, b: b.astype(np.float32))
-    result = CliRunner().invoke(main, ["convert", str(path)])
+    result = invoke("convert", str(path))
     assert result.exit_code == 1, result.output
     assert "no flatbuffer kept" in result.stderr and len(result.stderr.splitlines()) == 1
     assert "not a rounding tie" in result.stderr, result.stderr

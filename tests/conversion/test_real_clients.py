@@ -12,10 +12,8 @@ node and its op type. The bitorch ResNets and QuickNetSmall are marked slow (30-
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 from support.client_nets import ROWS, Row, export_onnx, sample_inputs
-
-from bnnexport.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -87,9 +85,7 @@ def test_verify_finds_the_binary_layers_convert_finds(row, exported):
 @pytest.mark.parametrize("row", _params(ROWS))
 def test_without_its_key_rewrite_the_refusal_is_one_line_naming_the_node(row, exported):
     path, _ = exported(row)
-    result = CliRunner().invoke(
-        main, ["convert", str(path), "--disable-rewrite", row.key_pass, "--json"]
-    )
+    result = invoke("convert", path, "--disable-rewrite", row.key_pass, "--json")
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bnnexport: error:"), result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
@@ -133,9 +129,7 @@ def test_tf2onnx_larq_graph_converts_at_the_batch_given(larq_like, batch):
 @pytest.mark.slow
 def test_tf2onnx_without_moving_its_transposes_refuses_in_one_line(larq_like):
     path, _ = larq_like
-    result = CliRunner().invoke(
-        main, ["convert", str(path), "--disable-rewrite", "transpose-binarized"]
-    )
+    result = invoke("convert", path, "--disable-rewrite", "transpose-binarized")
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1
     assert "model/bconv1_conv" in lines[0] and "would stay float" in lines[0]

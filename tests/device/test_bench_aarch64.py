@@ -15,10 +15,9 @@ import shutil
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
-from bnnexport.cli.bench import bench_command
 from bnnexport.runs import load_model
 from deploy.runner import topk_accuracy as topk
 
@@ -74,7 +73,7 @@ def _bench(run, arm_device, binary, *args):
     ]
     for option in arm_device.options:
         argv += ["--ssh-option", option]
-    return CliRunner().invoke(bench_command, argv)
+    return invoke("bench", *argv)
 
 
 @pytest.mark.slow

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv, export
 
 from bnnexport import files, provenance
-from bnnexport.cli import main
 from bnnexport.errors import ForeignFileError
 
 # every name bnnexport gives a file, plus a twin, a bench plot and a file in a subfolder
@@ -35,10 +34,6 @@ def snapshot(directory: Path) -> dict[str, str]:
         for p in sorted(directory.rglob("*"))
         if p.is_file()
     }
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
 
 
 def one_line_error(result, code: int = 2) -> str:

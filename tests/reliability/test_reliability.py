@@ -20,16 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from support.cli import COMMAND, invoke, run_process
 from support.waiting import training_in_epoch, wait_until
-
-from bnnexport.cli import main
-
-CLI = [sys.executable, "-m", "bnnexport"]
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -51,7 +43,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["verify", "summary", "export"])
 def test_missing_checkpoint(tmp_path, command):
-    result = run_cli(command, str(tmp_path / "nowhere"))
+    result = run_process(command, str(tmp_path / "nowhere"))
     assert_one_line_error(result, 2)
 
 
@@ -61,7 +53,7 @@ def test_empty_or_truncated_checkpoint(trained_run, content):
     (trained_run / "checkpoint.pt").write_bytes(content)
     before = snapshot(trained_run)
     for command in ("verify", "summary", "export"):
-        assert_one_line_error(run_cli(command, str(trained_run)), 2, "checkpoint.pt")
+        assert_one_line_error(run_process(command, str(trained_run)), 2, "checkpoint.pt")
     assert snapshot(trained_run) == before
 
 
@@ -69,7 +61,7 @@ def test_empty_or_truncated_checkpoint(trained_run, content):
 def test_checkpoint_cut_in_half(trained_run):
     checkpoint = trained_run / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
-    assert_one_line_error(run_cli("summary", str(trained_run)), 2, "truncated")
+    assert_one_line_error(run_process("summary", str(trained_run)), 2, "truncated")
 
 
 @pytest.mark.slow
@@ -77,7 +69,7 @@ def test_checkpoint_of_another_model(trained_run):
     checkpoint = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     checkpoint["model_kwargs"]["hidden"] = 64  # same name, other shapes
     torch.save(checkpoint, trained_run / "checkpoint.pt")
-    assert_one_line_error(run_cli("summary", str(trained_run)), 2, "does not match model")
+    assert_one_line_error(run_process("summary", str(trained_run)), 2, "does not match model")
 
 
 @pytest.mark.slow
@@ -85,7 +77,7 @@ def test_checkpoint_naming_an_unknown_model(trained_run):
     checkpoint = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     checkpoint["model_name"] = "resnet-9000"
     torch.save(checkpoint, trained_run / "checkpoint.pt")
-    assert_one_line_error(run_cli("verify", str(trained_run)), 2, "resnet-9000")
+    assert_one_line_error(run_process("verify", str(trained_run)), 2, "resnet-9000")
 
 
 class Payload:
@@ -96,22 +88,22 @@ class Payload:
 def test_checkpoint_carrying_a_pickled_object_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": "bnnexport-checkpoint", "model": Payload()}, path)
-    assert_one_line_error(run_cli("verify", str(path)), 2, "pickled Python objects")
+    assert_one_line_error(run_process("verify", str(path)), 2, "pickled Python objects")
 
 
 @pytest.mark.slow
 def test_foreign_torch_file_is_not_a_bnnexport_checkpoint(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save({"weight": torch.ones(3)}, path)
-    assert_one_line_error(run_cli("summary", str(path)), 2, "not a bnnexport checkpoint")
+    assert_one_line_error(run_process("summary", str(path)), 2, "not a bnnexport checkpoint")
 
 
 @pytest.mark.slow
 def test_file_that_is_not_onnx(tmp_path):
     path = tmp_path / "model.onnx"
     path.write_bytes(b"\x00\x01 definitely not protobuf \xff" * 10)
-    assert_one_line_error(run_cli("convert", str(path), "--target", "arm64"), 2)
-    assert_one_line_error(run_cli("verify", str(path)), 2)
+    assert_one_line_error(run_process("convert", str(path), "--target", "arm64"), 2)
+    assert_one_line_error(run_process("verify", str(path)), 2)
 
 
 @pytest.mark.slow
@@ -127,18 +119,20 @@ def test_onnx_with_an_unsupported_op_names_the_op(tmp_path):
     )
     path = tmp_path / "erf.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    result = run_cli("convert", str(path), "--target", "arm64")
+    result = run_process("convert", str(path), "--target", "arm64")
     assert_one_line_error(result, 2, "Erf")
     assert not list(tmp_path.glob("*.tflite"))
 
 
 @pytest.mark.slow
 def test_file_that_is_not_a_flatbuffer(trained_run):
-    assert run_cli("export", str(trained_run)).returncode == 0
+    assert run_process("export", str(trained_run)).returncode == 0
     (trained_run / "model-arm64.tflite").write_bytes(b"not a flatbuffer at all")
     (trained_run / "model-float.tflite").write_bytes(b"not a flatbuffer either")
     before = snapshot(trained_run)
-    result = run_cli("bench", str(trained_run), "--runs", "1", "--warmup", "0", "--samples", "5")
+    result = run_process(
+        "bench", str(trained_run), "--runs", "1", "--warmup", "0", "--samples", "5"
+    )
     assert_one_line_error(result, 2)
     assert snapshot(trained_run) == before
 
@@ -147,14 +141,14 @@ def test_file_that_is_not_a_flatbuffer(trained_run):
 def test_wrong_input_shape_for_a_model(trained_run):
     import numpy as np
 
-    assert run_cli("export", str(trained_run)).returncode == 0
+    assert run_process("export", str(trained_run)).returncode == 0
     before_onnx = (trained_run / "model.onnx").read_bytes()
     np.savez(
         trained_run / "samples.npz",
         inputs=np.zeros((4, 3, 32, 32), np.float32),
         labels=np.zeros(4, np.int64),
     )
-    result = run_cli("convert", str(trained_run), "--target", "arm64")
+    result = run_process("convert", str(trained_run), "--target", "arm64")
     assert result.returncode == 2, result.stderr[-1500:]
     assert "Traceback" not in result.stderr and "shape" in result.stderr.lower()
     assert (trained_run / "model.onnx").read_bytes() == before_onnx
@@ -166,7 +160,7 @@ def test_non_binary_weights_are_refused_at_export(trained_run):
     checkpoint = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     checkpoint["model"]["features.5.weight"][0, 0, 0, 0] = 0.5
     torch.save(checkpoint, trained_run / "checkpoint.pt")
-    result = run_cli("export", str(trained_run))
+    result = run_process("export", str(trained_run))
     assert result.returncode == 1 and "features.5" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (trained_run / "model.onnx").exists()
@@ -200,7 +194,7 @@ def test_unwritable_output_directory_keeps_the_run_intact(
 ):
     before = snapshot(trained_run)
     _fail_on_write(monkeypatch, error)
-    result = CliRunner().invoke(main, ["pack", str(trained_run)])
+    result = invoke("pack", str(trained_run))
     assert result.exit_code == 2
     assert fragment in result.output.lower()
     assert snapshot(trained_run) == before
@@ -209,9 +203,9 @@ def test_unwritable_output_directory_keeps_the_run_intact(
 @pytest.mark.slow
 def test_unreachable_device(trained_run):
     """Everything on the host is in order, so the failure is the SSH connection's own."""
-    assert run_cli("export", str(trained_run)).returncode == 0
-    assert run_cli("convert", str(trained_run)).returncode == 0
-    result = run_cli(
+    assert run_process("export", str(trained_run)).returncode == 0
+    assert run_process("convert", str(trained_run)).returncode == 0
+    result = run_process(
         "bench",
         str(trained_run),
         "--device",
@@ -233,7 +227,7 @@ def test_unreachable_device(trained_run):
 def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
     out = tmp_path / "run"
     process = subprocess.Popen(
-        [*CLI, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
+        [*COMMAND, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -247,7 +241,9 @@ def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
     assert "Traceback" not in stderr
     epoch = torch.load(out / "checkpoint.pt", weights_only=True)["epoch"]
     assert 1 <= epoch < 50
-    result = run_cli("train", "--out", str(out), "--resume", "--epochs", str(epoch + 1), "--json")
+    result = run_process(
+        "train", "--out", str(out), "--resume", "--epochs", str(epoch + 1), "--json"
+    )
     assert result.returncode == 0, result.stderr[-1500:]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == epoch + 1
 
@@ -266,17 +262,12 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained
     process = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=600)
     assert process.returncode == -signal.SIGKILL
     assert (trained_run / "checkpoint.pt").read_bytes() == before
-    result = run_cli("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
+    result = run_process("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
     assert result.returncode == 0, result.stderr[-1500:]
     assert torch.load(trained_run / "checkpoint.pt", weights_only=True)["epoch"] == 2
 
 
 # --- nothing lost, nothing run, one line (docs/RELIABILITY.md) ---------------------------------
-
-
-def invoke(*args: str):
-    """The CLI in-process; stderr is kept apart from stdout."""
-    return CliRunner().invoke(main, list(args))
 
 
 def assert_cli_error(result, code: int, *fragments: str) -> None:
@@ -460,10 +451,20 @@ def test_a_second_writer_gets_one_line_and_changes_nothing(trained_run, args):
 @pytest.mark.slow
 def test_two_trains_on_one_out_do_not_both_run(tmp_path):
     out = tmp_path / "run"
-    command = [*CLI, "train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json"]
+    command = [
+        *COMMAND,
+        "train",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "200",
+        "--out",
+        str(out),
+        "--json",
+    ]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(training_in_epoch(out, 1), 120, "step record", first)
-    second = run_cli("train", "--epochs", "1", "--out", str(out), "--force")
+    second = run_process("train", "--epochs", "1", "--out", str(out), "--force")
     assert_one_line_error(second, 2, "being written by another")
     first.communicate(timeout=300)
     assert first.returncode == 0
@@ -804,7 +805,7 @@ def test_train_torch_device_and_its_deprecated_spelling(tmp_path):
 def _interrupt(args: list[str], when) -> subprocess.CompletedProcess:
     """Start the CLI, wait until `when()` holds, send SIGINT (what Ctrl-C sends)."""
     process = subprocess.Popen(
-        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 60
     while not when() and time.time() < deadline and process.poll() is None:
@@ -855,7 +856,7 @@ def test_ctrl_c_swallowed_by_a_library_still_ends_the_command(tmp_path):
         "        pass\n"
     )
     process = subprocess.Popen(
-        [CLI[0], "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [COMMAND[0], "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         first = process.stdout.readline()

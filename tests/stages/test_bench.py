@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 from support.recorded_outputs import REAL, needs_real  # the real tool's recorded output
 
 from bnnexport import provenance
 from bnnexport.bench import BenchOptions, bench
-from bnnexport.cli.bench import bench_command
 from bnnexport.errors import CheckpointError
 from bnnexport.runs import load_model
 
@@ -68,9 +67,7 @@ def _device_args(sshd) -> list[str]:
 
 
 def _cli(run, *args):
-    return CliRunner().invoke(
-        bench_command, [str(run), "--runs", "3", "--warmup", "1", "--samples", "50", *args]
-    )
+    return invoke("bench", run, "--runs", "3", "--warmup", "1", "--samples", "50", *args)
 
 
 def _one_line_error(result) -> str:
@@ -354,12 +351,9 @@ def test_a_thread_list_gives_one_device_row_per_count_and_a_scaling_plot(
 
 @pytest.mark.parametrize("threads", ["0", "1,x", "2,2", ""])
 def test_a_bad_thread_list_is_one_line_and_changes_nothing(converted_run, threads):
-    from bnnexport.cli import main
 
     before = _snapshot(converted_run)
-    line = _one_line_error(
-        CliRunner().invoke(main, ["bench", str(converted_run), "--threads", threads])
-    )
+    line = _one_line_error(invoke("bench", str(converted_run), "--threads", threads))
     assert "--threads" in line
     assert _snapshot(converted_run) == before
 
@@ -477,9 +471,8 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
     ids=["no-device", "python-runner"],
 )
 def test_a_bad_profile_combination_is_one_line_and_changes_nothing(converted_run, args):
-    from bnnexport.cli import main
 
     before = _snapshot(converted_run)
-    line = _one_line_error(CliRunner().invoke(main, ["bench", str(converted_run), *args]))
+    line = _one_line_error(invoke("bench", str(converted_run), *args))
     assert "--profile" in line
     assert _snapshot(converted_run) == before

@@ -8,10 +8,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv
-
-from bnnexport.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +31,8 @@ def converted(_converted, tmp_path):
     return folder
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(main, ["bench", *args, "--runs", "3", "--warmup", "1"])
+def bench_file(*args: object):
+    return invoke("bench", *args, "--runs", "3", "--warmup", "1")
 
 
 def one_line_error(result) -> str:
@@ -46,7 +44,7 @@ def one_line_error(result) -> str:
 
 @pytest.mark.slow
 def test_a_convert_module_flatbuffer_is_benched_against_its_onnx_on_random_inputs(converted):
-    result = invoke(str(converted / "net-arm64.tflite"), "--samples", "20", "--json")
+    result = bench_file(str(converted / "net-arm64.tflite"), "--samples", "20", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [b["name"] for b in report["backends"]] == ["onnxruntime", "lce"]
@@ -67,7 +65,9 @@ def test_samples_file_with_labels_gives_accuracy(converted, tmp_path):
     inputs = rng.standard_normal((12, 2, 7, 7)).astype(np.float32)
     samples = tmp_path / "mine.npz"
     np.savez(samples, inputs=inputs, labels=np.arange(12) % 4)
-    result = invoke(str(converted / "net-arm64.tflite"), "--samples-file", str(samples), "--json")
+    result = bench_file(
+        str(converted / "net-arm64.tflite"), "--samples-file", str(samples), "--json"
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["random_inputs"] is False and report["samples"] == 12
@@ -89,7 +89,7 @@ def test_a_bare_flatbuffer_is_benched_alone(converted, tmp_path):
     alone = tmp_path / "elsewhere"
     alone.mkdir()
     shutil.copy(converted / "net-arm64.tflite", alone / "model.tflite")
-    result = invoke(str(alone / "model.tflite"), "--samples", "8", "--json")
+    result = bench_file(str(alone / "model.tflite"), "--samples", "8", "--json")
     assert result.exit_code == 0, result.output
     assert [b["name"] for b in json.loads(result.stdout)["backends"]] == ["lce"]
 
@@ -98,7 +98,7 @@ def test_samples_of_another_shape_are_one_line(converted, tmp_path):
     samples = tmp_path / "wrong.npz"
     np.savez(samples, inputs=np.zeros((4, 3, 7, 7), np.float32))
     before = sorted(p.name for p in converted.iterdir())
-    one_line_error(invoke(str(converted / "net-arm64.tflite"), "--samples-file", str(samples)))
+    one_line_error(bench_file(str(converted / "net-arm64.tflite"), "--samples-file", str(samples)))
     assert sorted(p.name for p in converted.iterdir()) == before
 
 
@@ -107,13 +107,13 @@ def test_samples_file_with_a_run_directory_is_one_line(tmp_path):
     samples = tmp_path / "s.npz"
     np.savez(samples, inputs=np.zeros((4, 2, 7, 7), np.float32))
     assert "--samples-file" in one_line_error(
-        invoke(str(tmp_path / "run"), "--samples-file", str(samples))
+        bench_file(str(tmp_path / "run"), "--samples-file", str(samples))
     )
 
 
 def test_a_users_report_next_to_the_model_is_never_replaced(converted):
     (converted / "net-arm64-report.md").write_text("my own report\n")
-    line = one_line_error(invoke(str(converted / "net-arm64.tflite"), "--samples", "4"))
+    line = one_line_error(bench_file(str(converted / "net-arm64.tflite"), "--samples", "4"))
     assert "net-arm64-report.md" in line
     assert (converted / "net-arm64-report.md").read_text() == "my own report\n"
 
@@ -130,7 +130,7 @@ def test_a_flatbuffer_file_on_a_device(converted, sshd, tmp_path):
         device += ["--ssh-option", option]
     device += ["--remote-tmp", str(sshd.remote_tmp), "--runner", "lce_benchmark_model"]
     device += ["--benchmark-binary", str(stand_in)]
-    result = invoke(str(converted / "net-arm64.tflite"), "--samples", "8", *device, "--json")
+    result = bench_file(str(converted / "net-arm64.tflite"), "--samples", "8", *device, "--json")
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)["backends"][-1]
     assert row["name"] == "lce" and row["where"] == sshd.destination

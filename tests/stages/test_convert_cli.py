@@ -10,18 +10,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from click.testing import CliRunner
+from support.cli import invoke
 from support.converter_nets import PlainSign, StemAndBinaryConv, binary_conv, export, sign
 from support.fresh_run import fresh_run
 
-from bnnexport.cli import main
 from bnnexport.export import export_onnx
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("seeded")]  # TensorFlow and LCE conversions
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

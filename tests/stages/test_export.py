@@ -7,10 +7,9 @@ import json
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
+from support.cli import COMMAND, invoke, run_process
 from support.fresh_run import fresh_run
 
-from bnnexport.cli import main
 from bnnexport.errors import FidelityError, NotBinaryError
 from bnnexport.export import export_onnx
 from bnnexport.runs import load_checkpoint, save_checkpoint
@@ -72,7 +71,7 @@ def test_disagreement_exits_1_and_keeps_the_previous_onnx(tmp_path, monkeypatch)
     monkeypatch.setattr(OnnxProbe, "run", skewed)
     with pytest.raises(FidelityError):
         export_onnx(run, samples=10)
-    result = CliRunner().invoke(main, ["export", str(run), "--samples", "10"])
+    result = invoke("export", str(run), "--samples", "10")
     assert result.exit_code == 1
     assert result.stderr.startswith("bnnexport: error: ONNX Runtime vs PyTorch disagree")
     assert "plain argmax agreement" in result.stderr
@@ -83,14 +82,14 @@ def test_disagreement_exits_1_and_keeps_the_previous_onnx(tmp_path, monkeypatch)
 
 def test_export_cli_prints_one_json_object(tmp_path):
     run = fresh_run(tmp_path / "run")
-    result = CliRunner().invoke(main, ["export", str(run), "--samples", "20", "--json"])
+    result = invoke("export", str(run), "--samples", "20", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["argmax_agreement"] == 1.0 and data["binary_layers"] == 3
 
 
 def test_export_of_a_missing_run_exits_2_with_one_line(tmp_path):
-    result = CliRunner().invoke(main, ["export", str(tmp_path / "nowhere")])
+    result = invoke("export", str(tmp_path / "nowhere"))
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -98,21 +97,18 @@ def test_export_of_a_missing_run_exits_2_with_one_line(tmp_path):
 @pytest.mark.slow
 def test_init_run_without_a_dataset_exports_on_random_grid_samples(tmp_path):
     import subprocess
-    import sys
 
     import numpy as np
 
     out = tmp_path / "init"
-    cli = [sys.executable, "-m", "bnnexport"]
     assert (
-        subprocess.run(
-            [*cli, "init", "--model", "mnist-bnn", "--input-shape", "1,20,20", "--out", str(out)],
-            capture_output=True,
+        run_process(
+            "init", "--model", "mnist-bnn", "--input-shape", "1,20,20", "--out", out
         ).returncode
         == 0
     )
     result = subprocess.run(
-        [*cli, "export", str(out), "--samples", "20"], capture_output=True, text=True
+        [*COMMAND, "export", str(out), "--samples", "20"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr[-1500:]
     samples = np.load(out / "samples.npz")

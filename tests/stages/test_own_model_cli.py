@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-from support.cli_inprocess import run_in_process
+from support.cli import run_in_process
 
 CLASSES = ("dots", "stripes", "plain")
 MODULE = "support.handwritten_bnn"  # a model defined outside bnnexport

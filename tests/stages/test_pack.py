@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from support.cli_inprocess import run_in_process
+from support.cli import run_in_process
 
 import bnnexport
 from bnnexport.datasets import load_dataset
@@ -20,10 +19,6 @@ from bnnexport.pack import pack
 from bnnexport.runs import load_checkpoint, load_model, load_packed, save_checkpoint
 
 KERNELS = ("features.2.weight", "features.5.weight", "classifier.1.weight")
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return run_in_process(*args)
 
 
 def mnist_inputs(count: int = 500) -> torch.Tensor:
@@ -103,7 +98,7 @@ def test_metadata_describes_the_model(trained_run):
 
 
 def test_pack_cli_prints_json_and_writes_pack_json(trained_run):
-    result = run_cli("pack", str(trained_run), "--json")
+    result = run_in_process("pack", str(trained_run), "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert printed == json.loads((trained_run / "pack.json").read_text())
@@ -114,7 +109,7 @@ def test_pack_refuses_a_model_that_does_not_verify(trained_run):
     data = load_checkpoint(trained_run)
     data["model"]["classifier.1.weight"][2, 3] = 0.5
     save_checkpoint(trained_run / "checkpoint.pt", {k: v for k, v in data.items() if k != "format"})
-    result = run_cli("pack", str(trained_run))
+    result = run_in_process("pack", str(trained_run))
     assert result.returncode == 1
     assert "classifier.1" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (trained_run / "model.safetensors").exists()
@@ -126,7 +121,7 @@ def test_tampered_content_hash_is_refused(trained_run):
     meta = metadata(path)
     meta["content_hash"] = "0" * 64
     save_file(load_file(path), path, metadata=meta)
-    result = run_cli("verify", str(path))
+    result = run_in_process("verify", str(path))
     assert result.returncode == 2
     assert "content hash" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
@@ -145,7 +140,7 @@ def test_truncated_packed_file_exits_2_with_one_line(trained_run):
     pack(trained_run)
     path = trained_run / "model.safetensors"
     path.write_bytes(path.read_bytes()[:30000])
-    result = run_cli("verify", str(path))
+    result = run_in_process("verify", str(path))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 

@@ -6,17 +6,15 @@ import json
 import shutil
 
 import pytest
-from click.testing import CliRunner
-
-from bnnexport.cli.pipeline import pipeline_command
+from support.cli import invoke
 
 
 def _pipeline(run, *args):
     # --resume on the shared 1-epoch run: its epochs are done, so train only reloads it
-    return CliRunner().invoke(
-        pipeline_command,
-        ["--out", str(run), "--resume", "--runs", "3", "--warmup", "1", "--samples", "100", *args],
-    )
+    return invoke(
+        "pipeline", "--out", run, "--resume", "--runs", "3", "--warmup", "1", "--samples", "100",
+        *args,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -76,9 +74,7 @@ def test_an_unknown_device_fails_before_training_and_writes_nothing(tmp_path, mo
 
     monkeypatch.setattr(bnnexport.pipeline, "train", refuse)
     run = tmp_path / "run"
-    result = CliRunner().invoke(
-        pipeline_command, ["--out", str(run), "--device", "pi@no-such-host"]
-    )
+    result = invoke("pipeline", "--out", run, "--device", "pi@no-such-host")
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no-such-host" in lines[0], result.stderr

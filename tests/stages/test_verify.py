@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli_inprocess import run_in_process
+from support.cli import run_in_process
 from torch import nn
 
 from bnnexport.layers import BinaryConv2d, BinaryLinear
@@ -21,7 +21,7 @@ from bnnexport.verify import verify, verify_model
 OFF_LAYER, OFF_INDEX = "features.5", (3, 1, 2, 0)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_verify(*args: str) -> subprocess.CompletedProcess:
     return run_in_process("verify", *args)
 
 
@@ -40,7 +40,7 @@ def export(model: nn.Module, path: Path, shape: tuple[int, ...]) -> Path:
 
 
 def test_trained_run_verifies_and_writes_verify_json(trained_run):
-    result = run_cli(str(trained_run), "--json")
+    result = run_verify(str(trained_run), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["strict"] is True and report["offending"] == []
@@ -56,7 +56,7 @@ def test_trained_run_verifies_and_writes_verify_json(trained_run):
 @pytest.mark.parametrize("value", [0.5, 0.0, float("nan")])
 def test_one_non_binary_weight_fails_naming_the_layer(trained_run, tmp_path, value):
     bad = checkpoint_with_one_weight(trained_run, value, tmp_path / "bad.pt")
-    result = run_cli(str(bad))
+    result = run_verify(str(bad))
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if "not binary" in line]
     assert len(lines) == 1
@@ -66,7 +66,7 @@ def test_one_non_binary_weight_fails_naming_the_layer(trained_run, tmp_path, val
 
 def test_json_lists_the_offending_layer_with_its_index(trained_run, tmp_path):
     bad = checkpoint_with_one_weight(trained_run, 0.5, tmp_path / "bad.pt")
-    result = run_cli(str(bad), "--json")
+    result = run_verify(str(bad), "--json")
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["strict"] is False
@@ -78,7 +78,7 @@ def test_json_lists_the_offending_layer_with_its_index(trained_run, tmp_path):
 def test_truncated_checkpoint_exits_2_with_one_line(trained_run, tmp_path):
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((trained_run / "checkpoint.pt").read_bytes()[:4000])
-    result = run_cli(str(truncated))
+    result = run_verify(str(truncated))
     assert result.returncode == 2
     assert result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1
@@ -87,7 +87,7 @@ def test_truncated_checkpoint_exits_2_with_one_line(trained_run, tmp_path):
 
 @pytest.mark.parametrize("name", ["missing.onnx", "missing.pt", "missing_dir"])
 def test_missing_file_exits_2_with_one_line(tmp_path, name):
-    result = run_cli(str(tmp_path / name))
+    result = run_verify(str(tmp_path / name))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -95,7 +95,7 @@ def test_missing_file_exits_2_with_one_line(tmp_path, name):
 def test_foreign_onnx_file_exits_2_with_one_line(tmp_path):
     foreign = tmp_path / "model.onnx"
     foreign.write_bytes(b"this is not a protobuf \x00\xff\x12" * 20)
-    result = run_cli(str(foreign))
+    result = run_verify(str(foreign))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
@@ -103,7 +103,7 @@ def test_foreign_onnx_file_exits_2_with_one_line(tmp_path):
 
 def test_binary_onnx_model_verifies(tmp_path):
     model = nn.Sequential(BinaryConv2d(32, 16, 3, padding=1), nn.Flatten(), BinaryLinear(1024, 8))
-    result = run_cli(str(export(model, tmp_path / "m.onnx", (1, 32, 8, 8))), "--json")
+    result = run_verify(str(export(model, tmp_path / "m.onnx", (1, 32, 8, 8))), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [(layer["op"], layer["kernel"]) for layer in report["layers"]] == [
@@ -117,7 +117,7 @@ def test_onnx_kernel_with_folded_batchnorm_is_accepted_as_scaled(tmp_path):
     model = nn.Sequential(BinaryConv2d(32, 16, 3), nn.BatchNorm2d(16))
     model[1].running_var.uniform_(0.5, 2.0)  # a scale other than 1 in every channel
     # constant folding (the exporter's default) folds BatchNorm into the kernel
-    result = run_cli(str(export(model, tmp_path / "m.onnx", (1, 32, 8, 8))), "--json")
+    result = run_verify(str(export(model, tmp_path / "m.onnx", (1, 32, 8, 8))), "--json")
     assert result.returncode == 0, result.stderr
     (layer,) = json.loads(result.stdout)["layers"]
     assert layer["kernel"] == "scaled" and layer["scale_range"][0] > 0
@@ -131,7 +131,7 @@ def test_onnx_non_binary_kernel_fails_naming_the_node(tmp_path):
         model[2].weight[5, 7] = 0.25
     path = export(model, tmp_path / "m.onnx", (1, 32, 8, 8))
     node = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type == "MatMul")
-    result = run_cli(str(path))
+    result = run_verify(str(path))
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if "not binary" in line]
     # MatMul stores the kernel transposed: [in, out]

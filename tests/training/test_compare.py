@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.cli_inprocess import run_in_process
+from support.cli import run_in_process
 
 from bnnexport.compare import compare, mean_std
 from bnnexport.files import write_bytes_atomic

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli_inprocess import run_in_process
+from support.cli import run_in_process
 
 from bnnexport.metrics import metrics_csv, pi, tensorboard_available
 from bnnexport.runs import read_jsonl

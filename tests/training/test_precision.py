@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from support.cli import invoke
 
 from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_precision
 from bnnexport.models import create_model
@@ -171,10 +172,7 @@ def test_runs_saved_with_amp_resume_with_the_matching_precision(tmp_path):
 
 
 def test_bad_precision_is_one_line_exit_2():
-    from click.testing import CliRunner
 
-    from bnnexport.cli import main
-
-    result = CliRunner().invoke(main, ["train", "--precision", "half"])
+    result = invoke("train", "--precision", "half")
     assert result.exit_code == 2
     assert "'half' is not one of" in result.output and "Traceback" not in result.output

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 
-from bnnexport.cli import main
 from bnnexport.errors import DataError
 from bnnexport.recipes import RECIPES, compression_note, recipe_config
 from bnnexport.schedules import parse_schedule
@@ -125,7 +124,7 @@ def test_unknown_recipe_is_a_data_error():
 
 
 def test_recipes_command_lists_them_as_json():
-    result = CliRunner().invoke(main, ["recipes", "--json"])
+    result = invoke("recipes", "--json")
     assert result.exit_code == 0, result.output
     names = [r["name"] for r in json.loads(result.output)["recipes"]]
     assert names == PAPER_RECIPES
@@ -150,7 +149,7 @@ def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_pat
         str(out),
         "--json",
     ]
-    result = CliRunner().invoke(main, args)
+    result = invoke(*args)
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
     assert config["threshold"] == 1e-8 and config["batch_size"] == 200 and config["epochs"] == 1

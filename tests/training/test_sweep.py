@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 
-from bnnexport.cli import main
 from bnnexport.sweep import SweepSetting, flip_ordering
 
 
@@ -33,7 +32,7 @@ def test_sweep_on_mnist5k_writes_runs_figure_and_table(tmp_path):
     out = tmp_path / "sweep"
     args = ["sweep", "--gamma", "1e-2,1e-4", "--threshold", "1e-6,0", "--epochs", "1",
             "--batch-size", "200", "--out", str(out), "--json"]  # fmt: skip
-    result = CliRunner().invoke(main, args)
+    result = invoke(*args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report == json.loads((out / "sweep.json").read_text())

@@ -11,22 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.cli import COMMAND, run_process
 from support.waiting import training_in_epoch, wait_until
 
 from bnnexport.layers import binary_parameters
 from bnnexport.runs import load_model, read_jsonl
 
-CLI = [sys.executable, "-m", "bnnexport"]
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
-
 
 @pytest.mark.slow
 def test_train_json_prints_one_object_and_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
-    result = run_cli("train", "--epochs", "1", "--batch-size", "100", "--out", str(out), "--json")
+    result = run_process(
+        "train", "--epochs", "1", "--batch-size", "100", "--out", str(out), "--json"
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     for key in ("test_accuracy", "train_accuracy", "epochs", "optimizer", "seconds", "run_dir"):
@@ -58,7 +55,7 @@ def test_trained_kernels_are_strictly_binary(trained_run):
 @pytest.mark.slow
 def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path):
     out = tmp_path / "latent"
-    result = run_cli(
+    result = run_process(
         "train",
         "--optimizer",
         "adam-latent",
@@ -81,7 +78,7 @@ def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path
 
 @pytest.mark.slow
 def test_resume_continues_from_the_last_epoch(trained_run):
-    result = run_cli("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
+    result = run_process("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["resumed_from_epoch"] == 1 and report["epochs"] == 2
@@ -93,7 +90,7 @@ def test_resume_continues_from_the_last_epoch(trained_run):
 @pytest.mark.slow
 def test_existing_run_is_not_overwritten_without_resume_or_force(trained_run):
     before = (trained_run / "checkpoint.pt").read_bytes()
-    result = run_cli("train", "--out", str(trained_run), "--epochs", "1")
+    result = run_process("train", "--out", str(trained_run), "--epochs", "1")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "--resume" in result.stderr
     assert (trained_run / "checkpoint.pt").read_bytes() == before
@@ -101,7 +98,7 @@ def test_existing_run_is_not_overwritten_without_resume_or_force(trained_run):
 
 @pytest.mark.slow
 def test_missing_cifar_directory_is_a_one_line_error(tmp_path):
-    result = run_cli(
+    result = run_process(
         "train",
         "--dataset",
         "cifar10",
@@ -119,7 +116,7 @@ def test_missing_cifar_directory_is_a_one_line_error(tmp_path):
 def test_malformed_cifar_directory_names_what_is_missing(tmp_path):
     (tmp_path / "cifar-10-batches-py").mkdir()
     (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
-    result = run_cli(
+    result = run_process(
         "train", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "run")
     )
     assert result.returncode == 2 and "missing data_batch_2" in result.stderr
@@ -131,7 +128,7 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [*CLI, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
+        [*COMMAND, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
@@ -145,7 +142,7 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
     saved = torch.load(checkpoint, weights_only=True)  # not corrupt
     assert 1 <= saved["epoch"] < 50
     finish = saved["epoch"] + 1  # one more epoch proves the resume; 50 were never reachable
-    result = run_cli("train", "--out", str(out), "--resume", "--epochs", str(finish), "--json")
+    result = run_process("train", "--out", str(out), "--resume", "--epochs", str(finish), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["epochs"] == finish and report["resumed_from_epoch"] == saved["epoch"]
@@ -166,6 +163,6 @@ def test_every_command_has_help_for_every_option():
 
 @pytest.mark.slow
 def test_python_m_and_console_script_both_run():
-    assert run_cli("--help").returncode == 0
+    assert run_process("--help").returncode == 0
     script = Path(sys.executable).parent / "bnnexport"
     assert subprocess.run([str(script), "--version"], capture_output=True).returncode == 0

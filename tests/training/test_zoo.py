@@ -9,9 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from support.cli import invoke
 
-from bnnexport.cli import main
 from bnnexport.init import init_model, init_run
 from bnnexport.layers import binary_layers
 from bnnexport.models import create_model, model_info
@@ -120,16 +119,15 @@ def test_init_writes_a_loadable_run_with_binary_kernels_and_nontrivial_batchnorm
 
 
 def test_init_refuses_to_overwrite_without_force(tmp_path):
-    runner = CliRunner()
     args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", str(tmp_path)]
-    assert runner.invoke(main, args).exit_code == 0
-    second = runner.invoke(main, args)
+    assert invoke(*args).exit_code == 0
+    second = invoke(*args)
     assert second.exit_code == 2 and "--force" in second.output
-    assert runner.invoke(main, [*args, "--force"]).exit_code == 0
+    assert invoke(*args, "--force").exit_code == 0
 
 
 def test_zoo_list_json_names_every_model_with_its_binary_share():
-    result = CliRunner().invoke(main, ["zoo", "list", "--json"])
+    result = invoke("zoo", "list", "--json")
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.output)["models"]}
     assert set(ZOO) | {"mnist-bnn"} <= set(rows)
