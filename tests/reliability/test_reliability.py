@@ -451,17 +451,8 @@ def test_a_second_writer_gets_one_line_and_changes_nothing(trained_run, args):
 @pytest.mark.slow
 def test_two_trains_on_one_out_do_not_both_run(tmp_path):
     out = tmp_path / "run"
-    command = [
-        *COMMAND,
-        "train",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "200",
-        "--out",
-        str(out),
-        "--json",
-    ]
+    args = ("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
+    command = [*COMMAND, *args]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(training_in_epoch(out, 1), 120, "step record", first)
     second = run_process("train", "--epochs", "1", "--out", str(out), "--force")
