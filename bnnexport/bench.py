@@ -54,7 +54,7 @@ class DeviceTarget:
     remote_python: str = "python3"
     remote_tmp: str = "/tmp"  # where working directories go on the device
     timeout: float = 600.0  # seconds one device command may run
-    batch: int = 64  # accuracy with lce_benchmark_model: the batch-N twin's N (capped by samples)
+    batch: int = 64  # accuracy with lce_benchmark_model: the batch-N copy's N (capped by samples)
     # the device's op profile by PyTorch layer (bnnexport.profile); needs lce_benchmark_model
     profile: bool = False
 
@@ -346,18 +346,20 @@ def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], str]:
     return client, identity, runner
 
 
-def _ensure_device_twin(run: RunDir, target: str, samples: int, batch: int, progress: bool) -> None:
-    """Convert the batch-N twin that accuracy on the device runs, when it is missing or was
-    made from another model.onnx (same gate as `convert --batch-twin N`)."""
-    from bnnexport.convert import convert_device_twin
-    from bnnexport.device_accuracy import twin_batch, twin_path
+def _ensure_batched_copy(
+    run: RunDir, target: str, samples: int, batch: int, progress: bool
+) -> None:
+    """Convert the batched copy (batch N) that accuracy on the device runs, when it is missing
+    or was made from another model.onnx (as `convert --batched-copy N` does)."""
+    from bnnexport.convert import convert_batched_copy
+    from bnnexport.device_accuracy import batched_path, copy_batch
     from bnnexport.provenance import stale_reason
 
-    batch = twin_batch(samples, batch)
-    twin = twin_path(run.root, target, batch)
-    if twin.is_file() and stale_reason(run.root, twin.name) is None:
+    batch = copy_batch(samples, batch)
+    copy = batched_path(run.root, target, batch)
+    if copy.is_file() and stale_reason(run.root, copy.name) is None:
         return
-    convert_device_twin(run.root, target, batch, progress=progress)
+    convert_batched_copy(run.root, target, batch, progress=progress)
 
 
 def _connect(device: DeviceTarget, run: RunDir, target: str) -> _Connected:
@@ -486,7 +488,7 @@ def bench(
             and model-<target>.tflite.
         options: runs, warm-up, threads, samples and target (`BenchOptions`).
         device: where and how to run the LCE flatbuffer on a device too (`DeviceTarget`). With
-            `lce_benchmark_model`, accuracy on the device runs the batch-N twin
+            `lce_benchmark_model`, accuracy on the device runs the batched copy (batch N)
             RUN_DIR/model-TARGET-bN.tflite, N = min(device.batch, samples), in N-sample chunks.
         progress: a progress bar over the backends on stderr.
     Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
@@ -500,7 +502,7 @@ def bench(
     _require_input_shape(run, inputs)
     connected = _connect(device, run, target) if device is not None else None
     if device is not None and connected is not None and connected.runner != "python":
-        _ensure_device_twin(run, target, len(inputs), device.batch, progress)
+        _ensure_batched_copy(run, target, len(inputs), device.batch, progress)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     # PyTorch comes first: the reference for every other backend
     results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
@@ -661,7 +663,7 @@ def bench_model_file(
     else they are standard-normal inputs of the model's input shape: the report says so
     (`random_inputs`), and there is no accuracy without labels. On `device`, the flatbuffer's
     latency (and, with the python runner, its outputs); `lce_benchmark_model` gives latency,
-    op profile and peak memory only, since accuracy there needs a run's batch-N twin.
+    op profile and peak memory only, since accuracy there needs a run's batched copy (batch N).
     Writes MODEL-bench.json and (with `write_report`) MODEL-report.md and MODEL-bench_*.png
     next to the file."""
     from bnnexport.runs import read_samples_file
@@ -760,7 +762,9 @@ def _file_device_rows(
         connected.client, connected.flatbuffer, _tool_options(device, options), counts
     )
     rows[0].name = "lce"
-    rows[0].extra["note"] = "latency only: accuracy on the device needs a run's batch-N twin"
+    rows[0].extra["note"] = (
+        "latency only: accuracy on the device needs a run's batched copy (batch N)"
+    )
     return rows
 
 

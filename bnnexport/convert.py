@@ -37,7 +37,7 @@ from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
-    from converters.batch import TwinResult
+    from converters.batch import BatchedResult
     from converters.gate.checks import Reference
     from converters.lce import ConversionResult, ConvertOptions
 
@@ -84,7 +84,7 @@ class ConvertReport(Report):
     rewrites: dict[str, int] = field(default_factory=dict)
     zero_free_signs: list[str] = field(default_factory=list)
     op_histogram: dict[str, int] = field(default_factory=dict)
-    batch_twin: dict | None = None  # converters.batch.TwinResult, with --batch-twin N
+    batched_copy: dict | None = None  # converters.batch.BatchedResult, with --batched-copy N
     # with --trust-twin: why the real-weight check could not decide (None: it decided)
     trusted_twin: dict | None = None
 
@@ -139,8 +139,8 @@ def _locate(path: Path, target: str, batch: int) -> tuple[Path, Path, Path, RunD
     """(onnx, flatbuffer, float tflite, run dir or None) for a run directory or an .onnx file.
 
     A flatbuffer converted at a batch other than 1 carries it in its name (model-arm64-b8.tflite,
-    the name `--batch-twin 8` gives the same model), so two batches never share one file."""
-    from converters.batch import twin_path
+    the name `--batched-copy 8` gives the same model), so two batches never share one file."""
+    from converters.batch import batched_path
 
     if path.is_dir():
         run = RunDir(path)
@@ -157,7 +157,7 @@ def _locate(path: Path, target: str, batch: int) -> tuple[Path, Path, Path, RunD
         raise CheckpointError(f"no such run directory or ONNX file: {path}")
     if batch != 1:
         _require_dynamic_batch(onnx_path, batch)
-        output, float_output = twin_path(output, batch), twin_path(float_output, batch)
+        output, float_output = batched_path(output, batch), batched_path(float_output, batch)
     return onnx_path, output, float_output, run
 
 
@@ -175,7 +175,7 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
             raise ConfigError(
                 f"--batch {batch}: {onnx_path} takes a fixed batch of {dims[0].dim_value} "
                 f"(input {value.name!r}); --batch applies only to a dynamic batch dimension, "
-                "`--batch-twin N` converts a run at batch N"
+                "`--batched-copy N` converts a run at batch N"
             )
 
 
@@ -203,7 +203,7 @@ def convert_run(
     fmt: str = "lce",
     samples: int | None = None,
     allow_float: tuple[str, ...] = (),
-    batch_twin: int | None = None,
+    batched_copy: int | None = None,
     batch: int = 1,
     disabled_rewrites: tuple[str, ...] = (),
     progress: bool | None = None,
@@ -218,7 +218,7 @@ def convert_run(
         samples: check on only the first N samples of samples.npz (None = all).
         allow_float: binary layers (ONNX node names, or "all") allowed to stay float; they
             are listed in the report's `float_fallbacks`.
-        batch_twin: also write MODEL-TARGET-bN.tflite, converted at batch N (`converters.batch`).
+        batched_copy: also write MODEL-TARGET-bN.tflite, converted at batch N (`converters.batch`).
         batch: the batch size fixed in place of a dynamic batch dimension.
         disabled_rewrites: normaliser passes to skip (`converters.normalize.REWRITES`), to see
             what one is for.
@@ -241,7 +241,7 @@ def convert_run(
     onnx_path, output, float_output, run = _locate(Path(path), target, batch)
     if run is not None:
         provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
-    outputs = _outputs(output, float_output if fmt == "tflite" else None, batch_twin, run)
+    outputs = _outputs(output, float_output if fmt == "tflite" else None, batched_copy, run)
     refusal = refusal_path(output, run)
     for written in [*outputs, refusal]:  # before any work: a file of the user's is never replaced
         files.require_replaceable(written)
@@ -265,11 +265,11 @@ def convert_run(
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
         files.remove([refusal])
-    twin = None
-    if batch_twin is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
-        twin = _batch_twin(onnx_path, output, batch_twin, target, inputs, options, references)
+    copy = None
+    if batched_copy is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
+        copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
-    report.batch_twin = twin.to_json() if twin is not None else None
+    report.batched_copy = copy.to_json() if copy is not None else None
     if report.trusted_twin is not None:  # never silent, whatever the output format
         options.step("accepted on the exact-grid twin alone (--trust-twin): see trusted_twin")
     for written in outputs:
@@ -293,7 +293,7 @@ def _checks_of(
     return inputs, [torch_reference(run, onnx_path)]
 
 
-def _batch_twin(
+def _batched_copy(
     onnx_path: Path,
     output: Path,
     batch: int,
@@ -301,49 +301,49 @@ def _batch_twin(
     inputs: np.ndarray | None,
     options: ConvertOptions,
     references: list[Reference],
-) -> TwinResult:
+) -> BatchedResult:
     """MODEL-TARGET-bN.tflite through the same gate; FidelityError (exit 1) if it fails."""
-    from converters.batch import convert_twin
+    from converters.batch import convert_batched
     from converters.errors import ConversionMismatchError
 
-    options.step(f"batch-{batch} twin for the device")
+    options.step(f"batch-{batch} copy for the device")
     try:
-        return convert_twin(onnx_path, output, batch, target, inputs, options, references)
+        return convert_batched(onnx_path, output, batch, target, inputs, options, references)
     except ConversionMismatchError as error:
-        raise FidelityError(f"batch-{batch} twin: {error}; no twin kept") from None
+        raise FidelityError(f"batch-{batch} copy: {error}; no copy kept") from None
 
 
-def convert_device_twin(
+def convert_batched_copy(
     run_dir: str | Path, target: str, batch: int, progress: bool | None = None
 ) -> Path:
-    """Convert only RUN_DIR's batch-`batch` twin (model-TARGET-bN.tflite), through the same gate
-    as `convert --batch-twin`: what `bench --device` needs for accuracy on the device. Returns
+    """Convert only RUN_DIR's batch-`batch` copy (model-TARGET-bN.tflite), through the same gate
+    as `convert --batched-copy`: what `bench --device` needs for accuracy on the device. Returns
     its path; FidelityError (exit 1) when the gate refuses it."""
-    from converters.batch import twin_path
+    from converters.batch import batched_path
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions
 
     run = RunDir(run_dir)
     onnx_path, output, _float, _run = _locate(run.root, target, 1)
     provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
-    twin = twin_path(output, batch)
-    files.require_replaceable(twin)
+    copy = batched_path(output, batch)
+    files.require_replaceable(copy)
     inputs, references = _checks_of(run, onnx_path, None)
     options = ConvertOptions(gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress))
-    _batch_twin(onnx_path, output, batch, target, inputs, options, references)
-    provenance.record(run.root, twin.name, ["model.onnx"])
-    return twin
+    _batched_copy(onnx_path, output, batch, target, inputs, options, references)
+    provenance.record(run.root, copy.name, ["model.onnx"])
+    return copy
 
 
 def _outputs(
-    output: Path, float_output: Path | None, batch_twin: int | None, run: RunDir | None
+    output: Path, float_output: Path | None, batched_copy: int | None, run: RunDir | None
 ) -> list[Path]:
-    """Every file a conversion may write: the flatbuffer(s), the batch twin, convert.json."""
-    from converters.batch import twin_path
+    """Every file a conversion may write: the flatbuffer(s), the batched copy, convert.json."""
+    from converters.batch import batched_path
 
     written = [output] + ([float_output] if float_output is not None else [])
-    if batch_twin is not None:
-        written.append(twin_path(output, batch_twin))
+    if batched_copy is not None:
+        written.append(batched_path(output, batched_copy))
     if run is not None:
         written.append(run.root / "convert.json")
     return written

@@ -1,16 +1,16 @@
 """Device rows of `bench` for the `lce_benchmark_model` runner: latency and accuracy on the device.
 
 The latency comes from the batch-1 flatbuffer (`model-arm64.tflite`); accuracy from its batch-N
-twin (`model-arm64-bN.tflite`, written by `bnnexport convert RUN_DIR --batch-twin N`), run over
+copy (`model-arm64-bN.tflite`, written by `bnnexport convert RUN_DIR --batched-copy N`), run over
 all samples in N-sample chunks by the device's own `lce_benchmark_model`
 (`deploy.device_accuracy`). N is `min(batch, samples)`, 64 by default. The device's outputs are
 scored twice: against PyTorch (row `lce`) and against the host's LCE interpreter on the same
-flatbuffer family (row `lce vs host lce`). Without the twin, or with a binary that has no
+flatbuffer family (row `lce vs host lce`). Without the copy, or with a binary that has no
 `--output_filepath`, the device row has latency only and a one-line note says why.
 
 Example:
-    >>> from bnnexport.device_accuracy import twin_path
-    >>> twin_path("runs/demo", "arm64", 64).name
+    >>> from bnnexport.device_accuracy import batched_path
+    >>> batched_path("runs/demo", "arm64", 64).name
     'model-arm64-b64.tflite'
 """
 
@@ -25,38 +25,38 @@ import numpy as np
 
 from bnnexport.errors import CheckpointError
 from bnnexport.scoring import score
-from converters.batch import twin_path as flatbuffer_twin_path
+from converters.batch import batched_path as flatbuffer_batched_path
 
 DEFAULT_BATCH = 64
 VERSUS_HOST = "lce vs host lce"
 
 
-def twin_path(run_dir: str | Path, target: str, batch: int) -> Path:
-    """Where the batch-`batch` twin of RUN_DIR/model-TARGET.tflite lives (the name `convert
-    --batch-twin` gives it, `converters.batch.twin_path`)."""
-    return flatbuffer_twin_path(Path(run_dir) / f"model-{target}.tflite", batch)
+def batched_path(run_dir: str | Path, target: str, batch: int) -> Path:
+    """Where the batch-`batch` copy of RUN_DIR/model-TARGET.tflite lives (the name `convert
+    --batched-copy` gives it, `converters.batch.batched_path`)."""
+    return flatbuffer_batched_path(Path(run_dir) / f"model-{target}.tflite", batch)
 
 
-def twin_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
+def copy_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
     """The chunk size used on the device: `batch`, capped by the number of samples."""
     return max(1, min(batch, samples))
 
 
-def _check_twin(twin: Path, inputs: np.ndarray, batch: int) -> None:
-    """Raise CheckpointError unless the twin takes exactly `batch` samples of the inputs' shape."""
+def _check_copy(copy: Path, inputs: np.ndarray, batch: int) -> None:
+    """Raise CheckpointError unless the copy takes exactly `batch` samples of the inputs' shape."""
     from converters.runtimes import lce_interpreter
 
-    shape = [int(d) for d in lce_interpreter(twin, 1).input_shapes[0]]
+    shape = [int(d) for d in lce_interpreter(copy, 1).input_shapes[0]]
     expected = [batch, *inputs.shape[1:]]
     if shape != expected:
         raise CheckpointError(
-            f"{twin} takes input {shape}, bench needs {expected}: convert it again with "
-            f"`bnnexport convert {twin.parent} --batch-twin {batch}`"
+            f"{copy} takes input {shape}, bench needs {expected}: convert it again with "
+            f"`bnnexport convert {copy.parent} --batched-copy {batch}`"
         )
 
 
 def _device_measurements(
-    device: Any, twin_name: str, batch: int, note: str | None
+    device: Any, copy_name: str, batch: int, note: str | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The latency statistics and the extra fields of the device's `lce` row."""
     parsed = device.result
@@ -76,7 +76,7 @@ def _device_measurements(
         "peak_memory_mb": parsed.peak_memory_mb,
         "op_types": [dataclasses.asdict(t) for t in parsed.op_types],
         "ops": [dataclasses.asdict(o) for o in parsed.ops],
-        "accuracy_model": twin_name if measured else None,
+        "accuracy_model": copy_name if measured else None,
         "accuracy_batch": batch if measured else None,
         "accuracy_invocations": device.invocations,
         "accuracy_seconds": device.accuracy_seconds,
@@ -104,25 +104,25 @@ def device_lce_rows(
     from deploy.device_accuracy import AccuracyJob, run_on_device
 
     flatbuffer = run_dir / f"model-{target}.tflite"
-    batch = twin_batch(len(inputs), batch)
-    twin = twin_path(run_dir, target, batch)
+    batch = copy_batch(len(inputs), batch)
+    copy = batched_path(run_dir, target, batch)
     job = note = None
-    if twin.is_file():
-        _check_twin(twin, inputs, batch)
+    if copy.is_file():
+        _check_copy(copy, inputs, batch)
         job = AccuracyJob(
-            twin,
+            copy,
             np.ascontiguousarray(inputs, np.float32),
             batch,
             outputs_per_sample=int(reference.shape[1]),
         )
     else:
         note = (
-            f"no batch-{batch} twin {twin.name}: accuracy not measured on the device, latency "
-            f"only (`bnnexport convert {run_dir} --batch-twin {batch}` writes it)"
+            f"no batch-{batch} copy {copy.name}: accuracy not measured on the device, latency "
+            f"only (`bnnexport convert {run_dir} --batched-copy {batch}` writes it)"
         )
     device = run_on_device(client, flatbuffer, options, job)
     note = device.note or note
-    latency, extra = _device_measurements(device, twin.name, batch, note)
+    latency, extra = _device_measurements(device, copy.name, batch, note)
     extra["threads"] = options.threads
     where = client.destination
     rows = [score("lce", where, flatbuffer, device.outputs, labels, reference, latency, extra)]
@@ -131,7 +131,7 @@ def device_lce_rows(
             score(
                 VERSUS_HOST,
                 where,
-                twin,
+                copy,
                 device.outputs,
                 labels,
                 host_lce,

@@ -79,10 +79,10 @@ def pipeline(
         resume, force, progress: as for `train`.
         log: called with one line as each stage starts (e.g. `click.echo` to stderr).
         device: as for `bench`, to include a device. With a device, convert also writes the
-            batch-N twin bench needs for accuracy there (N = min(device.batch, samples)).
+            batched copy (batch N) bench needs for accuracy there (N = min(device.batch, samples)).
     """
     from bnnexport.convert import convert_run
-    from bnnexport.device_accuracy import twin_batch
+    from bnnexport.device_accuracy import copy_batch
     from bnnexport.export import export_onnx
     from bnnexport.pack import pack
     from bnnexport.verify import require_strict, verify_run
@@ -109,11 +109,13 @@ def pipeline(
         stage("verify", lambda: require_strict(verify_run(run_dir)))
         stage("pack", lambda: pack(run_dir))
         stage("export", lambda: export_onnx(run_dir, samples=samples))
-        twin = None
+        copy = None
         if device is not None and device.runner != "python":
-            twin = twin_batch(samples, device.batch)
+            copy = copy_batch(samples, device.batch)
         target = options.target
-        stage("convert", lambda: convert_run(run_dir, target=target, fmt="tflite", batch_twin=twin))
+        stage(
+            "convert", lambda: convert_run(run_dir, target=target, fmt="tflite", batched_copy=copy)
+        )
         result = stage("bench", lambda: bench(run_dir, options, device=device))
     return PipelineReport(
         run_dir=str(run_dir),

@@ -1,11 +1,11 @@
-"""A batch-N twin of an ONNX model and of its LCE flatbuffer, for accuracy on a device.
+"""A batched copy (batch N) of an ONNX model and of its LCE flatbuffer, for accuracy on a device.
 
 `lce_benchmark_model` runs a flatbuffer at the batch it was converted with (`--input_layer_shape`
 cannot re-batch a batch-1 model, docs/LCE_NOTES.md "aarch64 device"), so on-device accuracy needs
 the same model converted at batch N. `rebatch` fixes the ONNX input's batch dimension to N; a graph
 that hard-codes batch 1 elsewhere (a Reshape to a constant [1, ...], an output fixed at 1) is
 refused with one `HardCodedBatchError`, as is one whose outputs at batch N differ from those at
-batch 1 on the same samples (checked with ONNX Runtime). `convert_twin` then converts the twin
+batch 1 on the same samples (checked with ONNX Runtime). `convert_batched` then converts the copy
 through the same gate as the batch-1 file (`converters.lce.convert_onnx`).
 
 Example:
@@ -15,8 +15,8 @@ Example:
     ...     [helper.make_node("Flatten", ["x"], ["y"])], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])])
-    >>> twin = rebatch(helper.make_model(graph), 8)
-    >>> [d.dim_value for d in twin.graph.input[0].type.tensor_type.shape.dim]
+    >>> copy = rebatch(helper.make_model(graph), 8)
+    >>> [d.dim_value for d in copy.graph.input[0].type.tensor_type.shape.dim]
     [8, 2, 3]
 """
 
@@ -42,12 +42,12 @@ class HardCodedBatchError(InvalidModelError):
 
 
 @dataclasses.dataclass
-class TwinResult:
-    """The batch-N twin that was written and how its gate went (LCE vs ONNX Runtime, plain)."""
+class BatchedResult:
+    """The batched copy that was written and how its gate went (LCE vs ONNX Runtime, plain)."""
 
     output: str
     batch: int
-    argmax_agreement: float  # the twin's LCE outputs vs ONNX Runtime's, before any tie replay
+    argmax_agreement: float  # the copy's LCE outputs vs ONNX Runtime's, before any tie replay
     max_abs_diff: float
     samples: int
     lce_bytes: int
@@ -56,7 +56,7 @@ class TwinResult:
         return dataclasses.asdict(self)
 
 
-def twin_path(flatbuffer: str | Path, batch: int) -> Path:
+def batched_path(flatbuffer: str | Path, batch: int) -> Path:
     """model-arm64.tflite -> model-arm64-bN.tflite."""
     flatbuffer = Path(flatbuffer)
     return flatbuffer.with_name(f"{flatbuffer.stem}-b{batch}{flatbuffer.suffix}")
@@ -84,15 +84,15 @@ def rebatch(model: Any, batch: int) -> Any:
 
     if batch < 1:
         raise ValueError("batch must be at least 1")
-    twin = onnx.ModelProto()
-    twin.CopyFrom(model)
-    initializers = {t.name for t in twin.graph.initializer}
-    inputs = [i for i in twin.graph.input if i.name not in initializers]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    initializers = {t.name for t in copy.graph.initializer}
+    inputs = [i for i in copy.graph.input if i.name not in initializers]
     if len(inputs) != 1 or not inputs[0].type.tensor_type.shape.dim:
-        raise InvalidModelError("a batch twin needs a model with exactly one batched input")
+        raise InvalidModelError("a batched copy needs a model with exactly one batched input")
     inputs[0].type.tensor_type.shape.dim[0].dim_value = batch  # also clears a dim_param
-    constants = _constants(twin)
-    for node in twin.graph.node:
+    constants = _constants(copy)
+    for node in copy.graph.node:
         if node.op_type != "Reshape" or batch == 1:
             continue
         shape = constants.get(node.input[1]) if len(node.input) > 1 else None
@@ -100,17 +100,17 @@ def rebatch(model: Any, batch: int) -> Any:
             raise HardCodedBatchError(
                 f"node {node.name or node.output[0]} (Reshape) hard-codes batch 1 in its target "
                 f"shape {shape.tolist()}; export with a batch-free reshape (x.flatten(1)) to get "
-                f"a batch-{batch} twin"
+                f"a batch-{batch} copy"
             )
-    del twin.graph.value_info[:]  # shapes inferred at batch 1 no longer hold
-    for output in twin.graph.output:
+    del copy.graph.value_info[:]  # shapes inferred at batch 1 no longer hold
+    for output in copy.graph.output:
         dims = output.type.tensor_type.shape.dim
         if dims:
             dims[0].dim_param = "batch"
     try:
-        inferred = onnx.shape_inference.infer_shapes(twin, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(copy, data_prop=True)
     except Exception:  # inference is a check only; ONNX Runtime has the last word
-        return twin
+        return copy
     for output in inferred.graph.output:
         dims = output.type.tensor_type.shape.dim
         if dims and dims[0].HasField("dim_value") and dims[0].dim_value != batch:
@@ -118,15 +118,15 @@ def rebatch(model: Any, batch: int) -> Any:
                 f"output {output.name} keeps batch {dims[0].dim_value} when the input takes "
                 f"{batch}: the graph hard-codes its batch size"
             )
-    return twin
+    return copy
 
 
 def rebatch_onnx(
     source: str | Path, target: str | Path, batch: int, inputs: np.ndarray | None = None
 ) -> Path:
-    """Write the batch-`batch` twin of the ONNX file `source` to `target`, checked with ORT.
+    """Write the batch-`batch` copy of the ONNX file `source` to `target`, checked with ORT.
 
-    ONNX Runtime runs both on the same samples (`inputs`, else random ones); the twin must run
+    ONNX Runtime runs both on the same samples (`inputs`, else random ones); the copy must run
     and give the same outputs per sample, else HardCodedBatchError.
     """
     import onnx
@@ -135,10 +135,10 @@ def rebatch_onnx(
     from converters.runners import run_onnx
 
     source, target = Path(source), Path(target)
-    twin = rebatch(onnx.load(str(source)), batch)
-    onnx.save(twin, str(target))
+    copy = rebatch(onnx.load(str(source)), batch)
+    onnx.save(copy, str(target))
     if inputs is None:
-        shape = [d.dim_value or 1 for d in twin.graph.input[0].type.tensor_type.shape.dim]
+        shape = [d.dim_value or 1 for d in copy.graph.input[0].type.tensor_type.shape.dim]
         inputs = np.random.default_rng(0).standard_normal([batch, *shape[1:]]).astype(np.float32)
     try:
         outputs = run_onnx(target, inputs)
@@ -159,7 +159,7 @@ def rebatch_onnx(
     return target
 
 
-def convert_twin(
+def convert_batched(
     onnx_path: str | Path,
     flatbuffer: str | Path,
     batch: int,
@@ -167,16 +167,16 @@ def convert_twin(
     inputs: np.ndarray | None,
     options: ConvertOptions | None = None,
     references: Sequence[Reference] = (),
-) -> TwinResult:
-    """Convert the batch-`batch` twin of `onnx_path` next to `flatbuffer` (model-…-bN.tflite),
+) -> BatchedResult:
+    """Convert the batch-`batch` copy of `onnx_path` next to `flatbuffer` (model-…-bN.tflite),
     through the same gate, options and references as the batch-1 file (`convert_onnx`)."""
     from converters.lce import ConvertOptions, convert_onnx
 
-    output = twin_path(flatbuffer, batch)
-    with tempfile.TemporaryDirectory(prefix="bnnexport-twin-") as tmp:
-        twin_onnx = rebatch_onnx(onnx_path, Path(tmp) / f"model-b{batch}.onnx", batch, inputs)
+    output = batched_path(flatbuffer, batch)
+    with tempfile.TemporaryDirectory(prefix="bnnexport-batched-") as tmp:
+        copy_onnx = rebatch_onnx(onnx_path, Path(tmp) / f"model-b{batch}.onnx", batch, inputs)
         result = convert_onnx(
-            twin_onnx,
+            copy_onnx,
             output,
             target=target,
             inputs=inputs,
@@ -184,7 +184,7 @@ def convert_twin(
             references=references,
         )
     gate = result.gate("ONNX Runtime")
-    return TwinResult(
+    return BatchedResult(
         output=str(result.output),
         batch=batch,
         argmax_agreement=gate.plain_argmax_agreement,

@@ -108,9 +108,9 @@ if TYPE_CHECKING:
 @count_option(
     "--device-batch",
     default=64,
-    help="With lce_benchmark_model: accuracy on the device runs the batch-N twin "
+    help="With lce_benchmark_model: accuracy on the device runs the batched copy (batch N) "
     "RUN_DIR/model-TARGET-bN.tflite (N = min(this, --samples); written by "
-    "`convert --batch-twin N`), one invocation per N samples.",
+    "`convert --batched-copy N`), one invocation per N samples.",
 )
 @click.option(
     "--profile",

@@ -46,11 +46,14 @@ from bnnexport.cli.common import (
     "layers are listed in the report's float_fallbacks.",
 )
 @count_option(
+    "--batched-copy",
     "--batch-twin",
+    "batched_copy",
     default=None,
     metavar="N",
-    help="Also write model-TARGET-bN.tflite, the model converted at batch N and passed "
-    "by the same gate, for accuracy on a device (`bench --device-batch N`).",
+    help="Also write model-TARGET-bN.tflite, a copy of the model converted at batch N and "
+    "passed by the same gate, for accuracy on a device (`bench --device-batch N`). "
+    "(--batch-twin is the deprecated spelling.)",
 )
 @count_option(
     "--batch",
@@ -83,7 +86,7 @@ def convert_command(
     fmt: str,
     samples: int | None,
     allow_float: tuple[str, ...],
-    batch_twin: int | None,
+    batched_copy: int | None,
     batch: int,
     disabled: tuple[str, ...],
     trust_twin: bool,
@@ -123,7 +126,7 @@ def convert_command(
         fmt=fmt,
         samples=samples,
         allow_float=allow_float,
-        batch_twin=batch_twin,
+        batched_copy=batched_copy,
         batch=batch,
         disabled_rewrites=disabled,
         trust_twin=trust_twin,

@@ -1,4 +1,4 @@
-"""converters.batch: the batch-N twin of an ONNX model (and, on a real run, of its flatbuffer)."""
+"""converters.batch: the batched copy of an ONNX model (and, on a real run, of its flatbuffer)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.batch import HardCodedBatchError, rebatch, rebatch_onnx, twin_path
+from converters.batch import HardCodedBatchError, batched_path, rebatch, rebatch_onnx
 from converters.runners import run_onnx
 
 SHAPE = [1, 2, 3, 3]
@@ -42,12 +42,12 @@ def test_flatten_model_runs_at_batch_n_like_at_batch_1(tmp_path):
         (1, 4),
     )
     onnx.save(model, tmp_path / "m.onnx")
-    twin = rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b8.onnx", 8, _inputs(11))
-    loaded = onnx.load(str(twin))
+    copy = rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b8.onnx", 8, _inputs(11))
+    loaded = onnx.load(str(copy))
     assert _dims(loaded.graph.input[0]) == [8, 2, 3, 3]
     inputs = _inputs(11)  # not a multiple of 8: the last chunk is padded by run_onnx
     np.testing.assert_allclose(
-        run_onnx(twin, inputs), run_onnx(tmp_path / "m.onnx", inputs), rtol=1e-6
+        run_onnx(copy, inputs), run_onnx(tmp_path / "m.onnx", inputs), rtol=1e-6
     )
 
 
@@ -94,24 +94,24 @@ def test_graph_that_mixes_samples_is_refused(tmp_path):
         rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b4.onnx", 4, _inputs(8))
 
 
-def test_twin_is_named_after_the_batch_1_file():
-    assert twin_path("runs/x/model-arm64.tflite", 64).name == "model-arm64-b64.tflite"
+def test_the_batched_copy_is_named_after_the_batch_1_file():
+    assert batched_path("runs/x/model-arm64.tflite", 64).name == "model-arm64-b64.tflite"
 
 
 @pytest.mark.slow
-def test_convert_run_writes_a_gated_twin(trained_run):
+def test_convert_run_writes_a_gated_batched_copy(trained_run):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
     from converters.runners import run_lce
     from converters.runtimes import lce_interpreter
 
     export_onnx(trained_run, samples=40)
-    report = convert_run(trained_run, samples=40, batch_twin=16)
-    twin = trained_run / "model-arm64-b16.tflite"
-    assert report.batch_twin["output"] == str(twin) and twin.is_file()
-    assert list(lce_interpreter(twin).input_shapes[0]) == [16, 1, 28, 28]
-    assert report.batch_twin["argmax_agreement"] == 1.0 and report.batch_twin["samples"] == 40
+    report = convert_run(trained_run, samples=40, batched_copy=16)
+    copy = trained_run / "model-arm64-b16.tflite"
+    assert report.batched_copy["output"] == str(copy) and copy.is_file()
+    assert list(lce_interpreter(copy).input_shapes[0]) == [16, 1, 28, 28]
+    assert report.batched_copy["argmax_agreement"] == 1.0 and report.batched_copy["samples"] == 40
     with np.load(trained_run / "samples.npz") as data:
         inputs = data["inputs"][:40].astype(np.float32)
     single = run_lce(trained_run / "model-arm64.tflite", inputs)
-    np.testing.assert_allclose(run_lce(twin, inputs), single, atol=1e-4 * np.ptp(single))
+    np.testing.assert_allclose(run_lce(copy, inputs), single, atol=1e-4 * np.ptp(single))

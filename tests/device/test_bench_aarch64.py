@@ -1,7 +1,7 @@
 """`bnnexport bench --device` end to end on the emulated aarch64 device
 (tests/support/aarch64_device.py).
 
-A trained, exported and converted run with its batch-32 twin; bench runs the LCE flatbuffer on
+A trained, exported and converted run with its batch-32 copy; bench runs the LCE flatbuffer on
 the device with `lce_benchmark_model`: the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64
 names one (then the device must agree with PyTorch and the host's LCE), else the aarch64 stand-in
 of test_deploy_aarch64.py, whose outputs this test computes itself to check every number of the
@@ -26,14 +26,14 @@ BATCH = 32  # 2 chunks on the device, the last one padded
 
 
 @pytest.fixture(scope="module")
-def twin_run(_trained_run_template, tmp_path_factory):
+def copied_run(_trained_run_template, tmp_path_factory):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
 
     run = tmp_path_factory.mktemp("bench-arm") / "run"
     shutil.copytree(_trained_run_template, run)
     export_onnx(run, samples=SAMPLES)
-    convert_run(run, target="arm64", fmt="tflite", batch_twin=BATCH)
+    convert_run(run, target="arm64", fmt="tflite", batched_copy=BATCH)
     return run
 
 
@@ -77,11 +77,11 @@ def _bench(run, arm_device, binary, *args):
 
 
 @pytest.mark.slow
-def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp_path):
+def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, tmp_path):
     binary = _binary(arm_device, tmp_path)
     # the issue's acceptance command: accuracy, the op profile by layer, two thread counts
     args = ("--device-batch", str(BATCH), "--profile", "--threads", "1,2")
-    result = _bench(twin_run, arm_device, binary, *args)
+    result = _bench(copied_run, arm_device, binary, *args)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["device"]["machine"] == "aarch64"
@@ -90,7 +90,7 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
     assert (device["name"], versus_host["name"]) == ("lce", "lce vs host lce")
     assert two["name"] == "lce (2 threads)" and two["extra"]["peak_memory_mb"] is not None
     profile = data["profile"]
-    modules = {name for name, _ in load_model(twin_run).named_modules()} | {"(input)"}
+    modules = {name for name, _ in load_model(copied_run).named_modules()} | {"(input)"}
     assert profile["notes"] == [] and {t["layer"] for t in profile["layers"]} <= modules
     assert any(t["binary"] and "LceBconv2d" in t["op_types"] for t in profile["layers"])
     extra = device["extra"]
@@ -102,7 +102,7 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
         assert device["argmax_agreement"] == 1.0 and device["top1"] == host["pytorch"]["top1"]
         assert versus_host["argmax_agreement"] == 1.0 and versus_host["max_abs_diff"] < 1e-3
     else:
-        with np.load(twin_run / "samples.npz") as samples:
+        with np.load(copied_run / "samples.npz") as samples:
             inputs, labels = samples["inputs"][:SAMPLES], samples["labels"][:SAMPLES]
         expected = stand_in_outputs(inputs, 10)
         assert device["top1"] == pytest.approx(topk(expected, labels, 1))
@@ -112,15 +112,15 @@ def test_bench_measures_accuracy_on_the_aarch64_device(twin_run, arm_device, tmp
         from bnnexport.export import torch_outputs
         from converters.runners import run_lce
 
-        torch = torch_outputs(load_model(twin_run), inputs)
-        lce = run_lce(twin_run / "model-arm64.tflite", inputs)
+        torch = torch_outputs(load_model(copied_run), inputs)
+        lce = run_lce(copied_run / "model-arm64.tflite", inputs)
         for row, reference in ((device, torch), (versus_host, lce)):
             agree = float(np.mean(expected.argmax(1) == reference.argmax(1)))
             assert row["argmax_agreement"] == pytest.approx(agree)
             assert row["max_abs_diff"] == pytest.approx(
                 np.abs(expected - reference).max(), rel=1e-4
             )
-    report = (twin_run / "report.md").read_text()
+    report = (copied_run / "report.md").read_text()
     assert "Accuracy on the device" in report and "| lce vs host lce |" in report
     assert "## Time by PyTorch layer on" in report and "bench_device_layers.png" in report
     assert arm_device.leftovers() == []

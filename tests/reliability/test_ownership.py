@@ -96,7 +96,7 @@ def test_a_user_file_in_a_subfolder_of_a_run_is_refused(tmp_path):
 def test_force_deletes_every_file_the_manifest_lists_whatever_its_name(tmp_path):
     run = tmp_path / "run"
     assert invoke(*INIT, "--out", str(run)).exit_code == 0
-    files.write_bytes_atomic(run / "model-arm64-b4.tflite", b"a batch-4 twin of the old model")
+    files.write_bytes_atomic(run / "model-arm64-b4.tflite", b"a batch-4 copy of the old model")
     files.write_bytes_atomic(run / "bench_some_backend.png", b"a plot of the old model")
     assert invoke(*INIT, "--out", str(run), "--force", "--seed", "1").exit_code == 0
     assert sorted(p.name for p in run.iterdir()) == [

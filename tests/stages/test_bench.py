@@ -302,7 +302,7 @@ def test_device_lce_benchmark_model_results_join_the_report(converted_run, sshd,
         "mean": pytest.approx(15.4082),
         "std": 0.245,
     }
-    # the run had no batch-50 twin: bench converted it (same gate), but this stand-in has no
+    # the run had no batch-50 copy: bench converted it (same gate), but this stand-in has no
     # --output_filepath, so latency only, and a note saying why
     assert (converted_run / "model-arm64-b50.tflite").is_file()
     assert provenance.stale_reason(converted_run, "model-arm64-b50.tflite") is None
