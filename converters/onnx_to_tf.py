@@ -150,7 +150,7 @@ class Translator:
         found = match_binarization(self.graph, node.output[0])
         if found is not None:
             src = self.binarized_source(found)
-            return Value(binarize(src.t), src.layout, src.perm)
+            return Value(binarize(src.tensor), src.layout, src.perm)
         handler = HANDLERS.get(node.op_type)
         if handler is None:
             raise UnsupportedOpError(name, node.op_type)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 def _same_layout(tr, node, a: Value, b: Value) -> tuple[object, object, str, np.ndarray | None]:
     if a.layout == b.layout and (a.layout != "perm" or np.array_equal(a.perm, b.perm)):
-        return a.t, b.t, a.layout, a.perm
+        return a.tensor, b.tensor, a.layout, a.perm
     return a.logical(), b.logical(), "plain", None
 
 
@@ -67,7 +67,7 @@ def arithmetic(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
             return channel_affine(x, vec, zeros)
         if not const_first:
             return channel_affine(x, 1.0 / vec, zeros)
-    t = x.t
+    t = x.tensor
     if vec is not None:
         stored = vec  # 1-D, see channel_affine
     elif x.layout == "nhwc":
@@ -99,11 +99,11 @@ def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
         raise unsupported(node, "only casts to float32")
     if node.op_type in ("Identity", "Dropout", "Cast"):
         return x
-    raw = x.is_affine and np.all(x.m == 1.0) and not np.any(x.b)
+    raw = x.is_affine and np.all(x.scale == 1.0) and not np.any(x.shift)
     # LCE fuses a ReLU of a bconv's accumulator, and a per-channel affine after it, into the
     # bconv: keep the fan-in, which decides whether that affine may be folded (channel_affine)
     fan_in = x.fan_in if node.op_type == "Relu" and raw else None
-    return Value(fns[node.op_type](x.t), x.layout, x.perm, fan_in=fan_in)
+    return Value(fns[node.op_type](x.tensor), x.layout, x.perm, fan_in=fan_in)
 
 
 def prelu(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -116,7 +116,7 @@ def prelu(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
     slope = tr.const(node.input[1])
     if slope is None:
         raise unsupported(node, "the slope must be a constant")
-    t = x.t
+    t = x.tensor
     negated = -prelu_alpha(onnx_const_to_layout(slope.astype(np.float32), x), len(x.shape()))
     return Value(tf().nn.relu(t) + tf().nn.relu(-t) * tf().constant(negated), x.layout, x.perm)
 
@@ -141,7 +141,7 @@ def clip(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
     attrs = attributes(node)
     low = tr.const(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("min")
     high = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else attrs.get("max")
-    t = x.t
+    t = x.tensor
     if low is not None:
         t = tf().maximum(t, np.float32(low))
     if high is not None:
@@ -156,9 +156,9 @@ def softmax(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> 
     axis = axis % rank
     fn = tf().nn.softmax if node.op_type == "Softmax" else tf().nn.log_softmax
     if axis == rank - 1 and x.layout in ("plain", "flat4"):
-        return Value(fn(x.t, axis=-1), x.layout)
+        return Value(fn(x.tensor, axis=-1), x.layout)
     if x.layout == "nhwc" and axis == 1:
-        return Value(fn(x.t, axis=-1), "nhwc")
+        return Value(fn(x.tensor, axis=-1), "nhwc")
     return Value(fn(x.logical(), axis=axis), "plain")
 
 
@@ -178,13 +178,13 @@ def _to_flat(x: Value) -> Value:
         return x
     if x.layout == "nhwc":
         n, c, h, w = shape
-        t = tf().reshape(x.t, [n, h * w * c])
+        t = tf().reshape(x.tensor, [n, h * w * c])
         if h * w == 1:
             return Value(t, "plain")
         # stored column (i, j, k) of NHWC is logical column k*h*w + i*w + j of NCHW
         perm = np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
         return Value(t, "perm", perm)
-    return Value(tf().reshape(x.t, [shape[0], -1]), "plain")
+    return Value(tf().reshape(x.tensor, [shape[0], -1]), "plain")
 
 
 def reshape(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -231,7 +231,7 @@ def squeeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> 
     axes = [a % len(shape) for a in (axes if axes is not None else range(len(shape)))]
     target = [d for k, d in enumerate(shape) if not (k in axes and d == 1)]
     if x.layout == "nhwc" and target == shape[:2]:
-        return Value(x.t, "flat4")
+        return Value(x.tensor, "flat4")
     return Value(tf().reshape(x.logical(), target), "plain")
 
 
@@ -249,7 +249,7 @@ def transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -
     if perm == [0, 3, 1, 2] and len(x.shape()) == 4:  # logical NHWC -> NCHW: stored NHWC
         return Value(x.logical(), "nhwc")
     if perm == [0, 2, 3, 1] and x.layout == "nhwc":  # NCHW -> NHWC: the storage itself
-        return Value(x.t, "plain")
+        return Value(x.tensor, "plain")
     return Value(tf().transpose(x.logical(), perm), "plain")
 
 
@@ -262,10 +262,10 @@ def concat(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> V
     layouts = {v.layout for v in values}
     if layouts == {"nhwc"}:
         return Value(
-            tf().concat([v.t for v in values], axis={1: 3, 2: 1, 3: 2, 0: 0}[axis]), "nhwc"
+            tf().concat([v.tensor for v in values], axis={1: 3, 2: 1, 3: 2, 0: 0}[axis]), "nhwc"
         )
     if layouts == {"flat4"} and axis == 1:
-        return Value(tf().concat([v.t for v in values], axis=3), "flat4")
+        return Value(tf().concat([v.tensor for v in values], axis=3), "flat4")
     return Value(tf().concat([v.logical() for v in values], axis=axis), "plain")
 
 
@@ -285,9 +285,9 @@ def pad(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Valu
     if x.layout == "nhwc" and rank == 4 and not any(pads[k] for k in (0, 1, 4, 5)):
         hw = [(pads[2], pads[6]), (pads[3], pads[7])]
         if mode == "constant":
-            return Value(pad_constant(x.t, hw, value), "nhwc")
+            return Value(pad_constant(x.tensor, hw, value), "nhwc")
         if mode == "reflect":
-            return Value(tf().pad(x.t, [[0, 0], *hw, [0, 0]], mode="REFLECT"), "nhwc")
+            return Value(tf().pad(x.tensor, [[0, 0], *hw, [0, 0]], mode="REFLECT"), "nhwc")
     if mode != "constant":
         raise unsupported(node, f"mode={mode}")
     pairs = [[pads[k], pads[k + rank]] for k in range(rank)]
@@ -302,7 +302,7 @@ def reduce_mean(tr: TranslatorView, node: NodeProto, inputs: list[Value | None])
     rank = len(x.shape())
     axes = sorted(int(a) % rank for a in axes) if axes is not None else list(range(rank))
     if x.layout == "nhwc" and axes == [2, 3]:
-        t = tf().reduce_mean(x.t, axis=[1, 2], keepdims=True)
+        t = tf().reduce_mean(x.tensor, axis=[1, 2], keepdims=True)
         return Value(t, "nhwc" if keep else "flat4")
     return Value(tf().reduce_mean(x.logical(), axis=axes, keepdims=bool(keep)), "plain")
 

@@ -118,7 +118,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
         raise unsupported(node, "the kernel must be a constant")
     x = _nhwc(tr, node, inputs[0])
     ksize, strides, dilations, pads, group = _conv_attrs(tr, node, kernel, x)
-    t = x.t
+    t = x.tensor
     mode = padding_mode(_hw(t), ksize, strides, dilations, pads)
     if mode is None:
         t = pad_constant(t, _read_pads(t, ksize, strides, dilations, pads), 0.0)
@@ -187,7 +187,7 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
         return None
     signs, scale = _sign_and_scale(match, match.kernel, 0)
     k_hwio = np.transpose(signs, (2, 3, 1, 0))
-    x = src.t
+    x = src.tensor
     plan = plan_binary_padding(_hw(x), ksize, strides, dilations, inner, inner_value, outer)
     if groups.kind == "single":  # LCE infers the groups from the kernel's input channels
         y, correction = _EMITTERS[plan.strategy](x, plan, _BinaryConv(k_hwio, strides, dilations))
@@ -195,7 +195,7 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
         y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
     y, bias = _apply_correction(y, _conv_bias(tr, node, len(scale)), correction, scale)
     fan_in = int(np.prod(match.kernel.shape[1:]))
-    return Value(None, "nhwc", acc=y, m=scale, b=bias, fan_in=fan_in)
+    return Value(None, "nhwc", accumulator=y, scale=scale, shift=bias, fan_in=fan_in)
 
 
 def _emit_split(x, plan: PaddingPlan, k_hwio: np.ndarray, strides, dilations, groups: int):
@@ -334,7 +334,7 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
     if src.layout == "perm":
         signs = signs[src.perm]
     n, features = src.shape()
-    x4 = src.t if src.layout == "flat4" else tf().reshape(src.t, [n, 1, 1, features])
+    x4 = src.tensor if src.layout == "flat4" else tf().reshape(src.tensor, [n, 1, 1, features])
     k = sign_kernel(signs.reshape(1, 1, *signs.shape))
     y = tf().nn.conv2d(binarize(x4), k, [1, 1, 1, 1], "VALID")
     bias = np.zeros(len(scale), np.float32)
@@ -345,7 +345,7 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
         bias = np.broadcast_to(c.reshape(-1) * attrs.get("beta", 1.0), bias.shape).astype(
             np.float32
         )
-    return Value(None, "flat4", acc=y, m=scale, b=bias, fan_in=int(signs.shape[0]))
+    return Value(None, "flat4", accumulator=y, scale=scale, shift=bias, fan_in=int(signs.shape[0]))
 
 
 def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -363,7 +363,7 @@ def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
         kernel = kernel * np.float32(attrs.get("alpha", 1.0))
     if x.layout == "perm":
         kernel = kernel[x.perm]
-    t = tf().reshape(x.t, [x.shape()[0], -1]) if x.layout == "flat4" else x.t
+    t = tf().reshape(x.tensor, [x.shape()[0], -1]) if x.layout == "flat4" else x.tensor
     y = tf().matmul(t, tf().constant(kernel.astype(np.float32)))
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         c = tr.const(node.input[2])
@@ -441,7 +441,7 @@ def max_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) ->
                                    pads[axis + 2], ceil=True, include_pad=True)  # fmt: skip
             last_end = (len(windows) - 1) * strides[axis] - pads[axis] + kernel[axis]
             pads[axis + 2] = max(last_end - size, 0)
-    t, mode = pool_pads(x.t, kernel, strides, pads, float(np.finfo(np.float32).min))
+    t, mode = pool_pads(x.tensor, kernel, strides, pads, float(np.finfo(np.float32).min))
     return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
 
 
@@ -459,7 +459,7 @@ def average_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]
         pool_windows(size, kernel[a], strides[a], pads[a], pads[a + 2], ceil, include)
         for a, size in enumerate(x.shape()[2:])
     ]
-    t = x.t
+    t = x.tensor
     hw = _hw(t)
     floor = [_floor_windows(hw[a], kernel[a], strides[a], pads[a], pads[a + 2]) for a in (0, 1)]
     if all(len(w) == len(f) for w, f in zip(windows, floor, strict=True)):
@@ -497,7 +497,7 @@ def _blocked_average(t: Any, windows: list[list[tuple[int, int]]], strides: list
 def global_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     reduce = tf().reduce_mean if node.op_type == "GlobalAveragePool" else tf().reduce_max
-    return Value(reduce(x.t, axis=[1, 2], keepdims=True), "nhwc")
+    return Value(reduce(x.tensor, axis=[1, 2], keepdims=True), "nhwc")
 
 
 def batch_norm(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:

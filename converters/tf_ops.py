@@ -11,8 +11,8 @@ stored TensorFlow tensor maps to the logical ONNX tensor:
   column of stored column j): the result of flattening NHWC, which the next dense layer
   absorbs by permuting its kernel rows instead of transposing activations.
 
-A `Value` may also hold a pending per-channel affine map `acc * m + b` over the integer
-accumulator of a binary conv: BatchNorm, biases and channel scales fold into it, and a
+A `Value` may also hold a pending per-channel affine map `accumulator * scale + shift` over the
+integer accumulator of a binary conv: BatchNorm, biases and channel scales fold into it, and a
 binarization of it can break exact ties the way torch does (sign(0) = +1, see `nudged`).
 
 Example:
@@ -52,10 +52,11 @@ class Value:
     # `perm` relative to ONNX's
     layout: str = "plain"
     perm: np.ndarray | None = None
-    # pending per-channel affine over a binary conv's integer accumulator (see module doc)
-    acc: Any = None
-    m: np.ndarray | None = None
-    b: np.ndarray | None = None
+    # a pending per-channel affine map over a binary conv's integer accumulator (module doc):
+    # the value is accumulator * scale + shift, emitted only when read (`tensor`)
+    accumulator: Any = None
+    scale: np.ndarray | None = None
+    shift: np.ndarray | None = None
     # the name scope of the node that made the pending affine map: its ops are named after
     # that node wherever they are first read (converters.layer_map)
     origin: str | None = None
@@ -64,11 +65,13 @@ class Value:
     fan_in: int | None = None
 
     @property
-    def t(self) -> Any:
+    def tensor(self) -> Any:
         """The stored tensor, materialising a pending affine map."""
         if self.stored is None:
             with self._scope():
-                self.stored = affine_after_bconv(self.acc, self.m, self.b, self.fan_in)
+                self.stored = affine_after_bconv(
+                    self.accumulator, self.scale, self.shift, self.fan_in
+                )
         return self.stored
 
     def _scope(self) -> Any:
@@ -76,21 +79,22 @@ class Value:
 
     @property
     def is_affine(self) -> bool:
-        return self.acc is not None
+        return self.accumulator is not None
 
     def nudged(self) -> Any:
-        """`acc * m + b'` with `b'` moved half an accumulator step so no value is exactly 0.
+        """`accumulator * scale + shift'` with the shift moved half an accumulator step, so no
+        value is exactly 0.
 
         The accumulator is an integer; torch maps an exact 0 to +1, LCE's kernels may not
         (docs/LCE_NOTES.md "Running flatbuffers"), so the threshold is moved to the half-integer
         that keeps every integer's sign as torch computes it.
         """
         with self._scope():
-            return affine(self.acc, self.m, tie_break_bias(self.m, self.b))
+            return affine(self.accumulator, self.scale, tie_break_bias(self.scale, self.shift))
 
     def logical(self) -> Any:
         """The tensor in ONNX's logical layout (NCHW for 4-D)."""
-        t = self.t
+        t = self.tensor
         if self.layout == "nhwc":
             return tf().transpose(t, [0, 3, 1, 2])
         if self.layout == "flat4":
@@ -101,7 +105,7 @@ class Value:
 
     def shape(self) -> list[int]:
         """The logical (ONNX) shape."""
-        s = list(self.t.shape) if self.stored is not None else list(self.acc.shape)
+        s = list(self.tensor.shape) if self.stored is not None else list(self.accumulator.shape)
         if self.layout == "nhwc":
             return [s[0], s[3], s[1], s[2]]
         if self.layout == "flat4":
@@ -363,9 +367,17 @@ def channel_affine(x: Value, m: np.ndarray, b: np.ndarray) -> Value:
     """x * m + b with per-channel (logical axis 1) constants."""
     channels = stored_channels(x)
     if x.is_affine and channels is not None:
-        return Value(None, x.layout, x.perm, acc=x.acc, m=x.m * m, b=x.b * m + b, fan_in=x.fan_in)
+        return Value(
+            None,
+            x.layout,
+            x.perm,
+            accumulator=x.accumulator,
+            scale=x.scale * m,
+            shift=x.shift * m + b,
+            fan_in=x.fan_in,
+        )
     if channels is not None and x.fan_in is not None:  # a ReLU of a bconv's accumulator
-        return Value(affine_after_bconv(x.t, m, b, x.fan_in), x.layout, x.perm)
+        return Value(affine_after_bconv(x.tensor, m, b, x.fan_in), x.layout, x.perm)
     if channels is not None:
         # 1-D constants: LCE folds a Mul/Add after a bconv into its [C] multiplier and bias,
         # and a 4-D [1, 1, 1, C] constant there makes the flatbuffer fail to load
@@ -374,7 +386,7 @@ def channel_affine(x: Value, m: np.ndarray, b: np.ndarray) -> Value:
         shape = [1, len(m)] + [1] * (len(x.shape()) - 2)
         mc = onnx_const_to_layout(m.reshape(shape), x)
         bc = onnx_const_to_layout(b.reshape(shape), x)
-    return Value(x.t * tf().constant(mc) + tf().constant(bc), x.layout, x.perm)
+    return Value(x.tensor * tf().constant(mc) + tf().constant(bc), x.layout, x.perm)
 
 
 class TranslatorView(Protocol):
