@@ -5,7 +5,6 @@ Every case ends by checking the user's files byte for byte (docs/RELIABILITY.md,
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv, export
+from support.guarantees import snapshot
 
 from bnnexport import files, provenance
 from bnnexport.errors import ForeignFileError
@@ -26,14 +26,6 @@ ARTIFACT_NAMES = (
     "bench_device.log", "provenance.json",
 )  # fmt: skip
 INIT = ["init", "--model", "binarynet", "--input-shape", "3,16,16"]
-
-
-def snapshot(directory: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 def one_line_error(result, code: int = 2) -> str:

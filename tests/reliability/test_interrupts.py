@@ -1,0 +1,106 @@
+"""Interrupts: Ctrl-C (SIGINT) at any moment ends a command with one line and exit 130, and
+leaves what was saved usable (training resumes from its last checkpoint)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from support.cli import COMMAND, run_process
+from support.guarantees import assert_one_line_error
+from support.waiting import training_in_epoch, wait_until
+
+
+@pytest.mark.slow
+def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [*COMMAND, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # mid-epoch 2: a checkpoint exists and the next one is not written yet
+    wait_until(training_in_epoch(out, 2), 300, "step record of epoch 2", process)
+    assert (out / "checkpoint.pt").exists()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "interrupted" in stderr  # 50 epochs: not finished
+    assert "Traceback" not in stderr
+    epoch = torch.load(out / "checkpoint.pt", weights_only=True)["epoch"]
+    assert 1 <= epoch < 50
+    result = run_process(
+        "train", "--out", str(out), "--resume", "--epochs", str(epoch + 1), "--json"
+    )
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == epoch + 1
+
+
+def _interrupt(args: list[str], when) -> subprocess.CompletedProcess:
+    """Start the CLI, wait until `when()` holds, send SIGINT (what Ctrl-C sends)."""
+    process = subprocess.Popen(
+        [*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 60
+    while not when() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    try:
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # a hung child must not outlive the test
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.2, 0.6, 1.2, 2.5])  # start-up, torch, data, training
+def test_ctrl_c_at_any_moment_is_one_line_130(delay, tmp_path):
+    started = time.time()
+    command = ["train", "--epochs", "1000", "--out", str(tmp_path / "run")]  # never finishes
+    result = _interrupt(command, lambda: time.time() - started > delay)
+    assert_one_line_error(result, 130, "interrupted")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_init_leaves_no_partial_artifact(tmp_path):
+    out = tmp_path / "run"
+    result = _interrupt(["init", "--model", "quicknet", "--out", str(out)], out.exists)
+    assert_one_line_error(result, 130, "interrupted")
+    assert not list(tmp_path.rglob("*.tmp"))  # no half-written checkpoint
+    assert not out.exists() or not (out / "config.json").exists()
+
+
+def test_ctrl_c_swallowed_by_a_library_still_ends_the_command(tmp_path):
+    """A library that catches KeyboardInterrupt and carries on must not keep bnnexport running."""
+    script = (
+        "import signal, time, bnnexport.__main__ as entry\n"
+        "entry.UNWIND_SECONDS = 1.0\n"
+        "signal.signal(signal.SIGINT, entry._on_sigint)\n"
+        # the outer try catches an interrupt that lands between two sleeps (at the inner loop's
+        # jump), which would otherwise end the script with SIGINT instead of the watchdog
+        "while True:\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        while True:\n"
+        "            try:\n"
+        "                time.sleep(0.05)\n"
+        "            except KeyboardInterrupt:\n"
+        "                pass  # what the swallowing library does\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass\n"
+    )
+    process = subprocess.Popen(
+        [COMMAND[0], "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        first = process.stdout.readline()
+        assert first.strip() == "ready", first + process.stderr.read()
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()  # a hung child must not outlive the test
+    assert process.returncode == 130
+    assert stderr == "bnnexport: error: interrupted\n"

@@ -1,0 +1,256 @@
+"""Nothing lost: a failing or refused command leaves every existing file byte for byte as it
+was, user files included; two writers never both run on one directory; loading data runs no code."""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support.cli import COMMAND, invoke, run_process
+from support.guarantees import (
+    another_writer,
+    assert_one_line_error,
+    fail_on_write,
+    snapshot,
+    user_files,
+)
+from support.waiting import training_in_epoch, wait_until
+
+
+def _cifar_batch(count: int = 4) -> dict:
+    import numpy as np
+
+    return {b"batch_label": b"training batch", b"labels": list(range(count)),
+            b"data": np.zeros((count, 3072), np.uint8),
+            b"filenames": [b"img%d.png" % i for i in range(count)]}  # fmt: skip
+
+
+def _cifar_dir(root: Path) -> Path:
+    import pickle
+
+    root.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (root / name).write_bytes(pickle.dumps(_cifar_batch(), protocol=2))
+    return root
+
+
+class _RunsCode:
+    """A pickle payload: unpickling it would create `marker` (i.e. run code)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (str(self.marker),))
+
+
+@pytest.mark.parametrize(
+    "error,fragment",
+    [
+        (
+            PermissionError(errno.EACCES, "Permission denied", "run/.checkpoint.pt.tmp"),
+            "permission denied",
+        ),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "run/.checkpoint.pt.tmp"),
+            "no space left",
+        ),
+    ],
+    ids=["read-only", "full"],
+)
+def test_unwritable_output_directory_keeps_the_run_intact(
+    trained_run, monkeypatch, error, fragment
+):
+    before = snapshot(trained_run)
+    fail_on_write(monkeypatch, error)
+    result = invoke("pack", str(trained_run))
+    assert result.exit_code == 2
+    assert fragment in result.output.lower()
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained_run):
+    """The process dies after writing the new checkpoint's bytes but before the rename."""
+    before = (trained_run / "checkpoint.pt").read_bytes()
+    code = (
+        "import os, signal, sys\n"
+        "import bnnexport.reports as reports\n"
+        "reports.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "from bnnexport.cli import main\n"
+        f"main(['train', '--out', {str(trained_run)!r}, '--resume', '--epochs', '2'])\n"
+    )
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=600)
+    assert process.returncode == -signal.SIGKILL
+    assert (trained_run / "checkpoint.pt").read_bytes() == before
+    result = run_process("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert torch.load(trained_run / "checkpoint.pt", weights_only=True)["epoch"] == 2
+
+
+@pytest.mark.parametrize(
+    "options,fragment",
+    [(["--lr", "nan"], "--lr"), (["--lr", "-0.1"], "--lr"), (["--gamma", "2"], "--gamma"),
+     (["--gamma", "nan"], "--gamma"), (["--threshold", "-1"], "--threshold"),
+     (["--torch-device", "tpu0"], "tpu0"), (["--dataset", "cifar10"], "--data-dir"),
+     (["--model", "binary-alexnet"], "input too small")],
+    ids=["lr-nan", "lr-negative", "gamma-2", "gamma-nan", "threshold-negative", "device-tpu0",
+         "cifar10-without-data-dir", "model-too-large-for-mnist"],
+)  # fmt: skip
+def test_force_with_a_bad_option_leaves_the_run_byte_identical(trained_run, options, fragment):
+    before = snapshot(trained_run)
+    result = invoke("train", "--force", "--out", str(trained_run), *options)
+    assert_one_line_error(result, 2, fragment)
+    assert snapshot(trained_run) == before
+
+
+def test_train_force_on_a_run_holding_user_files_is_refused_and_changes_nothing(trained_run):
+    user_files(trained_run)
+    (trained_run / "model.onnx").write_bytes(b"the user's own export")
+    before = snapshot(trained_run)
+    result = invoke("train", "--force", "--epochs", "1", "--out", str(trained_run))
+    assert_one_line_error(result, 2, "did not write", "data/", "model.onnx", "thesis.txt")
+    assert snapshot(trained_run) == before
+
+
+def test_init_force_on_a_run_holding_user_files_is_refused_and_changes_nothing(tmp_path):
+    out = tmp_path / "run"
+    args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", str(out)]
+    assert invoke(*args).exit_code == 0
+    user_files(out)
+    before = snapshot(out)
+    assert_one_line_error(invoke(*args, "--force", "--seed", "1"), 2, "data/", "thesis.txt")
+    assert snapshot(out) == before
+
+
+def test_init_force_with_a_bad_size_leaves_the_run_byte_identical(tmp_path):
+    out = tmp_path / "run"
+    assert (
+        invoke(
+            "init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", str(out)
+        ).exit_code
+        == 0
+    )
+    user_files(out)
+    before = snapshot(out)
+    result = invoke(
+        "init", "--model", "binary-alexnet", "--input-shape", "3,8,8", "--out", str(out), "--force"
+    )
+    assert_one_line_error(result, 2, "input too small")
+    assert snapshot(out) == before
+
+
+def test_init_in_a_working_directory_of_user_files_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    user_files(tmp_path)
+    before = snapshot(tmp_path)
+    args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", "."]
+    assert_one_line_error(invoke(*args), 2, "not a run directory")
+    assert_one_line_error(invoke(*args, "--force"), 2, "not a run directory")
+    assert snapshot(tmp_path) == before
+
+
+def test_out_whose_parent_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = invoke("init", "--model", "binarynet", "--out", str(tmp_path / "file" / "run"))
+    assert_one_line_error(result, 2, "a file is in the way")
+
+
+def test_a_genuine_cifar_batch_loads(tmp_path):
+    from bnnexport.datasets import load_dataset
+
+    data = load_dataset("cifar10", _cifar_dir(tmp_path / "cifar"))
+    assert len(data.train) == 20 and len(data.test) == 4
+
+
+def test_a_crafted_cifar_batch_runs_no_code(tmp_path):
+    import pickle
+
+    root = _cifar_dir(tmp_path / "cifar")
+    marker = tmp_path / "pwned"
+    batch = _cifar_batch()
+    batch[b"labels"] = _RunsCode(marker)
+    (root / "data_batch_1").write_bytes(pickle.dumps(batch, protocol=2))
+    result = invoke(
+        "train",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        str(root),
+        "--model",
+        "binarynet",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert_one_line_error(result, 2, "data_batch_1", "refusing")
+    assert not marker.exists()
+    assert not (tmp_path / "run").exists()  # nothing left behind by the failed start
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--resume", "--epochs", "2"],
+        ["train", "--force"],
+        ["pack"],
+        ["verify"],
+        ["export"],
+        ["bench"],
+    ],
+    ids=["train-resume", "train-force", "pack", "verify", "export", "bench"],
+)
+def test_a_second_writer_gets_one_line_and_changes_nothing(trained_run, args):
+    before = snapshot(trained_run)
+    if args[0] == "train":
+        args = [*args, "--out", str(trained_run)]
+    else:
+        args = [args[0], str(trained_run), *args[1:]]
+    with another_writer(trained_run):
+        result = invoke(*args)
+    assert_one_line_error(result, 2, "being written by another bnnexport command")
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+def test_two_trains_on_one_out_do_not_both_run(tmp_path):
+    out = tmp_path / "run"
+    args = ("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
+    command = [*COMMAND, *args]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(training_in_epoch(out, 1), 120, "step record", first)
+    second = run_process("train", "--epochs", "1", "--out", str(out), "--force")
+    assert_one_line_error(second, 2, "being written by another")
+    first.communicate(timeout=300)
+    assert first.returncode == 0
+
+
+def test_resume_of_a_finished_run_rewrites_nothing(trained_run):
+    before = snapshot(trained_run)
+    result = invoke("train", "--resume", "--out", str(trained_run), "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    assert json.loads(result.stdout)["flip_rate"]  # the stored report, flip rates included
+    assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_path):
+    from bnnexport.files import write_bytes_atomic
+    from bnnexport.runs import append_jsonl
+
+    out = tmp_path / "run"
+    # what a run killed before its first checkpoint leaves: train's empty metrics.jsonl,
+    # recorded as append-only, and the step lines appended since
+    write_bytes_atomic(out / "metrics.jsonl", b"", append=True)
+    stale = {"kind": "step", "step": 999, "epoch": 1, "loss": 9.0}
+    append_jsonl(out / "metrics.jsonl", [stale])  # no checkpoint.pt yet
+    result = invoke("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    assert '"step": 999' not in (out / "metrics.jsonl").read_text()

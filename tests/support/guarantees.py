@@ -1,0 +1,73 @@
+"""What the reliability tests check a command against: one line, an exit code, files untouched."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file below `directory` by relative path, with its SHA-256."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def assert_one_line_error(result: Any, code: int, *fragments: str) -> str:
+    """`result` (a CompletedProcess, or click's Result) exited with `code` and wrote exactly one
+    line on stderr, `bnnexport: error: ...`, holding every fragment; returns that line."""
+    exit_code = getattr(result, "returncode", getattr(result, "exit_code", None))
+    why = (exit_code, result.stderr[-1500:], getattr(result, "exception", None))
+    assert exit_code == code, why
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr[-1500:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def user_files(run: Path) -> None:
+    """Files bnnexport never wrote, which no command may touch."""
+    (run / "thesis.txt").write_text("three years of work\n")
+    (run / "data").mkdir()
+    (run / "data" / "batch.bin").write_bytes(bytes(range(256)))
+
+
+@contextlib.contextmanager
+def another_writer(run: Path) -> Iterator[None]:
+    """What a second bnnexport process holds while it writes `run`: a flock on the directory."""
+    fd = os.open(run, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def fail_on_write(monkeypatch: Any, error: OSError) -> None:
+    """Make every write through `bnnexport.files` fail with `error` (a full disk, a read-only
+    directory), at the temporary file it starts with."""
+    import bnnexport.files
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(bnnexport.files.tempfile, "mkstemp", refuse)
+
+
+def write_zero_samples(run: Path, shape: tuple[int, ...] = (1, 28, 28), count: int = 8) -> None:
+    """RUN/samples.npz holding `count` all-zero inputs of `shape`, labelled 0."""
+    import numpy as np
+
+    np.savez(
+        run / "samples.npz",
+        inputs=np.zeros((count, *shape), np.float32),
+        labels=np.zeros(count, np.int64),
+    )
