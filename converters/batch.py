@@ -86,31 +86,51 @@ def rebatch(model: Any, batch: int) -> Any:
         raise ValueError("batch must be at least 1")
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    initializers = {t.name for t in copy.graph.initializer}
-    inputs = [i for i in copy.graph.input if i.name not in initializers]
+    _batched_input(copy).type.tensor_type.shape.dim[0].dim_value = batch  # clears a dim_param
+    if batch > 1:
+        _refuse_batch_one_reshapes(copy, batch)
+    del copy.graph.value_info[:]  # shapes inferred at batch 1 no longer hold
+    for output in copy.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "batch"
+    _refuse_fixed_outputs(copy, batch)
+    return copy
+
+
+def _batched_input(model: Any) -> Any:
+    """The model's one non-initializer input; InvalidModelError unless there is exactly one."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
     if len(inputs) != 1 or not inputs[0].type.tensor_type.shape.dim:
         raise InvalidModelError("a batched copy needs a model with exactly one batched input")
-    inputs[0].type.tensor_type.shape.dim[0].dim_value = batch  # also clears a dim_param
-    constants = _constants(copy)
-    for node in copy.graph.node:
-        if node.op_type != "Reshape" or batch == 1:
+    return inputs[0]
+
+
+def _refuse_batch_one_reshapes(model: Any, batch: int) -> None:
+    """HardCodedBatchError at the first Reshape whose constant target shape starts with 1."""
+    constants = _constants(model)
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2:
             continue
-        shape = constants.get(node.input[1]) if len(node.input) > 1 else None
+        shape = constants.get(node.input[1])
         if shape is not None and shape.ndim == 1 and len(shape) > 1 and int(shape[0]) == 1:
             raise HardCodedBatchError(
                 f"node {node.name or node.output[0]} (Reshape) hard-codes batch 1 in its target "
                 f"shape {shape.tolist()}; export with a batch-free reshape (x.flatten(1)) to get "
                 f"a batch-{batch} copy"
             )
-    del copy.graph.value_info[:]  # shapes inferred at batch 1 no longer hold
-    for output in copy.graph.output:
-        dims = output.type.tensor_type.shape.dim
-        if dims:
-            dims[0].dim_param = "batch"
+
+
+def _refuse_fixed_outputs(model: Any, batch: int) -> None:
+    """HardCodedBatchError when shape inference keeps an output's batch at another size. Only a
+    check: when inference fails, ONNX Runtime has the last word (`rebatch_onnx`)."""
+    import onnx
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(copy, data_prop=True)
-    except Exception:  # inference is a check only; ONNX Runtime has the last word
-        return copy
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return
     for output in inferred.graph.output:
         dims = output.type.tensor_type.shape.dim
         if dims and dims[0].HasField("dim_value") and dims[0].dim_value != batch:
@@ -118,7 +138,6 @@ def rebatch(model: Any, batch: int) -> Any:
                 f"output {output.name} keeps batch {dims[0].dim_value} when the input takes "
                 f"{batch}: the graph hard-codes its batch size"
             )
-    return copy
 
 
 def rebatch_onnx(

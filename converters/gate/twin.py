@@ -29,6 +29,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -158,22 +160,28 @@ def _zero_feed(graph: Graph, name: str, zeroable: set[str]) -> dict[str, np.ndar
         return True
 
     while (node := graph.producer.get(name)) is not None:
-        inputs = [n for n in node.input if n]
-        constant = [n for n in inputs if graph.const(n) is not None]
-        varying = [n for n in inputs if n not in constant]
-        if node.op_type in LINEAR and len(node.input) > 1 and node.input[1] in constant:
+        kernel = node.input[1] if node.op_type in LINEAR and len(node.input) > 1 else None
+        if kernel is not None and graph.const(kernel) is not None:
             biases = [n for n in node.input[2:3] if n]
-            return zeros if all(zero(n) for n in [node.input[1], *biases]) else None
-        if len(varying) != 1:
+            return zeros if all(zero(n) for n in [kernel, *biases]) else None
+        name = _through_zero(graph, node, zero)
+        if name is None:
             return None
-        if node.op_type in ("Add", "Sub") and not all(zero(n) for n in constant):
-            return None
-        if node.op_type not in ("Add", "Sub", "Mul", "Div", *ZERO_PRESERVING):
-            return None
-        if node.op_type == "Div" and node.input[0] != varying[0]:
-            return None  # c / x is not 0 at x = 0
-        name = varying[0]
     return None
+
+
+def _through_zero(graph: Graph, node: onnx.NodeProto, zero: Callable[[str], bool]) -> str | None:
+    """The one varying input of `node` at which 0 in gives 0 out, once `zero` has zeroed the
+    constants added to it; None when there is no such input."""
+    inputs = [n for n in node.input if n]
+    varying = [n for n in inputs if graph.const(n) is None]
+    if len(varying) != 1 or node.op_type not in ("Add", "Sub", "Mul", "Div", *ZERO_PRESERVING):
+        return None
+    if node.op_type in ("Add", "Sub") and not all(zero(n) for n in inputs if n not in varying):
+        return None
+    if node.op_type == "Div" and node.input[0] != varying[0]:
+        return None  # c / x is not 0 at x = 0
+    return varying[0]
 
 
 def _unshared(model: onnx.ModelProto) -> onnx.ModelProto:
