@@ -32,7 +32,8 @@ from converters.patterns import (
     find_binary_layers_in,
     match_binarization,
 )
-from converters.tf_ops import Value, binarize, binarizing_in, tf
+from converters.tf_ops import binarize, binarizing_in, tf
+from converters.values import Value
 
 HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
 # op types that are only supported as part of a binarization pattern

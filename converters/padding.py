@@ -25,8 +25,6 @@ from typing import Literal
 
 import numpy as np
 
-from converters.tf_ops import is_same
-
 Strategy = Literal["valid", "one_padded", "same", "corrected"]
 # ONNX's order for 2-D pads: top, left, bottom, right
 Pads = tuple[int, int, int, int]
@@ -72,7 +70,7 @@ class PaddingPlan:
         """[H', W'] map of the padded input: 1 where the emitted +1 stands for torch's 0.
 
         The "corrected" strategy subtracts the VALID conv of this map with the kernel
-        (`converters.tf_ops.correction_map`); its +1 and -1 fills elsewhere match torch's.
+        (`correction_map`); its +1 and -1 fills elsewhere match torch's.
         """
         inner, outer = self.inner, self.outer
         mask = np.zeros((int(input_hw[0]), int(input_hw[1])))
@@ -146,3 +144,48 @@ def plan_binary_padding(
     # -1 padding survives the binarization as is; 0 becomes +1 and is corrected afterwards
     fill = -1.0 if inner_value == -1.0 else 1.0
     return PaddingPlan("corrected", inner_pads, outer_pads, fill, inner_zero=inner_value == 0.0)
+
+
+def same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
+    """TensorFlow's SAME padding (before, after) for one spatial axis."""
+    extent = (kernel - 1) * dilation + 1
+    out = -(-size // stride)
+    total = max((out - 1) * stride + extent - size, 0)
+    return total // 2, total - total // 2
+
+
+def effective_pads(
+    size: int, kernel: int, stride: int, dilation: int, before: int, after: int
+) -> tuple[int, int, int]:
+    """(before, after, out) where `after` drops trailing padding torch never reads."""
+    extent = (kernel - 1) * dilation + 1
+    out = (size + before + after - extent) // stride + 1
+    used_after = (out - 1) * stride + extent - size - before
+    return before, max(min(after, used_after), 0), out
+
+
+def is_same(size: int, kernel: int, stride: int, dilation: int, before: int, after: int) -> bool:
+    """True when ONNX pads (before, after) give exactly TensorFlow's SAME padding."""
+    b, a, out = effective_pads(size, kernel, stride, dilation, before, after)
+    return (b, a) == same_pads(size, kernel, stride, dilation) and out == -(-size // stride)
+
+
+def correction_map(mask: np.ndarray, kernel_hwio: np.ndarray, strides, dilations) -> np.ndarray:
+    """VALID conv of a [H, W] 0/1 mask (broadcast over input channels) with a HWIO kernel.
+
+    The difference between convolving a one-padded and a zero-padded binary input: the sum of
+    the kernel taps that land on padding, per output position and channel.
+    """
+    kh, kw, _, cout = kernel_hwio.shape
+    taps = kernel_hwio.sum(axis=2)  # [kh, kw, O]: the mask is the same for every input channel
+    sh, sw = strides
+    dh, dw = dilations
+    out_h = (mask.shape[0] - ((kh - 1) * dh + 1)) // sh + 1
+    out_w = (mask.shape[1] - ((kw - 1) * dw + 1)) // sw + 1
+    out = np.zeros((out_h, out_w, cout), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            window = mask[i * dh : i * dh + sh * (out_h - 1) + 1 : sh]
+            window = window[:, j * dw : j * dw + sw * (out_w - 1) + 1 : sw]
+            out += window[:, :, None] * taps[i, j][None, None, :]
+    return out

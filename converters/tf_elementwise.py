@@ -16,16 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from converters.graph import attributes
-from converters.tf_ops import (
-    TranslatorView,
+from converters.tf_ops import TranslatorView, pad_constant, tf, unsupported
+from converters.values import (
     Value,
     channel_affine,
     onnx_const_to_layout,
-    pad_constant,
     per_channel,
     stored_channels,
-    tf,
-    unsupported,
 )
 
 if TYPE_CHECKING:

@@ -29,14 +29,16 @@ import numpy as np
 
 from converters.graph import attributes
 from converters.groups import plan_binary_groups
-from converters.padding import PaddingPlan, padding_mode, plan_binary_padding
-from converters.tf_ops import (
-    TranslatorView,
-    Value,
-    binarize,
-    channel_affine,
+from converters.padding import (
+    PaddingPlan,
     correction_map,
     effective_pads,
+    padding_mode,
+    plan_binary_padding,
+)
+from converters.tf_ops import (
+    TranslatorView,
+    binarize,
     pad_constant,
     pool_pads,
     sign_kernel,
@@ -44,6 +46,7 @@ from converters.tf_ops import (
     tf,
     unsupported,
 )
+from converters.values import Value, channel_affine
 
 if TYPE_CHECKING:
     from onnx import NodeProto
@@ -71,7 +74,7 @@ def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
     auto_pad = attrs.get("auto_pad", "NOTSET")
     h, w = x.shape()[2:]
     if auto_pad == "SAME_UPPER":
-        from converters.tf_ops import same_pads
+        from converters.padding import same_pads
 
         (t, b), (left, r) = (
             same_pads(h, kh, strides[0], dilations[0]),

@@ -31,7 +31,7 @@ import converters.onnx_to_tf as onnx_to_tf
 import converters.tf_elementwise as tf_elementwise
 import converters.tf_layers as tf_layers
 from converters.errors import ConversionMismatchError
-from converters.tf_ops import Value
+from converters.values import Value
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # two conversions each: ~15-30 s apiece
 SHAPE = (1, 3, 12, 12)  # square: a mutant swapping H and W keeps every shape

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.padding import PaddingPlan, plan_binary_padding
-from converters.tf_ops import correction_map
+from converters.padding import PaddingPlan, correction_map, plan_binary_padding
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = (0, 0, 0, 0)

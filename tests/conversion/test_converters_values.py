@@ -1,4 +1,4 @@
-"""converters.tf_ops in NumPy: the exact-zero tie-break keeps torch's signs for every integer
+"""converters.values in NumPy: the exact-zero tie-break keeps torch's signs for every integer
 accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule decides)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from converters.tf_ops import tie_break_bias
+from converters.values import tie_break_bias
 
 
 def torch_sign(x: np.ndarray) -> np.ndarray:
