@@ -380,3 +380,22 @@ def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_e
     _assert_exact_binary(result, compare(expected, got), 1)
     dead = np.abs(got - expected)[:, DeadChannels.DEAD]
     assert dead.max() <= 1e-6, dead.max(axis=0)
+
+
+def test_folding_the_dead_channels_batchnorm_into_lce_is_refused(tmp_path, monkeypatch):
+    """The mutant a refactor could bring back: every affine map folded into LCE's bconv,
+    whatever K*|m|. LCE then rounds the dead channels' bias away (up to 2^-8 here), and the
+    gate refuses the flatbuffer."""
+    import numpy as np
+    from support.converter_nets import export
+
+    import converters.values
+    from converters.errors import ConversionMismatchError
+    from converters.lce import convert_onnx
+
+    path = export(DeadChannels().eval(), (1, 3, 4, 4), tmp_path / "net.onnx")
+    x = np.random.default_rng(0).standard_normal((16, 3, 4, 4)).astype(np.float32)
+    monkeypatch.setattr(converters.values, "FOLD_LIMIT", float("inf"))
+    with pytest.raises(ConversionMismatchError, match="LCE vs ONNX Runtime"):
+        convert_onnx(path, tmp_path / "net.tflite", inputs=x)
+    assert not (tmp_path / "net.tflite").exists()
