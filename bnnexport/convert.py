@@ -184,7 +184,7 @@ def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
     from bnnexport.export import torch_outputs
     from bnnexport.layers import binary_layers
     from bnnexport.runs import load_model
-    from bnnexport.torch_probe import TorchProbe, twin_outputs
+    from bnnexport.torch_probe import TorchProbe, twin_outputs, twin_probe
     from converters.gate.checks import Reference
 
     model = load_model(run.root)
@@ -194,6 +194,7 @@ def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
     return Reference(
         name="PyTorch", outputs=lambda x: torch_outputs(model, x),
         probe=lambda: TorchProbe(model, onnx_path), twin_outputs=twin_outputs(model),
+        twin_probe=twin_probe(model),
     )  # fmt: skip
 
 

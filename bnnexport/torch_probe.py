@@ -89,23 +89,34 @@ class TorchProbe:
         return Witness(run=run)
 
 
+def twin_model(model: nn.Module, twin: onnx.ModelProto) -> nn.Module:
+    """A copy of `model` with the twin ONNX graph's float initializers loaded by name (the
+    exporter names them after the state dict): PyTorch's own exact-grid twin."""
+    copy = deepcopy(model).eval()
+    state = copy.state_dict()
+    loaded = twin_initializers(twin)
+    foreign = sorted(set(loaded) - set(state))
+    if foreign:
+        raise FidelityError(
+            f"the ONNX initializer {foreign[0]!r} is not a PyTorch parameter or buffer: "
+            "PyTorch's exact-grid twin cannot be built"
+        )
+    with torch.no_grad():
+        for name, value in loaded.items():
+            state[name].copy_(torch.from_numpy(value.copy()).reshape(state[name].shape))
+    return copy
+
+
 def twin_outputs(model: nn.Module) -> Callable[[onnx.ModelProto, np.ndarray], np.ndarray]:
-    """PyTorch's own exact-grid twin (`converters.gate.twin`): a copy of `model` with the twin ONNX
-    graph's float initializers loaded by name (the exporter names them after the state dict)."""
+    """PyTorch's own exact-grid twin (`converters.gate.twin`, `twin_model`), run on inputs."""
 
     def run(twin: onnx.ModelProto, inputs: np.ndarray) -> np.ndarray:
-        copy = deepcopy(model).eval()
-        state = copy.state_dict()
-        loaded = twin_initializers(twin)
-        foreign = sorted(set(loaded) - set(state))
-        if foreign:
-            raise FidelityError(
-                f"the ONNX initializer {foreign[0]!r} is not a PyTorch parameter or buffer: "
-                "PyTorch's exact-grid twin cannot be built"
-            )
         with torch.no_grad():
-            for name, value in loaded.items():
-                state[name].copy_(torch.from_numpy(value.copy()).reshape(state[name].shape))
-            return copy(torch.from_numpy(np.asarray(inputs, np.float32))).numpy()
+            return twin_model(model, twin)(torch.from_numpy(np.asarray(inputs, np.float32))).numpy()
 
     return run
+
+
+def twin_probe(model: nn.Module) -> Callable[[onnx.ModelProto], TorchProbe]:
+    """A `TorchProbe` of PyTorch's own exact-grid twin, for `converters.gate.checks.check_twin`."""
+    return lambda twin: TorchProbe(twin_model(model, twin), twin)

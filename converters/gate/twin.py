@@ -9,9 +9,13 @@ alike), a gamma of 64 x a power of two (so its scale is that power of two, negat
 every fourth channel so both signs occur) and a mean that puts its zero crossing on an integer,
 and on 0 in every other channel (so a binary conv's integer accumulator lands exactly on it, and
 exact +0.0 and -0.0 both reach the next sign); the inputs lie on the 1/8 grid in [-1, 1]. Every
-sum a runtime computes is then exact in float32 whatever its order, and the converted twin must
-agree with ONNX Runtime with no sign tie at all: a translation bug shows no matter how the real
-weights round. ±1 kernels stay ±1; a per-channel kernel scale becomes a power of two.
+sum a runtime computes is then exact in float32 whatever its order, as long as its terms span
+fewer than float32's 24 bits, and the converted twin must agree with ONNX Runtime with no sign
+tie at all: a translation bug shows no matter how the real weights round. (A float conv summing
+hundreds of grid values of a few hundred can exceed those bits: Bi-Real-Net-18 at 224x224 does
+in its float shortcuts. LCE and ONNX Runtime then still agree exactly, and a reference that
+rounds its twin otherwise is judged by tie replay, `converters.gate.checks.check_twin`.)
+±1 kernels stay ±1; a per-channel kernel scale becomes a power of two.
 
 Functions no grid makes exact (Sigmoid, Tanh, Exp, Erf) are evaluated at exactly 0, where each
 value is exact (0.5, 0, 1, 0) in every runtime: the linear layer that feeds one (through biases,

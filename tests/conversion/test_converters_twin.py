@@ -117,3 +117,53 @@ def test_twin_leaves_a_gate_it_cannot_zero_alone(kwargs):
     """A bias another node reads too, or a Sigmoid of the input: nothing is zeroed."""
     assert set(zeroed_feeds(Graph(_gated_model()))) == {"w2", "b"}
     assert zeroed_feeds(Graph(_gated_model(**kwargs))) == {}
+
+
+@pytest.mark.slow  # converts the twin with LCE
+def test_a_reference_twin_that_rounds_its_own_way_is_judged_by_replay_never_waved_through(
+    tmp_path,
+):
+    """Where a reference's own twin disagrees with LCE's, and the reference can probe its twin,
+    `check_twin` compares it with ONNX Runtime's twin by tie replay (the twin's float sums may
+    outgrow float32, as Bi-Real-Net's do at 224x224). A reference that is simply wrong still
+    fails: the replay cannot make ONNX Runtime's twin compute its outputs."""
+    import torch
+    from support.converter_nets import BinaryBlock, export
+
+    from converters.errors import ConversionMismatchError
+    from converters.gate import OnnxProbe
+    from converters.gate.checks import Reference, check_twin
+    from converters.gate.predicate import GateOptions
+    from converters.graph import load_onnx
+    from converters.normalize import normalize
+    from converters.runners import run_onnx
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), BinaryBlock(32, 32))
+    path = export(net, (1, 3, 6, 6), tmp_path / "net.onnx")
+    model, _ = normalize(load_onnx(path), 1)
+    x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
+
+    def own_twin(shift: float):
+        return lambda twin, inputs: run_onnx(twin.SerializeToString(), inputs) + shift
+
+    exact = Reference("Mine", lambda v: v, twin_outputs=own_twin(0.0), twin_probe=OnnxProbe)
+    assert [r.reference for r in check_twin(model, x, [exact], GateOptions())] == [
+        "ONNX Runtime twin", "Mine twin"
+    ]  # fmt: skip
+
+    # outputs off (a batch that rounded otherwise), the probe's own computation exact: replayed
+    rounded = Reference("Mine", lambda v: v, twin_outputs=own_twin(1e-3), twin_probe=OnnxProbe)
+    report = check_twin(model, x, [rounded], GateOptions())[1]
+    assert (report.reference, report.candidate) == ("Mine twin", "ONNX Runtime twin (= LCE twin)")
+    assert report.argmax_agreement == 1.0 and report.max_abs_diff == 0.0
+
+    class Shifted(OnnxProbe):  # a reference twin 1.0 off everywhere: no replay explains it
+        def run(self, sample, imposed=None):
+            logits, values = super().run(sample, imposed)
+            return logits + 1.0, values
+
+    for probe in (Shifted, None):
+        wrong = Reference("Mine", lambda v: v, twin_outputs=own_twin(1.0), twin_probe=probe)
+        with pytest.raises(ConversionMismatchError, match="Mine twin"):
+            check_twin(model, x, [wrong], GateOptions())

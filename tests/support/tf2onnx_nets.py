@@ -1,5 +1,5 @@
 """ONNX graphs as tf2onnx 1.17 writes larq Keras BNNs, built with onnx.helper (larq, tf-keras
-and tf2onnx cannot share bnnexport's venv: DESIGN §1).
+and tf2onnx cannot share bnnexport's venv: docs/LCE_NOTES.md "Dependency stack").
 
 What tf2onnx writes for a larq model (docs/ARCHITECTURE.md, "What each exporter writes"): an
 NHWC graph whose input has a dynamic batch and a TensorFlow name (`serving/input_1:0`);
