@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
-# docs/LCE_NOTES.md §1: numpy<2 and ml-dtypes 0.5.4 are required by Larq Compute Engine 0.16.
+# docs/LCE_NOTES.md "Dependency stack": numpy<2 and ml-dtypes 0.5.4 are required by Larq Compute Engine 0.16.
 STACK := "numpy<2" "ml-dtypes==0.5.4" tensorflow-cpu==2.21.0 larq-compute-engine==0.16.0
 DEMO_RUN ?= runs/demo
 
@@ -49,7 +49,7 @@ ssh-tools:
 		|| echo "could not install OpenSSH: the SSH device tests will be skipped"; \
 	fi
 
-# The emulated aarch64 device (tests/support/aarch64_device.py, docs/LCE_NOTES.md §7) is built from these Debian
+# The emulated aarch64 device (tests/support/aarch64_device.py, docs/LCE_NOTES.md "aarch64 device") is built from these Debian
 # packages; installed once, nothing to do after. Without them the aarch64 tests skip, saying why.
 DEVICE_TOOLS := qemu-user-static binfmt-support arch-test mmdebstrap
 device-tools:
