@@ -124,7 +124,7 @@ def onnx_gate(
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
     (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
     from bnnexport.torch_probe import TorchProbe
-    from converters.gate import GateOptions, OnnxProbe, Replay, Witness, validate
+    from converters.gate import GateOptions, OnnxProbe, Replay, validate
 
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
     # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
@@ -132,13 +132,9 @@ def onnx_gate(
     probe = OnnxProbe(path)
     candidate = np.stack([probe.run(x)[0] for x in np.asarray(inputs, np.float32)])
 
-    def onnx_witness(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        logits, values = probe.run(x)
-        return logits, dict(zip(probe.sources, values, strict=True))
-
     # the candidate is a reference runtime on the unmodified export: a value PyTorch and ONNX
     # Runtime split on, however often it recurs, is a split between references
-    replay = Replay(lambda: TorchProbe(model, path), Witness(run=onnx_witness), judged=frozenset())
+    replay = Replay(lambda: TorchProbe(model, path), probe.witness(), judged=frozenset())
     names = ("PyTorch", "ONNX Runtime")
     gate = validate(reference, candidate, inputs, GateOptions(rtol=RTOL), names, replay)
     return candidate, gate

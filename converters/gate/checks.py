@@ -263,17 +263,11 @@ def _reference_twin(
     except ConversionMismatchError:
         if ref.twin_probe is None:
             raise
-    probe = OnnxProbe(twin)
-
-    def onnx_witness(sample: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        logits, values = probe.run(sample)
-        return logits, dict(zip(probe.sources, values, strict=True))
-
     # the reference's outputs through its probe, one sample at a time, so the outputs judged
     # and the model replayed are one computation (a batch may round otherwise: torch does)
     ref_probe = ref.twin_probe(twin)
     ref_out = np.stack([np.asarray(ref_probe.run(sample)[0]) for sample in x])
-    replay = Replay(lambda: ref_probe, Witness(onnx_witness), judged=frozenset())
+    replay = Replay(lambda: ref_probe, OnnxProbe(twin).witness(), judged=frozenset())
     names = (f"{ref.name} twin", "ONNX Runtime twin (= LCE twin)")
     return validate(ref_out, ort_out, x, options, names, replay)
 

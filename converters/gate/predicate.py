@@ -218,6 +218,11 @@ def _relative(values: np.ndarray, at: np.ndarray) -> float:
     return float(np.abs(values[at]).max()) / top if top > 0 else math.inf
 
 
+def _channel(flat: Any, tensor: np.ndarray) -> Any:
+    """The channel (axis 0, or the feature) of flat position(s) `flat` of `tensor`."""
+    return flat // (tensor.size // tensor.shape[0])
+
+
 def _sign_diff(source: str, their: np.ndarray, mine: np.ndarray, signs: np.ndarray) -> SignDiff:
     """Where the imposed `signs` go against the reference's own (`mine`); `their` is the
     candidate's value of the same binarization input."""
@@ -232,7 +237,7 @@ def _sign_diff(source: str, their: np.ndarray, mine: np.ndarray, signs: np.ndarr
         diff.largest = max(diff.reference_largest, _relative(their, differ))
         diff.exact_zeros = int(((mine == 0) & (their == 0) & differ).sum())
         flat = np.flatnonzero(differ)[:MAX_CELLS]
-        channel = flat // (mine.size // mine.shape[0])  # axis 0: the channel (or the feature)
+        channel = _channel(flat, mine)
         found = zip(flat, channel, mine.reshape(-1)[flat], their.reshape(-1)[flat], strict=True)
         diff.cells = [(int(p), int(c), float(m), float(t)) for p, c, m, t in found]
     return diff
@@ -306,7 +311,7 @@ def _same_values(
     top, worst = float(np.abs(mine).max()), int(gaps.argmax())
     if gaps.flat[worst] <= rtol * top:
         return
-    channel = worst // (mine.size // mine.shape[0])
+    channel = _channel(worst, mine)
     raise _Mismatch(
         f"with the same signs upstream, input {worst} (channel {channel}) of {source!r} is "
         f"{their.flat[worst]:.6g} in the candidate and {mine.flat[worst]:.6g} in the "
@@ -316,10 +321,11 @@ def _same_values(
 
 
 def _without_replay(
-    report: GateReport, ref: np.ndarray, out: np.ndarray, options: GateOptions, what: str
+    report: GateReport, ref: np.ndarray, out: np.ndarray, failing: list[int], options: GateOptions
 ) -> None:
     """ConversionMismatchError naming the worst difference, unless `options.unprobed_flips`
     allows the predictions that changed (`GateOptions`)."""
+    what = f"{report.candidate} vs {report.reference} disagree on {len(failing)} samples"
     allowed = options.unprobed_flips
     if allowed is not None:
         flips = round((1.0 - report.plain_argmax_agreement) * report.samples)
@@ -328,7 +334,6 @@ def _without_replay(
         what = f"{what} ({flips} predictions differ; without a replay at most {allowed} may)"
     gaps = np.nan_to_num(np.abs(ref - out), nan=np.inf)  # a NaN output is the worst
     sample, index = np.unravel_index(int(gaps.argmax()), gaps.shape)
-    failing = [r for r in range(len(ref)) if not _matches(ref[r], out[r], report.tolerance)]
     raise ConversionMismatchError(
         f"{what}: plain argmax agreement {report.plain_argmax_agreement:.2%} on "
         f"{report.samples} samples, max |diff| {report.plain_max_abs_diff:.3g} (tolerance "
@@ -352,9 +357,10 @@ class _Recurrence:
 
     def add(self, row: int, x: np.ndarray, diffs: list[SignDiff], signs: dict[str, np.ndarray]):
         """Record sample `row` (input `x`, replayed with the candidate's `signs` by source);
-        _Mismatch at the
-        first value seen on two inputs that no arbiter decides as the candidate."""
+        _Mismatch at the first value seen on two inputs that no arbiter decides as the
+        candidate."""
         digest = hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()
+        runs: dict[int, list[np.ndarray]] = {}  # each arbiter runs this sample at most once
         for diff in diffs:
             if self.judged is not None and diff.source not in self.judged:
                 continue
@@ -364,7 +370,7 @@ class _Recurrence:
                 where.setdefault(digest, row)
                 if len(where) < 2 or key in self.excused:
                     continue
-                if not self._split(diff.source, position, x, signs):
+                if not self._split(diff.source, position, x, signs, runs):
                     raise _Mismatch(
                         f"the same value of {diff.source!r} channel {channel} ({mine:.3g}; "
                         f"{their:.3g} in the candidate) is binarized differently on samples "
@@ -374,16 +380,26 @@ class _Recurrence:
                     )  # fmt: skip
                 self.excused.add(key)
 
-    def _split(self, source: str, position: int, x: np.ndarray, signs: dict[str, np.ndarray]):
+    def _split(
+        self,
+        source: str,
+        position: int,
+        x: np.ndarray,
+        signs: dict[str, np.ndarray],
+        runs: dict[int, list[np.ndarray]],
+    ) -> bool:
         """Whether an arbiter, given the candidate's signs upstream, takes the candidate's sign
-        (not the reference's) at `position` of `source`."""
+        (not the reference's) at `position` of `source`; `runs` caches each arbiter's values
+        on `x`."""
         for k, build in enumerate(self.arbiters):
             if k not in self.built:
                 self.built[k] = build()
             arbiter = self.built[k]
             if source not in arbiter.sources or not set(arbiter.sources) <= set(signs):
                 continue  # it binarizes elsewhere than the reference: no common ground
-            _, values = arbiter.run(x, [signs[s] for s in arbiter.sources])
+            if k not in runs:
+                runs[k] = arbiter.run(x, [signs[s] for s in arbiter.sources])[1]
+            values = runs[k]
             own = np.asarray(values[arbiter.sources.index(source)]).reshape(-1)[position] < 0
             if bool(own) == bool(signs[source].reshape(-1)[position] < 0):
                 return True
@@ -428,7 +444,7 @@ def validate(
         f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
     )
     if replay is None:
-        _without_replay(report, ref, out, options, f"{what} disagree on {len(failing)} samples")
+        _without_replay(report, ref, out, failing, options)
         return report
     resolved = ref.copy()
     sign_probe, recurrence = replay.probe(), _Recurrence(replay)

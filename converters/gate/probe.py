@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from converters.gate.predicate import Witness
 from converters.graph import Graph, load_onnx
 from converters.patterns import binarizations_in
 from converters.runners import check_input_shape
@@ -41,6 +42,15 @@ class OnnxProbe:
             feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
         outputs = self.session.run(None, feed)
         return outputs[0][0], [o[0] for o in outputs[1:]]
+
+    def witness(self) -> Witness:
+        """ONNX Runtime as a candidate: its logits and binarization inputs, sign(0) = +1."""
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            logits, values = self.run(x)
+            return logits, dict(zip(self.sources, values, strict=True))
+
+        return Witness(run=run)
 
 
 def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

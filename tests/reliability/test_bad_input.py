@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from support.cli import invoke, run_process
-from support.guarantees import assert_one_line_error, fail_on_write, snapshot, write_zero_samples
+from support.guarantees import (
+    assert_one_line_error,
+    assert_refused_unchanged,
+    fail_on_write,
+    snapshot,
+    write_zero_samples,
+)
 
 
 @pytest.mark.slow
@@ -367,10 +373,8 @@ def test_resume_of_a_checkpoint_from_another_version_is_one_line(trained_run):
     ids=["model", "optimizer", "seed"],
 )
 def test_resume_refuses_an_option_it_cannot_apply_naming_it(trained_run, options, fragment):
-    before = snapshot(trained_run)
-    result = invoke("train", "--resume", "--out", str(trained_run), *options)
-    assert_one_line_error(result, 2, fragment)
-    assert snapshot(trained_run) == before
+    assert_refused_unchanged(trained_run, ("train", "--resume", "--out", trained_run, *options),
+                             2, fragment)  # fmt: skip
 
 
 def test_resume_with_fewer_epochs_than_trained_is_refused(trained_run):

@@ -16,6 +16,7 @@ from support.cli import COMMAND, invoke, run_process
 from support.guarantees import (
     another_writer,
     assert_one_line_error,
+    assert_refused_unchanged,
     fail_on_write,
     snapshot,
     user_files,
@@ -106,10 +107,8 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained
          "cifar10-without-data-dir", "model-too-large-for-mnist"],
 )  # fmt: skip
 def test_force_with_a_bad_option_leaves_the_run_byte_identical(trained_run, options, fragment):
-    before = snapshot(trained_run)
-    result = invoke("train", "--force", "--out", str(trained_run), *options)
-    assert_one_line_error(result, 2, fragment)
-    assert snapshot(trained_run) == before
+    assert_refused_unchanged(trained_run, ("train", "--force", "--out", trained_run, *options),
+                             2, fragment)  # fmt: skip
 
 
 def test_train_force_on_a_run_holding_user_files_is_refused_and_changes_nothing(trained_run):

@@ -281,3 +281,14 @@ def test_an_unknown_rewrite_pass_is_one_line_naming_the_passes(tmp_path):
     assert len(line.splitlines()) == 1 and "unknown pass 'no-such-pass'" in line
     assert "plain-sign" in line  # the passes it knows
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("option", ["--batched-copy", "--batch-twin"])
+def test_a_bad_batched_copy_size_is_one_line_and_touches_nothing(tmp_path, option):
+    """The batched copy's option, and its deprecated spelling, refuse a batch of 0 before any
+    work: one line, exit 2, every file where it was."""
+    from support.guarantees import assert_refused_unchanged
+
+    (tmp_path / "net.onnx").write_bytes(b"the user's own file, not a model")
+    line = assert_refused_unchanged(tmp_path, ("convert", tmp_path / "net.onnx", option, "0"), 2)
+    assert "0" in line and ("--batched-copy" in line or option in line), line

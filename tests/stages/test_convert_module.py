@@ -134,3 +134,51 @@ def test_a_module_of_your_own_allows_one_changed_prediction_at_export(
     with pytest.raises(FidelityError, match="2 predictions differ; without a replay at most 1"):
         convert()
     assert not (tmp_path / "n.tflite").exists()
+
+
+class _Ste(torch.autograd.Function):
+    """A user's own straight-through sign, sign(0) = +1: no bnnexport Quantizer to probe."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.where(x >= 0, 1.0, -1.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _FreshOwnBnn(torch.nn.Module):
+    """Hand-written: float stem, two ±1 convs, BatchNorms with their default statistics."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = torch.nn.Conv2d(1, 32, 3, padding=1)
+        self.conv1, self.conv2 = (torch.nn.Conv2d(32, 32, 3, padding=1, bias=False) for _ in "ab")
+        with torch.no_grad():
+            for conv in (self.conv1, self.conv2):
+                conv.weight.copy_(torch.where(torch.randn_like(conv.weight) >= 0, 1.0, -1.0))
+        self.bn1, self.bn2 = torch.nn.BatchNorm2d(32), torch.nn.BatchNorm2d(32)
+        self.fc = torch.nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = self.bn1(self.conv1(_Ste.apply(self.stem(x))))
+        x = self.bn2(self.conv2(_Ste.apply(x)))
+        return self.fc(x.flatten(1))
+
+
+def test_a_fresh_module_of_your_own_is_refused_as_degenerate_not_blamed_on_the_exporter(tmp_path):
+    """No replay can probe a module whose binarizations are its own functions, so its export is
+    judged on predictions (`unprobed_flips`); when that fails on a model whose BatchNorms still
+    have their default statistics, the line says the check cannot be decided, and why."""
+    from bnnexport.errors import FidelityError
+
+    samples = torch.randn(32, 1, 8, 8)
+    with pytest.raises(FidelityError) as refused:
+        convert_module(_FreshOwnBnn().eval(), samples[:1], out=tmp_path / "m.tflite",
+                       samples=samples)  # fmt: skip
+    line = str(refused.value)
+    assert "\n" not in line and "cannot be decided on real weights" in line, line
+    assert "BatchNorm with its default statistics" in line and "trust_twin" in line
+    assert not (tmp_path / "m.tflite").exists()

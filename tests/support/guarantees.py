@@ -33,6 +33,17 @@ def assert_one_line_error(result: Any, code: int, *fragments: str) -> str:
     return lines[0]
 
 
+def assert_refused_unchanged(directory: Path, args: tuple, code: int, *fragments: str) -> str:
+    """`bnnexport ARGS` (in-process) ends with one error line holding every fragment and exit
+    `code`, and leaves every file below `directory` as it was; returns the line."""
+    from support.cli import invoke
+
+    before = snapshot(directory)
+    line = assert_one_line_error(invoke(*args), code, *fragments)
+    assert snapshot(directory) == before
+    return line
+
+
 def user_files(run: Path) -> None:
     """Files bnnexport never wrote, which no command may touch."""
     (run / "thesis.txt").write_text("three years of work\n")
