@@ -11,8 +11,8 @@ larq-zoo 2.4.0 and tf2onnx 1.17.0 added on first use; docs/BENCHMARKS.md): the m
 BatchNorm statistics and its final softmax removed (random models saturate it; logits show every
 difference), converted by `convert_keras_model` (the native flatbuffer) and by tf2onnx
 (the ONNX file), and run by Keras on `--samples` standard-normal NHWC inputs. Then, in this
-process: `convert_onnx(model.onnx, ours.tflite, inputs=the samples, options=ConvertOptions(
-batch=1))` (its gate compares with ONNX Runtime on those samples), and both flatbuffers are
+process: `convert_onnx(model.onnx, ours.tflite, inputs=the samples)` (a dynamic batch fixed at
+1; its gate compares with ONNX Runtime on those samples), and both flatbuffers are
 compared with the Keras outputs (argmax agreement, max |diff|) and timed in LCE's interpreter
 (`converters.runtimes.lce_interpreter`: 1 thread, indirect BGEMM, batch 1), interleaved: each
 round runs native then ours (order swapped every round), `--runs` inferences each; the figure
@@ -141,12 +141,12 @@ def measure(name: str, work: Path, args: Any, python: Path) -> dict[str, Any]:
         },
     }
     gate = GateOptions(tie_rtol=args.tie_rtol)
-    attempts = [("ours", ConvertOptions(gate=gate, twin=args.twin, batch=1))]
+    attempts = [("ours", ConvertOptions(gate=gate, twin=args.twin))]
     if args.fallback:
         attempts.append(
             (
                 "ours, allow_float=all",
-                ConvertOptions(gate=gate, twin=args.twin, batch=1, allow_float=("all",)),
+                ConvertOptions(gate=gate, twin=args.twin, allow_float=("all",)),
             )
         )
     for label, options in attempts:
@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--batch",
         choices=("dynamic", "static"),
         default="dynamic",
-        help="batch dimension of tf2onnx's input: dynamic (None, fixed to 1 by "
-        "ConvertOptions(batch=1)) or static 1 (default dynamic)",
+        help="batch dimension of tf2onnx's input: dynamic (None, fixed to 1 by the "
+        "normaliser) or static 1 (default dynamic)",
     )
     p.add_argument("--opset", type=int, default=13, help="tf2onnx's ONNX opset (default 13)")
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds (default 20)")

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 import warnings
@@ -220,7 +221,8 @@ def convert_run(
         allow_float: binary layers (ONNX node names, or "all") allowed to stay float; they
             are listed in the report's `float_fallbacks`.
         batched_copy: also write MODEL-TARGET-bN.tflite, converted at batch N (`converters.batch`).
-        batch: the batch size fixed in place of a dynamic batch dimension.
+        batch: the batch size fixed in place of a dynamic batch dimension; the flatbuffer,
+            MODEL-TARGET-bN.tflite, is converted as the batched copy is (`converters.batch`).
         disabled_rewrites: normaliser passes to skip (`converters.normalize.REWRITES`), to see
             what one is for.
         progress: step lines on stderr (None: only when stderr is a terminal).
@@ -248,17 +250,19 @@ def convert_run(
         files.require_replaceable(written)
     inputs, references = _checks_of(run, onnx_path, samples)
 
+    from converters.batch import convert_batched
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions, convert_onnx
 
     options = ConvertOptions(
-        gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), batch=batch,
+        gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float),
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
         trust_twin=trust_twin,
     )  # fmt: skip
+    convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
     try:
-        result = convert_onnx(
+        result = convert(
             onnx_path, output, target=target, inputs=inputs, options=options,
             write_float_tflite=float_output if fmt == "tflite" else None, references=references,
         )  # fmt: skip
@@ -304,12 +308,15 @@ def _batched_copy(
     references: list[Reference],
 ) -> BatchedResult:
     """MODEL-TARGET-bN.tflite through the same gate; FidelityError (exit 1) if it fails."""
-    from converters.batch import convert_batched
+    from converters.batch import BatchedResult, batched_path, convert_batched
     from converters.errors import ConversionMismatchError
 
     options.step(f"batch-{batch} copy for the device")
     try:
-        return convert_batched(onnx_path, output, batch, target, inputs, options, references)
+        copy = convert_batched(
+            onnx_path, batched_path(output, batch), batch, target, inputs, options, references
+        )
+        return BatchedResult.of(copy)
     except ConversionMismatchError as error:
         raise FidelityError(f"batch-{batch} copy: {error}; no copy kept") from None
 

@@ -1,12 +1,14 @@
-"""A batched copy (batch N) of an ONNX model and of its LCE flatbuffer, for accuracy on a device.
+"""The one way to convert at batch N: a copy of the ONNX model at batch N, converted through the
+whole gate.
 
-`lce_benchmark_model` runs a flatbuffer at the batch it was converted with (`--input_layer_shape`
-cannot re-batch a batch-1 model, docs/LCE_NOTES.md "aarch64 device"), so on-device accuracy needs
-the same model converted at batch N. `rebatch` fixes the ONNX input's batch dimension to N; a graph
-that hard-codes batch 1 elsewhere (a Reshape to a constant [1, ...], an output fixed at 1) is
-refused with one `HardCodedBatchError`, as is one whose outputs at batch N differ from those at
+Two callers need a flatbuffer at batch N: `convert --batch N` (a dynamic batch fixed at N) and the
+batched copy for accuracy on a device (`convert --batched-copy N`: `lce_benchmark_model` runs a
+flatbuffer at the batch it was converted with, and `--input_layer_shape` cannot re-batch a batch-1
+model, docs/LCE_NOTES.md "aarch64 device"). `rebatch` fixes the ONNX input's batch dimension to N;
+a graph that hard-codes batch 1 elsewhere (a Reshape to a constant [1, ...], an output fixed at 1)
+is refused with one `HardCodedBatchError`, as is one whose outputs at batch N differ from those at
 batch 1 on the same samples (checked with ONNX Runtime). `convert_batched` then converts the copy
-through the same gate as the batch-1 file (`converters.lce.convert_onnx`).
+through the same gate as a batch-1 file (`converters.lce.convert_onnx`).
 
 Example:
     >>> import onnx
@@ -34,7 +36,7 @@ from converters.errors import InvalidModelError
 
 if TYPE_CHECKING:
     from converters.gate.checks import Reference
-    from converters.lce import ConvertOptions
+    from converters.lce import ConversionResult, ConvertOptions
 
 
 class HardCodedBatchError(InvalidModelError):
@@ -51,6 +53,19 @@ class BatchedResult:
     max_abs_diff: float
     samples: int
     lce_bytes: int
+
+    @classmethod
+    def of(cls, result: ConversionResult) -> BatchedResult:
+        """The summary of the copy's conversion (`convert_batched`'s result)."""
+        gate = result.gate("ONNX Runtime")
+        return cls(
+            output=str(result.output),
+            batch=result.batch,
+            argmax_agreement=gate.plain_argmax_agreement,
+            max_abs_diff=gate.plain_max_abs_diff,
+            samples=result.samples,
+            lce_bytes=result.lce_bytes,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -180,34 +195,27 @@ def rebatch_onnx(
 
 def convert_batched(
     onnx_path: str | Path,
-    flatbuffer: str | Path,
+    output: str | Path,
     batch: int,
-    target: str,
-    inputs: np.ndarray | None,
+    target: str = "arm64",
+    inputs: np.ndarray | None = None,
     options: ConvertOptions | None = None,
     references: Sequence[Reference] = (),
-) -> BatchedResult:
-    """Convert the batch-`batch` copy of `onnx_path` next to `flatbuffer` (model-…-bN.tflite),
-    through the same gate, options and references as the batch-1 file (`convert_onnx`)."""
+    write_float_tflite: str | Path | None = None,
+) -> ConversionResult:
+    """Convert `onnx_path` at batch `batch` into the flatbuffer `output`: its copy at batch N
+    (`rebatch_onnx`, checked with ONNX Runtime) through the whole gate, options and references
+    of a batch-1 conversion (`converters.lce.convert_onnx`)."""
     from converters.lce import ConvertOptions, convert_onnx
 
-    output = batched_path(flatbuffer, batch)
     with tempfile.TemporaryDirectory(prefix="bnnexport-batched-") as tmp:
         copy_onnx = rebatch_onnx(onnx_path, Path(tmp) / f"model-b{batch}.onnx", batch, inputs)
-        result = convert_onnx(
+        return convert_onnx(
             copy_onnx,
             output,
             target=target,
             inputs=inputs,
             options=options or ConvertOptions(),
             references=references,
+            write_float_tflite=write_float_tflite,
         )
-    gate = result.gate("ONNX Runtime")
-    return BatchedResult(
-        output=str(result.output),
-        batch=batch,
-        argmax_agreement=gate.plain_argmax_agreement,
-        max_abs_diff=gate.plain_max_abs_diff,
-        samples=result.samples,
-        lce_bytes=result.lce_bytes,
-    )

@@ -8,9 +8,10 @@ arm64 and arm32: they differ only in the file name), and keeps the flatbuffer on
    unless the layer is in `allow_float`), and no layer merely looks binary (a ±1 kernel behind a
    plain `Sign`, which maps 0 to 0);
 2. the gate's checks pass (`converters.gate.checks.check_conversion`: LCE and the float TFLite
-   model against ONNX Runtime and every extra `Reference`, and the exact-grid twin);
-3. at a batch other than 1, the model translated again at that batch gives the gated
-   flatbuffer's outputs exactly.
+   model against ONNX Runtime and every extra `Reference`, and the exact-grid twin).
+
+It converts at the ONNX file's batch (a dynamic one becomes 1); `converters.batch` converts at
+batch N, through this same function.
 
 The flatbuffer is written to a temporary file and renamed into place only at the end, so a
 failed conversion never leaves one behind.
@@ -32,17 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from converters.errors import ConverterError, FloatFallbackError
 from converters.flatbuffer import op_histogram
-from converters.gate import GateOptions, GateReport, validate
+from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.graph import Graph, attributes, load_onnx
 from converters.groups import plan_binary_groups
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
-from converters.runners import run_lce
 from converters.translate import translate
 
 TARGETS = ("arm64", "arm32")
@@ -64,6 +63,7 @@ class ConversionResult:
     op_histogram: dict[str, int]
     samples: int
     random_inputs: bool
+    batch: int  # the batch the flatbuffer takes
     onnx_bytes: int
     lce_bytes: int
     tflite_float_bytes: int = 0
@@ -100,13 +100,13 @@ def random_inputs(shape: list[int], samples: int = RANDOM_SAMPLES, seed: int = 0
 @dataclass(frozen=True)
 class ConvertOptions:
     """How `convert_onnx` checks: the gate's thresholds, the layers allowed to stay float
-    (names, or "all"), whether to convert the exact-grid twin, the batch size fixed in place
-    of a dynamic one, and normaliser passes to skip (`converters.normalize.REWRITES`)."""
+    (names, or "all"), whether to convert the exact-grid twin, and normaliser passes to skip
+    (`converters.normalize.REWRITES`). The batch is the ONNX file's (a dynamic one becomes 1);
+    `converters.batch.convert_batched` converts at another."""
 
     gate: GateOptions = GateOptions()
     allow_float: tuple[str, ...] = ()
     twin: bool = True
-    batch: int = 1
     disabled_rewrites: tuple[str, ...] = ()
     # convert a model the real-weight check cannot decide (InconclusiveCheckError) when the
     # exact-grid twin passes; the result's `trusted_twin` records it
@@ -232,16 +232,15 @@ def convert_onnx(
     original = load_onnx(onnx_path)
     # everything below sees the normalised graph; ONNX Runtime runs the original file as the
     # reference, which is what shows the normaliser exact
-    # every check runs one sample at a time, so the gated model has batch 1; a dynamic batch
-    # fixed at another size is translated again below and must give LCE's outputs exactly
+    # a dynamic batch becomes 1; another batch is `converters.batch.convert_batched`'s, which
+    # fixes it in the ONNX file before this runs
     model, normalized = normalize(original, 1, options.disabled_rewrites)
     graph = Graph(model)
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     # the graph's folded constants and the original are each a copy of the weights: drop both
-    # before the converters run (docs/LCE_NOTES.md "Conversion memory"); a rebatch loads the file
-    # again
+    # before the converters run (docs/LCE_NOTES.md "Conversion memory")
     del graph
     reference = runnable_reference(original)
     del original
@@ -266,13 +265,6 @@ def convert_onnx(
         check_float=write_float_tflite is not None,
     )  # fmt: skip
     gates = checked.gates
-    if normalized.batch is not None and options.batch != 1:
-        options.step(f"convert again at batch {options.batch}")
-        original = load_onnx(onnx_path)
-        flatbuffer, float_flatbuffer, gate = _rebatch(original, options, flatbuffer, inputs)
-        float_bytes = len(float_flatbuffer)
-        gates.append(gate)
-        normalized.batch = options.batch
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
         output=written,
@@ -284,6 +276,7 @@ def convert_onnx(
         op_histogram=histogram,
         samples=len(inputs),
         random_inputs=is_random,
+        batch=translated.info.input_shapes[0][0],
         onnx_bytes=onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
         tflite_float_bytes=float_bytes,
@@ -295,21 +288,6 @@ def convert_onnx(
         normalized=normalized,
         trusted_twin=checked.trusted_twin,
     )
-
-
-def _rebatch(
-    original: onnx.ModelProto, options: ConvertOptions, gated: bytes, inputs: np.ndarray
-) -> tuple[bytes, bytes, GateReport]:
-    """The model translated at batch `options.batch` (flatbuffer, float flatbuffer), and its
-    comparison with the gated batch-1 flatbuffer: the same kernels per sample, so any
-    difference beyond the tolerance is a translation error."""
-    model, _ = normalize(original, options.batch, options.disabled_rewrites)
-    rebatched = translate(model, float_model=True)
-    flatbuffer, float_flatbuffer = rebatched.flatbuffer, rebatched.float_flatbuffer or b""
-    strict = GateOptions(rtol=options.gate.rtol)  # no probe: every sample must agree plainly
-    names = ("LCE batch 1", f"LCE batch {options.batch}")
-    report = validate(run_lce(gated, inputs), run_lce(flatbuffer, inputs), inputs, strict, names)
-    return flatbuffer, float_flatbuffer, report
 
 
 def _write_all(

@@ -59,7 +59,8 @@ from bnnexport.cli.common import (
     "--batch",
     default=1,
     help="Batch size fixed in place of a dynamic batch dimension (tf2onnx and "
-    "dynamic-axes exports); the flatbuffer takes exactly this batch.",
+    "dynamic-axes exports); the flatbuffer takes exactly this batch. Other than 1, it is "
+    "written as MODEL-TARGET-bN.tflite, converted and gated as --batched-copy N is.",
 )
 @click.option(
     "--disable-rewrite",

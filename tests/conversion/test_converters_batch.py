@@ -115,3 +115,45 @@ def test_convert_run_writes_a_gated_batched_copy(trained_run):
         inputs = data["inputs"][:40].astype(np.float32)
     single = run_lce(trained_run / "model-arm64.tflite", inputs)
     np.testing.assert_allclose(run_lce(copy, inputs), single, atol=1e-4 * np.ptp(single))
+
+
+def _negate_a_binary_kernel_at_batch(batch: int, translate):
+    """`translate` that, for a graph taking `batch` samples, first negates one output channel
+    of the first ±1 kernel: a translator wrong only at that batch."""
+
+    def wrong(model, **kwargs):
+        if model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == batch:
+            model = onnx.ModelProto.FromString(model.SerializeToString())
+            for init in model.graph.initializer:
+                kernel = numpy_helper.to_array(init)
+                if kernel.ndim == 4 and set(np.unique(kernel)) <= {-1.0, 1.0}:
+                    kernel = kernel.copy()
+                    kernel[0] *= -1
+                    init.CopyFrom(numpy_helper.from_array(kernel, init.name))
+                    break
+            else:
+                raise AssertionError("no ±1 kernel to break")
+        return translate(model, **kwargs)
+
+    return wrong
+
+
+@pytest.mark.slow
+def test_a_flatbuffer_wrong_only_at_batch_n_is_refused(tmp_path, monkeypatch):
+    """`convert --batch N` runs the whole gate at batch N: a translation that is right at
+    batch 1 and wrong at batch 2 writes nothing."""
+    import converters.lce
+    from support.cli import invoke
+    from support.converter_nets import StemAndBinaryConv, export
+
+    net, shape = StemAndBinaryConv(), (1, 2, 7, 7)
+    onnx_path = export(net, shape, tmp_path / "dyn.onnx", dynamic_axes={"x": {0: "n"}},
+                       input_names=["x"])  # fmt: skip
+    assert invoke("convert", str(onnx_path), "--batch", "2").exit_code == 0
+    (tmp_path / "dyn-arm64-b2.tflite").unlink()
+    broken = _negate_a_binary_kernel_at_batch(2, converters.lce.translate)
+    monkeypatch.setattr(converters.lce, "translate", broken)
+    assert invoke("convert", str(onnx_path)).exit_code == 0  # batch 1 is untouched
+    result = invoke("convert", str(onnx_path), "--batch", "2")
+    assert result.exit_code == 1, result.output
+    assert not (tmp_path / "dyn-arm64-b2.tflite").exists()

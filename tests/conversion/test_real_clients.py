@@ -113,16 +113,15 @@ def larq_like(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 def test_tf2onnx_larq_graph_converts_at_the_batch_given(larq_like, batch):
-    from converters.lce import ConvertOptions, convert_onnx
+    from converters.batch import convert_batched
 
     path, shape = larq_like
     out = path.with_name(f"larq-b{batch}.tflite")
-    result = convert_onnx(path, out, inputs=sample_inputs(shape),
-                          options=ConvertOptions(batch=batch))  # fmt: skip
+    result = convert_batched(path, out, batch, inputs=sample_inputs(shape))
     assert result.binary_layers == 3 and result.lce_bconv2d == 3  # two convs and the dense
     assert result.fully_connected == 0 and result.float_fallbacks == []
     assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0
-    assert result.normalized.batch == batch
+    assert result.batch == batch
     assert {"transpose-binarized", "transpose-sink"} <= set(result.normalized.applied)
 
 
