@@ -33,7 +33,7 @@ from converters.patterns import (
     match_binarization,
 )
 from converters.tf_ops import binarize, binarizing_in, tf
-from converters.values import Value
+from converters.values import Layout, Value
 
 HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
 # op types that are only supported as part of a binarization pattern
@@ -83,7 +83,7 @@ class Translator:
             return self.values[name]
         const = self.graph.const(name)
         if const is not None:
-            return Value(tf().constant(const), "plain")
+            return Value(tf().constant(const), Layout.LOGICAL)
         if self._translating:
             raise _Needs(name)
         pending = [name]
@@ -256,9 +256,9 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         with tensorflow.name_scope(INPUT_SCOPE + "/"):
             for name, arg in zip(names, args, strict=True):
                 if len(arg.shape) == 4:  # NCHW in, NHWC inside
-                    value = Value(tensorflow.transpose(arg, [0, 2, 3, 1]), "nhwc")
+                    value = Value(tensorflow.transpose(arg, [0, 2, 3, 1]), Layout.NHWC)
                 else:
-                    value = Value(arg, "plain")
+                    value = Value(arg, Layout.LOGICAL)
                 translator.values[name] = value
         try:
             values = [translator.value(o) for o in outputs]

@@ -18,6 +18,7 @@ import numpy as np
 from converters.graph import attributes
 from converters.tf_ops import TranslatorView, pad_constant, tf, unsupported
 from converters.values import (
+    Layout,
     Value,
     channel_affine,
     onnx_const_to_layout,
@@ -30,9 +31,11 @@ if TYPE_CHECKING:
 
 
 def _same_layout(tr, node, a: Value, b: Value) -> tuple[object, object, str, np.ndarray | None]:
-    if a.layout == b.layout and (a.layout != "perm" or np.array_equal(a.perm, b.perm)):
+    if a.layout == b.layout and (
+        a.layout != Layout.PERMUTED_COLUMNS or np.array_equal(a.perm, b.perm)
+    ):
         return a.tensor, b.tensor, a.layout, a.perm
-    return a.logical(), b.logical(), "plain", None
+    return a.logical(), b.logical(), Layout.LOGICAL, None
 
 
 _OPS = {
@@ -67,7 +70,7 @@ def arithmetic(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
     t = x.tensor
     if vec is not None:
         stored = vec  # 1-D, see channel_affine
-    elif x.layout == "nhwc":
+    elif x.layout == Layout.NHWC:
         # a spatial constant, possibly right after a bconv: keep LCE from fusing it (bug 2)
         shape = [int(d) for d in t.shape]
         flat = tf().reshape(t, [shape[0], -1])
@@ -152,11 +155,11 @@ def softmax(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> 
     axis = attributes(node).get("axis", -1 if tr.graph.model.opset_import[0].version >= 13 else 1)
     axis = axis % rank
     fn = tf().nn.softmax if node.op_type == "Softmax" else tf().nn.log_softmax
-    if axis == rank - 1 and x.layout in ("plain", "flat4"):
+    if axis == rank - 1 and x.layout in (Layout.LOGICAL, Layout.FLAT_IN_NHWC):
         return Value(fn(x.tensor, axis=-1), x.layout)
-    if x.layout == "nhwc" and axis == 1:
-        return Value(fn(x.tensor, axis=-1), "nhwc")
-    return Value(fn(x.logical(), axis=axis), "plain")
+    if x.layout == Layout.NHWC and axis == 1:
+        return Value(fn(x.tensor, axis=-1), Layout.NHWC)
+    return Value(fn(x.logical(), axis=axis), Layout.LOGICAL)
 
 
 def flatten(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -165,7 +168,7 @@ def flatten(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> 
     axis = attributes(node).get("axis", 1) % max(len(shape), 1)
     if axis != 1:
         target = [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))]
-        return Value(tf().reshape(x.logical(), target), "plain")
+        return Value(tf().reshape(x.logical(), target), Layout.LOGICAL)
     return _to_flat(x)
 
 
@@ -173,15 +176,15 @@ def _to_flat(x: Value) -> Value:
     shape = x.shape()
     if len(shape) == 2:
         return x
-    if x.layout == "nhwc":
+    if x.layout == Layout.NHWC:
         n, c, h, w = shape
         t = tf().reshape(x.tensor, [n, h * w * c])
         if h * w == 1:
-            return Value(t, "plain")
+            return Value(t, Layout.LOGICAL)
         # stored column (i, j, k) of NHWC is logical column k*h*w + i*w + j of NCHW
         perm = np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
-        return Value(t, "perm", perm)
-    return Value(tf().reshape(x.tensor, [shape[0], -1]), "plain")
+        return Value(t, Layout.PERMUTED_COLUMNS, perm)
+    return Value(tf().reshape(x.tensor, [shape[0], -1]), Layout.LOGICAL)
 
 
 def reshape(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -217,8 +220,8 @@ def _reshaped(x: Value, target: list[int]) -> Value:
     if len(target) == 2 and target[0] == shape[0]:
         return _to_flat(x)
     if len(target) == 4 and target[2:] == [1, 1]:  # [N, C, 1, 1] is stored as NHWC already
-        return Value(tf().reshape(x.logical(), [target[0], 1, 1, target[1]]), "nhwc")
-    return Value(tf().reshape(x.logical(), target), "plain")
+        return Value(tf().reshape(x.logical(), [target[0], 1, 1, target[1]]), Layout.NHWC)
+    return Value(tf().reshape(x.logical(), target), Layout.LOGICAL)
 
 
 def squeeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -227,9 +230,9 @@ def squeeze(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> 
     shape = x.shape()
     axes = [a % len(shape) for a in (axes if axes is not None else range(len(shape)))]
     target = [d for k, d in enumerate(shape) if not (k in axes and d == 1)]
-    if x.layout == "nhwc" and target == shape[:2]:
-        return Value(x.tensor, "flat4")
-    return Value(tf().reshape(x.logical(), target), "plain")
+    if x.layout == Layout.NHWC and target == shape[:2]:
+        return Value(x.tensor, Layout.FLAT_IN_NHWC)
+    return Value(tf().reshape(x.logical(), target), Layout.LOGICAL)
 
 
 def _axes(tr: TranslatorView, node: NodeProto):  # noqa: ANN202 - array, list or None
@@ -244,26 +247,27 @@ def transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -
     perm = attributes(node).get("perm")
     perm = list(perm) if perm is not None else None
     if perm == [0, 3, 1, 2] and len(x.shape()) == 4:  # logical NHWC -> NCHW: stored NHWC
-        return Value(x.logical(), "nhwc")
-    if perm == [0, 2, 3, 1] and x.layout == "nhwc":  # NCHW -> NHWC: the storage itself
-        return Value(x.tensor, "plain")
-    return Value(tf().transpose(x.logical(), perm), "plain")
+        return Value(x.logical(), Layout.NHWC)
+    if perm == [0, 2, 3, 1] and x.layout == Layout.NHWC:  # NCHW -> NHWC: the storage itself
+        return Value(x.tensor, Layout.LOGICAL)
+    return Value(tf().transpose(x.logical(), perm), Layout.LOGICAL)
 
 
 def concat(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     values = [
-        v if v is not None else Value(tf().constant(tr.const(n)), "plain")
+        v if v is not None else Value(tf().constant(tr.const(n)), Layout.LOGICAL)
         for v, n in zip(inputs, node.input, strict=True)
     ]
     axis = attributes(node)["axis"] % len(values[0].shape())
     layouts = {v.layout for v in values}
-    if layouts == {"nhwc"}:
+    if layouts == {Layout.NHWC}:
         return Value(
-            tf().concat([v.tensor for v in values], axis={1: 3, 2: 1, 3: 2, 0: 0}[axis]), "nhwc"
+            tf().concat([v.tensor for v in values], axis={1: 3, 2: 1, 3: 2, 0: 0}[axis]),
+            Layout.NHWC,
         )
-    if layouts == {"flat4"} and axis == 1:
-        return Value(tf().concat([v.tensor for v in values], axis=3), "flat4")
-    return Value(tf().concat([v.logical() for v in values], axis=axis), "plain")
+    if layouts == {Layout.FLAT_IN_NHWC} and axis == 1:
+        return Value(tf().concat([v.tensor for v in values], axis=3), Layout.FLAT_IN_NHWC)
+    return Value(tf().concat([v.logical() for v in values], axis=axis), Layout.LOGICAL)
 
 
 def pad(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -279,16 +283,16 @@ def pad(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Valu
         raise unsupported(node, "pads must be constant")
     pads = [int(p) for p in pads]
     rank = len(pads) // 2
-    if x.layout == "nhwc" and rank == 4 and not any(pads[k] for k in (0, 1, 4, 5)):
+    if x.layout == Layout.NHWC and rank == 4 and not any(pads[k] for k in (0, 1, 4, 5)):
         hw = [(pads[2], pads[6]), (pads[3], pads[7])]
         if mode == "constant":
-            return Value(pad_constant(x.tensor, hw, value), "nhwc")
+            return Value(pad_constant(x.tensor, hw, value), Layout.NHWC)
         if mode == "reflect":
-            return Value(tf().pad(x.tensor, [[0, 0], *hw, [0, 0]], mode="REFLECT"), "nhwc")
+            return Value(tf().pad(x.tensor, [[0, 0], *hw, [0, 0]], mode="REFLECT"), Layout.NHWC)
     if mode != "constant":
         raise unsupported(node, f"mode={mode}")
     pairs = [[pads[k], pads[k + rank]] for k in range(rank)]
-    return Value(tf().pad(x.logical(), pairs, constant_values=value), "plain")
+    return Value(tf().pad(x.logical(), pairs, constant_values=value), Layout.LOGICAL)
 
 
 def reduce_mean(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -298,10 +302,10 @@ def reduce_mean(tr: TranslatorView, node: NodeProto, inputs: list[Value | None])
     keep = attrs.get("keepdims", 1)
     rank = len(x.shape())
     axes = sorted(int(a) % rank for a in axes) if axes is not None else list(range(rank))
-    if x.layout == "nhwc" and axes == [2, 3]:
+    if x.layout == Layout.NHWC and axes == [2, 3]:
         t = tf().reduce_mean(x.tensor, axis=[1, 2], keepdims=True)
-        return Value(t, "nhwc" if keep else "flat4")
-    return Value(tf().reduce_mean(x.logical(), axis=axes, keepdims=bool(keep)), "plain")
+        return Value(t, Layout.NHWC if keep else Layout.FLAT_IN_NHWC)
+    return Value(tf().reduce_mean(x.logical(), axis=axes, keepdims=bool(keep)), Layout.LOGICAL)
 
 
 HANDLERS = {

@@ -46,7 +46,7 @@ from converters.tf_ops import (
     tf,
     unsupported,
 )
-from converters.values import Value, channel_affine
+from converters.values import Layout, Value, channel_affine
 
 if TYPE_CHECKING:
     from onnx import NodeProto
@@ -56,10 +56,10 @@ if TYPE_CHECKING:
 
 def _nhwc(tr, node, x: Value) -> Value:
     """`x` as an NHWC 4-D value."""
-    if x.layout == "nhwc":
+    if x.layout == Layout.NHWC:
         return x
     if len(x.shape()) == 4:
-        return Value(tf().transpose(x.logical(), [0, 2, 3, 1]), "nhwc")
+        return Value(tf().transpose(x.logical(), [0, 2, 3, 1]), Layout.NHWC)
     raise unsupported(node, f"expects a 4-D NCHW input, got shape {x.shape()}")
 
 
@@ -151,7 +151,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
     bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if bias is not None:
         y = y + tf().constant(bias.astype(np.float32))
-    return Value(y, "nhwc")
+    return Value(y, Layout.NHWC)
 
 
 def binary_layer(tr: TranslatorView, node: NodeProto, match: BinaryLayerMatch) -> Value | None:
@@ -180,9 +180,9 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
     if walked is None:
         return None
     inner, inner_value, src = walked
-    if src.layout == "plain" and len(src.shape()) == 4:
+    if src.layout == Layout.LOGICAL and len(src.shape()) == 4:
         src = _nhwc(tr, node, src)  # e.g. after a channel shuffle written on NCHW
-    if src.layout != "nhwc":
+    if src.layout != Layout.NHWC:
         return None
     ksize, strides, dilations, outer, group = _conv_attrs(tr, node, match.kernel, src)
     groups = plan_binary_groups(src.shape()[1], group)
@@ -198,7 +198,7 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
         y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
     y, bias = _apply_correction(y, _conv_bias(tr, node, len(scale)), correction, scale)
     fan_in = int(np.prod(match.kernel.shape[1:]))
-    return Value(None, "nhwc", accumulator=y, scale=scale, shift=bias, fan_in=fan_in)
+    return Value(None, Layout.NHWC, accumulator=y, scale=scale, shift=bias, fan_in=fan_in)
 
 
 def _emit_split(x, plan: PaddingPlan, k_hwio: np.ndarray, strides, dilations, groups: int):
@@ -334,10 +334,14 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
     if node.op_type == "Gemm" and attrs.get("transB", 0):
         kernel = kernel.T
     signs, scale = _sign_and_scale(match, kernel, 1)
-    if src.layout == "perm":
+    if src.layout == Layout.PERMUTED_COLUMNS:
         signs = signs[src.perm]
     n, features = src.shape()
-    x4 = src.tensor if src.layout == "flat4" else tf().reshape(src.tensor, [n, 1, 1, features])
+    x4 = (
+        src.tensor
+        if src.layout == Layout.FLAT_IN_NHWC
+        else tf().reshape(src.tensor, [n, 1, 1, features])
+    )
     k = sign_kernel(signs.reshape(1, 1, *signs.shape))
     y = tf().nn.conv2d(binarize(x4), k, [1, 1, 1, 1], "VALID")
     bias = np.zeros(len(scale), np.float32)
@@ -348,7 +352,14 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
         bias = np.broadcast_to(c.reshape(-1) * attrs.get("beta", 1.0), bias.shape).astype(
             np.float32
         )
-    return Value(None, "flat4", accumulator=y, scale=scale, shift=bias, fan_in=int(signs.shape[0]))
+    return Value(
+        None,
+        Layout.FLAT_IN_NHWC,
+        accumulator=y,
+        scale=scale,
+        shift=bias,
+        fan_in=int(signs.shape[0]),
+    )
 
 
 def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -364,16 +375,16 @@ def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
         if attrs.get("transB", 0):
             kernel = kernel.T
         kernel = kernel * np.float32(attrs.get("alpha", 1.0))
-    if x.layout == "perm":
+    if x.layout == Layout.PERMUTED_COLUMNS:
         kernel = kernel[x.perm]
-    t = tf().reshape(x.tensor, [x.shape()[0], -1]) if x.layout == "flat4" else x.tensor
+    t = tf().reshape(x.tensor, [x.shape()[0], -1]) if x.layout == Layout.FLAT_IN_NHWC else x.tensor
     y = tf().matmul(t, tf().constant(kernel.astype(np.float32)))
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         c = tr.const(node.input[2])
         if c is None:
             raise unsupported(node, "the bias must be a constant")
         y = y + tf().constant((c * np.float32(attrs.get("beta", 1.0))).astype(np.float32))
-    return Value(y, "plain")
+    return Value(y, Layout.LOGICAL)
 
 
 def _pool_attrs(tr, node, x: Value):
@@ -445,7 +456,7 @@ def max_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) ->
             last_end = (len(windows) - 1) * strides[axis] - pads[axis] + kernel[axis]
             pads[axis + 2] = max(last_end - size, 0)
     t, mode = pool_pads(x.tensor, kernel, strides, pads, float(np.finfo(np.float32).min))
-    return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
+    return Value(tf().nn.max_pool2d(t, kernel, [1, *strides, 1], mode), Layout.NHWC)
 
 
 def average_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
@@ -469,11 +480,11 @@ def average_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]
         if include:
             # only the pads the pool reads, so no Pad + VALID can be mistaken for SAME (bug 1)
             t = pad_constant(t, _read_pads(t, kernel, strides, [1, 1], pads), 0.0)
-            return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], "VALID"), "nhwc")
+            return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], "VALID"), Layout.NHWC)
         mode = padding_mode(hw, kernel, strides, [1, 1], pads)
         if mode is not None:
-            return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), "nhwc")
-    return Value(_blocked_average(t, windows, strides), "nhwc")
+            return Value(tf().nn.avg_pool2d(t, kernel, [1, *strides, 1], mode), Layout.NHWC)
+    return Value(_blocked_average(t, windows, strides), Layout.NHWC)
 
 
 def _blocked_average(t: Any, windows: list[list[tuple[int, int]]], strides: list[int]) -> Any:
@@ -500,7 +511,7 @@ def _blocked_average(t: Any, windows: list[list[tuple[int, int]]], strides: list
 def global_pool(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = _nhwc(tr, node, inputs[0])
     reduce = tf().reduce_mean if node.op_type == "GlobalAveragePool" else tf().reduce_max
-    return Value(reduce(x.tensor, axis=[1, 2], keepdims=True), "nhwc")
+    return Value(reduce(x.tensor, axis=[1, 2], keepdims=True), Layout.NHWC)
 
 
 def batch_norm(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:

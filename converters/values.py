@@ -1,15 +1,7 @@
 """A translated tensor (`Value`) and the per-channel affine maps over a binary conv's accumulator.
 
 Layouts: ONNX is NCHW, LCE wants NHWC. A translated tensor is a `Value` that remembers how its
-stored TensorFlow tensor maps to the logical ONNX tensor:
-
-- ``"nhwc"``: logical [N, C, H, W] stored as [N, H, W, C];
-- ``"plain"``: stored exactly as the logical tensor;
-- ``"flat4"``: logical [N, C] stored as [N, 1, 1, C] (outputs of dense layers emitted as 1x1
-  convs, so the next binary dense needs no reshape);
-- ``"perm"``: logical [N, F] stored as [N, F] with columns permuted (`perm[j]` is the logical
-  column of stored column j): the result of flattening NHWC, which the next dense layer
-  absorbs by permuting its kernel rows instead of transposing activations.
+stored TensorFlow tensor maps to the logical ONNX tensor (`Layout`).
 
 A `Value` may also hold a pending per-channel affine map `accumulator * scale + shift` over the
 integer accumulator of a binary conv: BatchNorm, biases and channel scales fold into it, and a
@@ -25,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,16 +27,29 @@ import numpy as np
 from converters.runtimes import tf
 
 
+class Layout(enum.Enum):
+    """How a `Value`'s stored TensorFlow tensor holds the logical ONNX tensor."""
+
+    #: stored exactly as the logical tensor
+    LOGICAL = "logical"
+    #: logical [N, C, H, W] stored as [N, H, W, C], the layout LCE's binary convs take
+    NHWC = "nhwc"
+    #: logical [N, C] stored as [N, 1, 1, C]: dense layers emitted as 1x1 convs, so the next
+    #: binary dense layer needs no reshape
+    FLAT_IN_NHWC = "flat-in-nhwc"
+    #: logical [N, F] stored as [N, F] with its columns permuted (`Value.perm[j]` is the logical
+    #: column of stored column j): a flattened NHWC tensor, which the next dense layer absorbs
+    #: by permuting its kernel rows instead of transposing activations
+    PERMUTED_COLUMNS = "permuted-columns"
+
+
 @dataclass
 class Value:
     """A translated tensor: the stored TF tensor plus how it maps to the ONNX tensor."""
 
     stored: Any
-    # "plain": ONNX's own layout; "nhwc": a 4-D NCHW tensor stored NHWC; "flat4": a flattened
-    # NHWC tensor (columns in NHWC order); "perm": a flat tensor whose columns are permuted by
-    # `perm` relative to ONNX's
-    layout: str = "plain"
-    perm: np.ndarray | None = None
+    layout: Layout = Layout.LOGICAL
+    perm: np.ndarray | None = None  # with Layout.PERMUTED_COLUMNS: stored column -> logical
     # a pending per-channel affine map over a binary conv's integer accumulator (module doc):
     # the value is accumulator * scale + shift, emitted only when read (`tensor`)
     accumulator: Any = None
@@ -87,26 +93,26 @@ class Value:
     def logical(self) -> Any:
         """The tensor in ONNX's logical layout (NCHW for 4-D)."""
         t = self.tensor
-        if self.layout == "nhwc":
+        if self.layout == Layout.NHWC:
             return tf().transpose(t, [0, 3, 1, 2])
-        if self.layout == "flat4":
+        if self.layout == Layout.FLAT_IN_NHWC:
             return tf().reshape(t, [t.shape[0], t.shape[3]])
-        if self.layout == "perm":
+        if self.layout == Layout.PERMUTED_COLUMNS:
             return _unpermute(t, self.perm)
         return t
 
     def shape(self) -> list[int]:
         """The logical (ONNX) shape."""
         s = list(self.tensor.shape) if self.stored is not None else list(self.accumulator.shape)
-        if self.layout == "nhwc":
+        if self.layout == Layout.NHWC:
             return [s[0], s[3], s[1], s[2]]
-        if self.layout == "flat4":
+        if self.layout == Layout.FLAT_IN_NHWC:
             return [s[0], s[3]]
         return s
 
 
 def _unpermute(t: Any, perm: np.ndarray) -> Any:
-    """Columns of a "perm" [N, F] tensor back in logical order.
+    """Columns of a `Layout.PERMUTED_COLUMNS` [N, F] tensor back in logical order.
 
     A flattened NHWC tensor ([N, hw * c] holding logical column k*hw + p at p*c + k) goes back
     through reshape [N, hw, c] -> transpose -> reshape: a few shape constants, where a GATHER
@@ -189,11 +195,11 @@ def onnx_const_to_layout(value: np.ndarray, target: Value) -> np.ndarray:
     if c.ndim == 0:
         return c
     c = c.reshape((1,) * (rank - c.ndim) + c.shape)
-    if target.layout == "nhwc":
+    if target.layout == Layout.NHWC:
         return np.transpose(c, (0, 2, 3, 1))
-    if target.layout == "flat4":
+    if target.layout == Layout.FLAT_IN_NHWC:
         return c.reshape(c.shape[0], 1, 1, c.shape[1])
-    if target.layout == "perm":
+    if target.layout == Layout.PERMUTED_COLUMNS:
         return c if c.shape[1] == 1 else c[:, target.perm]
     return c
 
@@ -210,7 +216,9 @@ def per_channel(c: np.ndarray, channels: int) -> np.ndarray | None:
 def stored_channels(x: Value) -> int | None:
     """Channel count when the stored layout keeps channels on the last axis."""
     shape = x.shape()
-    if x.layout in ("nhwc", "flat4") or (x.layout == "plain" and len(shape) == 2):
+    if x.layout in (Layout.NHWC, Layout.FLAT_IN_NHWC) or (
+        x.layout == Layout.LOGICAL and len(shape) == 2
+    ):
         return shape[1]
     return None
 

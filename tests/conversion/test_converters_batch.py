@@ -142,9 +142,10 @@ def _negate_a_binary_kernel_at_batch(batch: int, translate):
 def test_a_flatbuffer_wrong_only_at_batch_n_is_refused(tmp_path, monkeypatch):
     """`convert --batch N` runs the whole gate at batch N: a translation that is right at
     batch 1 and wrong at batch 2 writes nothing."""
-    import converters.lce
     from support.cli import invoke
     from support.converter_nets import StemAndBinaryConv, export
+
+    import converters.lce
 
     net, shape = StemAndBinaryConv(), (1, 2, 7, 7)
     onnx_path = export(net, shape, tmp_path / "dyn.onnx", dynamic_axes={"x": {0: "n"}},

@@ -31,7 +31,7 @@ import converters.onnx_to_tf as onnx_to_tf
 import converters.tf_elementwise as tf_elementwise
 import converters.tf_layers as tf_layers
 from converters.errors import ConversionMismatchError
-from converters.values import Value
+from converters.values import Layout, Value
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # two conversions each: ~15-30 s apiece
 SHAPE = (1, 3, 12, 12)  # square: a mutant swapping H and W keeps every shape
@@ -104,7 +104,7 @@ def _flipped_kernel(real: Callable) -> Callable:
 def _flatten_in_stored_order(real: Callable) -> Callable:
     def flat(x: Value) -> Value:
         out = real(x)
-        return Value(out.stored, "plain") if out.layout == "perm" else out
+        return Value(out.stored, Layout.LOGICAL) if out.layout == Layout.PERMUTED_COLUMNS else out
 
     return flat
 
