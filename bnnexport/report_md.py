@@ -19,7 +19,8 @@ from typing import Any
 from bnnexport.reports import pyplot, save_figure_atomic, write_bytes_atomic
 
 
-def _label(backend: Any) -> str:
+def _tick_label(backend: Any) -> str:
+    """The x-axis label of a backend's bar: its name, and where it ran when not on the host."""
     return backend.name if backend.where == "host" else f"{backend.name}\n@{backend.where}"
 
 
@@ -53,7 +54,7 @@ def plot_bench(report: Any, out: Path, prefix: str = "") -> list[Path]:
     if timed:
         centre, whiskers = _latency_bars(timed)
         title = f"Batch-1 latency, {report.threads} thread(s): median (min..p90)"
-        labels = [_label(b) for b in timed]
+        labels = [_tick_label(b) for b in timed]
         written.append(
             _bar(out / f"{prefix}bench_latency.png", labels, centre, "ms", title, whiskers)
         )
@@ -73,7 +74,7 @@ def plot_bench(report: Any, out: Path, prefix: str = "") -> list[Path]:
     if scored:
         title = f"Top-1 accuracy on {report.samples} test samples"
         top1 = [100 * b.top1 for b in scored]
-        labels = [_label(b) for b in scored]
+        labels = [_tick_label(b) for b in scored]
         written.append(_bar(out / f"{prefix}bench_accuracy.png", labels, top1, "top-1 %", title))
     return written
 
