@@ -3,8 +3,9 @@
 On the host, on the same test samples (`RUN_DIR/samples.npz`) and in one call: PyTorch, ONNX
 Runtime, the float TFLite model and the LCE flatbuffer (LCE's interpreter with indirect BGEMM,
 docs/LCE_NOTES.md "Running flatbuffers"). With `device="user@host"` the LCE flatbuffer also runs on
-that device over SSH, through `lce_benchmark_model` or bnnexport's own device-side runner
-(`deploy/runner.py`). Latency is batch 1 after warm-up; all times are milliseconds.
+that device over SSH, through a device runner picked by name from `deploy.runners` (the stock
+`lce_benchmark_model`, or bnnexport's own `python` runner); `bnnexport.device` makes its rows.
+Latency is batch 1 after warm-up; all times are milliseconds.
 
 Example:
     >>> from bnnexport.bench import BenchOptions, bench
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,13 +27,22 @@ from typing import Any
 import numpy as np
 
 from bnnexport import files
+from bnnexport.device import (
+    Connected,
+    Scoring,
+    device_profile,
+    device_rows,
+    ensure_batched_copy,
+    file_device_rows,
+    reach_device,
+    scaling_rows,
+)
 from bnnexport.errors import CheckpointError, DataError
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import EXPORT_HINT, RunDir, load_model, load_samples
 from bnnexport.scoring import BackendResult, score
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
-RUNNERS = ("auto", "python", "lce_benchmark_model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,23 +58,19 @@ class DeviceTarget:
     port: int | None = None
     ssh_key: str | None = None
     ssh_options: tuple[str, ...] = ()  # `-o KEY=VALUE` options
-    runner: str = "auto"  # python, lce_benchmark_model, or auto (python when the device can)
+    runner: str = "auto"  # a name of `deploy.runners`, or auto (the first the device can run)
     benchmark_binary: str | None = None  # a local lce_benchmark_model to upload
     remote_python: str = "python3"
     remote_tmp: str = "/tmp"  # where working directories go on the device
     timeout: float = 600.0  # seconds one device command may run
     batch: int = 64  # accuracy with lce_benchmark_model: the batch-N copy's N (capped by samples)
-    # the device's op profile by PyTorch layer (bnnexport.profile); needs lce_benchmark_model
+    # the device's op profile by PyTorch layer (bnnexport.profile); needs a runner that profiles
     profile: bool = False
 
     def __post_init__(self) -> None:
-        if self.runner not in RUNNERS:
-            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}")
-        if self.profile and self.runner == "python":
-            raise ValueError(
-                "profile needs the lce_benchmark_model runner (the python runner has no "
-                "op profiler)"
-            )
+        from deploy.runners import check_runner
+
+        check_runner(self.runner, self.profile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,168 +315,13 @@ def usable_backends(
     return usable, skipped
 
 
-@dataclasses.dataclass
-class _Connected:
-    """A device reached and checked before any host work: its client, identity and runner."""
-
-    client: Any
-    identity: dict[str, Any]
-    runner: str
-    flatbuffer: Path
-
-
-def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], str]:
-    """Reach the device and check what will run there: (SSH client, identity, runner). A wrong
-    host name, a refused key or a benchmark binary of another architecture fails here in
-    seconds, one line (DeviceError / WrongArchitectureError), before any long work."""
-    from deploy.lce_benchmark import check_local_binary
-    from deploy.remote_runner import has_lce_python
-    from deploy.ssh import SshClient
-
-    client = SshClient(
-        device.host,
-        port=device.port,
-        identity_file=device.ssh_key,
-        options=device.ssh_options,
-        remote_tmp=device.remote_tmp,
-    )
-    identity = {"destination": device.host, **client.identity().to_json()}
-    runner = device.runner
-    if runner == "auto" and device.profile:  # only the benchmark tool profiles ops
-        runner = "lce_benchmark_model"
-    elif runner == "auto":
-        runner = "python" if has_lce_python(client, device.remote_python) else "lce_benchmark_model"
-    if runner == "lce_benchmark_model" and device.benchmark_binary is not None:
-        check_local_binary(device.benchmark_binary, identity["machine"])
-    return client, identity, runner
-
-
-def _ensure_batched_copy(
-    run: RunDir, target: str, samples: int, batch: int, progress: bool
-) -> None:
-    """Convert the batched copy (batch N) that accuracy on the device runs, when it is missing
-    or was made from another model.onnx (as `convert --batched-copy N` does)."""
-    from bnnexport.convert import convert_batched_copy
-    from bnnexport.device_accuracy import batched_path, copy_batch
-    from bnnexport.provenance import stale_reason
-
-    batch = copy_batch(samples, batch)
-    copy = batched_path(run.root, target, batch)
-    if copy.is_file() and stale_reason(run.root, copy.name) is None:
-        return
-    convert_batched_copy(run.root, target, batch, progress=progress)
-
-
-def _connect(device: DeviceTarget, run: RunDir, target: str) -> _Connected:
+def _connect(device: DeviceTarget, run: RunDir, target: str) -> Connected:
     """The flatbuffer checked current and the device reached, before any host benchmark."""
     from bnnexport.provenance import require_current
 
     flatbuffer = _require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
-    return _Connected(*reach_device(device), flatbuffer)
-
-
-def _device_backend(
-    device: DeviceTarget,
-    connected: _Connected,
-    run: RunDir,
-    options: BenchOptions,
-    inputs: np.ndarray,
-    labels: np.ndarray,
-    reference: np.ndarray,
-    host_lce: np.ndarray | None = None,
-) -> tuple[list[BackendResult], dict[str, Any], str | None]:
-    """Run the LCE flatbuffer on `device`; return its rows, identity and raw tool output."""
-    client, identity = connected.client, connected.identity
-    if connected.runner == "python":
-        row = _python_runner_row(
-            client, device, connected.flatbuffer, options, inputs, labels, reference
-        )
-        return [row], identity, None
-    from bnnexport.device_accuracy import device_lce_rows
-
-    tool = _tool_options(device, options)
-    rows, raw = device_lce_rows(
-        client, run.root, options.target, inputs, labels, reference, host_lce, tool, device.batch
-    )
-    return rows, identity, raw
-
-
-def _scaling_rows(
-    device: DeviceTarget,
-    connected: _Connected,
-    options: BenchOptions,
-    inputs: np.ndarray,
-    labels: np.ndarray,
-    reference: np.ndarray,
-) -> list[BackendResult]:
-    """The device's LCE latency at each of `options.scaling_threads`, one row each."""
-    if not options.scaling_threads:
-        return []
-    if connected.runner == "python":
-        rows = []
-        for count in options.scaling_threads:
-            at = dataclasses.replace(options, threads=count, scaling_threads=())
-            row = _python_runner_row(
-                connected.client, device, connected.flatbuffer, at, inputs, labels, reference
-            )
-            row.name, row.extra["threads"] = f"lce ({count} threads)", count
-            rows.append(row)
-        return rows
-    from bnnexport.device_accuracy import thread_scaling_rows
-
-    tool = _tool_options(device, options)
-    return thread_scaling_rows(
-        connected.client, connected.flatbuffer, tool, options.scaling_threads
-    )
-
-
-def _tool_options(device: DeviceTarget, options: BenchOptions) -> Any:
-    """How `lce_benchmark_model` runs on the device (`deploy.device_accuracy.DeviceOptions`)."""
-    from deploy.device_accuracy import DeviceOptions
-
-    return DeviceOptions(
-        threads=options.threads,
-        runs=options.runs,
-        warmup_runs=options.warmup,
-        binary=device.benchmark_binary,
-        timeout=device.timeout,
-    )
-
-
-def _python_runner_row(
-    client: Any,
-    device: DeviceTarget,
-    flatbuffer: Path,
-    options: BenchOptions,
-    inputs: np.ndarray,
-    labels: np.ndarray,
-    reference: np.ndarray,
-) -> BackendResult:
-    """The device's `lce` row from bnnexport's own runner (deploy/runner.py) on the device."""
-    from deploy.remote_runner import run_remote_runner
-
-    with tempfile.TemporaryDirectory(prefix="bnnexport-bench-") as tmp:
-        samples = Path(tmp) / "samples.npz"
-        np.savez(samples, inputs=inputs, labels=labels)  # exactly the host's samples
-        result, outputs = run_remote_runner(
-            client,
-            flatbuffer,
-            samples=samples,
-            runs=options.runs,
-            threads=options.threads,
-            warmup=options.warmup,
-            python=device.remote_python,
-            timeout=device.timeout,
-        )
-    latency = {k: result["latency_ms"][k] for k in ("min", "median", "p90", "mean", "std")}
-    extra = {
-        "runner": "python",
-        "threads": options.threads,
-        "lce_version": result.get("lce_version"),
-        "device_accuracy": result.get("accuracy"),
-    }
-    return score("lce", device.host, flatbuffer, outputs, labels, reference, latency, extra)
+    return Connected(*reach_device(device), flatbuffer)
 
 
 def bench(
@@ -488,8 +338,9 @@ def bench(
             and model-<target>.tflite.
         options: runs, warm-up, threads, samples and target (`BenchOptions`).
         device: where and how to run the LCE flatbuffer on a device too (`DeviceTarget`). With
-            `lce_benchmark_model`, accuracy on the device runs the batched copy (batch N)
-            RUN_DIR/model-TARGET-bN.tflite, N = min(device.batch, samples), in N-sample chunks.
+            a runner that needs it (`lce_benchmark_model`), accuracy on the device runs the
+            batched copy (batch N) RUN_DIR/model-TARGET-bN.tflite, N = min(device.batch,
+            samples), in N-sample chunks.
         progress: a progress bar over the backends on stderr.
     Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
@@ -501,19 +352,19 @@ def bench(
     inputs, labels = load_samples(run, options.samples)
     _require_input_shape(run, inputs)
     connected = _connect(device, run, target) if device is not None else None
-    if device is not None and connected is not None and connected.runner != "python":
-        _ensure_batched_copy(run, target, len(inputs), device.batch, progress)
+    if device is not None and connected is not None and connected.runner.batched_copy:
+        ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     # PyTorch comes first: the reference for every other backend
     results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
     reference = host_outputs[results[0].name]
     identity = raw = None
     if device is not None and connected is not None:
-        rows, identity, raw = _device_backend(
-            device, connected, run, options, inputs, labels, reference, host_outputs.get("lce")
-        )
+        scoring = Scoring(inputs, labels, reference, host_outputs.get("lce"))
+        rows, raw = device_rows(connected, device, options, scoring, run.root)
         results.extend(rows)
-        results.extend(_scaling_rows(device, connected, options, inputs, labels, reference))
+        results.extend(scaling_rows(connected, device, options, scoring))
+        identity = connected.identity
     profile = None
     if device is not None and device.profile and connected is not None:
         profile = device_profile(results, connected.flatbuffer, run.onnx)
@@ -695,13 +546,13 @@ def bench_model_file(
     if device is not None:
         if flatbuffer is None:
             raise CheckpointError(f"{path}: a device runs the LCE flatbuffer; convert it first")
-        connected = _Connected(*reach_device(device), flatbuffer)
+        connected = Connected(*reach_device(device), flatbuffer)
     results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
     reference = host_outputs[results[0].name]
     identity = profile = None
     if device is not None and connected is not None:
         identity = connected.identity
-        results += _file_device_rows(device, connected, options, inputs, labels, reference)
+        results += file_device_rows(connected, device, options, Scoring(inputs, labels, reference))
         if device.profile:
             profile = device_profile(results, connected.flatbuffer, onnx_path)
     report = BenchReport(
@@ -737,61 +588,3 @@ def _input_shape(onnx_path: Path | None, flatbuffer: Path | None) -> list[int]:
     from converters.runtimes import lce_interpreter
 
     return [int(d) for d in lce_interpreter(flatbuffer, 1).input_shapes[0]]
-
-
-def _file_device_rows(
-    device: DeviceTarget,
-    connected: _Connected,
-    options: BenchOptions,
-    inputs: np.ndarray,
-    labels: np.ndarray,
-    reference: np.ndarray,
-) -> list[BackendResult]:
-    """The flatbuffer on the device: the python runner scores its outputs too;
-    `lce_benchmark_model` gives latency rows only (one per thread count)."""
-    if connected.runner == "python":
-        first = _python_runner_row(
-            connected.client, device, connected.flatbuffer, options, inputs, labels, reference
-        )
-        rest = _scaling_rows(device, connected, options, inputs, labels, reference)
-        return [first, *rest]
-    from bnnexport.device_accuracy import thread_scaling_rows
-
-    counts = (options.threads, *options.scaling_threads)
-    rows = thread_scaling_rows(
-        connected.client, connected.flatbuffer, _tool_options(device, options), counts
-    )
-    rows[0].name = "lce"
-    rows[0].extra["note"] = (
-        "latency only: accuracy on the device needs a run's batched copy (batch N)"
-    )
-    return rows
-
-
-def device_profile(
-    rows: list[BackendResult], flatbuffer: Path, onnx_path: Path | None
-) -> dict[str, Any]:
-    """The op profile of the device's batch-1 latency run (the `lce` row: same runs and
-    threads), by PyTorch layer (`bnnexport.profile`), as JSON. A missing or unreadable profile
-    is a note in it (and on stderr), never an error: the latency rows stand without it."""
-    import sys
-
-    from bnnexport.profile import DeviceProfile, profile_by_layer
-    from converters.errors import ConverterError
-
-    row = next((r for r in rows if r.name == "lce" and r.where != "host"), None)
-    ops = row.extra.get("ops") if row is not None else None
-    threads = row.extra.get("threads") if row is not None else None
-    profile = DeviceProfile([], 0.0, threads)
-    if not ops:
-        profile.notes.append("lce_benchmark_model printed no op profile table")
-    else:
-        onnx_model = onnx_path if onnx_path is not None and onnx_path.is_file() else None
-        try:
-            profile = profile_by_layer(ops, flatbuffer, onnx_model)
-            profile.threads = threads
-        except (ConverterError, KeyError, TypeError, ValueError) as error:
-            profile.notes.append(f"the op profile could not be matched to layers ({error})")
-    for note in profile.notes:
-        print(f"bnnexport: note: profile: {note}", file=sys.stderr)
-    return {**profile.to_json(), "summary": profile.summary()}

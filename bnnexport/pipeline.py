@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bnnexport.bench import BenchOptions, BenchReport, DeviceTarget, bench, reach_device
+from bnnexport.bench import BenchOptions, BenchReport, DeviceTarget, bench
+from bnnexport.device import copy_batch, needs_batched_copy, reach_device
 from bnnexport.reports import Report
 from bnnexport.runs import lock_run
 from bnnexport.train import TrainConfig, train
@@ -82,7 +83,6 @@ def pipeline(
             batched copy (batch N) bench needs for accuracy there (N = min(device.batch, samples)).
     """
     from bnnexport.convert import convert_run
-    from bnnexport.device_accuracy import copy_batch
     from bnnexport.export import export_onnx
     from bnnexport.pack import pack
     from bnnexport.verify import require_strict, verify_run
@@ -110,7 +110,7 @@ def pipeline(
         stage("pack", lambda: pack(run_dir))
         stage("export", lambda: export_onnx(run_dir, samples=samples))
         copy = None
-        if device is not None and device.runner != "python":
+        if device is not None and needs_batched_copy(device):
             copy = copy_batch(samples, device.batch)
         target = options.target
         stage(

@@ -1,6 +1,6 @@
 """One scored row of a benchmark: a backend's accuracy, agreement and latency on one machine.
 
-`bench` scores host backends with it and `device_accuracy` the device's outputs, so both rows
+`bench` scores host backends with it and `bnnexport.device` the device's outputs, so both rows
 follow one rule: top-k from `deploy.runner.topk_accuracy` (None for samples without labels),
 agreement from `converters.gate.compare`.
 

@@ -44,3 +44,7 @@ class RemoteCommandError(DeviceError):
 
 class BenchmarkOutputError(DeviceError):
     """The output of `lce_benchmark_model` could not be parsed (no timing line found)."""
+
+
+class UnknownRunnerError(DeviceError, ValueError):
+    """No device runner of that name is registered (`deploy.runners`); the message names them."""

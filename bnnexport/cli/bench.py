@@ -16,6 +16,7 @@ from bnnexport.cli.common import (
     json_option,
     locks_run,
 )
+from deploy.runners import candidates, runner_choices, runner_names
 
 if TYPE_CHECKING:
     from bnnexport.bench import BenchOptions, DeviceTarget
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 )
 @choice_option(
     "--runner",
-    choices=["auto", "python", "lce_benchmark_model"],
+    choices=runner_choices(),
     default="auto",
     help="On the device: `python` runs bnnexport's runner (needs python3 with "
     "larq_compute_engine there; also measures accuracy on the samples), "
@@ -146,9 +147,11 @@ def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
     samples_file = options.pop("samples_file")
     if options["profile"] and not options["device"]:
         raise click.BadParameter("profiles the device's run: give --device", param_hint="--profile")
-    if options["profile"] and options["runner"] == "python":
+    if options["profile"] and not candidates(options["runner"], profile=True):
+        profilers = " or ".join(runner_names(profiles=True))
         raise click.BadParameter(
-            "needs --runner lce_benchmark_model (or auto): the python runner has no op profiler",
+            f"needs --runner {profilers} (or auto): the {options['runner']} runner has no op "
+            "profiler",
             param_hint="--profile",
         )
     progress = not as_json and sys.stderr.isatty()
