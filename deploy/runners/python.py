@@ -2,8 +2,9 @@
 
 It needs `python3` with numpy and larq_compute_engine on the device (x86_64 or macOS boxes: LCE
 has no aarch64 wheel). One run of it times batch 1 (min / median / p90 / mean / std) and
-computes the outputs on the samples sent with the model (`deploy.remote_runner`), so every row
-it gives, at any thread count, is scored. It has no op profiler.
+computes the outputs on the samples sent with the model (`run_remote_runner`: the script, the
+model and the samples copied to a fresh directory on the device, the outputs fetched back), so
+every row it gives, at any thread count, is scored. It has no op profiler.
 
 Example:
     >>> from deploy.runners import get_runner
@@ -16,14 +17,80 @@ Example:
 
 from __future__ import annotations
 
+import json
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from deploy.remote_runner import has_lce_python, run_remote_runner
+from deploy.errors import DeviceError, MissingBinaryError
 from deploy.runners.registry import LATENCY_KEYS, Measurement, RunSettings, Samples, register_runner
+from deploy.ssh import SshClient
+
+# the script the device runs: stdlib, numpy and LCE only, copied over for each run
+RUNNER = Path(__file__).parent.parent / "runner.py"
+
+
+def has_lce_python(client: SshClient, python: str = "python3") -> bool:
+    """True when `python` on the device can import LCE's interpreter."""
+    probe = f"{shlex.quote(python)} -c 'import larq_compute_engine.tflite.python.interpreter'"
+    return client.run(probe, timeout=120, check=False).returncode == 0
+
+
+def run_remote_runner(
+    client: SshClient,
+    flatbuffer: str | Path,
+    samples: str | Path | None = None,
+    runs: int = 100,
+    threads: int = 1,
+    warmup: int = 10,
+    python: str = "python3",
+    timeout: float = 600.0,
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """Copy runner, model and samples to a fresh directory on the device, run, fetch, clean up.
+
+    Returns the runner's JSON object and the model's outputs on the samples (None without
+    samples). Raises `MissingBinaryError` when the device's `python` cannot import LCE.
+    """
+    if not has_lce_python(client, python):
+        raise MissingBinaryError(
+            f"{python} with larq_compute_engine is not available on {client.destination}; "
+            "use --runner lce_benchmark_model (LCE has no pip wheel for Linux aarch64)"
+        )
+    with client.workdir() as work:
+        client.put(RUNNER, f"{work}/runner.py")
+        model = f"{work}/{Path(flatbuffer).name}"
+        client.put(flatbuffer, model)
+        argv = [
+            python,
+            f"{work}/runner.py",
+            "--model",
+            model,
+            "--runs",
+            str(runs),
+            "--threads",
+            str(threads),
+            "--warmup",
+            str(warmup),
+            "--json",
+        ]
+        if samples is not None:
+            client.put(samples, f"{work}/samples.npz")
+            argv += ["--samples", f"{work}/samples.npz", "--outputs", f"{work}/outputs.npz"]
+        done = client.run(argv, timeout=timeout, cwd=work, limit_remote=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise DeviceError(f"the runner on {client.destination} printed no JSON result")
+        result = json.loads(lines[-1])
+        outputs = None
+        if samples is not None:
+            with tempfile.TemporaryDirectory(prefix="bnnexport-device-") as local:
+                client.get(f"{work}/outputs.npz", Path(local) / "outputs.npz")
+                with np.load(Path(local) / "outputs.npz") as data:
+                    outputs = np.array(data["outputs"])
+    return result, outputs
 
 
 # auto tries it first: where the device can run it, it gives median, p90 and accuracy at once

@@ -35,7 +35,7 @@ from deploy.errors import (
     WrongArchitectureError,
 )
 from deploy.lce_benchmark import run_lce_benchmark
-from deploy.remote_runner import run_remote_runner
+from deploy.runners.python import run_remote_runner
 
 
 @pytest.fixture

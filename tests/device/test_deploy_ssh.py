@@ -1,4 +1,5 @@
-"""deploy.ssh and deploy.remote_runner against a real sshd on 127.0.0.1 (this machine = device)."""
+"""deploy.ssh and the python runner (deploy.runners.python) against a real sshd on 127.0.0.1
+(this machine = device)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from deploy.errors import (
     MissingBinaryError,
     RemoteCommandError,
 )
-from deploy.remote_runner import run_remote_runner
+from deploy.runners.python import run_remote_runner
 
 
 def _leftovers(server) -> list[str]:
