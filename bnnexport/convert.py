@@ -73,6 +73,7 @@ class ConvertReport(Report):
     twin_max_abs_diff: float | None
     samples: int
     random_inputs: bool
+    batch: int  # the batch the flatbuffer takes (`--batch N`)
     onnx_bytes: int
     lce_bytes: int
     tflite_float_bytes: int

@@ -174,7 +174,8 @@ def test_convert_at_another_batch_writes_its_own_file(tmp_path):
     onnx_path = _dynamic_batch_onnx(tmp_path / "dyn.onnx")
     result = invoke("convert", str(onnx_path), "--batch", "2", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["output"] == str(tmp_path / "dyn-arm64-b2.tflite")
+    report = json.loads(result.stdout)
+    assert report["output"] == str(tmp_path / "dyn-arm64-b2.tflite") and report["batch"] == 2
     assert not (tmp_path / "dyn-arm64.tflite").exists()
 
 
