@@ -15,7 +15,7 @@ cannot convert). The passes, by family:
 - `layout`: pad-transpose, reshape-transpose, transpose-binarized, transpose-sink (layout ops
   moved out of the way between a binarization and its layer, NHWC <-> NCHW pairs cancelled).
 
-`editable_graph` holds the graph the passes rewrite (`EditableGraph`) and the report;
+`editable_graph` holds the graph the passes rewrite (`OnnxGraph`) and the report;
 `registry` the pass names (`REWRITES`, `rewrite`); `binarization` the canonical binarization
 every family writes and recognises; `pipeline` the order (`PIPELINE`), `normalize` and
 `check_valid`.
@@ -38,7 +38,7 @@ Example:
 
 from __future__ import annotations
 
-from converters.normalize.editable_graph import EditableGraph, NormalizeReport
+from converters.graph import NormalizeReport, OnnxGraph
 from converters.normalize.exporter_idioms import runnable_reference
 from converters.normalize.pipeline import PIPELINE, check_valid, normalize
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, STEPS, Pass, rewrite
@@ -50,7 +50,7 @@ __all__ = [
     "SIGN_IDIOMS",
     "NormalizeReport",
     "Pass",
-    "EditableGraph",
+    "OnnxGraph",
     "check_valid",
     "normalize",
     "rewrite",
