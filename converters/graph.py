@@ -24,6 +24,8 @@ Example:
     >>> graph = OnnxGraph.folded(helper.make_model(helper.make_graph(nodes, "g", [x], [y])))
     >>> [n.op_type for n in graph.nodes], float(graph.const("n"))
     (['Relu', 'Mul'], -2.0)
+    >>> [n.op_type for n in graph.match_parent_path(graph.producer["y"], ["Relu"], [0])]
+    ['Relu']
 """
 
 from __future__ import annotations
@@ -190,6 +192,30 @@ class OnnxGraph:
         for node in self.consumers.get(old, ()):
             node.input[:] = [new if v == old else v for v in node.input]
         self._changed()
+
+    def match_parent_path(
+        self,
+        node: onnx.NodeProto,
+        op_types: Sequence[str],
+        indices: Sequence[int | None] | None = None,
+    ) -> list[onnx.NodeProto] | None:
+        """The chain of parents up from `node`, as ONNX Runtime's
+        `OnnxModel.match_parent_path` gives it: the producer of `node`'s input `indices[0]`
+        has op type `op_types[0]`, the producer of that one's input `indices[1]` has
+        `op_types[1]`, and so on; an index of None takes the first input whose producer has
+        the op type. None when the chain breaks anywhere.
+
+        Example: `graph.match_parent_path(scatter, ["Transpose", "NonZero"], [1, 0])` is
+        [Transpose, NonZero] when `scatter`'s indices are Transpose(NonZero(mask))."""
+        found = []
+        for op_type, k in zip(op_types, indices or [None] * len(op_types), strict=True):
+            names = node.input if k is None else node.input[k : k + 1]
+            parents = (self.producer.get(n) for n in names)
+            node = next((p for p in parents if p is not None and p.op_type == op_type), None)
+            if node is None:
+                return None
+            found.append(node)
+        return found
 
     # -- values ---------------------------------------------------------------------------
 

@@ -106,14 +106,12 @@ def match_binarization(graph: OnnxGraph, name: str) -> Binarization | None:
     if node is None:
         return None
     if node.op_type == "Sign":
-        add = graph.producer.get(node.input[0])
-        if add is None or add.op_type not in ("Add", "Sub"):
-            return None
-        for k in (0, 1):
-            inner = graph.producer.get(add.input[k])
-            const = add.input[1 - k]
-            if inner is None or inner.op_type != "Sign":
+        for op_type, k in ((op, k) for op in ("Add", "Sub") for k in (0, 1)):
+            path = graph.match_parent_path(node, [op_type, "Sign"], [0, k])
+            if path is None:
                 continue
+            add, inner = path
+            const = add.input[1 - k]
             if add.op_type == "Add":
                 ok = _is_const(graph, const, lambda c: np.all((c > 0) & (c < 1)))
             else:  # Sign(x) - c with -1 < c < 0; `c - Sign(x)` flips the sign: not ours
@@ -125,11 +123,11 @@ def match_binarization(graph: OnnxGraph, name: str) -> Binarization | None:
     if node.op_type == "Where":
         positive, negative = node.input[1], node.input[2]
         nodes = [node.name]
-        cond = graph.producer.get(node.input[0])
-        if cond is not None and cond.op_type == "Not":
-            nodes.insert(0, cond.name)
+        negated = graph.match_parent_path(node, ["Not"], [0])
+        if negated is not None:
+            nodes.insert(0, negated[0].name)
             positive, negative = negative, positive
-            cond = graph.producer.get(cond.input[0])
+        cond = graph.producer.get((negated[0] if negated else node).input[0])
         if cond is None:
             return None
         nodes.insert(0, cond.name)

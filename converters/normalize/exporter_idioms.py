@@ -49,12 +49,11 @@ def index_put(graph: OnnxGraph) -> int:
         if node.op_type != "ScatterND" or any(a.s not in (b"", b"none") for a in node.attribute):
             continue
         data, indices, updates = node.input[:3]
-        transpose = graph.producer.get(indices)
-        nonzero = graph.producer.get(transpose.input[0]) if transpose is not None else None
-        if transpose is None or transpose.op_type != "Transpose" or nonzero is None:
+        path = graph.match_parent_path(node, ["Transpose", "NonZero"], [1, 0])
+        if path is None:
             continue
-        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
-        if nonzero.op_type != "NonZero" or perm != [[1, 0]]:
+        transpose, nonzero = path
+        if [list(a.ints) for a in transpose.attribute if a.name == "perm"] != [[1, 0]]:
             continue
         mask = nonzero.input[0]
         value = _uniform_update(graph, updates)
@@ -94,14 +93,14 @@ def ste_detach(graph: OnnxGraph) -> int:
         if node.op_type != "Add" or any(n in graph.constants for n in node.input):
             continue
         for k in (0, 1):
-            sub = graph.producer.get(node.input[k])
-            if sub is not None and sub.op_type == "Sub" and sub.input[1] == node.input[1 - k]:
-                if node.output[0] in {o.name for o in graph.outputs}:
-                    break
+            path = graph.match_parent_path(node, ["Sub"], [k])
+            if path is None or path[0].input[1] != node.input[1 - k]:
+                continue
+            if node.output[0] not in {o.name for o in graph.outputs}:
                 graph.remove(node)
-                graph.rename_uses(node.output[0], sub.input[0])
+                graph.rename_uses(node.output[0], path[0].input[0])
                 changed += 1
-                break
+            break
     count_rewrites(graph, "ste-detach", changed)
     return changed
 
@@ -130,18 +129,15 @@ def keras_prelu(graph: OnnxGraph) -> int:
 
 def _keras_prelu_match(graph: OnnxGraph, add: onnx.NodeProto) -> tuple[str, np.ndarray] | None:
     """(x, c) when `add` is Add(Relu(x), Mul(Relu(Neg(x)), c)) in any operand order."""
-    for k in (0, 1):
-        relu, mul = graph.producer.get(add.input[k]), graph.producer.get(add.input[1 - k])
-        if relu is None or mul is None or relu.op_type != "Relu" or mul.op_type != "Mul":
+    for k, j in ((k, j) for k in (0, 1) for j in (0, 1)):
+        relu = graph.match_parent_path(add, ["Relu"], [k])
+        path = graph.match_parent_path(add, ["Mul", "Relu", "Neg"], [1 - k, j, 0])
+        if relu is None or path is None:
             continue
-        for j in (0, 1):
-            c = graph.constants.get(mul.input[1 - j])
-            inner = graph.producer.get(mul.input[j])
-            if c is None or c.dtype != np.float32 or inner is None or inner.op_type != "Relu":
-                continue
-            neg = graph.producer.get(inner.input[0])
-            if neg is not None and neg.op_type == "Neg" and neg.input[0] == relu.input[0]:
-                return relu.input[0], c
+        mul, _, neg = path
+        c = graph.constants.get(mul.input[1 - j])
+        if c is not None and c.dtype == np.float32 and neg.input[0] == relu[0].input[0]:
+            return relu[0].input[0], c
     return None
 
 

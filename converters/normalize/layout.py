@@ -85,9 +85,10 @@ def _movable_pad(
     """(Pad, perm, pads) when `node` is a Transpose(perm) of a constant Pad (`_pad_spec`) of a
     canonical binarization, read by nothing else, on the way to a layer; else None."""
     perm = _perm(node) if node.op_type == "Transpose" else None
-    pad = graph.producer.get(node.input[0]) if perm is not None else None
-    if pad is None or pad.op_type != "Pad" or pad.domain not in ONNX_DOMAINS:
+    path = graph.match_parent_path(node, ["Pad"], [0]) if perm is not None else None
+    if path is None or path[0].domain not in ONNX_DOMAINS:
         return None
+    (pad,) = path
     pads = _pad_spec(graph, pad)
     rank = len(perm)
     if pads is None or len(pads) != 2 * rank or sorted(perm) != list(range(rank)):

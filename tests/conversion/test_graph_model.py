@@ -133,3 +133,44 @@ def test_a_reader_sees_constant_subgraphs_folded():
     graph = OnnxGraph.folded(helper.make_model(helper.make_graph(nodes, "g", [x], [y])))
     assert [n.op_type for n in graph.nodes] == ["Reshape"]
     np.testing.assert_array_equal(graph.const("target"), [1, -1])
+
+
+def _diamond() -> OnnxGraph:
+    """y = Add(Neg(Relu(x)), Abs(x)), and Sub(y, x) reading y first."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Neg", ["r"], ["n"], name="neg"),
+        helper.make_node("Abs", ["x"], ["a"], name="abs"),
+        helper.make_node("Add", ["n", "a"], ["y"], name="add"),
+        helper.make_node("Sub", ["y", "x"], ["z"], name="sub"),
+    ]
+    return OnnxGraph(helper.make_model(helper.make_graph(nodes, "g", [x], [z])))
+
+
+def _names(path):
+    return None if path is None else [n.name for n in path]
+
+
+def test_match_parent_path_follows_the_given_inputs():
+    graph = _diamond()
+    sub = graph.producer["z"]
+    assert _names(graph.match_parent_path(sub, ["Add", "Neg", "Relu"], [0, 0, 0])) == [
+        "add",
+        "neg",
+        "relu",
+    ]
+    assert _names(graph.match_parent_path(sub, ["Add", "Abs"], [0, 1])) == ["add", "abs"]
+    assert graph.match_parent_path(sub, ["Add", "Abs"], [0, 0]) is None  # input 0 is Neg's
+    assert graph.match_parent_path(sub, ["Add", "Neg", "Relu"], [0, 0, 1]) is None  # no input 1
+    assert graph.match_parent_path(sub, ["Relu"], [1]) is None  # a graph input: no producer
+    assert graph.match_parent_path(sub, ["Mul"], [0]) is None
+
+
+def test_match_parent_path_without_an_index_takes_the_first_input_that_matches():
+    graph = _diamond()
+    sub = graph.producer["z"]
+    assert _names(graph.match_parent_path(sub, ["Add", "Abs"])) == ["add", "abs"]
+    assert _names(graph.match_parent_path(sub, ["Add", "Neg"], [0, None])) == ["add", "neg"]
+    assert graph.match_parent_path(sub, []) == []
