@@ -41,11 +41,25 @@ import onnx
 from onnx import helper, numpy_helper
 
 from converters.errors import InvalidModelError
+from converters.runtimes import ort_session
 
 ONNX_DOMAINS = ("", "ai.onnx")
 QONNX_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general")
 # constants larger than this enter shape inference as typed inputs: it needs their shapes only
 LARGE_CONSTANT = 4096
+# what a reader folds (`OnnxGraph.folded`): the ops of the constant subgraphs exporters leave
+# (shape chains, layouts of stored weights, constant masks and fills), by the same folder as
+# the normaliser's `fold-constants`. Other computations on weights (XNOR-Net's ReduceMean of
+# |w|) are that pass's to fold: with it disabled, the translator names them.
+READER_FOLDS = (
+    "Constant", "Shape", "Identity", "Cast", "ConstantOfShape", "Concat", "Reshape", "Transpose",
+    "Slice", "Unsqueeze", "Squeeze", "Gather", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sign",
+    "Equal", "Less", "Greater", "GreaterOrEqual", "LessOrEqual", "Not", "Where", "Expand",
+    "Range",
+)  # fmt: skip
+# ops whose value is not a function of their inputs: never folded
+NEVER_FOLD = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+              "Multinomial", "Bernoulli")  # fmt: skip
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
@@ -127,12 +141,13 @@ class OnnxGraph:
 
     @classmethod
     def folded(cls, model: onnx.ModelProto) -> OnnxGraph:
-        """`model` as a reader sees it: types inferred, and every node whose inputs are all
-        constant (a Constant, `Shape` of a static shape, a constant subgraph) folded into
-        `constants` and gone from `nodes`. `model` itself is left unchanged."""
+        """`model` as a reader sees it: types inferred, and every node of a constant subgraph
+        (`READER_FOLDS`: a Constant, `Shape` of a static shape, a shape chain, a layout op on
+        a stored weight) folded into `constants` by `fold` and gone from `nodes`. `model`
+        itself is left unchanged."""
         graph = cls(model)
         graph._infer_types(graph._assemble())
-        graph._fold_all()
+        graph.fold(keep=lambda node: node.op_type not in READER_FOLDS)
         return graph
 
     # -- nodes, and the maps every edit drops --------------------------------------------
@@ -324,33 +339,73 @@ class OnnxGraph:
         if len(kept) != len(self._nodes):
             self.nodes = kept[::-1]
 
-    # -- folding (a reader's graph) -------------------------------------------------------
+    # -- folding: the one constant folder ------------------------------------------------
 
-    def _fold_all(self) -> None:
-        kept = []
+    def fold(self, keep: Callable[[onnx.NodeProto], bool] = lambda node: False) -> int:
+        """Replace every node whose outputs are constant (`folded_values`) by their values,
+        in graph order (so chains fold in one call), except the nodes `keep` holds; how many
+        were folded. A Constant node's outputs stay Constant nodes when the graph is built."""
+        kept, folded = [], 0
         for node in self._nodes:
-            value = self._numpy_value(node)
-            if value is None:
+            values = None if keep(node) else self.folded_values(node)
+            if values is None:
                 kept.append(node)
-            else:
-                self.constants[node.output[0]] = value
-        self.nodes = kept
+                continue
+            outputs = [o for o in node.output if o]
+            self.constants.update(zip(outputs, map(np.asarray, values), strict=False))
+            if node.op_type == "Constant":
+                self.constant_nodes.update(outputs)
+            folded += 1
+        if folded:
+            self.nodes = kept
+        return folded
 
-    def _numpy_value(self, node: onnx.NodeProto) -> np.ndarray | None:
-        if node.op_type == "Constant":
-            return np.asarray(next(iter(attributes(node).values())))
+    def folded_values(self, node: onnx.NodeProto) -> list[np.ndarray] | None:
+        """The values of `node`'s outputs when they are constant: `Shape` of a static shape,
+        a `Constant`, or a node of the ONNX domain whose inputs are all constant, evaluated by
+        ONNX Runtime (`evaluate`); None otherwise, or when it cannot be evaluated (the
+        translator names what it cannot convert)."""
+        if node.domain not in ONNX_DOMAINS or node.op_type in NEVER_FOLD:
+            return None
         if node.op_type == "Shape":
-            shape = self.shape(node.input[0])
-            if shape is not None and all(d is not None for d in shape):
-                return np.asarray(shape, dtype=np.int64)
-        folder = _FOLDERS.get(node.op_type)
-        inputs = [name for name in node.input if name]
-        if folder is None or not inputs or not all(name in self.constants for name in inputs):
+            return self._static_shape_of(node)
+        if node.op_type != "Constant" and not (
+            node.input and all(not n or n in self.constants for n in node.input)
+        ):
             return None
         try:
-            return np.asarray(folder([self.constants[n] for n in inputs], attributes(node)))
-        except Exception:  # leave it for the translator to report
+            return self.evaluate(node, {n: self.constants[n] for n in node.input if n})
+        except Exception:
             return None
+
+    def evaluate(self, node: onnx.NodeProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one node on constant inputs with ONNX Runtime (the reference the gate compares
+        with, so a folded weight is bit for bit what ONNX Runtime computes from the original
+        graph); ONNX's reference evaluator for what ONNX Runtime does not run."""
+        make_info = helper.make_tensor_value_info
+        inputs = [
+            make_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+            for k, v in feeds.items()
+        ]
+        outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+        one_node = helper.make_graph([node], "fold", inputs, outputs)
+        model = helper.make_model(one_node, opset_imports=list(self.model.opset_import))
+        model.ir_version = self.model.ir_version
+        try:
+            return ort_session(model.SerializeToString(), optimize=False).run(None, dict(feeds))
+        except Exception:  # an op or type ONNX Runtime lacks: the reference evaluator
+            from onnx.reference import ReferenceEvaluator
+
+            return ReferenceEvaluator(model).run(None, dict(feeds))
+
+    def _static_shape_of(self, node: onnx.NodeProto) -> list[np.ndarray] | None:
+        """[the value of `Shape(x)`] (its `start`/`end` slice) when x's shape is static."""
+        shape = self.shape(node.input[0])
+        if not is_static(shape):
+            return None
+        start = next((a.i for a in node.attribute if a.name == "start"), 0)
+        end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
+        return [np.asarray(shape[start:end], np.int64)]
 
 
 def _maps(
@@ -368,57 +423,3 @@ def _maps(
                 consumers.setdefault(name, []).append(node)
     readers = {name: tuple(found) for name, found in consumers.items()}
     return MappingProxyType(producer), MappingProxyType(readers)
-
-
-def _slice(data, starts, ends, axes=None, steps=None):
-    axes = range(len(starts)) if axes is None else axes
-    steps = [1] * len(starts) if steps is None else steps
-    index = [slice(None)] * data.ndim
-    for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
-        index[int(axis)] = slice(int(start), int(end), int(step))
-    return data[tuple(index)]
-
-
-def _unsqueeze(data, axes):
-    out = data
-    for axis in sorted(int(a) % (data.ndim + len(axes)) for a in axes):
-        out = np.expand_dims(out, axis)
-    return out
-
-
-# numpy evaluation of the ops that appear in constant subgraphs; (inputs, attrs) -> outputs
-_FOLDERS: dict[str, Callable[[list, dict], np.ndarray]] = {
-    "Identity": lambda i, a: i[0],
-    "Cast": lambda i, a: i[0].astype(onnx.helper.tensor_dtype_to_np_dtype(a["to"])),
-    "ConstantOfShape": lambda i, a: np.full(
-        [int(d) for d in i[0]],
-        a["value"].reshape(-1)[0] if "value" in a else np.float32(0),
-    ),
-    "Concat": lambda i, a: np.concatenate(i, axis=a["axis"]),
-    "Reshape": lambda i, a: i[0].reshape(
-        [int(d) if d != 0 else i[0].shape[k] for k, d in enumerate(i[1])]
-    ),
-    "Transpose": lambda i, a: np.transpose(i[0], a.get("perm")),
-    "Slice": lambda i, a: _slice(i[0], *i[1:]),
-    "Unsqueeze": lambda i, a: _unsqueeze(i[0], i[1] if len(i) > 1 else a["axes"]),
-    "Squeeze": lambda i, a: np.squeeze(
-        i[0], tuple(int(x) for x in (i[1] if len(i) > 1 else a["axes"]))
-    ),
-    "Gather": lambda i, a: np.take(i[0], i[1], axis=a.get("axis", 0)),
-    "Add": lambda i, a: i[0] + i[1],
-    "Sub": lambda i, a: i[0] - i[1],
-    "Mul": lambda i, a: i[0] * i[1],
-    "Div": lambda i, a: (i[0] // i[1]) if i[0].dtype.kind in "iu" else i[0] / i[1],
-    "Neg": lambda i, a: -i[0],
-    "Abs": lambda i, a: np.abs(i[0]),
-    "Sign": lambda i, a: np.sign(i[0]),
-    "Equal": lambda i, a: i[0] == i[1],
-    "Less": lambda i, a: i[0] < i[1],
-    "Greater": lambda i, a: i[0] > i[1],
-    "GreaterOrEqual": lambda i, a: i[0] >= i[1],
-    "LessOrEqual": lambda i, a: i[0] <= i[1],
-    "Not": lambda i, a: np.logical_not(i[0]),
-    "Where": lambda i, a: np.where(i[0], i[1], i[2]),
-    "Expand": lambda i, a: i[0] * np.ones([int(d) for d in i[1]], dtype=i[0].dtype),
-    "Range": lambda i, a: np.arange(i[0], i[1], i[2]).astype(i[0].dtype),
-}
