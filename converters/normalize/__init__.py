@@ -15,9 +15,11 @@ cannot convert). The passes, by family:
 - `layout`: pad-transpose, reshape-transpose, transpose-binarized, transpose-sink (layout ops
   moved out of the way between a binarization and its layer, NHWC <-> NCHW pairs cancelled).
 
-`editable_graph` holds the graph the passes rewrite (`OnnxGraph`) and the report;
-`registry` the pass names (`REWRITES`, `rewrite`); `binarization` the canonical binarization
-every family writes and recognises; `pipeline` the order (`PIPELINE`), `normalize` and
+The passes rewrite `converters.graph.OnnxGraph`, the graph model the translator, the pattern
+finder and the gate read too: they edit it through its methods (its producer and consumer maps
+are dropped by every edit) and match parents with `OnnxGraph.match_parent_path`. `registry`
+holds the pass names (`REWRITES`, `rewrite`); `binarization` the canonical binarization every
+family writes and recognises; `pipeline` the order (`PIPELINE`), `normalize` and
 `check_valid`.
 
 Example:
