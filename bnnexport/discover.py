@@ -84,7 +84,7 @@ def _marked_copy(model: nn.Module, seed: int) -> tuple[nn.Module, dict[str, np.n
 
 def _normalized_graph(model: nn.Module, example_input: torch.Tensor):
     """`model` exported once (torch's legacy exporter) and normalised as `convert` does."""
-    from converters.graph import Graph, load_onnx
+    from converters.graph import OnnxGraph, load_onnx
     from converters.normalize import normalize
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-discover-") as tmp, torch.no_grad():
@@ -93,7 +93,7 @@ def _normalized_graph(model: nn.Module, example_input: torch.Tensor):
             warnings.simplefilter("ignore")
             torch.onnx.export(model, (example_input,), str(path), dynamo=False)
         normalized, _ = normalize(load_onnx(path))
-    return Graph(normalized)
+    return OnnxGraph.folded(normalized)
 
 
 def _owner(marks: dict[str, np.ndarray], signs: np.ndarray) -> list[str]:

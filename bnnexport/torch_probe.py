@@ -30,7 +30,7 @@ from bnnexport.errors import FidelityError
 from bnnexport.quantizers import Quantizer
 from converters.gate import Witness
 from converters.gate.twin import twin_initializers
-from converters.graph import Graph, load_onnx
+from converters.graph import OnnxGraph, load_onnx
 from converters.patterns import binarizations_in
 
 
@@ -40,7 +40,7 @@ class TorchProbe:
     def __init__(self, model: nn.Module, onnx_model: str | Path | onnx.ModelProto):
         if not isinstance(onnx_model, onnx.ModelProto):
             onnx_model = load_onnx(onnx_model)
-        graph = Graph(onnx_model)
+        graph = OnnxGraph.folded(onnx_model)
         self.calls = [b.source for b in binarizations_in(graph)]  # k-th call -> ONNX source
         self.sources = list(dict.fromkeys(self.calls))
         self.model = model.eval()

@@ -38,7 +38,7 @@ from converters.flatbuffer import FlatOp, flatbuffer_ops
 if TYPE_CHECKING:
     import onnx
 
-    from converters.graph import Graph
+    from converters.graph import OnnxGraph
 
 TOP = "top"  # the module path of nodes the model's own forward() made, outside any submodule
 INPUT_SCOPE, OUTPUT_SCOPE = "input", "output"  # the NCHW <-> NHWC transposes of serve()
@@ -91,7 +91,7 @@ def module_path(node: onnx.NodeProto) -> str | None:
     return module_path_of_name(node.name)
 
 
-def nearest_module(graph: Graph, node: onnx.NodeProto) -> str:
+def nearest_module(graph: OnnxGraph, node: onnx.NodeProto) -> str:
     """The node's module path; for a node no exporter named (one the normaliser made), the
     module of the nearest node after it (or before it) that has one."""
     found = module_path(node)

@@ -38,7 +38,7 @@ from converters.errors import ConverterError, FloatFallbackError
 from converters.flatbuffer import op_histogram
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
-from converters.graph import Graph, attributes, load_onnx
+from converters.graph import OnnxGraph, attributes, load_onnx
 from converters.groups import plan_binary_groups
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
@@ -120,7 +120,7 @@ class ConvertOptions:
             self.on_step(line)
 
 
-def lookalike_layers(graph: Graph) -> dict[str, str]:
+def lookalike_layers(graph: OnnxGraph) -> dict[str, str]:
     """Layer -> why, for layers that look binary but are not: a ±1 kernel behind a plain sign
     the converter does not take as a binarization, or a binarized input with a kernel that is
     ±1 but for exact zeros (sign(w) of a weight holding zeros)."""
@@ -142,7 +142,7 @@ def lookalike_layers(graph: Graph) -> dict[str, str]:
     return found
 
 
-def grouped_refusals(graph: Graph) -> dict[str, str]:
+def grouped_refusals(graph: OnnxGraph) -> dict[str, str]:
     """Binary layer -> why, for grouped binary convs LCE cannot run binary
     (`converters.groups.plan_binary_groups`)."""
     why = {}
@@ -158,7 +158,7 @@ def grouped_refusals(graph: Graph) -> dict[str, str]:
 
 
 def float_fallbacks(
-    graph: Graph, emitted: Sequence[str], histogram: dict[str, int]
+    graph: OnnxGraph, emitted: Sequence[str], histogram: dict[str, int]
 ) -> dict[str, str]:
     """Layer -> why it is not an `LceBconv2d`, for every binary or binary-looking layer."""
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
@@ -235,7 +235,7 @@ def convert_onnx(
     # a dynamic batch becomes 1; another batch is `converters.batch.convert_batched`'s, which
     # fixes it in the ONNX file before this runs
     model, normalized = normalize(original, 1, options.disabled_rewrites)
-    graph = Graph(model)
+    graph = OnnxGraph.folded(model)
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]

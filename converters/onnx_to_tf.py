@@ -23,7 +23,7 @@ import onnx
 
 from converters import tf_elementwise, tf_layers
 from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
-from converters.graph import Graph
+from converters.graph import OnnxGraph
 from converters.layer_map import INPUT_SCOPE, OUTPUT_SCOPE, ScopeEntry, nearest_module, scope_name
 from converters.patterns import (
     NUDGE_THROUGH,
@@ -52,7 +52,7 @@ class _Needs(Exception):  # noqa: N818 (control flow, not an error)
 class Translator:
     """Translates one ONNX graph into TF ops, inside a `tf.function` being traced."""
 
-    def __init__(self, graph: Graph, layers: list[BinaryLayerMatch]):
+    def __init__(self, graph: OnnxGraph, layers: list[BinaryLayerMatch]):
         self.graph = graph
         self.layers = {m.node_name: m for m in layers if m.binary}
         self.values: dict[str, Value] = {}
@@ -221,7 +221,7 @@ class TranslationInfo:
     exact_sources: list[str] = field(default_factory=list)
 
 
-def _static_shape(graph: Graph, info: onnx.ValueInfoProto) -> list[int]:
+def _static_shape(graph: OnnxGraph, info: onnx.ValueInfoProto) -> list[int]:
     dims = info.type.tensor_type.shape.dim
     shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
     if shape and shape[0] is None:
@@ -240,7 +240,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     binarization after it.
     """
     tensorflow = tf()
-    graph = Graph(model)
+    graph = OnnxGraph.folded(model)
     layers = find_binary_layers_in(graph)
     shapes = [_static_shape(graph, i) for i in graph.inputs]
     names = [i.name for i in graph.inputs]

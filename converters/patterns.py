@@ -26,14 +26,12 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import onnx
 
-from converters.graph import Graph, attributes
+from converters.graph import OnnxGraph, attributes
 
 SIGN_ADD_SIGN = "sign-add-sign"
 GREATER_OR_EQUAL_WHERE = "greaterorequal-where"
@@ -55,21 +53,6 @@ TO_LAYER = (*SIGN_PRESERVING, "Pad")
 # so ties behind either are left as the accumulator has them
 NUDGE_THROUGH = tuple(op for op in SIGN_PRESERVING if op not in ("Transpose", "Unsqueeze"))
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
-
-
-class ReadableGraph(Protocol):
-    """What the matchers here read of a graph: the node producing each tensor, and constant
-    values. `converters.graph.Graph` is one, and so is the normaliser's view of the graph it
-    rewrites (`converters.normalize.editable_graph.GraphView`)."""
-
-    @property
-    def producer(self) -> Mapping[str, onnx.NodeProto]:
-        """The node that computes each tensor, by name."""
-        ...
-
-    def const(self, name: str) -> np.ndarray | None:
-        """The value of tensor `name` when it is a constant, else None."""
-        ...
 
 
 @dataclass
@@ -112,25 +95,23 @@ class BinaryLayerMatch:
         return self.strict or self.scale is not None
 
 
-def _is_const(graph: ReadableGraph, name: str, predicate) -> bool:
+def _is_const(graph: OnnxGraph, name: str, predicate) -> bool:
     value = graph.const(name)
     return value is not None and value.size > 0 and bool(predicate(np.asarray(value, np.float64)))
 
 
-def match_binarization(graph: ReadableGraph, name: str) -> Binarization | None:
+def match_binarization(graph: OnnxGraph, name: str) -> Binarization | None:
     """Return the binarization pattern whose output is tensor `name`, if it is one."""
     node = graph.producer.get(name)
     if node is None:
         return None
     if node.op_type == "Sign":
-        add = graph.producer.get(node.input[0])
-        if add is None or add.op_type not in ("Add", "Sub"):
-            return None
-        for k in (0, 1):
-            inner = graph.producer.get(add.input[k])
-            const = add.input[1 - k]
-            if inner is None or inner.op_type != "Sign":
+        for op_type, k in ((op, k) for op in ("Add", "Sub") for k in (0, 1)):
+            path = graph.match_parent_path(node, [op_type, "Sign"], [0, k])
+            if path is None:
                 continue
+            add, inner = path
+            const = add.input[1 - k]
             if add.op_type == "Add":
                 ok = _is_const(graph, const, lambda c: np.all((c > 0) & (c < 1)))
             else:  # Sign(x) - c with -1 < c < 0; `c - Sign(x)` flips the sign: not ours
@@ -142,11 +123,11 @@ def match_binarization(graph: ReadableGraph, name: str) -> Binarization | None:
     if node.op_type == "Where":
         positive, negative = node.input[1], node.input[2]
         nodes = [node.name]
-        cond = graph.producer.get(node.input[0])
-        if cond is not None and cond.op_type == "Not":
-            nodes.insert(0, cond.name)
+        negated = graph.match_parent_path(node, ["Not"], [0])
+        if negated is not None:
+            nodes.insert(0, negated[0].name)
             positive, negative = negative, positive
-            cond = graph.producer.get(cond.input[0])
+        cond = graph.producer.get((negated[0] if negated else node).input[0])
         if cond is None:
             return None
         nodes.insert(0, cond.name)
@@ -173,13 +154,13 @@ def _all_zero(c: np.ndarray) -> bool:
     return bool(np.all(c == 0))
 
 
-def _branches(graph: ReadableGraph, positive: str, negative: str) -> bool:
+def _branches(graph: OnnxGraph, positive: str, negative: str) -> bool:
     return _is_const(graph, positive, lambda c: np.all(c == 1)) and _is_const(
         graph, negative, lambda c: np.all(c == -1)
     )
 
 
-def trace_binarized(graph: ReadableGraph, name: str) -> Binarization | None:
+def trace_binarized(graph: OnnxGraph, name: str) -> Binarization | None:
     """Follow `name` back through ±1-preserving ops to a binarization pattern, if any."""
     seen = 0
     while seen < 32:
@@ -250,8 +231,8 @@ def sign_zeros(match: BinaryLayerMatch) -> int:
     return int(zeros.sum()) if on_scale.all() and np.isfinite(scale).all() else 0
 
 
-def find_binary_layers_in(graph: Graph) -> list[BinaryLayerMatch]:
-    """`find_binary_layers` on an already folded `Graph`."""
+def find_binary_layers_in(graph: OnnxGraph) -> list[BinaryLayerMatch]:
+    """`find_binary_layers` on an already folded graph (`OnnxGraph.folded`)."""
     matches = []
     for node in graph.nodes:
         if node.op_type not in LAYER_OPS or len(node.input) < 2:
@@ -287,7 +268,7 @@ def find_binary_layers_in(graph: Graph) -> list[BinaryLayerMatch]:
     return matches
 
 
-def binarizations_in(graph: Graph) -> list[Binarization]:
+def binarizations_in(graph: OnnxGraph) -> list[Binarization]:
     """Every binarization pattern of a non-constant tensor, in graph order (a source binarized
     twice is listed twice)."""
     found = []
@@ -312,7 +293,7 @@ class LookalikeLayer:
 SIGN_LIKE = ("Sign",)
 
 
-def find_lookalike_layers_in(graph: Graph) -> list[LookalikeLayer]:
+def find_lookalike_layers_in(graph: OnnxGraph) -> list[LookalikeLayer]:
     """Layers that look binary (±1 kernel, sign-like input) but are not binary layers."""
     recognised = {m.node_name for m in find_binary_layers_in(graph)}
     found = []
@@ -341,4 +322,4 @@ def find_binary_layers(model: onnx.ModelProto) -> list[BinaryLayerMatch]:
     Includes layers whose kernel is not ±1 (`strict=False`, `scale=None`, `num_off > 0`), so
     a verifier can report them; `match.binary` tells the ones a converter can make binary.
     """
-    return find_binary_layers_in(Graph(model))
+    return find_binary_layers_in(OnnxGraph.folded(model))

@@ -27,7 +27,7 @@ from converters.values import Value
 if TYPE_CHECKING:
     import onnx
 
-    from converters.graph import Graph
+    from converters.graph import OnnxGraph
     from converters.patterns import Binarization, BinaryLayerMatch
 
 
@@ -129,7 +129,7 @@ def unsupported(node: Any, why: str) -> UnsupportedOpError:
 class TranslatorView(Protocol):
     """What a handler (`HANDLERS[op](tr, node, inputs) -> Value`) may use of the translator."""
 
-    graph: Graph
+    graph: OnnxGraph
 
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 
 from converters.gate.predicate import Witness
-from converters.graph import Graph, load_onnx
+from converters.graph import OnnxGraph, load_onnx
 from converters.patterns import binarizations_in
 from converters.runners import check_input_shape
 from converters.runtimes import ort_session
@@ -58,7 +58,7 @@ def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for k, node in enumerate(model.graph.node):  # the rewiring finds nodes by name
         node.name = node.name or f"__node_{k}"
-    graph = Graph(model)
+    graph = OnnxGraph.folded(model)
     consumers: dict[str, list[str]] = {}
     for found in binarizations_in(graph):
         consumers.setdefault(found.source, []).append(found.nodes[0])

@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from converters.graph import Graph
+from converters.graph import OnnxGraph
 from converters.patterns import BinaryLayerMatch, find_binary_layers_in
 
 BITS = 4  # significant bits of a twin parameter
@@ -96,7 +96,7 @@ def bn_variance(eps: float) -> np.float32:
     raise ValueError(f"no float32 BatchNorm variance makes var + {eps} exactly {BN_VARIANCE}")
 
 
-def _batch_norm_params(graph: Graph, node: onnx.NodeProto) -> dict[str, np.ndarray]:
+def _batch_norm_params(graph: OnnxGraph, node: onnx.NodeProto) -> dict[str, np.ndarray]:
     gamma, beta, mean, var = (graph.const(n) for n in node.input[1:5])
     if any(c is None for c in (gamma, beta, mean, var)):
         return {}
@@ -135,7 +135,7 @@ def _binary_kernels(layers: list[BinaryLayerMatch]) -> dict[str, np.ndarray]:
 
 
 def zeroed_feeds(
-    graph: Graph, layers: list[BinaryLayerMatch] | None = None
+    graph: OnnxGraph, layers: list[BinaryLayerMatch] | None = None
 ) -> dict[str, np.ndarray]:
     """Zero weights and biases for the linear layers that feed a function of `EXACT_AT_ZERO`,
     so that the function sees exactly 0 (module doc). A function fed any other way, through a
@@ -151,7 +151,7 @@ def zeroed_feeds(
     return out
 
 
-def _zero_feed(graph: Graph, name: str, zeroable: set[str]) -> dict[str, np.ndarray] | None:
+def _zero_feed(graph: OnnxGraph, name: str, zeroable: set[str]) -> dict[str, np.ndarray] | None:
     """The constants to zero so that tensor `name` is exactly 0, or None."""
     zeros: dict[str, np.ndarray] = {}
 
@@ -174,7 +174,9 @@ def _zero_feed(graph: Graph, name: str, zeroable: set[str]) -> dict[str, np.ndar
     return None
 
 
-def _through_zero(graph: Graph, node: onnx.NodeProto, zero: Callable[[str], bool]) -> str | None:
+def _through_zero(
+    graph: OnnxGraph, node: onnx.NodeProto, zero: Callable[[str], bool]
+) -> str | None:
     """The one varying input of `node` at which 0 in gives 0 out, once `zero` has zeroed the
     constants added to it; None when there is no such input."""
     inputs = [n for n in node.input if n]
@@ -214,7 +216,7 @@ def _unshared(model: onnx.ModelProto) -> onnx.ModelProto:
 def exact_grid_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose float initializers lie on power-of-two grids (module doc)."""
     twin = _unshared(model)
-    graph = Graph(twin)
+    graph = OnnxGraph.folded(twin)
     layers = find_binary_layers_in(graph)
     fixed: dict[str, np.ndarray] = _binary_kernels(layers)
     for node in graph.nodes:

@@ -15,9 +15,11 @@ cannot convert). The passes, by family:
 - `layout`: pad-transpose, reshape-transpose, transpose-binarized, transpose-sink (layout ops
   moved out of the way between a binarization and its layer, NHWC <-> NCHW pairs cancelled).
 
-`editable_graph` holds the graph the passes rewrite (`EditableGraph`) and the report;
-`registry` the pass names (`REWRITES`, `rewrite`); `binarization` the canonical binarization
-every family writes and recognises; `pipeline` the order (`PIPELINE`), `normalize` and
+The passes rewrite `converters.graph.OnnxGraph`, the graph model the translator, the pattern
+finder and the gate read too: they edit it through its methods (its producer and consumer maps
+are dropped by every edit) and match parents with `OnnxGraph.match_parent_path`. `registry`
+holds the pass names (`REWRITES`, `rewrite`); `binarization` the canonical binarization every
+family writes and recognises; `pipeline` the order (`PIPELINE`), `normalize` and
 `check_valid`.
 
 Example:
@@ -38,7 +40,7 @@ Example:
 
 from __future__ import annotations
 
-from converters.normalize.editable_graph import EditableGraph, NormalizeReport
+from converters.graph import NormalizeReport, OnnxGraph
 from converters.normalize.exporter_idioms import runnable_reference
 from converters.normalize.pipeline import PIPELINE, check_valid, normalize
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, STEPS, Pass, rewrite
@@ -50,7 +52,7 @@ __all__ = [
     "SIGN_IDIOMS",
     "NormalizeReport",
     "Pass",
-    "EditableGraph",
+    "OnnxGraph",
     "check_valid",
     "normalize",
     "rewrite",

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import onnx
 from onnx import helper
 
-from converters.normalize.editable_graph import EditableGraph
+from converters.graph import OnnxGraph
 from converters.patterns import LAYER_OPS, TO_LAYER, Binarization, match_binarization
 
 
 def canonical_binarization(
-    graph: EditableGraph, source: str, output: str, scale: float = 1.0
+    graph: OnnxGraph, source: str, output: str, scale: float = 1.0
 ) -> list[onnx.NodeProto]:
     """`output` = Where(GreaterOrEqual(source, 0), 1, -1) (times `scale` when it is not 1)."""
     zero = graph.add_const(np.array(0.0, np.float32), "zero")
@@ -31,29 +29,25 @@ def canonical_binarization(
     return nodes
 
 
-def binarization_at(
-    graph: EditableGraph, node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]
-) -> Binarization | None:
+def binarization_at(graph: OnnxGraph, node: onnx.NodeProto) -> Binarization | None:
     """The binarization `node` ends, in a form the translator binarizes
     (`converters.patterns.match_binarization`), or None."""
     if not node.output or not node.output[0]:
         return None
-    return match_binarization(graph.view(producers), node.output[0])
+    return match_binarization(graph, node.output[0])
 
 
-def is_canonical(
-    graph: EditableGraph, node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]
-) -> bool:
+def is_canonical(graph: OnnxGraph, node: onnx.NodeProto) -> bool:
     """Already a form the translator binarizes: leave it as it is."""
-    return binarization_at(graph, node, producers) is not None
+    return binarization_at(graph, node) is not None
 
 
-def feeds_layer(graph: EditableGraph, name: str, consumers: dict) -> bool:
+def feeds_layer(graph: OnnxGraph, name: str) -> bool:
     """Does tensor `name` reach a Conv/MatMul/Gemm data input through ops that keep it ±1?"""
     stack, seen = [name], set()
     while stack:
         current = stack.pop()
-        for reader in consumers.get(current, []):
+        for reader in graph.consumers.get(current, []):
             if reader.op_type in LAYER_OPS and reader.input[0] == current:
                 return True
             if reader.op_type in TO_LAYER and reader.input[0] == current:
@@ -63,11 +57,9 @@ def feeds_layer(graph: EditableGraph, name: str, consumers: dict) -> bool:
     return False
 
 
-def binarized_source(
-    graph: EditableGraph, node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]
-) -> str:
+def binarized_source(graph: OnnxGraph, node: onnx.NodeProto) -> str:
     """x of the binarization `node` ends (`is_canonical` must hold)."""
-    found = binarization_at(graph, node, producers)
+    found = binarization_at(graph, node)
     if found is None:
         raise ValueError(f"{node.name or node.output[0]} is not a canonical binarization")
     return found.source

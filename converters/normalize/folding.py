@@ -6,26 +6,26 @@
   a tensor already has removed (dynamo, bitorch's `view_as`);
 - ``fold-constants``: every node whose inputs are all constant (weights binarized in forward,
   shape chains, Brevitas' clamp + sign) evaluated by ONNX Runtime (the reference evaluator for
-  what it lacks), so a folded weight is what ONNX Runtime computes from the original.
+  what it lacks), so a folded weight is what ONNX Runtime computes from the original: the one
+  constant folder, `converters.graph.OnnxGraph.fold`, which readers run too
+  (`OnnxGraph.folded`), here keeping layout ops on stored kernels as nodes.
 
 When each runs: `converters.normalize.pipeline.PIPELINE`.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import helper
 
 from converters.errors import InvalidModelError
-from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, is_static
+from converters.graph import ONNX_DOMAINS, OnnxGraph, is_static
 from converters.normalize.registry import count_rewrites, rewrite
 from converters.patterns import LAYER_OPS
-from converters.runtimes import ort_session
 
 
 @rewrite("fix-batch")
-def fix_batch(graph: EditableGraph) -> int:
+def fix_batch(graph: OnnxGraph) -> int:
     """A dynamic first dimension of each input becomes `graph.batch`; other dynamic dims refuse.
     Only the first call changes anything."""
     batch = graph.batch
@@ -48,7 +48,7 @@ def fix_batch(graph: EditableGraph) -> int:
 
 
 @rewrite("drop-noise")
-def drop_noise(graph: EditableGraph) -> int:
+def drop_noise(graph: OnnxGraph) -> int:
     """Identity nodes, CastLike to a known type, Casts to the type a tensor already has and
     reshapes to the shape it already has (bitorch's view_as)."""
     outputs = {o.name for o in graph.outputs}
@@ -59,7 +59,7 @@ def drop_noise(graph: EditableGraph) -> int:
             to = graph.elem_type(node.input[1])
             if to:  # CastLike(x, like) is Cast(x, to=type of like)
                 node.op_type = "Cast"
-                del node.input[1:]
+                graph.set_inputs(node, node.input[:1])
                 del node.attribute[:]
                 node.attribute.append(helper.make_attribute("to", to))
                 changed += 1
@@ -74,44 +74,18 @@ def drop_noise(graph: EditableGraph) -> int:
         shared = node.op_type == "Identity" and node.input[0] in initializers
         removable = (node.op_type == "Identity" and not shared) or noop_cast or noop_reshape
         if removable and node.output[0] not in outputs:
-            graph.nodes.remove(node)
+            graph.remove(node)
             graph.rename_uses(node.output[0], node.input[0])
             changed += 1
     count_rewrites(graph, "drop-noise", changed)
     return changed
 
 
-def _evaluate(
-    graph: EditableGraph, node: onnx.NodeProto, feeds: dict[str, np.ndarray]
-) -> list[np.ndarray]:
-    """Run one node on constant inputs with ONNX Runtime (the reference the gate compares
-    with, so a folded weight is bit for bit what ONNX Runtime computes from the original graph);
-    ONNX's reference evaluator for what ONNX Runtime does not run."""
-    inputs = [
-        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
-        for k, v in feeds.items()
-    ]
-    outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    one_node = helper.make_graph([node], "fold", inputs, outputs)
-    model = helper.make_model(one_node, opset_imports=list(graph.model.opset_import))
-    model.ir_version = graph.model.ir_version
-    try:
-        return ort_session(model.SerializeToString(), optimize=False).run(None, feeds)
-    except Exception:  # an op or type ONNX Runtime lacks: the reference evaluator
-        from onnx.reference import ReferenceEvaluator
-
-        return ReferenceEvaluator(model).run(None, feeds)
-
-
-NEVER_FOLD = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-              "Multinomial", "Bernoulli")  # fmt: skip
-
-
-def _kernel_layout(node: onnx.NodeProto, initializers: set[str], consumers: dict) -> bool:
+def _kernel_layout(graph: OnnxGraph, node: onnx.NodeProto, initializers: set[str]) -> bool:
     """A layout op on a stored weight that only layers read as their kernel (the legacy
     exporter's `Transpose(W)` before MatMul). Left in place: the translator reads through it,
     and the weight keeps its state-dict name, by which PyTorch's exact-grid twin loads it."""
-    readers = consumers.get(node.output[0], []) if node.output else []
+    readers = graph.consumers.get(node.output[0], []) if node.output else []
     return (
         node.op_type in ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
         and node.input[0] in initializers
@@ -123,63 +97,26 @@ def _kernel_layout(node: onnx.NodeProto, initializers: set[str], consumers: dict
 
 
 @rewrite("fold-constants")
-def fold_constants(graph: EditableGraph) -> int:
+def fold_constants(graph: OnnxGraph) -> int:
     """Replace every node whose inputs are all constant by its value (and `Shape` of a tensor
-    whose shape is static by that shape)."""
-    changed = 0
+    whose shape is static by that shape): `OnnxGraph.fold`, keeping layout ops on stored
+    kernels (`_kernel_layout`) and `Identity(initializer)` (`_alias`) as nodes."""
     initializers = {i.name for i in graph.model.graph.initializer}
-    consumers = graph.consumers()
-    for node in list(graph.nodes):
-        if node.domain not in ONNX_DOMAINS or node.op_type in NEVER_FOLD:
-            continue
-        if _kernel_layout(node, initializers, consumers):
-            continue
+
+    def keep(node: onnx.NodeProto) -> bool:
         if node.op_type == "Identity" and node.input[0] in initializers:
             _alias(graph, node)
-            continue
-        values = _folded_values(graph, node)
-        if values is None:
-            continue
-        for name, value in zip([o for o in node.output if o], values, strict=False):
-            graph.consts[name] = np.asarray(value)
-            if node.op_type == "Constant":
-                graph.constant_nodes.add(name)
-        graph.nodes.remove(node)
-        changed += 1
+            return True
+        return _kernel_layout(graph, node, initializers)
+
+    changed = graph.fold(keep)
     count_rewrites(graph, "fold-constants", changed)
     return changed
 
 
-def _alias(graph: EditableGraph, node: onnx.NodeProto) -> None:
+def _alias(graph: OnnxGraph, node: onnx.NodeProto) -> None:
     """Identity(initializer): its output's value is known, but the node stays (see
-    `EditableGraph.aliases`)."""
-    if node.output[0] not in graph.consts:
-        graph.consts[node.output[0]] = graph.consts[node.input[0]]
+    `OnnxGraph.aliases`)."""
+    if node.output[0] not in graph.constants:
+        graph.constants[node.output[0]] = graph.constants[node.input[0]]
         graph.aliases.add(node.output[0])
-
-
-def _folded_values(graph: EditableGraph, node: onnx.NodeProto) -> list[np.ndarray] | None:
-    """The values of `node`'s outputs when they are constant: `Shape` of a static shape, a
-    `Constant`, or a node whose inputs are all constant; None otherwise (or when it cannot be
-    evaluated: the translator reports what it cannot do, by node name)."""
-    if node.op_type == "Shape":
-        return _static_shape_of(graph, node)
-    if node.op_type != "Constant" and not (
-        node.input and all(not n or n in graph.consts for n in node.input)
-    ):
-        return None
-    feeds = {n: graph.consts[n] for n in node.input if n}
-    try:
-        return _evaluate(graph, node, feeds)
-    except Exception:
-        return None
-
-
-def _static_shape_of(graph: EditableGraph, node: onnx.NodeProto) -> list[np.ndarray] | None:
-    """[the value of `Shape(x)`] (its `start`/`end` slice) when x's shape is static, else None."""
-    shape = graph.shape(node.input[0])
-    if shape is None or any(d is None or d <= 0 for d in shape):
-        return None
-    start = next((a.i for a in node.attribute if a.name == "start"), 0)
-    end = next((a.i for a in node.attribute if a.name == "end"), len(shape))
-    return [np.asarray(shape[start:end], np.int64)]

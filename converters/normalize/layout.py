@@ -22,24 +22,18 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from converters.graph import ONNX_DOMAINS, OnnxGraph, is_static
 from converters.normalize.binarization import (
     binarized_source,
     canonical_binarization,
     feeds_layer,
     is_canonical,
 )
-from converters.normalize.editable_graph import (
-    ONNX_DOMAINS,
-    EditableGraph,
-    is_static,
-    replace_node,
-    scalar,
-)
 from converters.normalize.registry import count_rewrites, rewrite
 from converters.patterns import LAYER_OPS
 
 
-def _pad_spec(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
+def _pad_spec(graph: OnnxGraph, node: onnx.NodeProto) -> list[int] | None:
     """The pads of a constant-mode Pad whose pads and fill value are constants (the fill left
     where it is), or None: any other Pad (reflect/edge, computed pads, negative pads that
     crop, an `axes` input) is not one `pad_transpose` can move."""
@@ -48,10 +42,10 @@ def _pad_spec(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
         return None
     if len(node.input) > 3 and node.input[3]:
         return None
-    if len(node.input) > 2 and node.input[2] and scalar(graph, node.input[2]) is None:
+    if len(node.input) > 2 and node.input[2] and graph.scalar(node.input[2]) is None:
         return None
     if len(node.input) > 1 and node.input[1]:
-        pads = graph.consts.get(node.input[1])
+        pads = graph.constants.get(node.input[1])
     else:  # opset < 11: pads (and the value) are attributes
         pads = attrs.get("pads")
     if pads is None:
@@ -63,7 +57,7 @@ def _pad_spec(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
 
 
 @rewrite("pad-transpose")
-def pad_transpose(graph: EditableGraph) -> int:
+def pad_transpose(graph: OnnxGraph) -> int:
     """Binarize -> constant Pad -> Transpose(perm) -> layer becomes Binarize -> Transpose(perm)
     -> Pad with the pads permuted by perm: output axis k of the Transpose is input axis
     perm[k], so it gets that axis' pads, and the fill is the same everywhere. tf2onnx writes
@@ -72,48 +66,47 @@ def pad_transpose(graph: EditableGraph) -> int:
     translator finds binarize -> Pad on NCHW spatial axes -> Conv, a form it emits as binary.
     Only Pads after a binarization on the way to a layer move: float Pads keep the form the
     translator already reads."""
-    producers, consumers = graph.producers(), graph.consumers()
     changed = 0
     for node in list(graph.nodes):
-        found = _movable_pad(graph, node, producers, consumers)
+        found = _movable_pad(graph, node)
         if found is None:
             continue
         pad, perm, pads = found
-        replace_node(graph, node, _transposed_then_padded(graph, node, pad, perm, pads))
-        graph.nodes.remove(pad)
+        graph.replace(node, _transposed_then_padded(graph, node, pad, perm, pads))
+        graph.remove(pad)
         changed += 1
-        producers, consumers = graph.producers(), graph.consumers()
     count_rewrites(graph, "pad-transpose", changed)
     return changed
 
 
 def _movable_pad(
-    graph: EditableGraph, node: onnx.NodeProto, producers: dict, consumers: dict
+    graph: OnnxGraph, node: onnx.NodeProto
 ) -> tuple[onnx.NodeProto, list[int], list[int]] | None:
     """(Pad, perm, pads) when `node` is a Transpose(perm) of a constant Pad (`_pad_spec`) of a
     canonical binarization, read by nothing else, on the way to a layer; else None."""
     perm = _perm(node) if node.op_type == "Transpose" else None
-    pad = producers.get(node.input[0]) if perm is not None else None
-    if pad is None or pad.op_type != "Pad" or pad.domain not in ONNX_DOMAINS:
+    path = graph.match_parent_path(node, ["Pad"], [0]) if perm is not None else None
+    if path is None or path[0].domain not in ONNX_DOMAINS:
         return None
+    (pad,) = path
     pads = _pad_spec(graph, pad)
     rank = len(perm)
     if pads is None or len(pads) != 2 * rank or sorted(perm) != list(range(rank)):
         return None
-    if len(consumers.get(pad.output[0], [])) != 1 or pad.output[0] in {
+    if len(graph.consumers.get(pad.output[0], [])) != 1 or pad.output[0] in {
         o.name for o in graph.outputs
     }:
         return None
-    binarization = producers.get(pad.input[0])
-    if binarization is None or not is_canonical(graph, binarization, producers):
+    binarization = graph.producer.get(pad.input[0])
+    if binarization is None or not is_canonical(graph, binarization):
         return None
-    if not feeds_layer(graph, node.output[0], consumers):
+    if not feeds_layer(graph, node.output[0]):
         return None
     return pad, perm, pads
 
 
 def _transposed_then_padded(
-    graph: EditableGraph,
+    graph: OnnxGraph,
     node: onnx.NodeProto,
     pad: onnx.NodeProto,
     perm: list[int],
@@ -136,11 +129,11 @@ def _transposed_then_padded(
     return [shifted, padded]
 
 
-def _reshape_target(graph: EditableGraph, node: onnx.NodeProto) -> list[int] | None:
+def _reshape_target(graph: OnnxGraph, node: onnx.NodeProto) -> list[int] | None:
     """The output shape of a Reshape whose input shape is static and whose target is a
     constant (0 copies the input's dim unless `allowzero`, -1 takes what is left), or None."""
     source = graph.shape(node.input[0])
-    target = graph.consts.get(node.input[1]) if len(node.input) > 1 else None
+    target = graph.constants.get(node.input[1]) if len(node.input) > 1 else None
     if not is_static(source) or target is None or np.asarray(target).ndim != 1:
         return None
     allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
@@ -180,7 +173,7 @@ def unit_perm(source: list[int], target: list[int]) -> list[int] | None:
 
 
 @rewrite("reshape-transpose")
-def reshape_transpose(graph: EditableGraph) -> int:
+def reshape_transpose(graph: OnnxGraph) -> int:
     """Binarize -> Reshape -> layer, or Reshape -> Binarize -> layer, where the Reshape only
     moves axes of length 1 (tf2onnx's `[N, 1, 1, C] -> [N, C, 1, 1]` before larq-zoo
     BinaryAlexNet's 1x1 binary convs on a 1x1 input, its dense layers), becomes the Transpose
@@ -191,22 +184,19 @@ def reshape_transpose(graph: EditableGraph) -> int:
     `transpose-binarized` moved the Reshape above the binarization (`PIPELINE`). Only with a
     static input shape and a constant target; a Reshape that reorders data (two axes longer
     than 1 swap places) or changes the rank stays."""
-    producers, consumers = graph.producers(), graph.consumers()
     # the tensors binarized on their way to a layer (the rewrite below keeps every name)
     binarized = {
-        binarized_source(graph, b, producers)
+        binarized_source(graph, b)
         for b in graph.nodes
-        if is_canonical(graph, b, producers) and feeds_layer(graph, b.output[0], consumers)
+        if is_canonical(graph, b) and feeds_layer(graph, b.output[0])
     }
     changed = 0
     for node in list(graph.nodes):
         if node.op_type != "Reshape" or node.domain not in ONNX_DOMAINS:
             continue
-        where = producers.get(node.input[0])
-        after = where is not None and is_canonical(graph, where, producers)
-        if not (after and feeds_layer(graph, node.output[0], consumers)) and (
-            node.output[0] not in binarized
-        ):
+        where = graph.producer.get(node.input[0])
+        after = where is not None and is_canonical(graph, where)
+        if not (after and feeds_layer(graph, node.output[0])) and (node.output[0] not in binarized):
             continue
         target = _reshape_target(graph, node)
         perm = unit_perm(graph.shape(node.input[0]), target) if target is not None else None
@@ -214,42 +204,40 @@ def reshape_transpose(graph: EditableGraph) -> int:
             continue
         moved = helper.make_node("Transpose", [node.input[0]], [node.output[0]], perm=perm,
                                  name=graph.fresh("Transpose"))  # fmt: skip
-        replace_node(graph, node, [moved])
+        graph.replace(node, [moved])
         changed += 1
     count_rewrites(graph, "reshape-transpose", changed)
     return changed
 
 
 @rewrite("transpose-binarized")
-def transpose_binarized(graph: EditableGraph) -> int:
+def transpose_binarized(graph: OnnxGraph) -> int:
     """Binarize(x) -> Transpose/Reshape -> layer (or -> Pad -> layer) becomes
     Transpose/Reshape(x) -> Binarize -> layer: the binarization is elementwise, so both orders
     give the same tensor, and the translator then sees the binarization right before the
     layer's data input (or its Pad)."""
-    producers, consumers = graph.producers(), graph.consumers()
     changed = 0
     for node in list(graph.nodes):
         if node.op_type not in ("Transpose", "Reshape"):
             continue
-        where = producers.get(node.input[0])
-        if where is None or not is_canonical(graph, where, producers):
+        where = graph.producer.get(node.input[0])
+        if where is None or not is_canonical(graph, where):
             continue
-        if len(consumers.get(where.output[0], [])) != 1:
+        if len(graph.consumers.get(where.output[0], [])) != 1:
             continue
-        readers = consumers.get(node.output[0], [])
+        readers = graph.consumers.get(node.output[0], [])
         # directly, or through a Pad (after `pad-transpose`): forms the translator emits
         padded = [p.output[0] for p in readers if p.op_type == "Pad" and len(readers) == 1]
-        readers = [*readers, *(r for p in padded for r in consumers.get(p, []))]
+        readers = [*readers, *(r for p in padded for r in graph.consumers.get(p, []))]
         if not any(r.op_type in LAYER_OPS for r in readers):
             continue
-        source = binarized_source(graph, where, producers)
+        source = binarized_source(graph, where)
         moved = graph.fresh(f"{source}__moved")
         shifted = helper.make_node(node.op_type, [source, *node.input[1:]], [moved],
                                    name=graph.fresh(node.op_type))  # fmt: skip
         shifted.attribute.extend(node.attribute)
-        replace_node(graph, node, [shifted, *canonical_binarization(graph, moved, node.output[0])])
+        graph.replace(node, [shifted, *canonical_binarization(graph, moved, node.output[0])])
         changed += 1
-        producers, consumers = graph.producers(), graph.consumers()
     count_rewrites(graph, "transpose-binarized", changed)
     return changed
 
@@ -264,7 +252,7 @@ def _perm(node: onnx.NodeProto) -> list[int] | None:
 
 
 @rewrite("transpose-sink")
-def transpose_sink(graph: EditableGraph) -> int:
+def transpose_sink(graph: OnnxGraph) -> int:
     """Move a Transpose after a Mul/Add/Sub/Div by a constant (tf2onnx's BatchNorm on NHWC)
     below it, with the constant transposed to match, and drop two Transposes that undo each
     other: tf2onnx's NHWC <-> NCHW pairs around every Conv cancel, and the constants become
@@ -274,41 +262,39 @@ def transpose_sink(graph: EditableGraph) -> int:
     progress = True
     while progress:
         progress = False
-        consumers = graph.consumers()
         for node in list(graph.nodes):
             if node.op_type != "Transpose" or node.output[0] in outputs:
                 continue
-            perm, readers = _perm(node), consumers.get(node.output[0], [])
+            perm, readers = _perm(node), graph.consumers.get(node.output[0], [])
             if perm is None or len(readers) != 1:
                 continue
             (reader,) = readers
             if reader.output[0] in outputs:
                 continue
             if reader.op_type == "Transpose" and _perm(reader) == _inverse(perm):
-                graph.nodes.remove(reader)
+                graph.remove(reader)
                 graph.rename_uses(reader.output[0], node.input[0])
-                graph.nodes.remove(node)  # its only reader is gone
+                graph.remove(node)  # its only reader is gone
                 changed, progress = changed + 1, True
                 break
             if reader.op_type not in ("Mul", "Add", "Sub", "Div"):
                 continue
             k = list(reader.input).index(node.output[0])
             other = reader.input[1 - k]
-            if other not in graph.consts or graph.consts[other].ndim > len(perm):
+            if other not in graph.constants or graph.constants[other].ndim > len(perm):
                 continue
-            value = graph.consts[other]
+            value = graph.constants[other]
             value = value.reshape((1,) * (len(perm) - value.ndim) + value.shape)
             moved = graph.add_const(np.transpose(value, _inverse(perm)), f"{other}__moved")
             inner = graph.fresh(f"{reader.output[0]}__before")
             operands = [node.input[0], moved] if k == 0 else [moved, node.input[0]]
             # the reader becomes the op on the untransposed tensor, the Transpose follows it
-            at = graph.nodes.index(reader)
-            graph.nodes[at : at + 1] = [
+            graph.replace(reader, [
                 helper.make_node(reader.op_type, operands, [inner], name=graph.fresh("sunk")),
                 helper.make_node("Transpose", [inner], [reader.output[0]], perm=perm,
                                  name=graph.fresh("Transpose")),
-            ]  # fmt: skip
-            graph.nodes.remove(node)
+            ])  # fmt: skip
+            graph.remove(node)
             changed, progress = changed + 1, True
             break
     count_rewrites(graph, "transpose-sink", changed)

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable
 import onnx
 
 from converters.errors import InvalidModelError
+from converters.graph import NormalizeReport, OnnxGraph
 
 # the pass modules register their passes when imported
 from converters.normalize import exporter_idioms, folding, layout, sign_idioms  # noqa: F401
-from converters.normalize.editable_graph import EditableGraph, NormalizeReport
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, registered, step
 from converters.runtimes import ort_session
 
@@ -69,12 +69,12 @@ def _run(
     batch: int,
     disabled: set[str],
     max_rounds: int,
-    after: Callable[[str, EditableGraph], None] | None = None,
+    after: Callable[[str, OnnxGraph], None] | None = None,
 ) -> tuple[onnx.ModelProto, NormalizeReport]:
     """`PIPELINE` in rounds until a round changes nothing; `after(name, graph)` is called after
     each step that changed the graph."""
     enabled = [n for n in SIGN_IDIOMS if n not in disabled]
-    graph = EditableGraph(
+    graph = OnnxGraph(
         onnx.ModelProto.FromString(model.SerializeToString()), batch=batch, sign_idioms=enabled
     )
     steps = [name for name in PIPELINE if name not in disabled]
@@ -90,7 +90,7 @@ def _run(
     return graph.build(keep_types=False), graph.report
 
 
-def _described(name: str, graph: EditableGraph) -> str:
+def _described(name: str, graph: OnnxGraph) -> str:
     """A step as the user names it: the classifier by the idioms it may rewrite."""
     if name == "sign-idioms":
         return f"sign idioms ({', '.join(n for n in SIGN_IDIOMS if n in graph.sign_idioms)})"
@@ -98,14 +98,14 @@ def _described(name: str, graph: EditableGraph) -> str:
 
 
 @step("infer-shapes")
-def _infer_shapes(graph: EditableGraph) -> int:
+def _infer_shapes(graph: OnnxGraph) -> int:
     """Refresh value types and shapes (what the passes after it read); never a rewrite."""
     graph.infer()
     return 0
 
 
 @step("drop-dead-code")
-def _drop_dead_code(graph: EditableGraph) -> int:
+def _drop_dead_code(graph: OnnxGraph) -> int:
     """Drop nodes no output reads, so that the passes after it count only live readers."""
     graph.dead_code()
     return 0
@@ -134,7 +134,7 @@ def _name_the_broken_pass(model, batch, disabled, max_rounds) -> None:
     is left reports it."""
     state = {"valid": check_valid(model, NormalizeReport()) is None}
 
-    def after(name: str, graph: EditableGraph) -> None:
+    def after(name: str, graph: OnnxGraph) -> None:
         found = check_valid(graph.build(keep_types=False), graph.report)
         if found is not None and state["valid"]:
             raise InvalidModelError(

@@ -3,7 +3,7 @@
 `@rewrite(name)` registers a pass users can name (`REWRITES`, `--disable-rewrite NAME`);
 `@step(name)` registers a pipeline step that is not one (`STEPS`: shape inference, dead-code
 removal, and the sign-function classifier, which users disable through its four labels,
-`SIGN_IDIOMS`). Both are `(graph: EditableGraph) -> int`, how many rewrites were made; the
+`SIGN_IDIOMS`). Both are `(graph: OnnxGraph) -> int`, how many rewrites were made; the
 order they run in is `converters.normalize.pipeline.PIPELINE`.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from converters.normalize.editable_graph import EditableGraph
+from converters.graph import OnnxGraph
 
-Pass = Callable[[EditableGraph], int]
+Pass = Callable[[OnnxGraph], int]
 REWRITES: dict[str, Pass] = {}
 STEPS: dict[str, Pass] = {}
 # the labels of the rewrites the sign-function classifier (one step) makes
@@ -45,7 +45,7 @@ def registered(name: str) -> Pass:
     return REWRITES[name] if name in REWRITES else STEPS[name]
 
 
-def count_rewrites(graph: EditableGraph, name: str, n: int = 1) -> None:
+def count_rewrites(graph: OnnxGraph, name: str, n: int = 1) -> None:
     """Add `n` rewrites under `name` to the graph's report."""
     if n:
         graph.report.applied[name] = graph.report.applied.get(name, 0) + n

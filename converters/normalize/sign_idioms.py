@@ -25,13 +25,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from converters.graph import ONNX_DOMAINS, OnnxGraph
 from converters.normalize.binarization import (
     binarization_at,
     canonical_binarization,
     feeds_layer,
     is_canonical,
 )
-from converters.normalize.editable_graph import ONNX_DOMAINS, EditableGraph, replace_node, scalar
 from converters.normalize.registry import SIGN_IDIOMS, count_rewrites, rewrite, step
 
 # one value of each class a Sign/compare-with-0 function can tell apart (see module doc)
@@ -49,7 +49,7 @@ ELEMENTWISE = (
 
 
 def _sign_function(
-    graph: EditableGraph, root: str, producers: dict[str, onnx.NodeProto]
+    graph: OnnxGraph, root: str
 ) -> tuple[str, list[onnx.NodeProto], dict[str, np.ndarray]] | None:
     """(x, nodes, scalar constants) when `root` is an elementwise function of one tensor x that
     reads x only through Sign and comparisons with a constant 0 (see the module doc).
@@ -64,19 +64,19 @@ def _sign_function(
     stack = [root]
     while stack:
         name = stack.pop()
-        if name in graph.consts:
-            values = _probe_values(graph.consts[name])
+        if name in graph.constants:
+            values = _probe_values(graph.constants[name])
             if values is None:
                 return None
             consts[name] = values
             continue
-        node = producers.get(name)
+        node = graph.producer.get(name)
         if node is None or node.op_type not in ELEMENTWISE or node.domain not in ONNX_DOMAINS:
             return None  # a value read directly, not through a sign or a comparison
         if id(node) in nodes:
             continue
         nodes[id(node)] = node
-        inputs = _walk_on(graph, node, producers, consts, leaves)
+        inputs = _walk_on(graph, node, consts, leaves)
         if inputs is None:
             return None
         stack.extend(inputs)
@@ -103,9 +103,8 @@ def _probe_values(value: np.ndarray) -> np.ndarray | None:
 
 
 def _walk_on(
-    graph: EditableGraph,
+    graph: OnnxGraph,
     node: onnx.NodeProto,
-    producers: dict[str, onnx.NodeProto],
     consts: dict[str, np.ndarray],
     leaves: set[str],
 ) -> list[str] | None:
@@ -117,32 +116,32 @@ def _walk_on(
         return []
     if node.op_type not in COMPARISONS:
         return [n for n in node.input if n]
-    zero = [n for n in node.input if n in graph.consts]
-    other = [n for n in node.input if n not in graph.consts]
-    if len(zero) != 1 or len(other) != 1 or np.any(graph.consts[zero[0]] != 0):
+    zero = [n for n in node.input if n in graph.constants]
+    other = [n for n in node.input if n not in graph.constants]
+    if len(zero) != 1 or len(other) != 1 or np.any(graph.constants[zero[0]] != 0):
         return None
-    consts[zero[0]] = np.asarray(graph.consts[zero[0]]).reshape(-1)[0:1].reshape(())
-    inner = producers.get(other[0])
+    consts[zero[0]] = np.asarray(graph.constants[zero[0]]).reshape(-1)[0:1].reshape(())
+    inner = graph.producer.get(other[0])
     if inner is not None and inner.op_type == "Sign":
         return [other[0]]
     leaves.add(other[0])
     return []
 
 
-def _scalars_keep_shape(graph: EditableGraph, x: str, consts: dict[str, np.ndarray]) -> bool:
+def _scalars_keep_shape(graph: OnnxGraph, x: str, consts: dict[str, np.ndarray]) -> bool:
     """Scalarising the constants does not hide a broadcast that grows x."""
     shape_x = graph.shape(x)
     for name in consts:
-        full = graph.consts[name].shape
+        full = graph.constants[name].shape
         if shape_x is None or None in shape_x:
-            if graph.consts[name].size != 1:
+            if graph.constants[name].size != 1:
                 return False
         elif tuple(np.broadcast_shapes(tuple(shape_x), full)) != tuple(shape_x):
             return False
     return True
 
 
-def _probe(graph: EditableGraph, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
+def _probe(graph: OnnxGraph, x: str, nodes: list[onnx.NodeProto], consts: dict, root: str):
     """The function's values on PROBES (ONNX's reference evaluator), or None.
 
     A constant given as a 1-D array of its distinct values (`_sign_function`) gets an axis of
@@ -197,27 +196,26 @@ def _which_idiom(nodes: list[onnx.NodeProto], exact: bool) -> str:
 
 
 @step("sign-idioms")
-def sign_idioms(graph: EditableGraph) -> int:
+def sign_idioms(graph: OnnxGraph) -> int:
     """The classifier as a pipeline step: the labels `graph.sign_idioms` names are enabled."""
     return rewrite_sign_functions(graph, graph.sign_idioms) if graph.sign_idioms else 0
 
 
-def rewrite_sign_functions(graph: EditableGraph, enabled: Iterable[str]) -> int:
+def rewrite_sign_functions(graph: OnnxGraph, enabled: Iterable[str]) -> int:
     """Rewrite sign functions (module doc) to the canonical form, outermost first."""
     enabled = set(enabled)
     changed = 0
     done: set[str] = set()
     while True:
-        producers, consumers = graph.producers(), graph.consumers()
         found = None
         for node in reversed(graph.nodes):
             out = node.output[0] if node.output else ""
             if (
                 not out or out in done or node.op_type not in ELEMENTWISE
-                or is_canonical(graph, node, producers)
+                or is_canonical(graph, node)
             ):  # fmt: skip
                 continue
-            match = _sign_function(graph, out, producers)
+            match = _sign_function(graph, out)
             if match is None:
                 continue
             x, nodes, consts = match
@@ -232,14 +230,14 @@ def rewrite_sign_functions(graph: EditableGraph, enabled: Iterable[str]) -> int:
             zeros = values[[NEG_ZERO, POS_ZERO]]
             exact = bool(np.all(zeros == s))
             label = _which_idiom(nodes, exact)
-            if label not in enabled or (not exact and not feeds_layer(graph, out, consumers)):
+            if label not in enabled or (not exact and not feeds_layer(graph, out)):
                 continue
             found = (node, x, out, float(s), exact, label, zeros)
             break
         if found is None:
             return changed
         node, x, out, s, exact, label, zeros = found
-        replace_node(graph, node, canonical_binarization(graph, x, out, s))
+        graph.replace(node, canonical_binarization(graph, x, out, s))
         if not exact:
             graph.report.zero_sensitive[x] = float(zeros[1])
         count_rewrites(graph, label)
@@ -247,7 +245,7 @@ def rewrite_sign_functions(graph: EditableGraph, enabled: Iterable[str]) -> int:
         changed += 1
 
 
-def _unclamped(graph: EditableGraph, node: onnx.NodeProto | None) -> str | None:
+def _unclamped(graph: OnnxGraph, node: onnx.NodeProto | None) -> str | None:
     """x when `node` clamps x into a range around 0 that keeps every sign class (x < 0 stays
     < 0, zeros stay zeros, x > 0 stays > 0), else None."""
     if node is None:
@@ -261,63 +259,62 @@ def _unclamped(graph: EditableGraph, node: onnx.NodeProto | None) -> str | None:
     return None
 
 
-def _unclipped(graph: EditableGraph, node: onnx.NodeProto) -> str | None:
+def _unclipped(graph: OnnxGraph, node: onnx.NodeProto) -> str | None:
     """x of Clip(x, lo, hi) with lo < 0 < hi (bounds as inputs, or attributes before opset 11)."""
-    lo = scalar(graph, node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
-    hi = scalar(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
+    lo = graph.scalar(node.input[1]) if len(node.input) > 1 and node.input[1] else -np.inf
+    hi = graph.scalar(node.input[2]) if len(node.input) > 2 and node.input[2] else np.inf
     for a in node.attribute:  # opset < 11 keeps the bounds as attributes
         lo, hi = (a.f, hi) if a.name == "min" else (lo, a.f) if a.name == "max" else (lo, hi)
     ok = lo is not None and hi is not None and lo < 0 < hi
     return node.input[0] if ok else None
 
 
-def _unbounded(graph: EditableGraph, node: onnx.NodeProto) -> str | None:
+def _unbounded(graph: OnnxGraph, node: onnx.NodeProto) -> str | None:
     """x of Min(x, c) with c > 0 or Max(x, c) with c < 0 (either operand order)."""
     for k in (0, 1):
-        c = scalar(graph, node.input[1 - k])
-        if c is not None and node.input[k] not in graph.consts:
+        c = graph.scalar(node.input[1 - k])
+        if c is not None and node.input[k] not in graph.constants:
             ok = c > 0 if node.op_type == "Min" else c < 0
             return node.input[k] if ok else None
     return None
 
 
-def _unclamped_where(graph: EditableGraph, node: onnx.NodeProto) -> str | None:
+def _unclamped_where(graph: OnnxGraph, node: onnx.NodeProto) -> str | None:
     """x of Brevitas' Where(x > c, c, x) (min(x, c), c > 0) or Where(x < c, c, x) (max(x, c),
     c < 0)."""
-    cond = graph.producers().get(node.input[0])
+    cond = graph.producer.get(node.input[0])
     if cond is None or cond.op_type not in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual"):
         return None
     x, bound = cond.input
-    c, branch = scalar(graph, bound), scalar(graph, node.input[1])
-    if c is None or branch != c or node.input[2] != x or x in graph.consts:
+    c, branch = graph.scalar(bound), graph.scalar(node.input[1])
+    if c is None or branch != c or node.input[2] != x or x in graph.constants:
         return None
     above = cond.op_type.startswith("Greater")
     return x if (c > 0 if above else c < 0) else None
 
 
 @rewrite("clamp-sign")
-def clamp_sign(graph: EditableGraph) -> int:
+def clamp_sign(graph: OnnxGraph) -> int:
     """A canonical binarization of clamp(x) (Clip, Min/Max, or Brevitas' Where(x > s, s, x))
     reads x instead: the clamps here keep every sign class, so the binarization is the same."""
-    producers = graph.producers()
     changed = 0
     for node in list(graph.nodes):
-        found = binarization_at(graph, node, producers) if node.op_type == "Where" else None
+        found = binarization_at(graph, node) if node.op_type == "Where" else None
         if found is None:
             continue
-        compare = producers[node.input[0]]  # x >= 0, x < 0, ... or Not of one
+        compare = graph.producer[node.input[0]]  # x >= 0, x < 0, ... or Not of one
         if compare.op_type == "Not":
-            compare = producers[compare.input[0]]
+            compare = graph.producer[compare.input[0]]
         at = list(compare.input).index(found.source)
         while True:
-            inner = _unclamped(graph, producers.get(compare.input[at]))
+            inner = _unclamped(graph, graph.producer.get(compare.input[at]))
             if inner is None:
                 break
             # a plain Sign's zeros are x's zeros: the zero-free check follows the source
             zero = graph.report.zero_sensitive.pop(compare.input[at], None)
             if zero is not None:
                 graph.report.zero_sensitive.setdefault(inner, zero)
-            compare.input[at] = inner
+            graph.set_input(compare, at, inner)
             changed += 1
     count_rewrites(graph, "clamp-sign", changed)
     return changed

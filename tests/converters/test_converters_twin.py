@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.gate.twin import exact_grid_twin, zeroed_feeds
-from converters.graph import Graph
+from converters.graph import OnnxGraph
 from converters.runtimes import ort_session
 
 
@@ -115,8 +115,8 @@ def test_twin_feeds_a_sigmoid_gate_an_exact_zero():
 )
 def test_twin_leaves_a_gate_it_cannot_zero_alone(kwargs):
     """A bias another node reads too, or a Sigmoid of the input: nothing is zeroed."""
-    assert set(zeroed_feeds(Graph(_gated_model()))) == {"w2", "b"}
-    assert zeroed_feeds(Graph(_gated_model(**kwargs))) == {}
+    assert set(zeroed_feeds(OnnxGraph.folded(_gated_model()))) == {"w2", "b"}
+    assert zeroed_feeds(OnnxGraph.folded(_gated_model(**kwargs))) == {}
 
 
 @pytest.mark.slow  # converts the twin with LCE

@@ -71,14 +71,14 @@ def test_verify_finds_the_binary_layers_convert_finds(row, exported):
     """verify and convert read the same normalised graph: the layers `convert` makes binary
     (`find_binary_layers_in` after `normalize`) are exactly those `verify` calls strict."""
     from bnnexport.verify import verify_onnx
-    from converters.graph import Graph, load_onnx
+    from converters.graph import OnnxGraph, load_onnx
     from converters.normalize import normalize
     from converters.patterns import find_binary_layers_in
 
     path, _ = exported(row)
     report = verify_onnx(path)
     model, _ = normalize(load_onnx(path))
-    converted = [m.node_name for m in find_binary_layers_in(Graph(model)) if m.binary]
+    converted = [m.node_name for m in find_binary_layers_in(OnnxGraph.folded(model)) if m.binary]
     assert report.strict and [layer.name for layer in report.layers] == converted != []
 
 
