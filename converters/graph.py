@@ -2,7 +2,7 @@
 
 The normaliser's passes edit it (`converters.normalize`); the pattern finder, the translator,
 the gate and the layer map read it. It holds the nodes, the constants by name (initializers,
-Constant nodes and folded values), value types and shapes, inputs, outputs and opsets, and the
+Constant nodes and folded values), value types and shapes, inputs and outputs, and the
 `producer` and `consumers` of every tensor. Those two maps are cached and dropped by every edit
 of the nodes, which goes through a method (`remove`, `replace`, `set_input`, `rename_uses`, or
 assigning `nodes`): `nodes` is a tuple, so an edit that bypasses them fails instead of leaving a
@@ -101,26 +101,20 @@ class NormalizeReport:
 
     applied: dict[str, int] = field(default_factory=dict)
     zero_sensitive: dict[str, float] = field(default_factory=dict)
-    batch: int | None = None  # the batch size fixed in place of a dynamic one
 
 
 class OnnxGraph:
     """An ONNX graph to read and rewrite (module doc): nodes, constants, types, and cached
     producer/consumer maps that every edit drops.
 
-    The normaliser's settings ride along for its passes: `batch` (what `fix-batch` gives a
-    dynamic batch dimension), `sign_idioms` (the labels the sign classifier may rewrite), and
-    `report`, what the passes did.
+    The normaliser's setting rides along for its passes: `sign_idioms` (the labels the sign
+    classifier may rewrite); and `report`, what the passes did.
     """
 
-    def __init__(
-        self, model: onnx.ModelProto, batch: int = 1, sign_idioms: Iterable[str] = ()
-    ) -> None:
+    def __init__(self, model: onnx.ModelProto, sign_idioms: Iterable[str] = ()) -> None:
         self.model = model
-        self.batch = batch
         self.sign_idioms = frozenset(sign_idioms)
         graph = model.graph
-        self.opsets = {o.domain: o.version for o in model.opset_import}
         self.constants: dict[str, np.ndarray] = {
             i.name: numpy_helper.to_array(i) for i in graph.initializer
         }

@@ -234,7 +234,7 @@ def convert_onnx(
     # reference, which is what shows the normaliser exact
     # a dynamic batch becomes 1; another batch is `converters.batch.convert_batched`'s, which
     # fixes it in the ONNX file before this runs
-    model, normalized = normalize(original, 1, options.disabled_rewrites)
+    model, normalized = normalize(original, options.disabled_rewrites)
     graph = OnnxGraph.folded(model)
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow

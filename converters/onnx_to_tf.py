@@ -41,7 +41,7 @@ PATTERN_OPS = ("Sign -> Add -> Sign", "GreaterOrEqual -> Where")
 SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])
 
 
-class _Needs(Exception):  # noqa: N818 (control flow, not an error)
+class _TranslateFirst(Exception):  # noqa: N818 (control flow, not an error)
     """Raised inside a node's translation: tensor `name` must be translated first."""
 
     def __init__(self, name: str):
@@ -75,9 +75,10 @@ class Translator:
         """The translated value of ONNX tensor `name` (translating its producers on demand).
 
         Iterative, so graph depth is not bounded by Python's recursion limit: inside a node's
-        translation, asking for a tensor not translated yet abandons that attempt (`_Needs`);
-        the loop translates the tensor first and tries the node again. Ops an abandoned attempt
-        created are unreachable from the outputs, and TensorFlow's converter drops them.
+        translation, asking for a tensor not translated yet abandons that attempt
+        (`_TranslateFirst`); the loop translates the tensor first and tries the node again. Ops
+        an abandoned attempt created are unreachable from the outputs, and TensorFlow's
+        converter drops them.
         """
         if name in self.values:
             return self.values[name]
@@ -85,7 +86,7 @@ class Translator:
         if const is not None:
             return Value(tf().constant(const), Layout.LOGICAL)
         if self._translating:
-            raise _Needs(name)
+            raise _TranslateFirst(name)
         pending = [name]
         while pending:
             wanted = pending[-1]
@@ -95,11 +96,11 @@ class Translator:
             self._translating = True
             try:
                 self.values[wanted] = self.translate(node)
-            except _Needs as needs:
-                if needs.name in pending:  # only a cyclic graph asks for itself
-                    cycle = f"the ONNX graph has a cycle at {needs.name!r}"
+            except _TranslateFirst as first:
+                if first.name in pending:  # only a cyclic graph asks for itself
+                    cycle = f"the ONNX graph has a cycle at {first.name!r}"
                     raise InvalidModelError(cycle) from None
-                pending.append(needs.name)
+                pending.append(first.name)
                 continue
             finally:
                 self._translating = False
@@ -158,7 +159,7 @@ class Translator:
         inputs = self.inputs(node)
         try:
             return handler(self, node, inputs)
-        except (ConverterError, _Needs):
+        except (ConverterError, _TranslateFirst):
             raise
         except Exception as error:  # a supported op with attributes or shapes it cannot take
             why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

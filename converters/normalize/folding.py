@@ -1,7 +1,7 @@
 """Passes that make shapes static and fold what is constant.
 
-- ``fix-batch``: a dynamic batch dimension becomes the graph's `batch` (1 by default), so shape
-  chains fold;
+- ``fix-batch``: a dynamic batch dimension becomes 1, so shape chains fold (another batch is
+  fixed in the ONNX file before normalising, `converters.batch`, the one way to convert at N);
 - ``drop-noise``: `Identity`, `CastLike` to a known type, no-op `Cast` and reshapes to the shape
   a tensor already has removed (dynamo, bitorch's `view_as`);
 - ``fold-constants``: every node whose inputs are all constant (weights binarized in forward,
@@ -26,9 +26,8 @@ from converters.patterns import LAYER_OPS
 
 @rewrite("fix-batch")
 def fix_batch(graph: OnnxGraph) -> int:
-    """A dynamic first dimension of each input becomes `graph.batch`; other dynamic dims refuse.
-    Only the first call changes anything."""
-    batch = graph.batch
+    """A dynamic first dimension of each input becomes 1; other dynamic dims refuse. Only the
+    first call changes anything."""
     changed = 0
     for info in graph.inputs:
         dims = info.type.tensor_type.shape.dim
@@ -41,9 +40,9 @@ def fix_batch(graph: OnnxGraph) -> int:
                     f"({dim.dim_param or '?'}); only the batch dimension may be dynamic"
                 )
             dim.Clear()
-            dim.dim_value = batch
-            graph.report.batch = batch
+            dim.dim_value = 1
             changed += 1
+    count_rewrites(graph, "fix-batch", changed)
     return changed
 
 

@@ -39,7 +39,6 @@ PIPELINE = (
 
 def normalize(
     model: onnx.ModelProto,
-    batch: int = 1,
     disabled: Iterable[str] = (),
     max_rounds: int = 64,
 ) -> tuple[onnx.ModelProto, NormalizeReport]:
@@ -51,22 +50,20 @@ def normalize(
 
     Args:
         model: any ONNX model (left unchanged).
-        batch: the batch size fixed in place of a dynamic batch dimension.
         disabled: pass names to skip (see `REWRITES`); used to show what each one is for.
     """
     disabled = set(disabled)
     unknown = disabled - set(REWRITES)
     if unknown:
         raise ValueError(f"unknown rewrite(s) {sorted(unknown)}; known: {sorted(REWRITES)}")
-    normalized, report = _run(model, batch, disabled, max_rounds)
+    normalized, report = _run(model, disabled, max_rounds)
     if check_valid(normalized, report) is not None:
-        _name_the_broken_pass(model, batch, disabled, max_rounds)
+        _name_the_broken_pass(model, disabled, max_rounds)
     return normalized, report
 
 
 def _run(
     model: onnx.ModelProto,
-    batch: int,
     disabled: set[str],
     max_rounds: int,
     after: Callable[[str, OnnxGraph], None] | None = None,
@@ -74,9 +71,7 @@ def _run(
     """`PIPELINE` in rounds until a round changes nothing; `after(name, graph)` is called after
     each step that changed the graph."""
     enabled = [n for n in SIGN_IDIOMS if n not in disabled]
-    graph = OnnxGraph(
-        onnx.ModelProto.FromString(model.SerializeToString()), batch=batch, sign_idioms=enabled
-    )
+    graph = OnnxGraph(onnx.ModelProto.FromString(model.SerializeToString()), sign_idioms=enabled)
     steps = [name for name in PIPELINE if name not in disabled]
     for _ in range(max_rounds):
         changed = 0
@@ -127,7 +122,7 @@ def check_valid(model: onnx.ModelProto, report: NormalizeReport) -> str | None:
     return None
 
 
-def _name_the_broken_pass(model, batch, disabled, max_rounds) -> None:
+def _name_the_broken_pass(model, disabled, max_rounds) -> None:
     """Run the passes again, checking after each one; InvalidModelError naming the first pass
     that turned a valid graph into an invalid one. None when no pass did: the input was not
     valid to begin with (a custom op whose pass is disabled), and the stage that meets what
@@ -143,4 +138,4 @@ def _name_the_broken_pass(model, batch, disabled, max_rounds) -> None:
             )
         state["valid"] = found is None
 
-    _run(model, batch, disabled, max_rounds, after)
+    _run(model, disabled, max_rounds, after)

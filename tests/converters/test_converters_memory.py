@@ -116,7 +116,7 @@ def _float_sign_kernel(signs):
 
 
 def _saved_model_bytes(onnx_path, directory) -> int:
-    model, _ = normalize(load_onnx(onnx_path), 1)
+    model, _ = normalize(load_onnx(onnx_path))
     onnx_to_tf.save_saved_model(model, directory)
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
