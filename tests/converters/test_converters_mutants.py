@@ -201,7 +201,7 @@ def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     from converters.runners import run_lce
     from converters.translate import translate
 
-    model, _ = normalize(load_onnx(path), 1)
+    model, _ = normalize(load_onnx(path))
     flatbuffer = translate(model, float_model=False).flatbuffer
     return run_lce(flatbuffer, x)
 

@@ -141,7 +141,7 @@ def test_a_reference_twin_that_rounds_its_own_way_is_judged_by_replay_never_wave
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), BinaryBlock(32, 32))
     path = export(net, (1, 3, 6, 6), tmp_path / "net.onnx")
-    model, _ = normalize(load_onnx(path), 1)
+    model, _ = normalize(load_onnx(path))
     x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
 
     def own_twin(shift: float):
