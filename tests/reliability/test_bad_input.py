@@ -193,6 +193,19 @@ def test_click_usage_errors_are_one_line(args):
     assert_one_line_error(result, 2)
 
 
+@pytest.mark.parametrize("command", ["bench", "pipeline"])
+def test_an_unknown_device_runner_is_one_line_naming_the_registered_ones(trained_run, command):
+    """`--runner` takes its choices from `deploy.runners`' registry (auto and every runner)."""
+    before = snapshot(trained_run)
+    args = (
+        [command, str(trained_run)] if command == "bench" else [command, "--out", str(trained_run)]
+    )
+    result = invoke(*args, "--device", "pi@127.0.0.1", "--runner", "tflite")
+    line = assert_one_line_error(result, 2)
+    assert "tflite" in line and all(n in line for n in ("auto", "python", "lce_benchmark_model"))
+    assert snapshot(trained_run) == before
+
+
 def test_click_usage_error_with_json_prints_one_object():
     result = invoke("train", "--epochs", "0", "--json")
     assert result.exit_code == 2
