@@ -12,9 +12,9 @@ a binary that has no `--output_filepath`, the device row has latency only and a 
 says why.
 
 Example:
-    >>> from bnnexport.device import batched_path, copy_batch
-    >>> batched_path("runs/demo", "arm64", copy_batch(1000, 64)).name
-    'model-arm64-b64.tflite'
+    >>> from bnnexport.device import copy_batch
+    >>> copy_batch(1000, 64), copy_batch(40, 64)
+    (64, 40)
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bnnexport.errors import CheckpointError
+from bnnexport.runs import RunDir
 from bnnexport.scoring import BackendResult, score
-from converters.batch import batched_path as flatbuffer_batched_path
+from converters.batch import batched_path
 
 if TYPE_CHECKING:
     from bnnexport.bench import BenchOptions, DeviceTarget
@@ -37,12 +38,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 64
 VERSUS_HOST = "lce vs host lce"
 FILE_NOTE = "latency only: accuracy on the device needs a run's batched copy (batch N)"
-
-
-def batched_path(run_dir: str | Path, target: str, batch: int) -> Path:
-    """Where the batch-`batch` copy of RUN_DIR/model-TARGET.tflite lives (the name `convert
-    --batched-copy` gives it, `converters.batch.batched_path`)."""
-    return flatbuffer_batched_path(Path(run_dir) / f"model-{target}.tflite", batch)
 
 
 def copy_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
@@ -128,7 +123,7 @@ def ensure_batched_copy(
     from bnnexport.provenance import stale_reason
 
     batch = copy_batch(samples, batch)
-    copy = batched_path(run_dir, target, batch)
+    copy = batched_path(RunDir(run_dir).flatbuffer(target), batch)
     if copy.is_file() and stale_reason(run_dir, copy.name) is None:
         return
     convert_batched_copy(run_dir, target, batch, progress=progress)
@@ -158,7 +153,7 @@ def _samples(
     if not runner.batched_copy:
         return Samples(scoring.inputs, scoring.labels, per_sample), None
     batch = copy_batch(len(scoring.inputs), batch)
-    copy = batched_path(run_dir, target, batch)
+    copy = batched_path(RunDir(run_dir).flatbuffer(target), batch)
     if not copy.is_file():
         note = (
             f"no batch-{batch} copy {copy.name}: accuracy not measured on the device, latency "

@@ -56,7 +56,7 @@ class LceBenchmarkModel:
             inputs = np.ascontiguousarray(samples.inputs, np.float32)
             job = AccuracyJob(samples.copy, inputs, samples.batch, samples.outputs_per_sample)
         run = run_on_device(client, flatbuffer, tool_options(settings), job)
-        return measurement(run, job, settings.threads)
+        return measurement(run, job, settings.threads, self.name)  # type: ignore[attr-defined]
 
     def latency(
         self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
@@ -76,8 +76,9 @@ def tool_options(settings: RunSettings) -> DeviceOptions:
     )
 
 
-def measurement(run: DeviceRun, job: AccuracyJob | None, threads: int) -> Measurement:
-    """The latency statistics and the row's fields of what the tool did on the device."""
+def measurement(run: DeviceRun, job: AccuracyJob | None, threads: int, runner: str) -> Measurement:
+    """The latency statistics and the row's fields of what the tool did on the device, run as
+    the registered runner `runner`."""
     parsed = run.result
     measured = run.outputs is not None and job is not None
     # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
@@ -89,7 +90,7 @@ def measurement(run: DeviceRun, job: AccuracyJob | None, threads: int) -> Measur
         "std": parsed.std_ms,
     }
     extra = {
-        "runner": "lce_benchmark_model",
+        "runner": runner,
         "max_ms": parsed.max_ms,
         "init_ms": parsed.init_ms,
         "peak_memory_mb": parsed.peak_memory_mb,
