@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from converters.errors import InvalidModelError
+from converters.errors import ConversionMismatchError, InvalidModelError
 
 if TYPE_CHECKING:
     from converters.gate.checks import Reference
@@ -160,20 +160,21 @@ def rebatch_onnx(
 ) -> Path:
     """Write the batch-`batch` copy of the ONNX file `source` to `target`, checked with ORT.
 
-    ONNX Runtime runs both on the same samples (`inputs`, else random ones); the copy must run
-    and give the same outputs per sample, else HardCodedBatchError.
+    ONNX Runtime runs the copy and the model as a batch-1 conversion sees it (`_as_converted`)
+    on the same samples (`inputs`, else random ones: two whole batches and a padded one); the
+    copy must run and give the same outputs per sample, else HardCodedBatchError.
     """
     import onnx
 
-    from converters.gate import compare
     from converters.runners import run_onnx
 
     source, target = Path(source), Path(target)
-    copy = rebatch(onnx.load(str(source)), batch)
-    onnx.save(copy, str(target))
+    model = onnx.load(str(source))
+    onnx.save(rebatch(model, batch), str(target))
     if inputs is None:
-        shape = [d.dim_value or 1 for d in copy.graph.input[0].type.tensor_type.shape.dim]
-        inputs = np.random.default_rng(0).standard_normal([batch, *shape[1:]]).astype(np.float32)
+        shape = [d.dim_value or 1 for d in _batched_input(model).type.tensor_type.shape.dim]
+        rng = np.random.default_rng(0)
+        inputs = rng.standard_normal([2 * batch + 1, *shape[1:]]).astype(np.float32)
     try:
         outputs = run_onnx(target, inputs)
     except InvalidModelError:
@@ -184,13 +185,34 @@ def rebatch_onnx(
             f"{source.name} does not run at batch {batch} in ONNX Runtime ({line}): the graph "
             "hard-codes its batch size"
         ) from None
-    agreement = compare(run_onnx(source, inputs), outputs)
+    reference = run_onnx(_as_converted(model).SerializeToString(), inputs)
+    _require_same_outputs(reference, outputs, f"{source.name} at batch {batch}")
+    return target
+
+
+def _as_converted(model: Any) -> Any:
+    """`model` at the batch a conversion without `--batch` gives it: a dynamic batch fixed at 1
+    (so every sample runs alone), a fixed one kept."""
+    fixed = _batched_input(model).type.tensor_type.shape.dim[0].dim_value > 0
+    return model if fixed else rebatch(model, 1)
+
+
+def _require_same_outputs(reference: np.ndarray, outputs: np.ndarray, what: str) -> None:
+    """HardCodedBatchError unless `outputs` are `reference`'s, sample by sample (shape too)."""
+    from converters.gate import compare
+
+    try:
+        agreement = compare(reference, outputs)
+    except ConversionMismatchError as error:  # another shape: samples were mixed or merged
+        raise HardCodedBatchError(
+            f"{what} gives outputs of another shape than at batch 1 ({error}): the graph mixes "
+            "samples"
+        ) from None
     if not agreement.passed:
         raise HardCodedBatchError(
-            f"{source.name} at batch {batch} gives other outputs than at batch 1 on the same "
-            f"samples (max |diff| {agreement.max_abs_diff:.3g}): the graph mixes samples"
+            f"{what} gives other outputs than at batch 1 on the same samples (max |diff| "
+            f"{agreement.max_abs_diff:.3g}): the graph mixes samples"
         )
-    return target
 
 
 def convert_batched(

@@ -94,6 +94,26 @@ def test_graph_that_mixes_samples_is_refused(tmp_path):
         rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b4.onnx", 4, _inputs(8))
 
 
+def test_a_batch_1_reshape_the_name_check_cannot_see_is_refused_by_running_it(tmp_path):
+    """A dynamic batch and a target [1, -1] computed by a Concat, not a constant: only running
+    it shows that the copy merges samples. The reference is the model as a batch-1 conversion
+    sees it (each sample alone: 18 values), not the dynamic model run on all samples at once,
+    which merges them the same way the copy does."""
+    one = numpy_helper.from_array(np.array([1], np.int64), "one")
+    rest = numpy_helper.from_array(np.array([-1], np.int64), "rest")
+    model = _model(
+        [
+            helper.make_node("Concat", ["one", "rest"], ["shape"], axis=0),
+            helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        ],
+        [one, rest],
+    )
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(HardCodedBatchError, match="outputs of another shape than at batch 1"):
+        rebatch_onnx(tmp_path / "m.onnx", tmp_path / "m-b4.onnx", 4, _inputs(4))
+
+
 def test_the_batched_copy_is_named_after_the_batch_1_file():
     assert batched_path("runs/x/model-arm64.tflite", 64).name == "model-arm64-b64.tflite"
 

@@ -457,3 +457,25 @@ def test_train_torch_device_and_its_deprecated_spelling(tmp_path):
         assert_one_line_error(
             invoke("train", option, "tpu0", "--out", str(tmp_path / "r")), 2, "tpu0"
         )
+
+
+def test_convert_at_a_batch_the_graph_hard_codes_away_is_one_line(tmp_path):
+    """A dynamic input whose graph reshapes to a constant batch of 1: `--batch 2` is refused
+    by name before any conversion, and nothing is written."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="/head/Reshape")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 18])], initializer=[shape],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "net.onnx"))
+    before = snapshot(tmp_path)
+    line = assert_one_line_error(invoke("convert", tmp_path / "net.onnx", "--batch", "2"), 2)
+    assert "/head/Reshape" in line and "hard-codes batch 1" in line
+    assert snapshot(tmp_path) == before
