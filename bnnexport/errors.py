@@ -40,6 +40,14 @@ class DataError(BnnExportError):
     """A data set is missing, malformed or of the wrong shape."""
 
 
+class InputShapeError(DataError):
+    """A model cannot take the data's input (its channels, its size), found before training."""
+
+
+class ExporterError(BnnExportError):
+    """torch.onnx.export cannot export the model (an op or a shape it does not support)."""
+
+
 class CheckpointError(BnnExportError):
     """A checkpoint, packed file or run directory is missing, truncated, foreign or unsafe."""
 
@@ -50,6 +58,10 @@ class DependencyError(BnnExportError):
 
 class ConfigError(BnnExportError):
     """An option or configuration value is out of range, inconsistent or from another version."""
+
+
+class NoBinaryKernelError(ConfigError):
+    """A model in which no binary kernel was found (or named)."""
 
 
 class RunLockedError(BnnExportError):

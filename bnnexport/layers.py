@@ -228,15 +228,18 @@ def init_latent_weights(
     generator: torch.Generator | None = None,
     kernels: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Glorot-uniform latent weights for every binary layer (larq's default kernel initializer),
-    or, in a model without bnnexport's binary layers, for the kernels in `kernels` (a model of
-    your own: the optimizer's `binary_kernels`).
+    """Glorot-uniform latent weights (larq's default kernel initializer) for the kernels in
+    `kernels` (the optimizer's `binary_kernels`: the run's record), or, without it, for every
+    binary layer of bnnexport's.
 
     Latent weights that start at exactly ±1 sit at the clipping bound, as far from a sign
     change as they can be: with Adam's ~lr-sized steps none flips for the first 1/lr steps.
     """
-    weights = [layer.weight for _, layer in binary_layers(model)]
-    for weight in weights or list((kernels or {}).values()):
+    if kernels is not None:
+        weights = list(kernels.values())
+    else:
+        weights = [layer.weight for _, layer in binary_layers(model)]
+    for weight in weights:
         fan_out, fan_in = weight.shape[0], weight[0].numel()
         receptive = weight[0, 0].numel() if weight.dim() > 2 else 1
         bound = (6.0 / (fan_in + fan_out * receptive)) ** 0.5

@@ -12,12 +12,14 @@ everything real-valued), the role of larq's CaseOptimizer. `latent_adam` is the 
 baseline: Adam on real weights that the layers binarize in the forward pass (STE), clipped to
 [-1, 1].
 
-Which parameters are binary kernels (`binary_kernels`): bnnexport's own `BinaryConv2d` /
-`BinaryLinear` by type; any other model's, given `example_input`, by tracing it once
-(`bnnexport.discover`, the definition of a binary layer `verify` and `convert` use); or the ones
-you name (`binary=["conv.w", ...]` or a predicate(name, param)). Finding none is an error, never
-a model trained by Adam alone. Bop refuses a kernel that is not exactly ±1 (NotBinaryError)
-unless `init_sign=True`, which sets it to sign(w) with sign(0) = +1 and warns that it did.
+Which parameters are binary kernels (`binary_kernels`): what `bnnexport.discover.
+find_binary_kernels`, the one function every stage's record comes from, decides: the ones you
+name (`binary=["conv.w", "layer*.w"]`, a predicate(name, param), or a record), else those
+found by tracing one forward pass of `example_input` (default: an input of the model's recorded
+shape; bnnexport's own layers are also found by type in a model of unknown input shape). Finding
+none is an error, never a model trained by Adam alone. Bop refuses a kernel that is not
+exactly ±1 (NotBinaryError) unless `init_sign=True`, which sets it to sign(w) with
+sign(0) = +1 and warns that it did.
 
 Defaults, the same in Python and for `bnnexport train`: γ = 1e-3, τ = 1e-6 and Adam's lr = 1e-3
 (`GAMMA`, `THRESHOLD`, `LR`; measured on mnist5k). The paper's CIFAR-10 values (γ 1e-4, τ 1e-8,
@@ -44,9 +46,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bnnexport.discover import BinarySpec, find_binary_kernels, select_binary
-from bnnexport.errors import ConfigError, NotBinaryError
-from bnnexport.layers import binary_layers, binary_parameters, set_latent
+from bnnexport.discover import BinaryKernels, BinarySpec, find_binary_kernels
+from bnnexport.errors import NotBinaryError
+from bnnexport.layers import BinaryLayer, set_latent
 from bnnexport.quantizers import binarize
 from bnnexport.schedules import (
     Constant,
@@ -432,14 +434,14 @@ def require_plus_minus_one(kernels: dict[str, torch.Tensor]) -> None:
 
 def binary_kernels(
     model: nn.Module,
-    binary: BinarySpec | None = None,
+    binary: BinarySpec | BinaryKernels | None = None,
     example_input: torch.Tensor | None = None,
 ) -> dict[str, nn.Parameter]:
     """{parameter name: parameter} of every binary kernel of `model`, the ones Bop trains.
 
-    `binary` (names, or a predicate(name, param)) says which they are; else `example_input`
-    (a batch the model accepts) finds them by tracing the model once (`bnnexport.discover`);
-    else bnnexport's own binary layers are found by type.
+    `binary` (names or globs, a predicate(name, param), or a `BinaryKernels` record) says which
+    they are; else `example_input` (a batch the model accepts; default: one of the model's
+    recorded input shape) finds them by tracing the model once (`bnnexport.discover`).
 
     Raises:
         ConfigError when none is found (one line saying how to name them).
@@ -452,26 +454,9 @@ def binary_kernels(
         >>> list(binary_kernels(nn.Linear(4, 2), binary=["weight"]))
         ['weight']
     """
-    params = dict(model.named_parameters())
-    if binary is not None:
-        names = select_binary(model, binary)
-        how = "selected by binary="
-    elif example_input is not None:
-        names = [kernel.name for kernel in find_binary_kernels(model, example_input)]
-        how = "found by tracing it on example_input"
-    else:
-        own = {id(p) for p in binary_parameters(model)}
-        names = [name for name, p in params.items() if id(p) in own]
-        how = (
-            "(only bnnexport's BinaryConv2d/BinaryLinear are found without example_input: pass "
-            "example_input=a batch of inputs to find your own)"
-        )
-    if not names:
-        raise ConfigError(
-            f"no binary kernel in {type(model).__name__} {how}; a binary kernel is the ±1 "
-            "kernel of a conv/linear whose input is binarized: name yours with binary=[...]"
-        )
-    return {name: params[name] for name in names}
+    if isinstance(binary, BinaryKernels):
+        return binary.require_in(model, type(model).__name__).select(model)
+    return find_binary_kernels(model, example_input, binary).select(model)
 
 
 @torch.no_grad()
@@ -724,14 +709,16 @@ class FlipCounter:
     """Counts sign changes of every binary kernel across one optimizer step.
 
     Works for Bop (the weight is the kernel) and the latent baseline (the sign of the latent
-    weight is the kernel) alike. The kernels are bnnexport's binary layers' weights, named by
-    layer, or for a model without such layers `kernels` ({parameter name: parameter}, e.g. a
-    composite optimizer's `binary_kernels`).
+    weight is the kernel) alike. `kernels` is {parameter name: parameter} (a composite
+    optimizer's `binary_kernels`; default: `binary_kernels(model)`); a kernel that is a
+    bnnexport layer's weight is counted under the layer's name, any other under its parameter's.
     """
 
     def __init__(self, model: nn.Module, kernels: dict[str, torch.Tensor] | None = None) -> None:
-        own = [(name, layer.weight) for name, layer in binary_layers(model)]
-        self.kernels: list[tuple[str, torch.Tensor]] = own or list((kernels or {}).items())
+        kernels = binary_kernels(model) if kernels is None else kernels
+        self.kernels: list[tuple[str, torch.Tensor]] = [
+            (_layer_name(model, name), kernel) for name, kernel in kernels.items()
+        ]
         self._before: list[torch.Tensor] = []
 
     @torch.no_grad()
@@ -746,3 +733,11 @@ class FlipCounter:
             flips = int((binarize(kernel) != before).sum())
             counts[name] = (flips, before.numel())
         return counts
+
+
+def _layer_name(model: nn.Module, name: str) -> str:
+    """`features.2` for the weight of bnnexport's layer `features.2`, else `name` itself."""
+    owner, _, leaf = name.rpartition(".")
+    if leaf == "weight" and isinstance(model.get_submodule(owner), BinaryLayer):
+        return owner or "(root)"
+    return name

@@ -3,13 +3,14 @@
 A packed file (RUN_DIR/model.safetensors) holds the model state in safetensors: a plain header
 and raw tensor bytes, so loading it never unpickles anything.
 
-- every binary kernel (found with `binary_layers`) as uint8, bit-packed with `numpy.packbits`
-  along the flattened kernel, bit = 1 iff the weight is -1 (LCE's convention), padded with 0 bits
-  to a whole byte; its shape is in the metadata;
+- every binary kernel of the model's record (`bnnexport.discover.BinaryKernels`) as uint8,
+  bit-packed with `numpy.packbits` along the flattened kernel, bit = 1 iff the weight is -1
+  (LCE's convention), padded with 0 bits to a whole byte; its shape is in the metadata;
 - every other tensor (real weights, BatchNorm running statistics) as it is;
 - string metadata, each value JSON: format and version, model name and arguments, the training
-  config, the packed kernels' shapes, every tensor's shape, and a SHA-256 content hash over the
-  tensors and the rest of the metadata, so a tampered or corrupted file is refused.
+  config, the packed kernels' shapes, the record of binary kernels itself, every tensor's
+  shape, and a SHA-256 content hash over the tensors and the rest of the metadata, so a
+  tampered or corrupted file is refused.
 
 This module is the format only; `bnnexport.pack` is the stage that verifies and writes a run's
 file, and `bnnexport.runs.load_packed` rebuilds the model from one.
@@ -36,16 +37,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from bnnexport.discover import BinaryKernels
 from bnnexport.errors import CheckpointError
-from bnnexport.layers import binary_layers
 
 PACKED_FORMAT = "bnnexport-packed"
 PACKED_VERSION = 1
 PACKED_NAME = "model.safetensors"
-
-
-def _kernel_keys(model: nn.Module) -> list[str]:
-    return [f"{name}.weight" if name else "weight" for name, _ in binary_layers(model)]
 
 
 def pack_bits(kernel: torch.Tensor) -> np.ndarray:
@@ -74,13 +71,18 @@ def content_hash(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> 
 
 
 def pack_model(
-    model: nn.Module, model_name: str, model_kwargs: dict[str, Any], config: dict | None = None
+    model: nn.Module,
+    kernels_record: BinaryKernels,
+    model_name: str,
+    model_kwargs: dict[str, Any],
+    config: dict | None = None,
 ) -> tuple[bytes, dict[str, Any]]:
-    """Serialize a (verified) model: (safetensors bytes, sizes for the report)."""
+    """Serialize a (verified) model, its recorded binary kernels at 1 bit: (safetensors bytes,
+    sizes for the report)."""
     from safetensors.torch import save
 
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    kernels = _kernel_keys(model)
+    kernels = kernels_record.names
     tensors = dict(state)
     for key in kernels:
         tensors[key] = torch.from_numpy(pack_bits(state[key]))
@@ -91,6 +93,7 @@ def pack_model(
         "model_kwargs": json.dumps(model_kwargs),
         "config": json.dumps(config or {}),
         "binary": json.dumps({key: list(state[key].shape) for key in kernels}),
+        "binary_kernels": json.dumps(kernels_record.to_json()),
         "shapes": json.dumps({key: list(value.shape) for key, value in state.items()}),
     }
     metadata["content_hash"] = content_hash(tensors, metadata)
@@ -158,6 +161,15 @@ def load_packed_state(path: str | os.PathLike) -> dict[str, Any]:
             "model_kwargs": json.loads(metadata["model_kwargs"]),
             "config": json.loads(metadata.get("config", "{}")),
             "model": state,
+            **_record(metadata),
         }
     except (KeyError, ValueError) as error:
         raise CheckpointError(f"{path}: malformed packed model ({error})") from None
+
+
+def _record(metadata: dict[str, str]) -> dict[str, Any]:
+    """{"binary_kernels": the record} as a checkpoint holds it; a file packed before records
+    existed lists its packed kernels' names (`bnnexport.runs.binary_record` takes either)."""
+    if "binary_kernels" in metadata:
+        return {"binary_kernels": json.loads(metadata["binary_kernels"])}
+    return {"binary_kernels": list(json.loads(metadata["binary"]))}

@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from bnnexport import files
 from bnnexport.errors import CheckpointError, RunLockedError
 from bnnexport.packed import PACKED_NAME, load_packed_state
 from bnnexport.reports import write_bytes_atomic
+
+if TYPE_CHECKING:
+    from bnnexport.discover import BinaryKernels
 
 CHECKPOINT_FORMAT = "bnnexport-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -304,6 +307,50 @@ def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpo
             f"{source} does not match model {checkpoint['model_name']!r}: {detail}"
         ) from None
     return model.eval()
+
+
+def binary_record(
+    checkpoint: dict[str, Any], model: nn.Module, source: str | os.PathLike = "checkpoint"
+) -> BinaryKernels:
+    """The record of `model`'s binary kernels that `checkpoint` (or a packed file's state)
+    carries, checked against the model.
+
+    A checkpoint written before records existed is decided now, by the same function training
+    uses (`bnnexport.discover.find_binary_kernels`): by the names it listed (a model of your
+    own), else by tracing the model at its recorded input shape.
+    """
+    from bnnexport.discover import BinaryKernels, find_binary_kernels
+
+    data = checkpoint.get("binary_kernels")
+    if isinstance(data, dict):
+        return BinaryKernels.from_json(data, str(source)).require_in(model, str(source))
+    if isinstance(data, list):
+        return find_binary_kernels(model, binary=[str(name) for name in data])
+    return find_binary_kernels(model)
+
+
+@dataclass
+class LoadedModel:
+    """A model as a stage reads it: the module (eval mode), the record of its binary kernels,
+    and the checkpoint (or packed state) it came from."""
+
+    model: nn.Module
+    kernels: BinaryKernels
+    checkpoint: dict[str, Any]
+    source: str
+
+
+def open_model(path: str | os.PathLike) -> LoadedModel:
+    """The model in a run directory, checkpoint file or packed `.safetensors`, with its record
+    of binary kernels (`binary_record`)."""
+    path = Path(path)
+    if path.suffix.lower() == ".safetensors":
+        file, state = path, load_packed_state(path)
+    else:
+        file = RunDir(path).require().checkpoint if path.is_dir() else path
+        state = load_checkpoint(file)
+    model = build_model(state, file)
+    return LoadedModel(model, binary_record(state, model, file), state, str(path))
 
 
 def load_packed(path: str | os.PathLike) -> nn.Module:
