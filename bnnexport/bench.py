@@ -39,7 +39,7 @@ from bnnexport.device import (
 )
 from bnnexport.errors import CheckpointError, DataError
 from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
-from bnnexport.runs import EXPORT_HINT, RunDir, load_model, load_samples
+from bnnexport.runs import EXPORT_HINT, RunDir, load_model, load_samples, open_model
 from bnnexport.scoring import BackendResult, score
 
 CONVERT_HINT = "run `bnnexport convert {run} --target {target} --format tflite` first"
@@ -117,6 +117,8 @@ class BenchReport(Report):
     random_inputs: bool = False  # a model file benched without --samples-file
     # with `DeviceTarget.profile`: the device's time by PyTorch layer (bnnexport.profile)
     profile: dict[str, Any] | None = None
+    # the binary weights of the run's record (None: a model file benched on its own)
+    binary_parameters: int | None = None
 
     def to_table(self) -> str:
         """One line per backend: accuracy, agreement, latency, size."""
@@ -380,6 +382,7 @@ def bench(
         files=_file_sizes(run, target),
         skipped=skipped,
         profile=profile,
+        binary_parameters=open_model(run.root).kernels.parameters,
     )
     if raw is not None:
         write_bytes_atomic(run.root / "bench_device.log", raw.encode())

@@ -38,6 +38,8 @@ from bnnexport.runs import RunDir, load_samples
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
+    from bnnexport.discover import BinaryKernels
+    from bnnexport.runs import LoadedModel
     from converters.batch import BatchedResult
     from converters.gate.checks import Reference
     from converters.lce import ConversionResult, ConvertOptions
@@ -89,6 +91,9 @@ class ConvertReport(Report):
     batched_copy: dict | None = None  # converters.batch.BatchedResult, with --batched-copy N
     # with --trust-twin: why the real-weight check could not decide (None: it decided)
     trusted_twin: dict | None = None
+    # the binary weights of the model's record (a run's, or convert_module's tracing); None
+    # for an ONNX file of unknown origin
+    binary_parameters: int | None = None
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -181,17 +186,15 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
             )
 
 
-def torch_reference(run: RunDir, onnx_path: Path) -> Reference:
+def torch_reference(model: Any, onnx_path: Path) -> Reference:
     """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
-    from bnnexport.layers import binary_layers
-    from bnnexport.runs import load_model
+    from bnnexport.quantizers import Quantizer
     from bnnexport.torch_probe import TorchProbe, twin_outputs, twin_probe
     from converters.gate.checks import Reference
 
-    model = load_model(run.root)
-    if not binary_layers(model):  # a model of your own (--model module:factory): its
-        # binarizations are no Quantizer modules to hook, so PyTorch checks outputs only
+    if not any(isinstance(m, Quantizer) for m in model.modules()):  # a model of your own:
+        # its binarizations are no Quantizer modules to hook, so PyTorch checks outputs only
         return Reference(name="PyTorch", outputs=lambda x: torch_outputs(model, x))
     return Reference(
         name="PyTorch", outputs=lambda x: torch_outputs(model, x),
@@ -249,7 +252,9 @@ def convert_run(
     refusal = refusal_path(output, run)
     for written in [*outputs, refusal]:  # before any work: a file of the user's is never replaced
         files.require_replaceable(written)
-    inputs, references = _checks_of(run, onnx_path, samples)
+    loaded = _model_of(run)
+    inputs, references = _checks_of(run, onnx_path, samples, loaded)
+    kernels = loaded.kernels if loaded is not None else None
 
     from converters.batch import convert_batched
     from converters.errors import ConversionMismatchError
@@ -259,7 +264,7 @@ def convert_run(
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float),
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
-        trust_twin=trust_twin,
+        trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
     try:
@@ -276,6 +281,7 @@ def convert_run(
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
     report.batched_copy = copy.to_json() if copy is not None else None
+    report.binary_parameters = kernels.parameters if kernels is not None else None
     if report.trusted_twin is not None:  # never silent, whatever the output format
         options.step("accepted on the exact-grid twin alone (--trust-twin): see trusted_twin")
     for written in outputs:
@@ -286,17 +292,35 @@ def convert_run(
     return report
 
 
+def _model_of(run: RunDir | None) -> LoadedModel | None:
+    """The run's model with its record of binary kernels (None: a raw ONNX file, or a run
+    without its checkpoint)."""
+    if run is None or not run.checkpoint.is_file():
+        return None
+    from bnnexport.runs import open_model
+
+    return open_model(run.root)
+
+
 def _checks_of(
-    run: RunDir | None, onnx_path: Path, samples: int | None
+    run: RunDir | None, onnx_path: Path, samples: int | None, loaded: LoadedModel | None
 ) -> tuple[np.ndarray | None, list[Reference]]:
     """The gate's inputs (a run's samples; None: the converter draws random ones) and the
     references besides ONNX Runtime (PyTorch, for a run with its checkpoint)."""
     if run is None:
         return None, []
     inputs, _labels = load_samples(run, samples, required=False)
-    if inputs is None or not run.checkpoint.is_file():
+    if inputs is None or loaded is None:
         return inputs, []
-    return inputs, [torch_reference(run, onnx_path)]
+    return inputs, [torch_reference(loaded.model, onnx_path)]
+
+
+def binary_layer_count(kernels: BinaryKernels | None) -> int:
+    """How many of the recorded kernels are binary layers LCE must run binary (their input
+    binarized too); 0 when there is no record, or for kernels named without a trace."""
+    if kernels is None:
+        return 0
+    return sum(1 for kernel in kernels if kernel.binary_input)
 
 
 def _batched_copy(
@@ -337,8 +361,12 @@ def convert_batched_copy(
     provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     copy = batched_path(output, batch)
     files.require_replaceable(copy)
-    inputs, references = _checks_of(run, onnx_path, None)
-    options = ConvertOptions(gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress))
+    loaded = _model_of(run)
+    inputs, references = _checks_of(run, onnx_path, None, loaded)
+    options = ConvertOptions(
+        gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress),
+        expected_binary_layers=binary_layer_count(loaded.kernels if loaded else None),
+    )  # fmt: skip
     _batched_copy(onnx_path, output, batch, target, inputs, options, references)
     provenance.record(run.root, copy.name, ["model.onnx"])
     return copy
@@ -401,9 +429,7 @@ def convert_module(
         FidelityError (exit 1) when the exported ONNX model or the flatbuffer disagree with
         PyTorch / ONNX Runtime; the converter's errors as for `convert_run`.
     """
-    import torch
-
-    from bnnexport.export import torch_outputs
+    from bnnexport.export import onnx_export, torch_outputs
     from converters.gate import compare
     from converters.runners import run_lce
 
@@ -416,14 +442,15 @@ def convert_module(
         files.require_replaceable(written)
     inputs = _module_inputs(samples, tuple(example_input.shape))
     steps = Steps("convert_module", progress)
+    kernels = _module_record(model, example_input)
     steps(f"torch.onnx.export ({exporter}) to {onnx_path}")
     model = model.eval()
     kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
     if opset is not None:
         kwargs["opset_version"] = opset
-    with tempfile.TemporaryDirectory(prefix="bnnexport-module-") as tmp, torch.no_grad():
+    with tempfile.TemporaryDirectory(prefix="bnnexport-module-") as tmp:
         exported = Path(tmp) / onnx_path.name
-        torch.onnx.export(model, (example_input,), str(exported), **kwargs)
+        onnx_export(model, example_input, exported, **kwargs)
         # one self-contained file: the dynamo exporter puts the weights in NAME.onnx.data
         import onnx
 
@@ -443,7 +470,7 @@ def convert_module(
     start = time.perf_counter()
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps,
-        trust_twin=trust_twin,
+        trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
     )  # fmt: skip
     try:
         result = convert_onnx(onnx_path, out, target=target, inputs=inputs, options=options)
@@ -455,6 +482,7 @@ def convert_module(
     report.torch_argmax_agreement = lce_vs_torch.argmax_agreement
     report.torch_max_abs_diff = lce_vs_torch.max_abs_diff
     report.random_inputs = isinstance(samples, int)
+    report.binary_parameters = kernels.parameters if kernels is not None else 0
     report.trusted_twin = report.trusted_twin or trusted
     if report.trusted_twin is not None:
         warnings.warn(
@@ -463,6 +491,18 @@ def convert_module(
             stacklevel=2,
         )
     return report
+
+
+def _module_record(model: Any, example_input: Any) -> BinaryKernels | None:
+    """The module's binary kernels, decided as training decides them (None: it has none, a
+    float model, which converts to a float flatbuffer)."""
+    from bnnexport.discover import find_binary_kernels
+    from bnnexport.errors import NoBinaryKernelError
+
+    try:
+        return find_binary_kernels(model, example_input)
+    except NoBinaryKernelError:
+        return None
 
 
 def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.ndarray) -> None:

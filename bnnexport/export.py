@@ -25,21 +25,26 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from bnnexport import provenance
+from bnnexport.errors import ExporterError
 from bnnexport.progress import Steps
 from bnnexport.reports import Report, write_bytes_atomic
-from bnnexport.runs import RunDir, load_checkpoint
+from bnnexport.runs import RunDir, open_model
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
@@ -54,7 +59,8 @@ class ExportReport(Report):
     opset: int
     batch: int
     samples: int
-    binary_layers: int
+    binary_layers: int  # in the exported graph (`converters.patterns`)
+    binary_parameters: int  # of the run's record of binary kernels
     argmax_agreement: float  # plain: before any sign-tie replay
     max_abs_diff: float
     tolerance: float
@@ -76,8 +82,14 @@ def _check_binary(run: RunDir) -> None:
     require_strict(verify_run(run.root))
 
 
-def write_samples(run: RunDir, checkpoint: dict, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `samples` test images of the run's data set -> RUN_DIR/samples.npz.
+def _save_samples(run: RunDir, inputs: np.ndarray, labels: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, inputs=inputs, labels=labels)
+    write_bytes_atomic(run.samples, buffer.getvalue())
+
+
+def run_test_samples(checkpoint: dict, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `samples` test images (NCHW float32) and labels of the run's data set.
 
     A run without a data set (`bnnexport init` without --dataset) gets seeded random inputs of
     the model's shape instead, on a 1/64 grid in [-1, 1] (so float sums are exact in every
@@ -103,10 +115,48 @@ def write_samples(run: RunDir, checkpoint: dict, samples: int) -> tuple[np.ndarr
         pairs = [data.test[k] for k in range(count)]
         inputs = torch.stack([x for x, _ in pairs]).numpy().astype(np.float32)
         labels = np.asarray([int(y) for _, y in pairs], dtype=np.int64)
-    buffer = io.BytesIO()
-    np.savez(buffer, inputs=inputs, labels=labels)
-    write_bytes_atomic(run.samples, buffer.getvalue())
     return inputs, labels
+
+
+def onnx_export(model: torch.nn.Module, example: torch.Tensor, path: Path, **options: Any) -> None:
+    """`torch.onnx.export(model, (example,), path, **options)` (legacy exporter unless
+    `dynamo=True`), its warnings and its own printing silenced (on a failure the legacy
+    exporter prints the whole TorchScript graph on stdout, where `--json` wants one object);
+    ExporterError, one line, naming what it refused."""
+    options.setdefault("dynamo", False)
+    try:
+        with warnings.catch_warnings(), _stdout_captured(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (example,), str(path), **options)
+    except Exception as error:  # the exporters raise many types; each becomes one line
+        exporter = "dynamo" if options["dynamo"] else "legacy"
+        raise ExporterError(
+            f"torch.onnx.export ({exporter}) cannot export {type(model).__name__}: "
+            f"{_first_sentence(error)} (train, summary, verify and pack work without the "
+            "exporter; export and convert need it)"
+        ) from None
+
+
+def _first_sentence(error: Exception) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    for end in (". Please", " [Caused by", ". "):
+        text = text.split(end)[0]
+    return text.rstrip(".")
+
+
+@contextlib.contextmanager
+def _stdout_captured() -> Iterator[None]:
+    """File descriptor 1 to a temporary file while the block runs (C++ code prints there)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def torch_outputs(model: torch.nn.Module, inputs: np.ndarray, batch: int = 250) -> np.ndarray:
@@ -180,8 +230,6 @@ def export_onnx(
     Raises:
         CheckpointError / DataError (exit 2), NotBinaryError or FidelityError (exit 1).
     """
-    from bnnexport.runs import build_model
-
     if not 13 <= opset <= 18:
         raise ValueError(f"opset must be between 13 and 18, got {opset}")
     if batch < 1 or samples < 1:
@@ -189,10 +237,10 @@ def export_onnx(
     start = time.perf_counter()
     steps = Steps("export", progress)
     run = RunDir(run_dir).require()
-    checkpoint = load_checkpoint(run.root)
-    model = build_model(checkpoint, run.root)
+    loaded = open_model(run.root)
+    checkpoint, model = loaded.checkpoint, loaded.model
     _check_binary(run)
-    inputs, labels = write_samples(run, checkpoint, samples)
+    inputs, labels = run_test_samples(checkpoint, samples)
 
     from converters.patterns import find_binary_layers
 
@@ -200,12 +248,10 @@ def export_onnx(
         path = Path(tmp) / "model.onnx"
         steps(f"torch.onnx.export (opset {opset}, batch {batch})")
         dummy = torch.from_numpy(np.repeat(inputs[:1], batch, axis=0))
-        with warnings.catch_warnings():  # the legacy exporter's deprecation and folding notes
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                model, dummy, str(path), dynamo=False, opset_version=opset,
-                do_constant_folding=False, input_names=["input"], output_names=["logits"],
-            )  # fmt: skip
+        onnx_export(
+            model, dummy, path, opset_version=opset, do_constant_folding=False,
+            input_names=["input"], output_names=["logits"],
+        )  # fmt: skip
         steps(f"check in ONNX Runtime against PyTorch on {len(inputs)} samples")
         reference = torch_outputs(model, inputs)
         candidate, gate = check_onnx(model, path, inputs, reference, run.root / "gate-refusal.json")
@@ -214,6 +260,7 @@ def export_onnx(
         binary = len(find_binary_layers(onnx.load(str(path))))
         payload = path.read_bytes()
     provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
+    _save_samples(run, inputs, labels)  # only now: a model the exporter refused leaves none
     write_bytes_atomic(run.onnx, payload)
     provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
     provenance.record(run.root, "samples.npz", ["checkpoint.pt"])
@@ -223,6 +270,7 @@ def export_onnx(
         batch=batch,
         samples=len(inputs),
         binary_layers=binary,
+        binary_parameters=loaded.kernels.parameters,
         argmax_agreement=gate.plain_argmax_agreement,
         max_abs_diff=gate.plain_max_abs_diff,
         tolerance=gate.tolerance,

@@ -1,12 +1,16 @@
-"""`init_run(model) -> InitReport`: an initialised, untrained run directory for any zoo model.
+"""`init_run(model) -> InitReport`: an initialised, untrained run directory for any model: a
+zoo name or your own `module:factory`.
 
-The checkpoint has the format `bnnexport train` writes (docs/ARCHITECTURE.md), so export, convert
-and bench take it as they take a trained run. Kernels are strictly ±1 (the binary layers start
-that way). BatchNorm statistics and affine parameters are drawn at random around their defaults:
-a fresh BatchNorm (β = 0, mean 0, variance 1) passes a binary conv's integer sums through
-unchanged, so exact zeros reach the next sign, where torch says +1 and LCE may say -1
-(docs/LCE_NOTES.md "Running flatbuffers", "Exact zeros before a sign"). With non-integer statistics
-a tie has probability zero, and the converted model agrees with PyTorch as a trained one does.
+The checkpoint has the format `bnnexport train` writes (docs/ARCHITECTURE.md), record of binary
+kernels included (decided by `bnnexport.discover.find_binary_kernels`, as training decides it),
+so summary, verify, pack, export, convert and bench take it as they take a trained run. Kernels
+are strictly ±1 (bnnexport's binary layers start that way; a model of your own's recorded
+kernels are set to sign(w), ties to +1). BatchNorm statistics and affine parameters are
+drawn at random around their defaults: a fresh BatchNorm (β = 0, mean 0, variance 1) passes a
+binary conv's integer sums through unchanged, so exact zeros reach the next sign, where torch
+says +1 and LCE may say -1 (docs/LCE_NOTES.md "Running flatbuffers", "Exact zeros before a
+sign"). With non-integer statistics a tie has probability zero, and the converted model
+agrees with PyTorch as a trained one does.
 
 Example:
     >>> from bnnexport.init import init_run
@@ -25,9 +29,12 @@ import torch
 from torch import nn
 
 from bnnexport import files
+from bnnexport.discover import BinaryKernels, find_binary_kernels
 from bnnexport.errors import CheckpointError, ConfigError
-from bnnexport.layers import batch_norms, binary_layers
+from bnnexport.imports import import_object, is_import_string
+from bnnexport.layers import batch_norms
 from bnnexport.models import create_model, model_info
+from bnnexport.quantizers import binarize
 from bnnexport.reports import Report, write_json_atomic
 from bnnexport.runs import RunDir, clear_run, lock_run, save_checkpoint
 
@@ -66,14 +73,26 @@ def randomize_batchnorm(model: nn.Module, seed: int = 0) -> None:
                 module.bias.copy_(torch.randn(n, generator=generator) * 0.1)
 
 
-def save_untrained_checkpoint(path: str | Path, name: str, model: nn.Module, config: dict) -> None:
-    """Write `model` as a checkpoint of epoch 0 in the format `bnnexport train` writes."""
+def save_untrained_checkpoint(
+    path: str | Path,
+    name: str,
+    model: nn.Module,
+    config: dict,
+    kernels: BinaryKernels | None = None,
+) -> None:
+    """Write `model` as a checkpoint of epoch 0 in the format `bnnexport train` writes, with
+    its record of binary kernels (None: decided now) and those kernels binarized."""
+    kernels = kernels if kernels is not None else find_binary_kernels(model)
+    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    for kernel in kernels.names:
+        state[kernel] = binarize(state[kernel])
     save_checkpoint(
         path,
         {
             "model_name": name,
             "model_kwargs": {k: v for k, v in model.bnnexport_config.items() if k != "name"},
-            "model": model.state_dict(),
+            "model": state,
+            "binary_kernels": kernels.to_json(),
             "latent": None,
             "optimizer": {},
             "epoch": 0,
@@ -89,11 +108,30 @@ def init_model(
     num_classes: int | None = None,
     seed: int = 0,
 ) -> nn.Module:
-    """A zoo model with ±1 kernels and randomised BatchNorm, in eval mode."""
+    """A model (zoo name or `module:factory`) with randomised BatchNorm, in eval mode; a zoo
+    model's kernels are ±1 already."""
     torch.manual_seed(seed)
+    if is_import_string(name):
+        input_shape = input_shape or _factory_input_shape(name)
     model = create_model(name, num_classes=num_classes, input_shape=input_shape)
     randomize_batchnorm(model, seed)
     return model.eval()
+
+
+def _factory_input_shape(name: str) -> tuple[int, int, int]:
+    """The default of a factory's `input_shape` argument; ConfigError asking for --input-shape
+    when it has none (a run needs the shape for its record, export and bench)."""
+    import inspect
+
+    factory = import_object(name, "--model")
+    try:
+        parameter = inspect.signature(factory).parameters.get("input_shape")
+    except (TypeError, ValueError):
+        parameter = None
+    default = None if parameter is None else parameter.default
+    if default is None or default is inspect.Parameter.empty:
+        raise ConfigError(f"--model {name}: give its input with --input-shape C,H,W")
+    return tuple(int(v) for v in default)  # type: ignore[return-value]
 
 
 def init_run(
@@ -113,57 +151,66 @@ def init_run(
     Raises CheckpointError when `out` already holds a checkpoint and `force` is off.
     """
     start = time.perf_counter()
-    model_info(name)  # an unknown name fails here, before anything else
-    run = RunDir(out or Path("runs") / f"{name}-init")
+    if not is_import_string(name):
+        model_info(name)  # an unknown name fails here, before anything else
+    run = RunDir(out or Path("runs") / f"{name.rpartition(':')[2]}-init")
     if run.checkpoint.is_file() and not force:
         raise CheckpointError(f"{run.root} already holds a run: use --force or another --out")
     try:  # the model first: a bad size must leave an existing run as it was, even with --force
         model = init_model(name, input_shape, num_classes, seed)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    kernels = find_binary_kernels(model)
     files.require_run_directory(run.root)  # with or without --force: the user's files stay
     with lock_run(run.root, create=True):
         if run.checkpoint.is_file() and not force:  # another command may have written one since
             raise CheckpointError(f"{run.root} already holds a run: use --force or another --out")
         files.require_run_directory(run.root)
         clear_run(run.root)
-        return _write_init_run(run, name, model, seed, dataset, data_dir, start)
+        return _write_init_run(run, name, model, kernels, (seed, dataset, data_dir), start)
 
 
 def _write_init_run(
     run: RunDir,
     name: str,
     model: nn.Module,
-    seed: int,
-    dataset: str | None,
-    data_dir: str | None,
+    kernels: BinaryKernels,
+    origin: tuple[int, str | None, str | None],
     start: float,
 ) -> InitReport:
+    """checkpoint.pt and config.json of the run; `origin` is (seed, dataset, data_dir)."""
+    seed, dataset, data_dir = origin
     kwargs = {k: v for k, v in model.bnnexport_config.items() if k != "name"}
+    num_classes = int(kwargs.get("num_classes") or _output_width(model, kwargs["input_shape"]))
     config = {
         "model": name,
         "model_kwargs": {
             k: v for k, v in kwargs.items() if k not in ("num_classes", "input_shape")
         },
         "input_shape": kwargs["input_shape"],
-        "num_classes": kwargs["num_classes"],
+        "num_classes": num_classes,
         "seed": seed,
         "epochs": 0,
         "initialised_only": True,
+        "binary_kernels": kernels.to_json(),
     }
     if dataset is not None:
         config.update(dataset=dataset, data_dir=data_dir)
-    save_untrained_checkpoint(run.checkpoint, name, model, config)
+    save_untrained_checkpoint(run.checkpoint, name, model, config, kernels)
     write_json_atomic(run.config, config)
-    layers = binary_layers(model)
-    report = InitReport(
+    return InitReport(
         run_dir=str(run.root),
-        model=model_info(name).name,
+        model=name,
         input_shape=list(kwargs["input_shape"]),
-        num_classes=int(kwargs["num_classes"]),
+        num_classes=num_classes,
         parameters=sum(p.numel() for p in model.parameters()),
-        binary_parameters=sum(layer.weight.numel() for _, layer in layers),
-        binary_layers=len(layers),
+        binary_parameters=kernels.parameters,
+        binary_layers=len(kernels),
         seconds=time.perf_counter() - start,
     )
-    return report
+
+
+@torch.no_grad()
+def _output_width(model: nn.Module, input_shape: list[int]) -> int:
+    """The number of outputs (classes) of a model whose factory chose it itself."""
+    return int(model(torch.zeros(1, *input_shape)).shape[-1])

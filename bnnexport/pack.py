@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from bnnexport.packed import PACKED_NAME, pack_model
 from bnnexport.reports import Report, write_bytes_atomic
-from bnnexport.runs import RunDir, build_model, load_checkpoint
+from bnnexport.runs import RunDir, open_model
 from bnnexport.verify import require_strict, verify_model
 
 
@@ -61,15 +61,16 @@ def pack(run_dir: str | os.PathLike) -> PackReport:
     """
     start = time.perf_counter()
     run = RunDir(run_dir).require()
-    checkpoint = load_checkpoint(run.checkpoint)
-    model = build_model(checkpoint, run.checkpoint)
-    # verify the very object being packed, and leave the verdict next to it
-    verified = verify_model(model, str(run.root), "checkpoint")
+    loaded = open_model(run.root)
+    checkpoint = loaded.checkpoint
+    # verify the very object being packed, by the record it carries, and leave the verdict
+    verified = verify_model(loaded.model, str(run.root), "checkpoint", loaded.kernels)
     verified.save(run.root / "verify.json")
     require_strict(verified)
     payload, sizes = pack_model(
-        model, checkpoint["model_name"], dict(checkpoint["model_kwargs"]), checkpoint.get("config")
-    )
+        loaded.model, loaded.kernels, checkpoint["model_name"],
+        dict(checkpoint["model_kwargs"]), checkpoint.get("config"),
+    )  # fmt: skip
     path = write_bytes_atomic(run.root / PACKED_NAME, payload)
     tensor_bytes = sizes["real_bytes"] + sizes["binary_packed_bytes"]
     report = PackReport(

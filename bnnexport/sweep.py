@@ -39,7 +39,7 @@ from typing import Any
 from bnnexport.errors import ConfigError
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.reports import Report
-from bnnexport.runs import RunDir, load_checkpoint, lock_run, read_jsonl
+from bnnexport.runs import RunDir, lock_run, open_model, read_jsonl
 from bnnexport.train import TrainConfig, train, validate_config
 
 
@@ -91,11 +91,9 @@ def _pi(fraction: float) -> float:
 
 def _flip_curve(run: RunDir) -> tuple[list[int], list[float], float, float]:
     """(steps, π per logged interval, π over the run, π over the last epoch)."""
-    state = load_checkpoint(run.checkpoint)["model"]
+    weights = open_model(run.root).kernels.parameters  # every binary weight of the record
     records = read_jsonl(run.metrics)
     step_records = [r for r in records if r.get("kind") == "step"]
-    sizes = {name: state[f"{name}.weight"].numel() for name in step_records[0]["flips"]}
-    weights = sum(sizes.values())
     steps, rates, previous = [], [], 0
     flips_total, last_epoch = 0, max(r["epoch"] for r in step_records)
     last_flips, last_steps, last_start = 0, 0, None

@@ -31,12 +31,12 @@ from tqdm import tqdm
 
 from bnnexport import files
 from bnnexport.datasets import load_dataset
+from bnnexport.discover import BinaryKernels, find_binary_kernels
 from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
 from bnnexport.layers import (
     batch_norms,
     bf16_counts,
-    binary_layers,
     init_latent_weights,
     set_latent,
     set_precision,
@@ -50,6 +50,7 @@ from bnnexport.reports import Report, write_bytes_atomic, write_json_atomic
 from bnnexport.runs import (
     RunDir,
     append_jsonl,
+    binary_record,
     build_model,
     clear_run,
     load_checkpoint,
@@ -78,6 +79,9 @@ class TrainConfig:
     # Bop: set binary kernels that are not ±1 to sign(w), ties to +1 (a model of your own
     # initialised with real weights); without it such a kernel is refused
     init_sign: bool = False
+    # the binary kernels by parameter name or shell-style glob; empty: found by tracing the
+    # model (bnnexport.discover). The decision itself is the checkpoint's `binary_kernels`.
+    binary: list[str] = field(default_factory=list)
     # the optimizers' own defaults (bnnexport.optimizers: GAMMA, THRESHOLD, LR), one set for both
     gamma: float | str = GAMMA
     threshold: float | str = THRESHOLD
@@ -185,41 +189,45 @@ def first_and_last_weights(model: nn.Module) -> list[torch.Tensor]:
     return [layers[0].weight, layers[-1].weight] if layers else []
 
 
-def _make_optimizer(
-    model: nn.Module, config: TrainConfig, input_shape: tuple[int, ...]
-) -> CaseOptimizer:
+def _make_optimizer(model: nn.Module, config: TrainConfig, kernels: BinaryKernels) -> CaseOptimizer:
+    """The run's optimizer over the kernels its record names (Bop) and everything else (Adam)."""
     if config.optimizer not in OPTIMIZERS:
         raise DataError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
-    # bnnexport's own layers are found by type; a model of your own by tracing it once
-    found: dict[str, Any] = {}
-    if not binary_layers(model):
-        generator = torch.Generator().manual_seed(config.seed)
-        found["example_input"] = torch.randn(1, *input_shape, generator=generator)
     if config.optimizer == "adam-latent":
-        return OPTIMIZERS["adam-latent"](model, lr=config.lr, **found)
-    found["init_sign"] = config.init_sign
+        return OPTIMIZERS["adam-latent"](model, lr=config.lr, binary=kernels)
+    hyper = {"gamma": config.gamma, "threshold": config.threshold, "lr": config.lr}
     if config.optimizer == "bop2":
-        return OPTIMIZERS["bop2"](
-            model,
-            gamma=config.gamma,
-            threshold=config.threshold,
-            lr=config.lr,
-            sigma=config.sigma,
-            **found,
-        )
-    return OPTIMIZERS[config.optimizer](
-        model, gamma=config.gamma, threshold=config.threshold, lr=config.lr, **found
-    )
+        hyper["sigma"] = config.sigma
+    return OPTIMIZERS[config.optimizer](model, **hyper, binary=kernels, init_sign=config.init_sign)
+
+
+def decide_kernels(
+    model: nn.Module, config: TrainConfig, input_shape: tuple[int, ...]
+) -> BinaryKernels:
+    """The record of a new run's binary kernels (`bnnexport.discover.find_binary_kernels`):
+    named by `config.binary`, else found by tracing one seeded input of the data's shape, which
+    also shows, before any training, whether the model takes the data (InputShapeError, one
+    line, naming the model, the data set and its shape)."""
+    from bnnexport.errors import InputShapeError
+
+    generator = torch.Generator().manual_seed(config.seed)
+    example = torch.randn(1, *input_shape, generator=generator)
+    try:
+        return find_binary_kernels(model, example, binary=config.binary or None)
+    except InputShapeError as error:
+        shape = "x".join(str(v) for v in input_shape)
+        raise InputShapeError(
+            f"--model {config.model} cannot take --dataset {config.dataset}'s input {shape}: "
+            f"{str(error).partition(': ')[2]}"
+        ) from None
 
 
 def _binary_state(model: nn.Module, kernels: list[str]) -> dict[str, torch.Tensor]:
-    """state_dict with every binary kernel binarized (what leaves training): bnnexport's binary
-    layers' weights and the parameters named in `kernels` (a model of your own)."""
+    """state_dict with every recorded binary kernel binarized (what leaves training)."""
     from bnnexport.quantizers import binarize
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    names = [f"{name}.weight" if name else "weight" for name, _ in binary_layers(model)]
-    for name in [*names, *kernels]:
+    for name in kernels:
         state[name] = binarize(state[name])
     return state
 
@@ -426,12 +434,18 @@ class _Trainer:
         self.memory_format = (
             torch.channels_last if len(self.data.input_shape) == 3 else torch.contiguous_format
         )
+        # the one record of the binary kernels: decided once, when the run starts
+        self.kernels = (
+            binary_record(checkpoint, model, run.checkpoint)
+            if checkpoint is not None
+            else decide_kernels(model, config, tuple(self.data.input_shape))
+        )
         self.model = model.to(context.device, memory_format=self.memory_format)
         self.precision = resolve_precision(config.precision, context.device)
         set_precision(self.model, self.precision)
         # autocast computes on bf16 copies; the parameters themselves stay float32
         self.amp = self.precision == "amp"
-        self.optimizer = _make_optimizer(self.model, config, self.data.input_shape)
+        self.optimizer = _make_optimizer(self.model, config, self.kernels)
         if config.optimizer == "adam-latent" and checkpoint is None:
             init_latent_weights(self.model, kernels=self.optimizer.binary_kernels)
         self.start_epoch = self.step = 0
@@ -569,9 +583,9 @@ class _Trainer:
                 "model_kwargs": {
                     k: v for k, v in self.model.bnnexport_config.items() if k != "name"
                 },
-                "model": _binary_state(self.model, list(self.optimizer.binary_kernels)),
-                # what verify checks in a model of your own (bnnexport's layers it finds by type)
-                "binary_kernels": list(self.optimizer.binary_kernels),
+                "model": _binary_state(self.model, self.kernels.names),
+                # the record every later stage reads (bnnexport.discover.BinaryKernels)
+                "binary_kernels": self.kernels.to_json(),
                 "latent": self.model.state_dict() if config.optimizer == "adam-latent" else None,
                 "optimizer": self.optimizer.state_dict(),
                 "epoch": epoch,
@@ -704,7 +718,7 @@ def _report(
         train_loss=result.loss,
         seconds=0.0,  # the caller's wall clock
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
-        binary_parameters=sum(kernel.numel() for _, kernel in trainer.counter.kernels),
+        binary_parameters=trainer.kernels.parameters,
         flip_rate=result.flip_rate,
         mean_flip_rate=result.mean_flip_rate,
         resumed_from_epoch=trainer.start_epoch,
@@ -735,7 +749,8 @@ def _prepare_run(
                          "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
         payload = "".join(_json_line(r) for r in kept).encode()
         write_bytes_atomic(run.metrics, payload, append=True)
-    write_json_atomic(run.config, config.to_json())
+    # the options, and the record of binary kernels they led to (the checkpoint holds it too)
+    write_json_atomic(run.config, {**config.to_json(), "binary_kernels": trainer.kernels.to_json()})
 
 
 def _run_epochs(

@@ -2,12 +2,13 @@
 
 Three kinds of input, told apart by their suffix:
 
-- a run directory or a checkpoint (`.pt`): every binary kernel (found by layer type with
-  `binary_layers`, never by name) must hold only -1.0 and +1.0, with no 0, no NaN and no leftover
-  scale, and every binary layer's input must be binarized by a registered quantizer of precision
-  1; a layer built with `input_quantizer=None` (a first layer, real-valued input) is accepted
-  and reported as such;
-- a packed model (`.safetensors`, see `bnnexport.pack`): loaded, then checked like a checkpoint;
+- a run directory or a checkpoint (`.pt`): every binary kernel of the model's record (the one
+  `bnnexport.discover.BinaryKernels` training or `init` wrote, read by every stage) must hold
+  only -1.0 and +1.0, with no 0, no NaN and no leftover scale; in bnnexport's own layers the
+  input must be binarized by a registered quantizer of precision 1 (a layer built with
+  `input_quantizer=None`, a first layer's real-valued input, is accepted and reported as such);
+- a packed model (`.safetensors`, see `bnnexport.pack`): loaded with the record it carries,
+  then checked like a checkpoint;
 - an ONNX model (`.onnx`): every Conv/MatMul/Gemm fed by a binarization pattern
   (`converters.patterns.find_binary_layers`) must have a ±1 kernel; ±1 times one positive scale
   per output channel (BatchNorm folded in by the exporter) is accepted and reported as such.
@@ -37,11 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from bnnexport.discover import BinaryKernel, BinaryKernels, find_binary_kernels
 from bnnexport.errors import NotBinaryError
 from bnnexport.layers import BinaryLayer, binary_layers
 from bnnexport.quantizers import Quantizer, get_quantizer, list_quantizers
 from bnnexport.reports import Report
-from bnnexport.runs import RunDir, build_model, load_checkpoint, load_packed
+from bnnexport.runs import RunDir, open_model
 
 EXAMPLES = 5  # off values quoted per offending layer
 
@@ -158,56 +160,46 @@ def verify_model(
     model: nn.Module,
     source: str = "model",
     kind: str = "checkpoint",
-    kernels: list[str] | None = None,
+    kernels: BinaryKernels | None = None,
 ) -> VerifyReport:
-    """Check every binary layer of a PyTorch model (kernel strictly ±1, input binarized).
+    """Check every binary kernel of a PyTorch model: strictly ±1, and in bnnexport's own layers
+    an input binarized by a registered quantizer.
 
-    bnnexport's own layers are found by type; in a model without them, `kernels` names the
-    binary kernels (what training found by tracing, `bnnexport.discover`, and recorded in the
-    checkpoint as `binary_kernels`), each of which must be strictly ±1.
+    `kernels` is the model's record (what a checkpoint or packed file carries); None decides it
+    now, with the one function training uses (`bnnexport.discover.find_binary_kernels`).
     """
-    if not binary_layers(model) and kernels:
-        return _report([_kernel_check(model, name) for name in kernels], source, kind)
-    checks = []
-    for name, layer in binary_layers(model):
-        # the stored weight, even in latent mode: it is what a checkpoint or a pack carries on
-        kernel = layer.weight
-        off, examples = check_kernel(kernel)
-        given = _input_check(layer)
-        checks.append(
-            LayerCheck(
-                name=name or "(root)",
-                op=type(layer).__name__,
-                shape=list(kernel.shape),
-                values=kernel.numel(),
-                kernel="offending" if off else "strict",
-                input=given,
-                strict=not off and not given.startswith("unsupported"),
-                off=off,
-                examples=examples,
-            )
-        )
+    if kernels is None:
+        kernels = find_binary_kernels(model)
+    owners = {f"{name}.weight" if name else "weight": (name, m) for name, m in binary_layers(model)}
+    params = dict(model.named_parameters())
+    checks = [_kernel_check(k, params[k.name], owners.get(k.name)) for k in kernels]
     return _report(checks, source, kind)
 
 
-def _kernel_check(model: nn.Module, name: str) -> LayerCheck:
-    """The verdict on a named binary kernel of a model of your own."""
-    params = dict(model.named_parameters())
-    if name not in params:
-        raise NotBinaryError(f"the model has no binary kernel {name!r} that training recorded")
-    kernel = params[name]
-    off, examples = check_kernel(kernel)
+def _kernel_check(
+    kernel: BinaryKernel, weight: torch.Tensor, owner: tuple[str, BinaryLayer] | None
+) -> LayerCheck:
+    """The verdict on one recorded kernel. In bnnexport's own layer it is named by the layer
+    and its input quantizer is checked; in a model of your own by its parameter, its input as
+    the trace saw it."""
+    # the stored weight, even in latent mode: it is what a checkpoint or a pack carries on
+    off, examples = check_kernel(weight)
+    if owner is not None:
+        name, op, given = owner[0] or "(root)", type(owner[1]).__name__, _input_check(owner[1])
+    else:
+        name, op, given = kernel.name, kernel.layer.rpartition(": ")[2] or "kernel", _input(kernel)
     return LayerCheck(
-        name=name,
-        op="kernel",
-        shape=list(kernel.shape),
-        values=kernel.numel(),
-        kernel="offending" if off else "strict",
-        input="binarized (found by tracing)",
-        strict=not off,
-        off=off,
-        examples=examples,
-    )
+        name=name, op=op, shape=list(weight.shape), values=weight.numel(),
+        kernel="offending" if off else "strict", input=given,
+        strict=not off and not given.startswith("unsupported"), off=off, examples=examples,
+    )  # fmt: skip
+
+
+def _input(kernel: BinaryKernel) -> str:
+    """What the record says of a kernel's input."""
+    if kernel.binary_input is None:
+        return "not traced (named)"
+    return "binarized (found by tracing)" if kernel.binary_input else "real (found by tracing)"
 
 
 def _report(checks: list[LayerCheck], source: str, kind: str) -> VerifyReport:
@@ -280,20 +272,18 @@ def verify(path: str | os.PathLike) -> VerifyReport:
     path = Path(path)
     if path.is_dir():
         return verify_run(path)
-    suffix = path.suffix.lower()
-    if suffix == ".onnx":
+    if path.suffix.lower() == ".onnx":
         return verify_onnx(path)
-    if suffix == ".safetensors":
-        return verify_model(load_packed(path), str(path), "packed")
-    return verify_model(build_model(load_checkpoint(path), path), str(path), "checkpoint")
+    loaded = open_model(path)
+    kind = "packed" if path.suffix.lower() == ".safetensors" else "checkpoint"
+    return verify_model(loaded.model, str(path), kind, loaded.kernels)
 
 
 def verify_run(run_dir: str | os.PathLike) -> VerifyReport:
     """Verify a run directory's checkpoint and write RUN_DIR/verify.json."""
     run = RunDir(run_dir).require()
-    checkpoint = load_checkpoint(run.checkpoint)
-    model = build_model(checkpoint, run.checkpoint)
-    report = verify_model(model, str(run.root), "checkpoint", checkpoint.get("binary_kernels"))
+    loaded = open_model(run.root)
+    report = verify_model(loaded.model, str(run.root), "checkpoint", loaded.kernels)
     report.save(run.root / "verify.json")
     return report
 

@@ -111,6 +111,10 @@ class ConvertOptions:
     # convert a model the real-weight check cannot decide (InconclusiveCheckError) when the
     # exact-grid twin passes; the result's `trusted_twin` records it
     trust_twin: bool = False
+    # how many binary layers (binary kernel, binarized input) the model itself has, as its
+    # framework recorded them (0: unknown). A graph showing fewer lost a binarization the
+    # normaliser does not recognise, and that layer would stay float: refused like a fallback
+    expected_binary_layers: int = 0
     # called with a short line as each step starts (a progress display); None: silent
     on_step: Callable[[str], None] | None = None
 
@@ -155,6 +159,20 @@ def grouped_refusals(graph: OnnxGraph) -> dict[str, str]:
             if plan.kind == "refuse":
                 why[match.node_name] = plan.why
     return why
+
+
+def unrecognised_layers(found: int, expected: int) -> dict[str, str]:
+    """{"(unrecognised)": why} when the graph shows fewer binary layers than the model's own
+    record of binary kernels says it has, else {}."""
+    if found >= expected:
+        return {}
+    return {
+        "(unrecognised)": (
+            f"the model's record lists {expected} binary layers, the ONNX graph shows {found}: "
+            f"{expected - found} binarization(s) are written in a form the normaliser does not "
+            "recognise (docs/LCE_NOTES.md 'Real-world exports' lists the forms it takes)"
+        )
+    }
 
 
 def float_fallbacks(
@@ -236,9 +254,10 @@ def convert_onnx(
     # fixes it in the ONNX file before this runs
     model, normalized = normalize(original, options.disabled_rewrites)
     graph = OnnxGraph.folded(model)
-    lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
-    _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
+    lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
+    lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
+    _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     # the graph's folded constants and the original are each a copy of the weights: drop both
     # before the converters run (docs/LCE_NOTES.md "Conversion memory")
     del graph

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import count_option, emit, handle_errors, json_option
+from bnnexport.cli.common import NameOrImport, count_option, emit, handle_errors, json_option
 from bnnexport.models import list_models
 
 
@@ -24,11 +24,16 @@ def _shape(_ctx: click.Context, _param: click.Parameter, value: str | None):
 @click.option(
     "--model",
     required=True,
-    type=click.Choice(list_models()),
-    help="Model from the registry (`bnnexport zoo list`).",
+    type=NameOrImport(list_models(), "factory"),
+    help="Model from the registry (`bnnexport zoo list`), or your own as module:factory "
+    "(called with num_classes and input_shape as far as it takes them; its kernels are "
+    "found by tracing and set to ±1).",
 )
 @click.option(
-    "--input-shape", callback=_shape, default=None, help="C,H,W [default: the model's native size]."
+    "--input-shape",
+    callback=_shape,
+    default=None,
+    help="C,H,W [default: the model's native size; a factory's own input_shape default].",
 )
 @count_option(
     "--num-classes", default=None, help="Number of classes [default: the model's native number]."
@@ -63,8 +68,8 @@ def _shape(_ctx: click.Context, _param: click.Parameter, value: str | None):
 def init_command(
     model, input_shape, num_classes, out, force, seed, dataset, data_dir, as_json
 ) -> None:
-    """Write an initialised, untrained run (±1 kernels, randomised BatchNorm statistics),
-    ready for export, convert and bench."""
+    """Write an initialised, untrained run (±1 kernels, randomised BatchNorm statistics, the
+    record of its binary kernels), ready for summary, verify, pack, export, convert and bench."""
     from bnnexport.init import init_run
 
     report = init_run(model, input_shape, num_classes, out, force, seed, dataset, data_dir)

@@ -15,9 +15,12 @@ def summary_command(run_dir: str, as_json: bool) -> None:
     """Per layer: precision of inputs and weights, parameters, memory and MACs; totals binary vs
     float, size at 1-bit packing vs float32, and the share of MACs that are binary.
 
-    RUN_DIR is a run directory or a checkpoint file.
+    RUN_DIR is a run directory, a checkpoint file or a packed `.safetensors`. Which kernels are
+    binary is the run's own record (written by train or init); every conv, linear and matmul
+    call of one forward pass is a layer, those of a model of your own included.
     """
-    from bnnexport.runs import load_model
+    from bnnexport.runs import open_model
     from bnnexport.summary import summarize
 
-    emit(summarize(load_model(run_dir)), as_json)
+    loaded = open_model(run_dir)
+    emit(summarize(loaded.model, kernels=loaded.kernels), as_json)

@@ -184,10 +184,27 @@ def load_dataset(
                 f"--dataset {name} returned {type(data).__name__}, not a "
                 "bnnexport.datasets.splits.DatasetSplits"
             )
-        return data
+        return _require_declared_shape(data, f"--dataset {name}")
     if name not in _LOADERS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(list_datasets())}")
     return _LOADERS[name](data_dir, augment=augment, **options)
+
+
+def _require_declared_shape(data: DatasetSplits, what: str) -> DatasetSplits:
+    """`data`, once the first sample of each split has the `input_shape` it declares (a model
+    is built for the declared shape, so a wrong one would fail deep inside its forward)."""
+    declared = tuple(int(v) for v in data.input_shape)
+    for split in ("train", "test"):
+        dataset = getattr(data, split)
+        if len(dataset) == 0:  # type: ignore[arg-type]
+            raise DataError(f"{what}: its {split} split holds no samples")
+        shape = tuple(dataset[0][0].shape)
+        if shape != declared:
+            raise DataError(
+                f"{what} declares input_shape {list(declared)}, but its first {split} sample "
+                f"has shape {list(shape)}"
+            )
+    return data
 
 
 register_dataset("imagefolder", load_imagefolder)
