@@ -69,6 +69,7 @@ def pipeline(
     progress: bool | None = None,
     log: Callable[[str], None] | None = None,
     device: DeviceTarget | None = None,
+    explicit: set[str] | None = None,
 ) -> PipelineReport:
     """Run every stage on `config.out`; return their reports.
 
@@ -77,7 +78,8 @@ def pipeline(
         options: as for `bench` (`BenchOptions`); `options.target` is also the LCE flatbuffer's
             target (the float TFLite model is always written too, so bench can compare all four
             backends), and `options.samples` how many test samples export writes (None: 1000).
-        resume, force, progress: as for `train`.
+        resume, force, progress, explicit: as for `train` (`explicit`: the options given, which
+            a resumed run applies where it can).
         log: called with one line as each stage starts (e.g. `click.echo` to stderr).
         device: as for `bench`, to include a device. With a device, convert also writes the
             batched copy (batch N) bench needs for accuracy there (N = min(device.batch, samples)).
@@ -104,7 +106,10 @@ def pipeline(
     if device is not None:  # an unreachable device fails now, not after training
         reach_device(device)
     with lock_run(run_dir, create=True):  # one writer for the whole chain
-        stage("train", lambda: train(config, resume=resume, force=force, progress=progress))
+        stage(
+            "train",
+            lambda: train(config, resume=resume, force=force, progress=progress, explicit=explicit),
+        )
         # a model that is not strictly binary stops here (exit 1), before anything is exported
         stage("verify", lambda: require_strict(verify_run(run_dir)))
         stage("pack", lambda: pack(run_dir))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -29,6 +31,19 @@ from bnnexport.cli.train import train_command
 from bnnexport.cli.verify import verify_command
 from bnnexport.cli.zoo import zoo_command
 
+_DEFAULT_FORMAT = warnings.formatwarning
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _format_warning(
+    message: Any, category: type, filename: str, lineno: int, line: Any = None
+) -> str:
+    """bnnexport's own warnings (`init_sign` setting kernels to sign(w), say) as one line on
+    stderr, like its notes; anyone else's as Python prints them."""
+    if Path(filename).resolve().is_relative_to(_PACKAGE):
+        return f"bnnexport: warning: {message}\n"
+    return _DEFAULT_FORMAT(message, category, filename, lineno, line)
+
 
 class BnnExportGroup(click.Group):
     """The command group, with click's own usage errors turned into bnnexport's one line."""
@@ -43,6 +58,7 @@ class BnnExportGroup(click.Group):
     ) -> Any:
         # tf-keras 2 instead of Keras 3 would change how TensorFlow loads; bnnexport needs neither
         os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        warnings.formatwarning = _format_warning
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         argv = list(sys.argv[1:] if args is None else args)

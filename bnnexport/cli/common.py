@@ -119,6 +119,29 @@ class FloatList(click.ParamType):
         return numbers
 
 
+class NameList(click.ParamType):
+    """Comma-separated names or shell-style globs, each once: "w1,b*.w" -> ["w1", "b*.w"]."""
+
+    name = "NAME[,NAME...]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> list[str]:
+        if isinstance(value, list):
+            return value
+        names = [part.strip() for part in str(value).split(",")]
+        if not all(names) or len(set(names)) != len(names):
+            self.fail(f"{value!r}: expected distinct names, comma-separated", param, ctx)
+        return names
+
+
+def given_options(ctx: click.Context) -> set[str]:
+    """The names of the options the user typed (not defaults)."""
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    }
+
+
 def fail(message: str, exit_code: int = 2, as_json: bool = False) -> None:
     """Print `bnnexport: error: MESSAGE` on stderr and exit; with `as_json` also print
     `{"error": MESSAGE, "exit_code": CODE}` on stdout, so a script always gets one object."""

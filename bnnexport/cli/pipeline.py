@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from bnnexport.cli.bench import bench_command, bench_options, device_target
-from bnnexport.cli.common import emit, handle_errors, number_or_schedule
-from bnnexport.cli.train import train_command
+from bnnexport.cli.common import emit, given_options, handle_errors
+from bnnexport.cli.train import recipe_note, train_command, train_config
 
 _TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
 _BENCH = [
@@ -33,23 +33,13 @@ def _pipeline(**options: Any) -> None:
     fails stops the chain with its own one-line error and exit code.
     """
     from bnnexport.pipeline import pipeline
-    from bnnexport.train import TrainConfig, default_out
 
     as_json = options.pop("as_json")
-    config = TrainConfig(
-        model=options["model"],
-        dataset=options["dataset"],
-        data_dir=options["data_dir"],
-        optimizer=options["optimizer"],
-        gamma=number_or_schedule(options["gamma"]),
-        threshold=number_or_schedule(options["threshold"]),
-        lr=number_or_schedule(options["lr"]),
-        epochs=options["epochs"],
-        batch_size=options["batch_size"],
-        seed=options["seed"],
-        out=options["out"] or default_out(options["model"], options["dataset"]),
-        device=options["train_device"],
-    )
+    ctx = click.get_current_context()
+    given = {"device" if name == "train_device" else name for name in given_options(ctx)}
+    config, explicit = train_config({**options, "device": options["train_device"]}, given)
+    if not as_json:
+        recipe_note(config)
     report = pipeline(
         config,
         bench_options(options),
@@ -57,6 +47,7 @@ def _pipeline(**options: Any) -> None:
         force=options["force"],
         progress=None if not as_json else False,
         log=lambda line: click.echo(line, err=True),
+        explicit=explicit,
         device=device_target(options),
     )
     emit(report, as_json)

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import click
 
-from bnnexport.cli.common import (
-    count_option,
-    emit,
-    handle_errors,
-    json_option,
-    number_or_schedule,
-)
-from bnnexport.cli.train import train_command
+from bnnexport.cli.common import count_option, emit, given_options, handle_errors, json_option
+from bnnexport.cli.train import train_command, train_config
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.train import TrainConfig
 
@@ -62,31 +56,11 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
     help=f"Optimizers, comma-separated ({', '.join(OPTIMIZERS)}): each Bop variant runs every "
     "(γ, τ); adam-latent, the latent-weight baseline, runs once (it has no γ or τ).",
 )
-@click.option(
-    "--lr",
-    default=str(DEFAULTS.lr),
-    show_default=True,
-    help="Adam learning rate (real-valued parameters; adam-latent: every weight): a number or "
-    "a schedule as for `train --lr`.",
-)
-@count_option("--epochs", default=DEFAULTS.epochs, help="Epochs per run.")
 @count_option(
     "--seeds",
     default=1,
     help="Runs per setting (seeds --seed, --seed+1, ...): mean ± std in the table, error bars "
     "in the figure.",
-)
-@click.option(
-    "--eval-every",
-    type=click.IntRange(min=0),
-    default=0,
-    help="Also measure test accuracy every N optimizer steps. [default: 0, once per epoch]",
-)
-@click.option(
-    "--log-every",
-    type=click.IntRange(min=0),
-    default=0,
-    help="Optimizer steps per metrics row. [default: 0, about 100 rows per epoch]",
 )
 @click.option(
     "--out",
@@ -98,38 +72,20 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
 @click.option("--force", is_flag=True, help="Replace runs already in OUT.")
 @json_option
 @handle_errors
-def sweep_command(
-    gammas,
-    thresholds,
-    model,
-    dataset,
-    data_dir,
-    optimizers,
-    lr,
-    epochs,
-    seeds,
-    eval_every,
-    log_every,
-    batch_size,
-    seed,
-    device,
-    out,
-    force,
-    as_json,
-) -> None:
+def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **options) -> None:
     """Train once per (γ, τ) setting and compare: the paper's Fig. 2 analysis on any data set.
 
     Writes one run per setting, OUT/sweep.png (test accuracy and flip rate π_t per setting)
     and OUT/sweep.json (final accuracies, flip rates, and whether a higher γ and a lower τ gave
-    more flips, as the paper says).
+    more flips, as the paper says). Every option of `bnnexport train` but those a sweep sets
+    itself applies to every run.
     """
     from bnnexport.sweep import sweep
 
-    base = TrainConfig(
-        model=model, dataset=dataset, data_dir=data_dir, optimizer=optimizers[0],
-        lr=number_or_schedule(lr), epochs=epochs, batch_size=batch_size, seed=seed,
-        device=device, eval_every=eval_every, log_every=log_every,
-    )  # fmt: skip
+    values = {**options, "optimizer": optimizers[0], "optimizers": optimizers, "out": None,
+              "gamma": str(DEFAULTS.gamma), "threshold": str(DEFAULTS.threshold),
+              "resume": False, "recipe": None}  # fmt: skip
+    base, _ = train_config(values, given_options(click.get_current_context()))
     report = sweep(base, gammas, thresholds, out, force=force, optimizers=optimizers, seeds=seeds)
     if as_json:
         emit(report, True)
@@ -153,7 +109,7 @@ def sweep_command(
                f"figure: {report.figure}")  # fmt: skip
 
 
-# The options a sweep shares with `bnnexport train` come from that command itself, so the two
-# never drift apart (as in `bnnexport pipeline`).
-_SHARED = ("model", "dataset", "data_dir", "batch_size", "seed", "device")
-sweep_command.params[2:2] = [p for p in train_command.params if p.name in _SHARED]
+# Every option a sweep shares with `bnnexport train` comes from that command itself, so the two
+# never drift apart (as in `bnnexport pipeline`); the ones below the sweep sets itself.
+_OWN = ("gamma", "threshold", "optimizer", "out", "resume", "force", "recipe", "as_json")
+sweep_command.params[3:3] = [p for p in train_command.params if p.name not in _OWN]

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any
 
 import click
 
 from bnnexport.cli.common import (
     FloatList,
+    NameList,
     choice_option,
     count_option,
     emit,
+    given_options,
     handle_errors,
     json_option,
     name_or_import_option,
@@ -21,7 +25,7 @@ from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
 from bnnexport.optimizers import OPTIMIZERS
 from bnnexport.precision import PRECISIONS
-from bnnexport.train import TrainConfig, default_out, train
+from bnnexport.train import DEFAULT_EPOCHS, TrainConfig, default_out, train
 
 DEFAULTS = TrainConfig()
 
@@ -37,8 +41,71 @@ def dataset_options(
     return {key: value for key, value in given.items() if value is not None}
 
 
-RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "threshold", "lr",
-                      "sigma", "epochs", "batch_size", "seed")  # fmt: skip
+DATASET_OPTIONS = ("image_size", "mean", "std", "val_split")
+# train's options that are no part of a TrainConfig: how the command runs, not what it trains
+NOT_CONFIG = ("resume", "force", "as_json", "amp", "recipe")
+
+
+def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, set[str]]:
+    """The one way from `bnnexport train`'s options to a `TrainConfig`, for train, pipeline
+    and sweep (and the names of the config fields the user gave: what a recipe or a resumed
+    run takes from the command line).
+
+    `values` holds every option of train by its parameter name (as click parsed it; `device`
+    is the torch device), `given` the names the user typed. With `--recipe`, the recipe's
+    settings with every given option applied over them (`bnnexport.recipes.recipe_config`).
+    An optional `optimizers` entry (sweep's list) is what `--sigma` is checked against.
+    """
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    resume = bool(values.get("resume"))
+    epochs = values["epochs"]
+    config = TrainConfig(
+        model=values["model"], dataset=values["dataset"], data_dir=values["data_dir"],
+        dataset_options=dataset_options(*(values[k] for k in DATASET_OPTIONS)),
+        optimizer=values["optimizer"], init_sign=values["init_sign"],
+        binary=list(values["binary"] or []), gamma=number_or_schedule(values["gamma"]),
+        threshold=number_or_schedule(values["threshold"]), lr=number_or_schedule(values["lr"]),
+        sigma=number_or_schedule(values["sigma"]),
+        epochs=epochs if epochs is not None or resume else DEFAULT_EPOCHS,
+        batch_size=values["batch_size"], seed=values["seed"],
+        out=values["out"] or default_out(values["model"], values["dataset"]),
+        device=values["device"], precision="amp" if values["amp"] else values["precision"],
+        log_every=values["log_every"], eval_every=values["eval_every"],
+        metrics_csv=values["metrics_csv"],
+    )  # fmt: skip
+    explicit = {name for name in given if name in fields}
+    explicit |= {"precision"} if "amp" in given else set()
+    if given & set(DATASET_OPTIONS):  # each is checked against the run's own on --resume
+        explicit.add("dataset_options")
+    optimizers = values.get("optimizers") or [config.optimizer]
+    if "sigma" in given and "bop2" not in optimizers and not resume:
+        raise ConfigError(
+            f"--sigma is bop2's second-moment rate; --optimizer {','.join(optimizers)} has none"
+        )
+    if values.get("recipe") is not None:
+        config = _from_recipe(values["recipe"], config, explicit, resume, values["out"])
+    return config, explicit
+
+
+def recipe_note(config: TrainConfig) -> None:
+    """Say on stderr, in one line, when a recipe's schedules run over fewer or more epochs."""
+    from bnnexport.recipes import compression_note
+
+    note = compression_note(config) if config.recipe is not None else None
+    if note:
+        click.echo(f"bnnexport: note: {note}", err=True)
+
+
+def _from_recipe(
+    recipe: str, options: TrainConfig, explicit: set[str], resume: bool, out: str | None
+) -> TrainConfig:
+    """Recipe `recipe` with every option the user gave applied over it."""
+    from bnnexport.recipes import recipe_config
+
+    if resume:
+        raise ConfigError("--recipe with --resume: a resumed run keeps its own configuration")
+    given = {name: getattr(options, name) for name in explicit if name != "out"}
+    return recipe_config(recipe, **given, out=out)
 
 
 @click.command("train")
@@ -110,6 +177,14 @@ RECIPE_OVERRIDABLE = ("model", "dataset", "data_dir", "optimizer", "gamma", "thr
     is_flag=True,
     help="Bop: set binary kernels that are not exactly ±1 (a model of your own initialised "
     "with real weights) to sign(w), ties to +1, and say so; without it they are refused.",
+)
+@click.option(
+    "--binary",
+    type=NameList(),
+    default=None,
+    help="The binary kernels Bop trains, by parameter name or shell-style glob "
+    "(`w1,blocks.*.conv.weight`), when tracing the model cannot tell (it asks for this); "
+    "recorded in config.json. [default: found by tracing one forward pass]",
 )
 @click.option(
     "--gamma",
@@ -225,6 +300,7 @@ def train_command(
     val_split,
     optimizer,
     init_sign,
+    binary,
     gamma,
     threshold,
     lr,
@@ -252,54 +328,10 @@ def train_command(
     Checkpoints are written atomically after every epoch; an interrupted run continues with
     --resume. Progress bars appear only on a terminal and never with --json.
     """
-    config = TrainConfig(
-        model=model,
-        dataset=dataset,
-        data_dir=data_dir,
-        dataset_options=dataset_options(image_size, mean, std, val_split),
-        optimizer=optimizer,
-        init_sign=init_sign,
-        gamma=number_or_schedule(gamma),
-        threshold=number_or_schedule(threshold),
-        lr=number_or_schedule(lr),
-        sigma=number_or_schedule(sigma),
-        epochs=epochs,
-        batch_size=batch_size,
-        seed=seed,
-        out=out or default_out(model, dataset),
-        device=device,
-        precision="amp" if amp else precision,
-        log_every=log_every,
-        eval_every=eval_every,
-        metrics_csv=metrics_csv,
-    )
     ctx = click.get_current_context()
-    explicit = {
-        name
-        for name in TrainConfig.__dataclass_fields__
-        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-    }
-    if config.dataset_options:  # each is checked against the run's own on --resume
-        explicit.add("dataset_options")
-    if "sigma" in explicit and optimizer != "bop2" and not resume:
-        raise ConfigError(f"--sigma is bop2's second-moment rate; --optimizer {optimizer} has none")
-    if recipe is not None:
-        from bnnexport.recipes import recipe_config
-
-        if resume:
-            raise ConfigError("--recipe with --resume: a resumed run keeps its own configuration")
-        given = {  # only what the user typed overrides the recipe, never a flag's default
-            name: getattr(config, name) for name in RECIPE_OVERRIDABLE
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-        }  # fmt: skip
-        config = recipe_config(recipe, **given, out=out, device=device, precision=config.precision,
-                               log_every=log_every, eval_every=eval_every,
-                               metrics_csv=metrics_csv)  # fmt: skip
-        from bnnexport.recipes import compression_note
-
-        note = compression_note(config)
-        if note and not as_json:
-            click.echo(f"bnnexport: note: {note}", err=True)
+    config, explicit = train_config(ctx.params, given_options(ctx))
+    if not as_json:
+        recipe_note(config)
     report = train(
         config,
         resume=resume,
