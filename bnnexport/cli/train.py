@@ -296,6 +296,8 @@ def train_command(
             name: getattr(config, name) for name in RECIPE_OVERRIDABLE
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         }  # fmt: skip
+        if config.dataset_options:  # --image-size, --mean, --std, --val-split
+            given["dataset_options"] = config.dataset_options
         config = recipe_config(recipe, **given, out=out, device=device, precision=config.precision,
                                log_every=log_every, eval_every=eval_every,
                                metrics_csv=metrics_csv)  # fmt: skip

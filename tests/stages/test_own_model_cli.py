@@ -267,3 +267,16 @@ def test_resume_takes_the_recorded_size_again_and_refuses_another(small_folder, 
     other = run_in_process("train", "--out", str(out), "--resume", "--epochs", "3",
                            "--image-size", "32")  # fmt: skip
     assert_one_line_error(other, 2, "--image-size 32 differs from the run's [40, 48]")
+
+
+def test_the_imagenet_recipe_keeps_imagenets_224_crops(plain_folder, tmp_path):
+    out = tmp_path / "run"
+    result = run_in_process(
+        "train", "--recipe", "paper-imagenet-bop", "--model", MODEL, "--optimizer",
+        "adam-latent", "--data-dir", str(plain_folder), "--val-split", "0.34", "--epochs", "1",
+        "--batch-size", "6", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert _input_shape(out) == [3, 224, 224]  # the 32x32 images' own size would be 32
+    config = json.loads((out / "config.json").read_text())
+    assert config["dataset_options"] == {"image_size": "imagenet", "val_split": 0.34}
