@@ -204,6 +204,7 @@ def _input_shape(run) -> list[int]:
 NOTE = "is 40x48 (height x width): training at that size (--image-size N, HxW or imagenet"
 
 
+@pytest.mark.slow
 def test_images_of_one_size_train_at_it_and_say_so_in_one_line(small_folder, tmp_path):
     out = tmp_path / "run"
     result = _train_small(small_folder, out)
@@ -215,6 +216,7 @@ def test_images_of_one_size_train_at_it_and_say_so_in_one_line(small_folder, tmp
     assert config["dataset_options"] == {"image_size": [40, 48], "val_split": 0.34}
 
 
+@pytest.mark.slow
 def test_with_json_the_size_note_is_in_the_report(small_folder, tmp_path):
     result = _train_small(small_folder, tmp_path / "run", "--json")
     assert result.returncode == 0 and result.stderr == "", result.stderr
@@ -232,6 +234,7 @@ def test_images_of_several_sizes_without_image_size_are_one_line_exit_2(small_fo
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["40x48", "40,48"])
 def test_image_size_h_by_w_builds_the_model_for_h_by_w(plain_folder, tmp_path, spelling):
     out = tmp_path / "run"
@@ -243,6 +246,7 @@ def test_image_size_h_by_w_builds_the_model_for_h_by_w(plain_folder, tmp_path, s
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_resume_and_export_rebuild_the_data_at_the_recorded_size(small_folder, tmp_path):
     folder = shutil.copytree(small_folder, tmp_path / "images")
     out = tmp_path / "run"
@@ -257,6 +261,7 @@ def test_resume_and_export_rebuild_the_data_at_the_recorded_size(small_folder, t
     assert np.load(out / "samples.npz")["inputs"].shape[1:] == (3, 40, 48)
 
 
+@pytest.mark.slow
 def test_resume_takes_the_recorded_size_again_and_refuses_another(small_folder, tmp_path):
     out = tmp_path / "run"
     assert _train_small(small_folder, out).returncode == 0
@@ -269,6 +274,7 @@ def test_resume_takes_the_recorded_size_again_and_refuses_another(small_folder, 
     assert_one_line_error(other, 2, "--image-size 32 differs from the run's [40, 48]")
 
 
+@pytest.mark.slow
 def test_the_imagenet_recipe_keeps_imagenets_224_crops(plain_folder, tmp_path):
     out = tmp_path / "run"
     result = run_in_process(
