@@ -96,7 +96,7 @@ def run_test_samples(checkpoint: dict, samples: int) -> tuple[np.ndarray, np.nda
     runtime and no pre-activation sits a rounding error away from a sign change), with label -1:
     agreement between backends is checked, accuracy means nothing there.
     """
-    from bnnexport.datasets import load_dataset
+    from bnnexport.datasets import load_dataset, recorded_options
 
     config = checkpoint.get("config") or {}
     if "dataset" not in config:
@@ -109,7 +109,7 @@ def run_test_samples(checkpoint: dict, samples: int) -> tuple[np.ndarray, np.nda
             config["dataset"],
             config.get("data_dir"),
             augment=False,
-            **config.get("dataset_options", {}),
+            **recorded_options(config["dataset"], config.get("dataset_options", {})),
         )
         count = min(samples, len(data.test))
         pairs = [data.test[k] for k in range(count)]

@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from bnnexport.datasets.imagefolder import IMAGENET as IMAGENET_CROPS
 from bnnexport.errors import DataError
 from bnnexport.schedules import Constant, LinearDecay, Schedule, StepDecay, parse_schedule
 from bnnexport.train import TrainConfig
@@ -50,6 +51,8 @@ class Recipe:
     source: str  # where the setting is published
     published: str  # the number published for it
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    # the data set loader's options, applied on the recipe's own data set (ImageNet's crops)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
     l2_first_last: float = 0.0  # L2 on the first and last layers' weights (XNOR-Net)
     assumptions: tuple[str, ...] = ()  # settings the sources do not give, and what is used
 
@@ -58,7 +61,10 @@ class Recipe:
 
 
 PAPER = "Helwegen et al. 2019"
-IMAGENET = dict(dataset="imagefolder", optimizer="bop", batch_size=1024, threshold="1e-8")
+# ImageNet's random-resized 224 crops (the data set's default is the images' own size)
+CROPS = {"image_size": IMAGENET_CROPS}
+IMAGENET = dict(dataset="imagefolder", optimizer="bop", batch_size=1024, threshold="1e-8",
+                dataset_options=CROPS)  # fmt: skip
 IMAGENET_NOTE = "γ and Adam's lr decay linearly over the whole run"
 
 RECIPES: dict[str, Recipe] = {
@@ -143,11 +149,14 @@ def resolve_schedule(text: str, steps_per_epoch: int, factor: float = 1.0) -> fl
     return schedule_text(parse_schedule(text).scaled(steps_per_epoch * factor))
 
 
-def epoch_steps(dataset: str, data_dir: str | None, batch_size: int) -> int:
-    """Optimizer steps per epoch, as `train` counts them (the last batch may be short)."""
+def epoch_steps(
+    dataset: str, data_dir: str | None, batch_size: int, options: dict[str, Any] | None = None
+) -> int:
+    """Optimizer steps per epoch, as `train` counts them (the last batch may be short);
+    `options`: the data set loader's (TrainConfig.dataset_options)."""
     from bnnexport.datasets import load_dataset
 
-    data = load_dataset(dataset, data_dir)
+    data = load_dataset(dataset, data_dir, **(options or {}))
     return max(1, -(-len(data.train) // batch_size))
 
 
@@ -156,7 +165,8 @@ def recipe_config(name: str, steps_per_epoch: int | None = None, **overrides: An
 
     `steps_per_epoch` is computed from the (possibly overridden) data set and batch size when
     not given. `epochs` shorter or longer than the recipe's scales its schedules; explicit
-    `gamma`, `threshold` or `lr` replace the recipe's and are not rescaled.
+    `gamma`, `threshold` or `lr` replace the recipe's and are not rescaled. The recipe's
+    `dataset_options` apply on its own data set; `dataset_options` given add to them and win.
     """
     recipe = get_recipe(name)
     unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
@@ -170,10 +180,13 @@ def recipe_config(name: str, steps_per_epoch: int | None = None, **overrides: An
     }  # fmt: skip
     given = {k: v for k, v in overrides.items() if v is not None}
     settings.update(given)
+    own = recipe.dataset_options if settings["dataset"] == recipe.dataset else {}
+    settings["dataset_options"] = {**own, **given.get("dataset_options", {})}
+    if "dataset_options" in given:  # an override is what the options became
+        given["dataset_options"] = settings["dataset_options"]
     if steps_per_epoch is None:
-        steps_per_epoch = epoch_steps(
-            settings["dataset"], settings.get("data_dir"), settings["batch_size"]
-        )
+        data = (settings["dataset"], settings.get("data_dir"))
+        steps_per_epoch = epoch_steps(*data, settings["batch_size"], settings["dataset_options"])
     factor = settings["epochs"] / recipe.epochs
     for key in ("gamma", "threshold", "lr"):
         if overrides.get(key) is None:

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from bnnexport import files
-from bnnexport.datasets import load_dataset
+from bnnexport.datasets import load_dataset, recorded_options
+from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.discover import BinaryKernels, find_binary_kernels
 from bnnexport.distributed import DistributedContext, setup
 from bnnexport.errors import CheckpointError, ConfigError, DataError
@@ -138,6 +139,7 @@ class TrainReport(Report):
     bf16_fallbacks: int = 0  # bf16-exact forward calls recomputed in float32 (sums too large)
     bf16_calls: int = 0
     mean_flip_rate: float = -9.0  # the same over all binary weights together
+    notes: list[str] = field(default_factory=list)  # choices made for the user (the data's size)
 
 
 @torch.no_grad()
@@ -275,9 +277,8 @@ def _check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
     unknown = set(options) - set(IMAGEFOLDER_OPTIONS)
     if unknown:
         raise ConfigError(f"unknown imagefolder option(s): {', '.join(sorted(unknown))}")
-    size = options.get("image_size")
-    if size is not None and not (isinstance(size, int) and size >= 4):
-        raise ConfigError(f"--image-size {size}: must be an integer of at least 4 pixels")
+    if options.get("image_size") is not None:
+        parse_image_size(options["image_size"])  # DataError, one line, for a bad size
     split = options.get("val_split")
     if split is not None and not 0.0 < split < 1.0:
         raise ConfigError(f"--val-split {split}: must be between 0 and 1 (exclusive)")
@@ -338,19 +339,22 @@ def resumed_config(
             "version of bnnexport"
         )
     saved = TrainConfig(**saved_json)
+    saved.dataset_options = recorded_options(saved.dataset, saved.dataset_options)
     done = int(checkpoint.get("epoch", 0))
     saved.out = config.out  # the run may have been moved or copied since
     names = {"epochs", "device"} if explicit is None else set(explicit) - {"out"} | {"device"}
     changes: dict[str, list] = {}
     for name in sorted(names):
         new, old = getattr(config, name), getattr(saved, name)
+        if name == "dataset_options":  # each option given is checked against the run's own
+            new = {**old, **new}
         if new is None or new == old:
             continue
         if name not in RESUMABLE:
-            option = "--" + name.replace("_", "-")
+            option, new, old = _differing(name, new, old)
             raise ConfigError(
-                f"{option} {new} differs from the run's {old}: a resumed run keeps its {name}; "
-                "drop the option, or start over with --force or another --out"
+                f"--{option.replace('_', '-')} {new} differs from the run's {old}: a resumed run "
+                f"keeps its {option}; drop the option, or start over with --force or another --out"
             )
         if name == "epochs" and new < done:
             raise ConfigError(
@@ -360,6 +364,14 @@ def resumed_config(
             changes[name] = [old, new]
         setattr(saved, name, new)
     return saved, changes
+
+
+def _differing(name: str, new: Any, old: Any) -> tuple[str, Any, Any]:
+    """The option that differs, with its new and old values: a data set option by its name."""
+    if name == "dataset_options":
+        key = next(k for k in sorted(new) if new[k] != old.get(k))
+        return key, new[key], old.get(key)
+    return name, new, old
 
 
 def _apply_schedules(optimizer: CaseOptimizer, config: TrainConfig, changes: dict) -> None:
@@ -417,6 +429,8 @@ class _Trainer:
         self.config, self.run, self.context = config, run, context
         torch.manual_seed(config.seed)
         self.data = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
+        if self.data.options:  # with what the loader chose (the images' own size): export
+            config.dataset_options = dict(self.data.options)  # and --resume rebuild the same
         if checkpoint is not None:
             model = build_model(checkpoint, run.checkpoint).train()
         else:
@@ -609,7 +623,9 @@ def train(
     `resumed_config`). `force` replaces a finished run, deleting only bnnexport's own files,
     and only once the configuration, the data and the model have been checked. The run
     directory is locked for the whole run (`bnnexport.runs.lock_run`).
-    `progress=None` shows progress bars only when stderr is a terminal. Under `torchrun`, every
+    `progress=None` shows progress bars only when stderr is a terminal; what the data set's
+    loader chose for the user (imagefolder: the images' own size) is one `bnnexport: note:`
+    line on stderr unless `progress=False`, and in the report's `notes`. Under `torchrun`, every
     process trains on its share of each batch (`batch_size` is per process) and only rank 0
     writes files and reports.
     """
@@ -653,6 +669,8 @@ def _train(
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.
     trainer = _Trainer(config, run, checkpoint, context, changes)
+    if trainer.data.note and context.is_main and progress is not False:
+        print(f"bnnexport: note: {trainer.data.note}", file=sys.stderr)
     context.barrier()  # every rank has checked before rank 0 changes anything
     if context.is_main:
         _prepare_run(run, trainer, checkpoint is not None, force, changes)
@@ -725,6 +743,7 @@ def _report(
         world_size=context.world_size,
         resume_changes=changes,
         precision=trainer.precision,
+        notes=[trainer.data.note] if trainer.data.note else [],
         **bf16_counts(trainer.model),
     )
 

@@ -142,6 +142,24 @@ def given_options(ctx: click.Context) -> set[str]:
     }
 
 
+class ImageSize(click.ParamType):
+    """An image size: "N" (N x N), "HxW" or "H,W" (height x width), or "imagenet" (ImageNet's
+    random-resized 224 crops), every side at least 4 pixels. Converts to the form config.json
+    records (`bnnexport.datasets.imagefolder.parse_image_size`): N, [H, W] or "imagenet"; a bad
+    value is one line, `--image-size abc: ...`."""
+
+    name = "N|HxW|imagenet"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | list[int] | str:
+        from bnnexport.datasets.imagefolder import parse_image_size
+        from bnnexport.errors import DataError
+
+        try:
+            return parse_image_size(value)
+        except DataError as error:
+            raise click.UsageError(str(error), ctx) from None
+
+
 def fail(message: str, exit_code: int = 2, as_json: bool = False) -> None:
     """Print `bnnexport: error: MESSAGE` on stderr and exit; with `as_json` also print
     `{"error": MESSAGE, "exit_code": CODE}` on stdout, so a script always gets one object."""

@@ -20,6 +20,7 @@ def recipes_command(as_json: bool) -> None:
     scales them when --epochs differs, keeping their shape. Each recipe names its source and
     the number published for it.
     """
+    from bnnexport.datasets.imagefolder import IMAGENET
     from bnnexport.recipes import RECIPES
 
     if as_json:
@@ -31,6 +32,8 @@ def recipes_command(as_json: bool) -> None:
             f"    {recipe.model} on {recipe.dataset}, {recipe.optimizer}, {recipe.epochs} epochs, "
             f"batch {recipe.batch_size}; γ {recipe.gamma}, τ {recipe.threshold}, lr {recipe.lr}"
         )
+        if recipe.dataset_options.get("image_size") == IMAGENET:
+            click.echo("    images: ImageNet's random-resized 224 crops (--image-size imagenet)")
         click.echo(f"    published: {recipe.published} ({recipe.source})")
         for assumption in recipe.assumptions:
             click.echo(f"    assumed: {assumption}")

@@ -10,6 +10,7 @@ import click
 
 from bnnexport.cli.common import (
     FloatList,
+    ImageSize,
     NameList,
     choice_option,
     count_option,
@@ -31,7 +32,7 @@ DEFAULTS = TrainConfig()
 
 
 def dataset_options(
-    image_size: int | None,
+    image_size: int | list[int] | str | None,
     mean: list[float] | None,
     std: list[float] | None,
     val_split: float | None,
@@ -137,11 +138,14 @@ def _from_recipe(
 )
 @click.option(
     "--image-size",
-    type=int,
+    type=ImageSize(),
     default=None,
-    metavar="N",
-    help="imagefolder: resize every image whole to N x N (training adds a horizontal flip) "
-    "instead of ImageNet's random-resized 224 crops. [default: ImageNet's]",
+    metavar="N|HxW|imagenet",
+    help="imagefolder: N, HxW or H,W (height x width, e.g. 40x48) resizes every image whole "
+    "to that size; imagenet takes ImageNet's random-resized 224 crops (the ImageNet recipes "
+    "set it). Training adds a horizontal flip. The run records the size used. [default: the "
+    "images' own size when they all share one (said in one line); else an error asking for "
+    "this option]",
 )
 @click.option(
     "--mean",

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from bnnexport.datasets.imagefolder import load_imagefolder
+from bnnexport.datasets.imagefolder import IMAGENET, load_imagefolder
 from bnnexport.datasets.splits import DatasetSplits
 from bnnexport.errors import DataError
 from bnnexport.imports import call_with_accepted, import_object, is_import_string
@@ -172,7 +172,8 @@ def load_dataset(
     `name` may be an import string, `module:loader` (`bnnexport.imports`): a loader of your
     own, called as `loader(data_dir, augment=augment)` (as far as its signature takes them)
     and returning a `DatasetSplits`. `options` go to the loader (imagefolder: image_size,
-    mean, std, val_split).
+    mean, std, val_split); `DatasetSplits.options` are those that rebuild the same data, with
+    what the loader chose itself (imagefolder: the images' own size).
     """
     if is_import_string(name):
         loader = import_object(name, "--dataset")
@@ -205,6 +206,19 @@ def _require_declared_shape(data: DatasetSplits, what: str) -> DatasetSplits:
                 f"has shape {list(shape)}"
             )
     return data
+
+
+def recorded_options(dataset: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The loader options a run recorded (config.json's dataset_options), as `load_dataset`
+    takes them today: an imagefolder run that recorded no image_size was made before the
+    default became the images' own size, on ImageNet's crops.
+
+    >>> recorded_options("imagefolder", {"val_split": 0.2})
+    {'val_split': 0.2, 'image_size': 'imagenet'}
+    """
+    if dataset == "imagefolder" and "image_size" not in options:
+        return {**options, "image_size": IMAGENET}
+    return options
 
 
 register_dataset("imagefolder", load_imagefolder)

@@ -5,29 +5,43 @@
   fixed seed, is the validation set.
 
 Class indices follow the sorted class-folder names (of train/ in the first layout; val/ must
-use the same names). Preprocessing, with PIL and NumPy only (no torchvision):
-- by default (ImageNet), train: a random-resized crop (8-100 % of the area, aspect ratio
-  3/4-4/3), resized to 224 (`size`), and a horizontal flip with probability 1/2; val: resize
-  the shorter side to size / 0.875 (256 for 224), then a center crop;
-- with `image_size` N (`--image-size`): every image resized whole to N x N (no crop), and for
-  training a horizontal flip with probability 1/2: small images keep their content.
-Pixels are scaled to [-1, 1] like the other data sets, or with `mean` and `std` (per channel,
-for pixels in [0, 1]) to (x - mean) / std. Decoding happens in `__getitem__`, so
+use the same names). `image_size` (`--image-size`) says how an image becomes the model's input,
+with PIL and NumPy only (no torchvision); sizes are height x width:
+- None (the default): every image at its own size, when all of them (training and validation)
+  share one, H x W; no crop, no resize, and for training a horizontal flip with probability
+  1/2. The loader says so in `DatasetSplits.note`. Images of different sizes are a DataError
+  that asks for an `image_size`. Only each file's header is read to learn its size.
+- N, or (H, W) (`--image-size 32`, `40x48`, `40,48`): every image resized whole to N x N or
+  H x W (no crop), and the same flip for training: small images keep their content.
+- "imagenet" (`--image-size imagenet`, what the ImageNet recipes set): ImageNet's
+  preprocessing at 224 (`size`), train: a random-resized crop (8-100 % of the area, aspect
+  ratio 3/4-4/3) resized to 224 and the flip; val: the shorter side resized to size / 0.875
+  (256 for 224), then a center crop.
+Every side is at least 4 pixels. `DatasetSplits.options` holds the options that rebuild this
+very data, the size chosen included (N, [H, W] or "imagenet"): `train` records them in
+config.json's `dataset_options`, so export and --resume rebuild the same inputs. Pixels are
+scaled to [-1, 1] like the other data sets, or with `mean` and `std` (per channel, for pixels
+in [0, 1]) to (x - mean) / std. Decoding happens in `__getitem__`, so
 `TrainConfig.num_workers` loads in worker processes.
 
 Example:
     >>> from bnnexport.datasets import load_dataset
-    >>> data = load_dataset("imagefolder", "/data/imagenet")   # doctest: +SKIP
-    >>> data.input_shape                                        # doctest: +SKIP
+    >>> data = load_dataset("imagefolder", "imagenet/", image_size="imagenet")  # doctest: +SKIP
+    >>> data.input_shape                                                    # doctest: +SKIP
     (3, 224, 224)
-    >>> data = load_dataset("imagefolder", "tex/", image_size=32, val_split=0.2)  # doctest: +SKIP
-    >>> data.input_shape                                        # doctest: +SKIP
-    (3, 32, 32)
+    >>> data = load_dataset("imagefolder", "tex/", val_split=0.2)  # doctest: +SKIP
+    >>> data.input_shape, data.options                          # doctest: +SKIP
+    ((3, 40, 48), {'image_size': [40, 48], 'val_split': 0.2})
+    >>> parse_image_size("40x48"), parse_image_size("32,32"), parse_image_size("imagenet")
+    ([40, 48], 32, 'imagenet')
 """
 
 from __future__ import annotations
 
+import numbers
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +51,9 @@ from bnnexport.datasets.splits import DatasetSplits
 from bnnexport.errors import DataError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
-IMAGE_SIZE = 224  # output side in pixels (the ImageNet models' native input)
+IMAGE_SIZE = 224  # ImageNet's crops: side in pixels (the ImageNet models' native input)
+IMAGENET = "imagenet"  # the image_size that asks for ImageNet's crops
+MIN_SIDE = 4  # pixels: below it no model of the zoo, nor a 3x3 convolution and a pool, fits
 _SPLIT_SEED = 20261125  # fixed: a plain folder's validation images must not change between runs
 
 
@@ -64,14 +80,15 @@ def _to_tensor(image, normalize: tuple[np.ndarray, np.ndarray] | None = None) ->
 class ImageFolder(Dataset):
     """(path, class) pairs decoded and preprocessed on access; see the module docstring.
 
-    `resize`: resize whole images to size x size (`image_size`) instead of ImageNet's crops;
-    `normalize`: per-channel (mean, std) for pixels in [0, 1], None for [-1, 1].
+    `size`: the output (height, width); `resize`: resize whole images to it instead of
+    ImageNet's crops (which are square: size[0]); `normalize`: per-channel (mean, std) for
+    pixels in [0, 1], None for [-1, 1].
     """
 
     def __init__(
         self,
         samples: list[tuple[Path, int]],
-        size: int,
+        size: tuple[int, int],
         train: bool,
         resize: bool = False,
         normalize: tuple[np.ndarray, np.ndarray] | None = None,
@@ -104,16 +121,16 @@ class ImageFolder(Dataset):
     def _center_crop(self, image):
         from PIL import Image
 
+        side = self.size[0]
         width, height = image.size
-        short = max(1, round(self.size / 0.875))
+        short = max(1, round(side / 0.875))
         scale = short / min(width, height)
         image = image.resize(
-            (max(self.size, round(width * scale)), max(self.size, round(height * scale))),
-            Image.BILINEAR,
+            (max(side, round(width * scale)), max(side, round(height * scale))), Image.BILINEAR
         )
-        left = (image.size[0] - self.size) // 2
-        top = (image.size[1] - self.size) // 2
-        return image.crop((left, top, left + self.size, top + self.size))
+        left = (image.size[0] - side) // 2
+        top = (image.size[1] - side) // 2
+        return image.crop((left, top, left + side, top + side))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         from PIL import Image
@@ -124,10 +141,11 @@ class ImageFolder(Dataset):
                 image = opened.convert("RGB")
         except OSError as error:
             raise DataError(f"cannot read image {path}: {error}") from None
-        if self.resize:
-            image = image.resize((self.size, self.size), Image.BILINEAR)
+        height, width = self.size
+        if self.resize:  # PIL returns a copy, not a resampled image, at the same size
+            image = image.resize((width, height), Image.BILINEAR)
         elif self.train:
-            image = self._random_resized_crop(image).resize((self.size, self.size), Image.BILINEAR)
+            image = self._random_resized_crop(image).resize((width, height), Image.BILINEAR)
         else:
             image = self._center_crop(image)
         if self.train and np.random.rand() < 0.5:
@@ -135,32 +153,118 @@ class ImageFolder(Dataset):
         return _to_tensor(image, self.normalize), label
 
 
+def parse_image_size(value: Any) -> int | list[int] | str:
+    """An image size as config.json records it: N for N x N, [H, W] (height, width) when they
+    differ, or "imagenet" for ImageNet's crops. Takes that form, an (H, W) pair, or text:
+    "N", "HxW", "H,W", "imagenet". DataError, one line, for anything else or a side below 4.
+
+    >>> parse_image_size(32), parse_image_size((32, 32)), parse_image_size("40X48")
+    (32, 32, [40, 48])
+    """
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == IMAGENET:
+            return IMAGENET
+        parts = re.fullmatch(r"(\d+)(?:\s*[x,]\s*(\d+))?", text)
+        sides = [int(p) for p in parts.groups() if p is not None] if parts else []
+    else:
+        sides = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not (1 <= len(sides) <= 2 and all(_is_integer(v) for v in sides)):
+        raise DataError(f"--image-size {value}: give N, HxW or H,W (height, width) in pixels, "
+                        f"or {IMAGENET} for ImageNet's 224 crops")  # fmt: skip
+    sides = [int(v) for v in sides]
+    if min(sides) < MIN_SIDE:
+        raise DataError(f"--image-size {value}: every side must be at least {MIN_SIDE} pixels")
+    height, width = sides * (3 - len(sides))
+    return height if height == width else [height, width]
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _sides(image_size: int | list[int]) -> tuple[int, int]:
+    """(height, width) of a size in parse_image_size's form."""
+    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+
+
+def _common_size(root: Path, samples: list[tuple[Path, int]]) -> tuple[int, int]:
+    """The (height, width) every image has; DataError naming two that differ. PIL reads only
+    each file's header here: nothing is decoded."""
+    from PIL import Image
+
+    first: tuple[Path, tuple[int, int]] | None = None
+    for path, _ in samples:
+        try:
+            with Image.open(path) as image:
+                width, height = image.size
+        except OSError as error:
+            raise DataError(f"cannot read image {path}: {error}") from None
+        if first is None:
+            first = path, (height, width)
+        elif first[1] != (height, width):
+            (h, w), name = first[1], first[0].relative_to(root)
+            raise DataError(
+                f"the images in {root} differ in size ({name} is {h}x{w}, "
+                f"{path.relative_to(root)} is {height}x{width}, height x width): pass "
+                "--image-size N, HxW or H,W to resize every image to one size, or "
+                f"--image-size {IMAGENET} for ImageNet's 224 crops"
+            )
+    assert first is not None  # _scan refuses a split without images
+    return first[1]
+
+
+def _own_size(root: Path, samples: list[tuple[Path, int]]) -> tuple[int | list[int], str]:
+    """The size every image has, in parse_image_size's form, and the line that says so."""
+    height, width = _common_size(root, samples)
+    if min(height, width) < MIN_SIDE:
+        raise DataError(f"every image in {root} is {height}x{width} (height x width), under "
+                        f"{MIN_SIDE} pixels a side: --image-size N enlarges them")  # fmt: skip
+    note = (f"every image in {root} is {height}x{width} (height x width): training at that "
+            "size (--image-size N, HxW or imagenet to change it)")  # fmt: skip
+    return parse_image_size((height, width)), note
+
+
 def load_imagefolder(
     data_dir: str | Path | None,
     augment: bool = True,
     size: int | None = None,
-    image_size: int | None = None,
+    image_size: int | tuple[int, int] | list[int] | str | None = None,
     mean: list[float] | None = None,
     std: list[float] | None = None,
     val_split: float | None = None,
 ) -> DatasetSplits:
     """ROOT/train/CLASS/* and ROOT/val/CLASS/*, or ROOT/CLASS/* with `val_split`; see the
-    module docstring. DataError (one line) for a wrong layout or option."""
+    module docstring. `size`: the side of ImageNet's crops (224), and with it image_size
+    "imagenet". DataError (one line) for a wrong layout or option."""
     if data_dir is None:
         raise DataError("imagefolder needs --data-dir: ROOT/train/CLASS/ and ROOT/val/CLASS/, or "
                         "ROOT/CLASS/ with --val-split")  # fmt: skip
     root = Path(data_dir).expanduser()
     if not root.is_dir():
         raise DataError(f"data directory not found: {root}")
+    if size is not None:
+        if image_size not in (None, IMAGENET):
+            raise DataError(f"size {size} is the side of ImageNet's crops, not for "
+                            f"image_size {image_size}")  # fmt: skip
+        image_size = IMAGENET
+    chosen = None if image_size is None else parse_image_size(image_size)
     normalize = _normalization(mean, std)
     train_samples, test_samples, classes = _split_layout(root, val_split)
     if len(classes) < 2:  # one class trains to accuracy 1.0 and means nothing
         raise DataError(f"{root} needs at least 2 class folders, found only {classes[0]!r}")
-    side = image_size or size or IMAGE_SIZE
-    resize = image_size is not None
-    train = ImageFolder(train_samples, side, augment, resize, normalize)
-    test = ImageFolder(test_samples, side, False, resize, normalize)
-    return DatasetSplits("imagefolder", train, test, len(classes), (3, side, side))
+    note = None
+    if chosen is None:
+        chosen, note = _own_size(root, train_samples + test_samples)
+    if chosen == IMAGENET:
+        shape, resize = (size or IMAGE_SIZE,) * 2, False
+    else:
+        shape, resize = _sides(chosen), True
+    train = ImageFolder(train_samples, shape, augment, resize, normalize)
+    test = ImageFolder(test_samples, shape, False, resize, normalize)
+    given = {"image_size": chosen, "mean": mean, "std": std, "val_split": val_split}
+    options = {key: value for key, value in given.items() if value is not None}
+    return DatasetSplits("imagefolder", train, test, len(classes), (3, *shape), options, note)
 
 
 def _normalization(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -16,3 +17,7 @@ class DatasetSplits:
     test: Dataset
     num_classes: int
     input_shape: tuple[int, int, int]
+    # the loader options that rebuild exactly this data, what the loader chose itself included
+    # (imagefolder: the images' own size); train records them as config.json's dataset_options
+    options: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None  # a choice the loader made for the user, in one line

@@ -2,31 +2,39 @@
 and imagefolder's --image-size, --mean/--std and --val-split. A bad value of any of them is one
 line, exit 2, and the run directory is left as it was; a plain folder of 32x32 images trains at
 its own size with a model defined outside bnnexport (tests/support/handwritten_bnn.py), and export,
-convert, bench and --resume find both again from what the run recorded."""
+convert, bench and --resume find both again from what the run recorded. Without --image-size,
+images that share one size train at it (said in one line) and the run records it; images of
+several sizes are one line asking for --image-size; the ImageNet recipes keep ImageNet's crops."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 from support.cli import run_in_process
+from support.guarantees import assert_one_line_error
+
+from bnnexport.runs import load_checkpoint
 
 CLASSES = ("dots", "stripes", "plain")
 MODULE = "support.handwritten_bnn"  # a model defined outside bnnexport
 MODEL = f"{MODULE}:hand_written_bnn"
 
 
-def write_plain_folder(root, per_class: int = 6, size: int = 32):
-    """ROOT/CLASS/*.png: three synthetic classes at `size` x `size`, each its own pattern."""
+def write_plain_folder(root, per_class: int = 6, size: int | tuple[int, int] = 32):
+    """ROOT/CLASS/*.png: three synthetic classes at `size` (N, or (height, width)), each its
+    own pattern."""
+    shape = (size, size) if isinstance(size, int) else tuple(size)
     rng = np.random.default_rng(0)
-    grid = np.indices((size, size)).sum(axis=0)
-    patterns = [grid % 4 == 0, np.indices((size, size))[1] % 6 < 3, np.zeros((size, size), bool)]
+    grid = np.indices(shape).sum(axis=0)
+    patterns = [grid % 4 == 0, np.indices(shape)[1] % 6 < 3, np.zeros(shape, bool)]
     for name, pattern in zip(CLASSES, patterns, strict=True):
         (root / name).mkdir(parents=True)
         for k in range(per_class):
-            base = np.where(pattern, 220, 40)[..., None] + rng.normal(0, 12, (size, size, 3))
+            base = np.where(pattern, 220, 40)[..., None] + rng.normal(0, 12, (*shape, 3))
             Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(root / name / f"{k}.png")
     return root
 
@@ -55,7 +63,13 @@ BAD = {
     "dataset-not-splits": (["--dataset", "support.handwritten_bnn:hand_written_bnn"],
                            "returned HandWrittenBNN, not a"),
     "image-size-small": (["--dataset", "imagefolder", "--image-size", "2", "--val-split", "0.5"],
-                         "--image-size 2: must be an integer of at least 4"),
+                         "--image-size 2: every side must be at least 4 pixels"),
+    "image-size-side-small": (["--dataset", "imagefolder", "--image-size", "40x3"],
+                              "--image-size 40x3: every side must be at least 4 pixels"),
+    "image-size-text": (["--dataset", "imagefolder", "--image-size", "abc"],
+                        "--image-size abc: give N, HxW or H,W (height, width)"),
+    "image-size-three": (["--dataset", "imagefolder", "--image-size", "4x4x4"],
+                         "--image-size 4x4x4: give N, HxW or H,W"),
     "image-size-mnist": (["--image-size", "32"], "of --dataset imagefolder, not of mnist5k"),
     "mean-alone": (["--dataset", "imagefolder", "--val-split", "0.5", "--mean", "0.5"],
                    "--mean and --std go together"),
@@ -161,3 +175,114 @@ def test_own_model_on_own_images_exports_converts_and_benches(plain_folder, tmp_
     assert converted["lce_bconv2d"] == converted["binary_layers"] == 3
     bench = json.loads((out / "bench.json").read_text())
     assert {row["name"] for row in bench["backends"]} >= {"pytorch", "onnxruntime", "lce"}
+
+
+# Your images at their own size: no --image-size
+
+SMALL = (40, 48)  # height, width: not square, so a swap would show
+
+
+@pytest.fixture(scope="module")
+def small_folder(tmp_path_factory):
+    return write_plain_folder(tmp_path_factory.mktemp("small") / "small", per_class=3, size=SMALL)
+
+
+def _train_small(folder, out, *extra: str):
+    # adam-latent: the hand-written model's real-valued kernels need no --init-sign (a warning)
+    return run_in_process(
+        "train", "--model", MODEL, "--optimizer", "adam-latent", "--dataset", "imagefolder",
+        "--data-dir", str(folder), "--val-split", "0.34", "--epochs", "1", "--batch-size", "3",
+        "--out", str(out), *extra,
+    )  # fmt: skip
+
+
+def _input_shape(run) -> list[int]:
+    """The input shape the run's model was built for."""
+    return list(load_checkpoint(run / "checkpoint.pt")["model_kwargs"]["input_shape"])
+
+
+NOTE = "is 40x48 (height x width): training at that size (--image-size N, HxW or imagenet"
+
+
+@pytest.mark.slow
+def test_images_of_one_size_train_at_it_and_say_so_in_one_line(small_folder, tmp_path):
+    out = tmp_path / "run"
+    result = _train_small(small_folder, out)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"bnnexport: note: every image in {small_folder} {NOTE} "
+                                          "to change it)"]  # fmt: skip
+    assert _input_shape(out) == [3, 40, 48]
+    config = json.loads((out / "config.json").read_text())
+    assert config["dataset_options"] == {"image_size": [40, 48], "val_split": 0.34}
+
+
+@pytest.mark.slow
+def test_with_json_the_size_note_is_in_the_report(small_folder, tmp_path):
+    result = _train_small(small_folder, tmp_path / "run", "--json")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    (note,) = json.loads(result.stdout)["notes"]
+    assert NOTE in note
+    assert json.loads((tmp_path / "run" / "train.json").read_text())["notes"] == [note]
+
+
+def test_images_of_several_sizes_without_image_size_are_one_line_exit_2(small_folder, tmp_path):
+    folder = shutil.copytree(small_folder, tmp_path / "mixed")
+    Image.new("RGB", (32, 32)).save(folder / "plain" / "2.png")
+    out = tmp_path / "run"
+    assert_one_line_error(_train_small(folder, out), 2, "differ in size", "dots/0.png is 40x48",
+                          "plain/2.png is 32x32", "pass --image-size")  # fmt: skip
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spelling", ["40x48", "40,48"])
+def test_image_size_h_by_w_builds_the_model_for_h_by_w(plain_folder, tmp_path, spelling):
+    out = tmp_path / "run"
+    result = _train_small(plain_folder, out, "--image-size", spelling)  # 32x32 images
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert _input_shape(out) == [3, 40, 48]
+    assert json.loads((out / "config.json").read_text())["dataset_options"]["image_size"] == [
+        40, 48
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_resume_and_export_rebuild_the_data_at_the_recorded_size(small_folder, tmp_path):
+    folder = shutil.copytree(small_folder, tmp_path / "images")
+    out = tmp_path / "run"
+    assert _train_small(folder, out).returncode == 0
+    # images of another size added since: the recorded size is used, not learnt again
+    for name in ("dots", "stripes"):  # one each: 8 training images, no batch of one
+        Image.new("RGB", (32, 32), "white").save(folder / name / "9.png")
+    resumed = run_in_process("train", "--out", str(out), "--resume", "--epochs", "2", "--json")
+    assert resumed.returncode == 0 and resumed.stderr == "", resumed.stderr
+    assert json.loads(resumed.stdout)["epochs"] == 2
+    assert run_in_process("export", str(out), "--json").returncode == 0
+    assert np.load(out / "samples.npz")["inputs"].shape[1:] == (3, 40, 48)
+
+
+@pytest.mark.slow
+def test_resume_takes_the_recorded_size_again_and_refuses_another(small_folder, tmp_path):
+    out = tmp_path / "run"
+    assert _train_small(small_folder, out).returncode == 0
+    # the recorded size alone, beside the run's other options (its --val-split), is no change
+    same = run_in_process("train", "--out", str(out), "--resume", "--epochs", "2",
+                          "--image-size", "40,48")  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    other = run_in_process("train", "--out", str(out), "--resume", "--epochs", "3",
+                           "--image-size", "32")  # fmt: skip
+    assert_one_line_error(other, 2, "--image-size 32 differs from the run's [40, 48]")
+
+
+@pytest.mark.slow
+def test_the_imagenet_recipe_keeps_imagenets_224_crops(plain_folder, tmp_path):
+    out = tmp_path / "run"
+    result = run_in_process(
+        "train", "--recipe", "paper-imagenet-bop", "--model", MODEL, "--optimizer",
+        "adam-latent", "--data-dir", str(plain_folder), "--val-split", "0.34", "--epochs", "1",
+        "--batch-size", "6", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert _input_shape(out) == [3, 224, 224]  # the 32x32 images' own size would be 32
+    config = json.loads((out / "config.json").read_text())
+    assert config["dataset_options"] == {"image_size": "imagenet", "val_split": 0.34}

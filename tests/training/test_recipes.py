@@ -118,6 +118,29 @@ def test_steps_per_epoch_come_from_the_data_set_and_batch_size():
     assert parse_schedule(config.gamma).every == 100 * 40  # 4,000 images / 100 = 40 steps
 
 
+@pytest.mark.parametrize("name", [n for n in PAPER_RECIPES if "imagenet" in n])
+def test_imagenet_recipes_ask_for_imagenets_crops(name):
+    assert recipe_config(name, steps_per_epoch=1).dataset_options == {"image_size": "imagenet"}
+
+
+def test_the_recipes_crops_stay_with_its_own_data_set():
+    other = recipe_config("paper-imagenet-bop", steps_per_epoch=1, dataset="mnist5k")
+    assert other.dataset_options == {}  # mnist5k takes no image size
+
+
+def test_data_set_options_given_add_to_the_recipes():
+    split = recipe_config("paper-imagenet-bop", steps_per_epoch=1,
+                          dataset_options={"val_split": 0.2})  # fmt: skip
+    assert split.dataset_options == {"image_size": "imagenet", "val_split": 0.2}
+
+
+def test_an_image_size_given_replaces_the_recipes_crops_and_is_recorded_as_an_override():
+    resized = recipe_config("paper-imagenet-bop", steps_per_epoch=1,
+                            dataset_options={"image_size": 64})  # fmt: skip
+    assert resized.dataset_options == {"image_size": 64}
+    assert resized.recipe_overrides == {"dataset_options": {"image_size": 64}}
+
+
 def test_unknown_recipe_is_a_data_error():
     with pytest.raises(DataError, match="known: paper-cifar10-bop"):
         recipe_config("paper-mnist")
