@@ -79,11 +79,12 @@ _MATMULS = {
 class LayerCall:
     """One conv/linear/matmul call of a traced forward pass.
 
-    `weight` is the parameter the weight operand is computed from (None: not a parameter's),
-    `kernel` how: ``"binarized"`` (±1, or ±1 times a scale per output channel, although the
-    parameter is not), ``"as-is"`` (the parameter or a view of it) or ``"computed"`` (a real
-    function of it). `holds_pm1`: the parameter holds ±1 in the model itself. `macs` are the
-    call's multiply-accumulates for one sample.
+    `weight` is the parameter the weight operand is computed from (None: not a parameter's;
+    `sources` lists them all when several of its size are), `kernel` how: ``"binarized"``
+    (±1, or ±1 times a scale per output channel, although the parameter is not), ``"as-is"``
+    (the parameter or a view of it) or ``"computed"`` (a real function of it). `holds_pm1`:
+    the parameter holds ±1 in the model itself. `macs` are the call's multiply-accumulates for
+    one sample.
     """
 
     op: str
@@ -95,6 +96,7 @@ class LayerCall:
     weight_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     macs: int
+    sources: tuple[str, ...] = ()
 
     @property
     def binary_kernel(self) -> bool:
@@ -298,6 +300,12 @@ def _traced(model: nn.Module, trace: Trace) -> list[BinaryKernel]:
     params = dict(model.named_parameters())
     found: dict[str, BinaryKernel] = {}
     for call in trace.calls:
+        if call.binary_kernel and len(call.sources) > 1:
+            raise ConfigError(
+                f"the {call.op} kernel in {call.module or 'the model'} is computed from "
+                f"{' and '.join(call.sources)}: name the binary kernels yourself "
+                "(binary=[...], train --binary NAME[,NAME])"
+            )
         if call.binary_kernel and call.weight not in found:
             found[call.weight] = _kernel(call.weight, params[call.weight], call)  # type: ignore[index]
     return list(found.values())
@@ -431,19 +439,16 @@ class _Recorder(TorchFunctionMode):
         binary_input = _binarized_input(x)
         name = sources[0] if sources else None
         kernel = self._kind(name, weight, out_axis) if name else "none"
-        call = LayerCall(
-            op=op, module=self.stack[-1], weight=name, kernel=kernel, binary_input=binary_input,
-            holds_pm1=self.holds_pm1.get(name, False) if name else False,
-            weight_shape=tuple(weight.shape), output_shape=tuple(output.shape[1:]),
-            macs=_macs(op, weight, output, out_axis) // max(self.batch, 1),
-        )  # fmt: skip
-        if len(sources) > 1 and call.binary_kernel:
-            raise ConfigError(
-                f"the {op} kernel in {call.module or 'the model'} is computed from "
-                f"{' and '.join(sources)}: name the binary kernels yourself "
-                "(binary=[...], train --binary NAME[,NAME])"
+        self.trace.calls.append(
+            LayerCall(
+                op=op, module=self.stack[-1], weight=name, kernel=kernel,
+                binary_input=binary_input,
+                holds_pm1=self.holds_pm1.get(name, False) if name else False,
+                weight_shape=tuple(weight.shape), output_shape=tuple(output.shape[1:]),
+                macs=_macs(op, weight, output, out_axis) // max(self.batch, 1),
+                sources=tuple(sources),
             )
-        self.trace.calls.append(call)
+        )  # fmt: skip
 
     def _numel(self, name: str) -> int:
         return self.probe.get_parameter(name).numel()
@@ -452,7 +457,9 @@ class _Recorder(TorchFunctionMode):
         param = self.probe.get_parameter(name)
         if weight.untyped_storage().data_ptr() == param.untyped_storage().data_ptr():
             return "as-is"
-        return "binarized" if _binary_or_scaled(weight.detach(), out_axis) else "computed"
+        # rounding of the detach trick's (a - w) + w is relative to the latent weight w
+        slack = ROUNDING * float(param.detach().abs().max())
+        return "binarized" if _binary_or_scaled(weight.detach(), out_axis, slack) else "computed"
 
     def _sources(self, tensor: Any) -> list[str]:
         """The parameters `tensor` is computed from, by autograd's graph; for a tensor outside
@@ -480,7 +487,8 @@ class _Recorder(TorchFunctionMode):
             if variable is not None and id(variable) in self.params:
                 found[self.params[id(variable)]] = None
             pending.extend(parent for parent, _ in node.next_functions)
-        return list(found)
+        order = list(self.params.values())
+        return sorted(found, key=order.index)  # the model's order, whatever the graph's
 
 
 # How far from ±1 (relative) a binarized value may lie: the straight-through "detach trick"
@@ -507,14 +515,13 @@ def _binarized_input(x: torch.Tensor) -> bool:
     return bool((~zeros | padding).all()) and bool(plus_minus_one.any())
 
 
-def _binary_or_scaled(weight: torch.Tensor, out_axis: int) -> bool:
-    """±1, or ±1 times one positive scale per output channel (along `out_axis`), up to
-    `ROUNDING`."""
+def _binary_or_scaled(weight: torch.Tensor, out_axis: int, slack: float = 0.0) -> bool:
+    """±1, or ±1 times one positive scale per output channel (along `out_axis`), up to a
+    relative `ROUNDING` or an absolute `slack`."""
     magnitudes = weight.abs().movedim(out_axis, 0).reshape(weight.shape[out_axis], -1)
     first = magnitudes[:, :1]
-    return bool((magnitudes > 0).all()) and bool(
-        ((magnitudes - first).abs() <= ROUNDING * first).all()
-    )
+    tolerance = torch.clamp(ROUNDING * first, min=slack)
+    return bool((magnitudes > 0).all()) and bool(((magnitudes - first).abs() <= tolerance).all())
 
 
 def _macs(op: str, weight: torch.Tensor, output: torch.Tensor, out_axis: int) -> int:

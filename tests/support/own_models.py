@@ -1,0 +1,163 @@
+"""BNNs as papers' code writes them, nothing from bnnexport: what "your own model" means.
+
+- `latent_detach_bnn`: latent real weights binarized in forward with the detach trick (ReActNet,
+  Bi-Real, IR-Net code: `(sign(w) - w).detach() + w`), Bi-Real's polynomial approx-sign on the
+  activations through the same trick, float residual shortcuts and a Bi-Real downsampling
+  shortcut (average pool, float 1x1 conv).
+- `plus_minus_one_bnn`: ±1 `nn.Parameter` kernels used as they are, a custom
+  `torch.autograd.Function` STE, an XNOR-Net++-style learned per-channel scale Γ after each
+  binary conv, and a binary head written as `x @ w.t()`.
+- `unexportable_bnn`: a BNN PyTorch trains fine but the legacy ONNX exporter refuses: an
+  `AdaptiveAvgPool2d((3, 3))` on a 7x7 map (3 is no factor of 7).
+- `three_channel_bnn`: a 3-channel model, whatever data it is given (MNIST has 1 channel).
+
+`KERNELS[factory]` lists the binary kernels discovery must find. Every factory takes
+`num_classes` and `input_shape` as `--model module:factory` passes them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def sign(x: torch.Tensor) -> torch.Tensor:
+    """+1 where x >= 0, else -1 (torch.sign would map 0 to 0)."""
+    return torch.where(x >= 0, 1.0, -1.0)
+
+
+def detach_sign(w: torch.Tensor) -> torch.Tensor:
+    """sign(w) forward, identity backward: the detach trick on a latent weight."""
+    return (sign(w) - w).detach() + w
+
+
+def approx_sign(x: torch.Tensor) -> torch.Tensor:
+    """Bi-Real-Net's activation: sign(x) forward, the piecewise polynomial's gradient backward,
+    written with the detach trick as the paper's code does."""
+    polynomial = torch.where(
+        x < -1, -1.0, torch.where(x < 0, 2 * x + x * x, torch.where(x < 1, 2 * x - x * x, 1.0))
+    )
+    return sign(x).detach() - polynomial.detach() + polynomial
+
+
+class BiRealBlock(nn.Module):
+    """approx_sign -> binary 3x3 conv (latent weight, detach trick) -> BatchNorm, plus the
+    float shortcut; with `stride` 2 the shortcut is Bi-Real's average pool + float 1x1 conv."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, 3, 3) * 0.1)
+        self.bn = nn.BatchNorm2d(out_channels)
+        self.stride = stride
+        self.shortcut = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.AvgPool2d(stride), nn.Conv2d(in_channels, out_channels, 1, bias=False),
+                nn.BatchNorm2d(out_channels),
+            )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(approx_sign(x), detach_sign(self.weight), stride=self.stride, padding=1)
+        return self.bn(y) + self.shortcut(x)
+
+
+class LatentDetachBNN(nn.Module):
+    def __init__(self, num_classes: int = 10, input_shape=(1, 28, 28)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(input_shape[0], 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+        )
+        self.blocks = nn.Sequential(BiRealBlock(16, 16), BiRealBlock(16, 32, stride=2))
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def latent_detach_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
+    return LatentDetachBNN(num_classes, tuple(input_shape))
+
+
+class SignSTE(torch.autograd.Function):
+    """+1 where x >= 0, else -1; backward: the gradient where |x| <= 1 (the clipped STE)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.where(x >= 0, 1.0, -1.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= 1).to(grad.dtype)
+
+
+class PlusMinusOneBNN(nn.Module):
+    """Real stem; two binary convs whose ±1 kernels are used as they are, each followed by a
+    learned per-channel scale Γ (XNOR-Net++) and BatchNorm; a binary head as a matmul."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 28, 28)) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        self.stem = nn.Conv2d(channels, 32, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(32)
+        self.conv1 = nn.Parameter(sign(torch.randn(32, 32, 3, 3)))
+        self.gamma1 = nn.Parameter(torch.ones(1, 32, 1, 1))
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Parameter(sign(torch.randn(32, 32, 3, 3)))
+        self.gamma2 = nn.Parameter(torch.ones(1, 32, 1, 1))
+        self.bn2 = nn.BatchNorm2d(32)
+        self.fc = nn.Parameter(sign(torch.randn(num_classes, 32 * (height // 4) * (width // 4))))
+        self.bn_out = nn.BatchNorm1d(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn0(self.stem(x))
+        x = F.max_pool2d(
+            self.bn1(F.conv2d(SignSTE.apply(x), self.conv1, padding=1) * self.gamma1), 2
+        )
+        x = F.max_pool2d(
+            self.bn2(F.conv2d(SignSTE.apply(x), self.conv2, padding=1) * self.gamma2), 2
+        )
+        return self.bn_out(SignSTE.apply(x.flatten(1)) @ self.fc.t())
+
+
+def plus_minus_one_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
+    return PlusMinusOneBNN(num_classes, tuple(input_shape))
+
+
+class UnexportableBNN(nn.Module):
+    """A binary conv on a 7x7 map, then AdaptiveAvgPool2d((3, 3)): trains, does not export."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 28, 28)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(input_shape[0], 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+            nn.MaxPool2d(4),
+        )  # fmt: skip
+        self.weight = nn.Parameter(torch.randn(16, 16, 3, 3))
+        self.bn = nn.BatchNorm2d(16)
+        self.pool = nn.AdaptiveAvgPool2d((3, 3))
+        self.head = nn.Linear(16 * 9, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.bn(F.conv2d(SignSTE.apply(x), SignSTE.apply(self.weight), padding=1))
+        return self.head(self.pool(x).flatten(1))
+
+
+def unexportable_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
+    return UnexportableBNN(num_classes, tuple(input_shape))
+
+
+def three_channel_bnn(num_classes: int = 10) -> nn.Module:
+    """A model for RGB images, given whatever the data is (its factory ignores input_shape)."""
+    return UnexportableBNN(num_classes, (3, 28, 28))
+
+
+KERNELS = {
+    "latent_detach_bnn": ["blocks.0.weight", "blocks.1.weight"],
+    "plus_minus_one_bnn": ["conv1", "conv2", "fc"],
+    "unexportable_bnn": ["weight"],
+}
