@@ -9,7 +9,8 @@ and the model's record of binary kernels: a layer is every conv, linear or matmu
 makes, a module's own `nn.Conv2d` as much as `F.conv2d(ste(x), ste(self.w))` in a forward of
 your own, with the MACs of the shapes it saw. Its weights are 1 bit when the record lists its
 kernel, its input 1 bit when the call's input is binarized; binary MACs are those of calls with
-both. Modules holding other parameters (BatchNorm, PReLU) get a row of their own without MACs.
+both. Layers holding other parameters (BatchNorm, PReLU) get a row of their own without MACs,
+and so does each other parameter of a module of yours (a learned scale).
 
 Example:
     >>> from bnnexport.models import create_model
@@ -130,11 +131,16 @@ def _rows(
     for name, module in model.named_modules():
         own = {f"{name}.{p}" if name else p: v for p, v in module.named_parameters(recurse=False)}
         rest = {key: value for key, value in own.items() if key not in claimed}
-        if rest:  # a module the pass never returned from still counts its parameters
-            claimed.update(rest)
-            output = outputs.get(name, [])
-            row = _row(name or "(model)", type(module).__name__, 32, rest, binary, output)
-            module_rows.append((finished.get(name, len(call_rows)), row))
+        if not rest:
+            continue
+        claimed.update(rest)  # a module the pass never returned from still counts them
+        output, at = outputs.get(name, []), finished.get(name, len(call_rows))
+        if type(module).__module__.startswith("torch.nn"):  # a layer: BatchNorm, PReLU
+            row = _row(name, type(module).__name__, 32, rest, binary, output)
+            module_rows.append((at, row))
+        else:  # bare parameters of a module of your own (a learned scale): one row each
+            for key, value in rest.items():
+                module_rows.append((at, _row(key, "parameter", 32, {key: value}, binary, [])))
     rows: list[LayerSummary] = []
     for position in range(len(call_rows) + 1):
         rows += [row for at, row in module_rows if at == position]

@@ -16,27 +16,12 @@ import pytest
 from PIL import Image
 from support.cli import run_in_process
 from support.guarantees import assert_one_line_error
+from support.image_folders import write_plain_folder
 
 from bnnexport.runs import load_checkpoint
 
-CLASSES = ("dots", "stripes", "plain")
 MODULE = "support.handwritten_bnn"  # a model defined outside bnnexport
 MODEL = f"{MODULE}:hand_written_bnn"
-
-
-def write_plain_folder(root, per_class: int = 6, size: int | tuple[int, int] = 32):
-    """ROOT/CLASS/*.png: three synthetic classes at `size` (N, or (height, width)), each its
-    own pattern."""
-    shape = (size, size) if isinstance(size, int) else tuple(size)
-    rng = np.random.default_rng(0)
-    grid = np.indices(shape).sum(axis=0)
-    patterns = [grid % 4 == 0, np.indices(shape)[1] % 6 < 3, np.zeros(shape, bool)]
-    for name, pattern in zip(CLASSES, patterns, strict=True):
-        (root / name).mkdir(parents=True)
-        for k in range(per_class):
-            base = np.where(pattern, 220, 40)[..., None] + rng.normal(0, 12, (*shape, 3))
-            Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(root / name / f"{k}.png")
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -18,3 +18,21 @@ def write_image_folder(root, classes=("cat", "dog", "emu"), per_class=4, size=(4
                 pixels = np.clip(rng.normal(60 + 60 * index, 10, (*size[::-1], 3)), 0, 255)
                 Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{k}.png")
     return root
+
+
+CLASSES = ("dots", "stripes", "plain")
+
+
+def write_plain_folder(root, per_class: int = 6, size: int | tuple[int, int] = 32):
+    """ROOT/CLASS/*.png: three synthetic classes at `size` (N, or (height, width)), each its
+    own pattern."""
+    shape = (size, size) if isinstance(size, int) else tuple(size)
+    rng = np.random.default_rng(0)
+    grid = np.indices(shape).sum(axis=0)
+    patterns = [grid % 4 == 0, np.indices(shape)[1] % 6 < 3, np.zeros(shape, bool)]
+    for name, pattern in zip(CLASSES, patterns, strict=True):
+        (root / name).mkdir(parents=True)
+        for k in range(per_class):
+            base = np.where(pattern, 220, 40)[..., None] + rng.normal(0, 12, (*shape, 3))
+            Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(root / name / f"{k}.png")
+    return root

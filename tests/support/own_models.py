@@ -9,7 +9,8 @@
   binary conv, and a binary head written as `x @ w.t()`.
 - `unexportable_bnn`: a BNN PyTorch trains fine but the legacy ONNX exporter refuses: an
   `AdaptiveAvgPool2d((3, 3))` on a 7x7 map (3 is no factor of 7).
-- `three_channel_bnn`: a 3-channel model, whatever data it is given (MNIST has 1 channel).
+- `three_channel_bnn`: a 3-channel model, whatever data it is given (MNIST has 1 channel);
+  `mislabelled_mnist`, a data set loader that declares the wrong input shape.
 
 `KERNELS[factory]` lists the binary kernels discovery must find. Every factory takes
 `num_classes` and `input_shape` as `--model module:factory` passes them.
@@ -161,3 +162,13 @@ KERNELS = {
     "plus_minus_one_bnn": ["conv1", "conv2", "fc"],
     "unexportable_bnn": ["weight"],
 }
+
+
+def mislabelled_mnist(data_dir=None, augment: bool = True):
+    """A loader of your own whose DatasetSplits declares CIFAR's shape for MNIST's images."""
+    import dataclasses
+
+    from bnnexport.datasets import load_dataset
+
+    data = load_dataset("mnist5k", data_dir, augment=augment)
+    return dataclasses.replace(data, input_shape=(3, 32, 32))
