@@ -8,11 +8,14 @@ loader that declares a wrong shape, is one line before anything is written."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 from support import own_models
-from support.cli import run_in_process
+from support.cli import COMMAND, run_in_process
 from support.guarantees import assert_one_line_error
 from support.handwritten_bnn import hand_written_bnn
 
@@ -139,3 +142,19 @@ def test_convert_refuses_a_graph_that_lost_binary_layers_the_record_lists(tmp_pa
     result = run_in_process("convert", run, "--disable-rewrite", "ste-detach")
     assert_one_line_error(result, 1, "(unrecognised): the model's record lists 2 binary layers")
     assert not (run / "model-arm64.tflite").exists()
+
+
+@pytest.mark.slow
+def test_init_sign_says_what_it_set_in_one_warning_line(tmp_path):
+    """In a process of its own: pytest would catch the warning before it is printed."""
+    tests = Path(__file__).resolve().parents[1]
+    args = ["--model", "support.handwritten_bnn:hand_written_bnn", *FAST, "--out", tmp_path / "r"]
+    env = {**os.environ, "PYTHONPATH": str(tests)}
+    result = subprocess.run([*COMMAND, "train", *map(str, args)], capture_output=True,
+                            text=True, env=env, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "init_sign" in line]
+    assert said == [
+        "bnnexport: warning: init_sign: set 3 binary kernel(s) to sign(w), ties to +1: w1, w2, fc"
+    ]
+    assert "return OPTIMIZERS" not in result.stderr  # no source line under it
