@@ -476,7 +476,10 @@ class _Trainer:
         self.counter = FlipCounter(self.model, self.optimizer.binary_kernels)
         self.l2_weights = first_and_last_weights(self.model) if config.l2_first_last else []
         per_rank = -(-len(self.data.train) // context.world_size)
-        self.steps_per_epoch = max(1, -(-per_rank // config.batch_size))
+        # a last batch of one sample is dropped: BatchNorm cannot train on one value a channel
+        full, rest = divmod(per_rank, config.batch_size)
+        self.drop_last = rest == 1 and full > 0
+        self.steps_per_epoch = max(1, full + (rest > 0 and not self.drop_last))
         self.log_every = config.log_every or max(1, self.steps_per_epoch // 100)
 
     def loader(self, epoch: int) -> DataLoader:
@@ -496,6 +499,7 @@ class _Trainer:
                 batch_size=self.config.batch_size,
                 sampler=sampler,
                 num_workers=self.config.num_workers,
+                drop_last=self.drop_last,
             )
         return DataLoader(
             self.data.train,
@@ -503,6 +507,7 @@ class _Trainer:
             shuffle=True,
             num_workers=self.config.num_workers,
             generator=torch.Generator().manual_seed(self.config.seed + epoch),
+            drop_last=self.drop_last,
         )
 
     def train_epoch(self, epoch: int, show: bool) -> _EpochResult:

@@ -172,3 +172,15 @@ def mislabelled_mnist(data_dir=None, augment: bool = True):
 
     data = load_dataset("mnist5k", data_dir, augment=augment)
     return dataclasses.replace(data, input_shape=(3, 32, 32))
+
+
+def mnist_101(data_dir=None, augment: bool = True):
+    """mnist5k cut to 101 training images: batches of 50 leave a last batch of one."""
+    import dataclasses
+
+    from torch.utils.data import Subset
+
+    from bnnexport.datasets import load_dataset
+
+    data = load_dataset("mnist5k", data_dir, augment=augment)
+    return dataclasses.replace(data, train=Subset(data.train, range(101)))

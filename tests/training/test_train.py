@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli import COMMAND, run_process
+from support.cli import COMMAND, run_in_process, run_process
 from support.waiting import training_in_epoch, wait_until
 
 from bnnexport.layers import binary_parameters
@@ -166,3 +166,15 @@ def test_python_m_and_console_script_both_run():
     assert run_process("--help").returncode == 0
     script = Path(sys.executable).parent / "bnnexport"
     assert subprocess.run([str(script), "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_last_batch_of_one_image_is_dropped_not_a_batchnorm_traceback(tmp_path):
+    """BatchNorm1d cannot train on one value a channel: 101 images at batch 50 train 2 steps."""
+    out = tmp_path / "run"
+    args = ["--model", "support.handwritten_bnn:hand_written_bnn", "--init-sign",
+            "--dataset", "support.own_models:mnist_101", "--epochs", "1", "--out", out]  # fmt: skip
+    result = run_in_process("train", *args)
+    assert result.returncode == 0, result.stderr
+    steps = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
+    assert sum(r["steps"] for r in steps) == 2
