@@ -166,3 +166,20 @@ def test_unregistered_input_quantizer_is_not_supported():
 def test_training_ends_with_a_strict_verify(trained_run):
     assert json.loads((trained_run / "train.json").read_text())["strict"] is True
     assert json.loads((trained_run / "verify.json").read_text())["strict"] is True
+
+
+@pytest.mark.parametrize("record", ["none", "names"])
+def test_a_checkpoint_from_before_records_is_decided_by_the_same_function(
+    trained_run, tmp_path, record
+):
+    """No `binary_kernels` (a zoo run of an older version), or a list of names (a model of your
+    own from an older version): decided when read, to the same record training writes now."""
+    data = load_checkpoint(trained_run)
+    names = [k["name"] for k in data["binary_kernels"]["kernels"]]
+    data = {k: v for k, v in data.items() if k not in ("format", "version", "binary_kernels")}
+    if record == "names":
+        data["binary_kernels"] = names
+    old = save_checkpoint(tmp_path / "old.pt", data)
+    report = verify(old)
+    assert report.strict and report.binary_parameters == 456704
+    assert [layer.name for layer in report.layers] == ["features.2", "features.5", "classifier.1"]
