@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,11 +84,20 @@ class ConversionResult:
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
+    """`payload` in a new `.convert-XXXX` file of `directory`, created with mode 0666 so the
+    kernel applies the umask, as for every other file bnnexport writes (mkstemp's 0600 would
+    leave the flatbuffers alone unreadable to others; docs/ARCHITECTURE.md "Run directory")."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".convert-", suffix=suffix, dir=directory)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(payload)
-    return Path(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = directory / f".convert-{secrets.token_hex(6)}{suffix}"
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:  # a name drawn twice: draw again
+            continue
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        return path
 
 
 def random_inputs(shape: list[int], samples: int = RANDOM_SAMPLES, seed: int = 0) -> np.ndarray:
