@@ -43,7 +43,8 @@ from bnnexport.cli.common import (
     metavar="LAYER|all",
     help="Let this binary layer (its ONNX node name, as the error names it) stay a "
     "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
-    "layers are listed in the report's float_fallbacks.",
+    "layers are listed in the report's float_fallbacks. A name that is no binary layer of "
+    "the model is refused (exit 2), listing the ones it has.",
 )
 @count_option(
     "--batched-copy",
