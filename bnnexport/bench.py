@@ -358,7 +358,7 @@ def bench(
         ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     # PyTorch comes first: the reference for every other backend
-    results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
+    results, host_outputs = _measure_host(backends, inputs, labels, options, progress, run.samples)
     reference = host_outputs[results[0].name]
     identity = raw = None
     if device is not None and connected is not None:
@@ -400,10 +400,14 @@ def _measure_host(
     labels: np.ndarray,
     options: BenchOptions,
     progress: bool,
+    samples_path: str | Path | None,
 ) -> tuple[list[BackendResult], dict[str, np.ndarray]]:
     """Score and time each backend on the host: (rows, outputs by backend). The first
-    backend's outputs are the reference every row's agreement is measured against."""
+    backend's outputs are the reference every row's agreement is measured against; before
+    anything is timed they must have a class for every label of `samples_path`."""
     import torch
+
+    from bnnexport.runs import require_labels_fit
 
     x1 = np.ascontiguousarray(inputs[:1])
     results: list[BackendResult] = []
@@ -413,6 +417,8 @@ def _measure_host(
         for name, path, factory in _progress(backends, progress):
             predict, call = factory(x1)
             outputs = np.asarray(predict(inputs), np.float32).reshape(len(inputs), -1)
+            if not host_outputs and samples_path is not None:
+                require_labels_fit(labels, outputs.shape[1], samples_path)
             reference = host_outputs.get(backends[0][0], outputs)
             host_outputs[name] = outputs
             latency = time_calls(call, options.runs, options.warmup)
@@ -550,7 +556,7 @@ def bench_model_file(
         if flatbuffer is None:
             raise CheckpointError(f"{path}: a device runs the LCE flatbuffer; convert it first")
         connected = Connected(*reach_device(device), flatbuffer)
-    results, host_outputs = _measure_host(backends, inputs, labels, options, progress)
+    results, host_outputs = _measure_host(backends, inputs, labels, options, progress, samples_file)
     reference = host_outputs[results[0].name]
     identity = profile = None
     if device is not None and connected is not None:

@@ -5,10 +5,12 @@ A thin stage over `converters.lce.convert_onnx` (which never imports bnnexport):
 files of a run directory and hands the converter the export stage's test samples plus PyTorch
 as an extra reference (`bnnexport.torch_probe`: its outputs, its signs via hooks on the
 binarizations, its exact-grid twin), so LCE's own outputs are compared with PyTorch on every
-sample. A raw MODEL.onnx is converted next to itself (MODEL-arm64.tflite) and checked on
-random inputs against ONNX Runtime. The report gives plain agreement (before any sign-tie
-replay) beside resolved agreement for each comparison (docs/ARCHITECTURE.md, "Conversion
-gate"), and writes RUN_DIR/convert.json.
+sample. A raw MODEL.onnx is converted to `out` (default: MODEL-arm64.tflite beside it) and
+checked on random inputs against ONNX Runtime; only the flatbuffer, the manifest of its folder
+(provenance.json) and, on a refusal, the gate's diagnostics are written there. A folder that
+is not a run directory is refused, never written into. The report gives plain agreement
+(before any sign-tie replay) beside resolved agreement for each comparison
+(docs/ARCHITECTURE.md, "Conversion gate"); a run's is also written to RUN_DIR/convert.json.
 
 Example:
     >>> from bnnexport.convert import convert_run
@@ -20,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 import time
 import warnings
@@ -142,17 +145,25 @@ class ConvertReport(Report):
         return "\n".join(lines)
 
 
-def _locate(path: Path, target: str, batch: int) -> tuple[Path, Path, Path, RunDir | None]:
+def _locate(
+    path: Path, target: str, batch: int, out: Path | None = None
+) -> tuple[Path, Path, Path, RunDir | None]:
     """(onnx, flatbuffer, float tflite, run dir or None) for a run directory or an .onnx file.
 
-    A flatbuffer converted at a batch other than 1 carries it in its name (model-arm64-b8.tflite,
-    the name `--batched-copy 8` gives the same model), so two batches never share one file."""
+    A raw MODEL.onnx goes to `out`, by default MODEL-TARGET.tflite beside it; its float model
+    to OUT-STEM-float.tflite (MODEL-float.tflite by default). A flatbuffer converted at a batch
+    other than 1 carries it in its default name (model-arm64-b8.tflite, the name
+    `--batched-copy 8` gives the same model), so two batches never share one file."""
     from converters.batch import batched_path
 
     if path.is_dir():
-        run = RunDir(path)
-        if not run.onnx.is_file():
-            raise CheckpointError(f"{path} has no model.onnx: run `bnnexport export {path}` first")
+        if out is not None:
+            raise ConfigError(
+                f"--out names where a MODEL.onnx is converted to; {path} is a folder, and a run "
+                f"directory's flatbuffer is always {RunDir(path).flatbuffer(target)} (what "
+                "bench reads)"
+            )
+        run = _require_run(path)
         onnx_path, output, float_output = (
             run.onnx, run.flatbuffer(target), run.root / "model-float.tflite"
         )  # fmt: skip
@@ -160,12 +171,39 @@ def _locate(path: Path, target: str, batch: int) -> tuple[Path, Path, Path, RunD
         run, stem = None, path.with_suffix("")
         onnx_path, output = path, Path(f"{stem}-{target}.tflite")
         float_output = Path(f"{stem}-float.tflite")
+        if out is not None:
+            output = _require_tflite_name(out)
+            float_output = output.with_name(f"{output.stem}-float.tflite")
     else:
         raise CheckpointError(f"no such run directory or ONNX file: {path}")
     if batch != 1:
         _require_dynamic_batch(onnx_path, batch)
-        output, float_output = batched_path(output, batch), batched_path(float_output, batch)
+        if out is None:
+            output, float_output = batched_path(output, batch), batched_path(float_output, batch)
     return onnx_path, output, float_output, run
+
+
+def _require_run(path: Path) -> RunDir:
+    """`path` as a run directory ready to convert: bnnexport's checkpoint.pt, model.onnx and
+    samples.npz (what train and export leave). Anything else is refused before a file is
+    written into it: a folder of the user's own is not bnnexport's to fill."""
+    run = RunDir(path)
+    if not run.checkpoint.is_file():
+        raise CheckpointError(
+            f"{path} is not a bnnexport run directory (no checkpoint.pt), so convert writes "
+            "nothing into it: give a run directory, or convert an ONNX file with "
+            f"`bnnexport convert MODEL.onnx [--out FILE.tflite]`"
+        )
+    if not run.onnx.is_file():
+        raise CheckpointError(f"{path} has no model.onnx: run `bnnexport export {path}` first")
+    return run
+
+
+def _require_tflite_name(out: Path) -> Path:
+    """`--out` as a flatbuffer's path: ConfigError unless it ends in .tflite."""
+    if out.suffix != ".tflite" or out.name == ".tflite":
+        raise ConfigError(f"--out {out}: name a .tflite file (e.g. net-arm64.tflite)")
+    return out
 
 
 def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
@@ -214,11 +252,12 @@ def convert_run(
     disabled_rewrites: tuple[str, ...] = (),
     progress: bool | None = None,
     trust_twin: bool = False,
+    out: str | Path | None = None,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
     Args:
-        path: a run directory (after `bnnexport export`) or an ONNX file.
+        path: a run directory (with checkpoint.pt, after `bnnexport export`) or an ONNX file.
         target: "arm64" or "arm32" (the same LCE target "arm"; only the file name differs).
         fmt: "lce", or "tflite" to also write a float TFLite model (model-float.tflite).
         samples: check on only the first N samples of samples.npz (None = all).
@@ -233,19 +272,27 @@ def convert_run(
         trust_twin: accept a model the real-weight check cannot decide (many binarization
             inputs within rounding of zero) when its exact-grid twin passes; recorded in the
             report's `trusted_twin`.
+        out: where the flatbuffer of an ONNX file goes (a .tflite path; default
+            MODEL-TARGET.tflite beside it, or MODEL-TARGET-bN.tflite at `batch` N). Its folder
+            also gets provenance.json, with `fmt` "tflite" OUT-STEM-float.tflite
+            (MODEL-float.tflite by default), with `batched_copy` OUT-STEM-bN.tflite, and on a
+            refusal OUT-STEM-gate-refusal.json; not for a run directory (ConfigError).
 
     Raises:
         FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch
-        (diagnostics in RUN_DIR/gate-refusal.json, or MODEL-TARGET-gate-refusal.json);
-        FloatFallbackError (exit 1) when a binary layer would stay float; UnsupportedOpError,
-        InvalidModelError, CheckpointError (exit 2).
+        (diagnostics in RUN_DIR/gate-refusal.json, or OUT-STEM-gate-refusal.json beside the
+        flatbuffer); FloatFallbackError (exit 1) when a binary layer would stay float;
+        UnsupportedOpError, InvalidModelError, CheckpointError (a folder that is not a run
+        directory), ForeignFileError (a file of the user's in the way), ConfigError (exit 2).
     """
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     start = time.perf_counter()
-    onnx_path, output, float_output, run = _locate(Path(path), target, batch)
+    onnx_path, output, float_output, run = _locate(
+        Path(path), target, batch, None if out is None else Path(out)
+    )
     if run is not None:
         provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     outputs = _outputs(output, float_output if fmt == "tflite" else None, batched_copy, run)
@@ -286,7 +333,10 @@ def convert_run(
         options.step("accepted on the exact-grid twin alone (--trust-twin): see trusted_twin")
     for written in outputs:
         if written.suffix == ".tflite" and written.is_file():
-            provenance.record(written.parent, written.name, [onnx_path.name])
+            # the source by its path from the flatbuffer's folder, so `bench OUT.tflite` finds
+            # the ONNX model it was made from wherever --out put it
+            source = os.path.relpath(onnx_path, written.parent)
+            provenance.record(written.parent, written.name, [source])
     if run is not None:
         report.save(run.root / "convert.json")
     return report
@@ -305,12 +355,12 @@ def _model_of(run: RunDir | None) -> LoadedModel | None:
 def _checks_of(
     run: RunDir | None, onnx_path: Path, samples: int | None, loaded: LoadedModel | None
 ) -> tuple[np.ndarray | None, list[Reference]]:
-    """The gate's inputs (a run's samples; None: the converter draws random ones) and the
-    references besides ONNX Runtime (PyTorch, for a run with its checkpoint)."""
+    """The gate's inputs (a run's samples; None for an ONNX file: the converter draws random
+    ones) and the references besides ONNX Runtime (PyTorch, for a run)."""
     if run is None:
         return None, []
-    inputs, _labels = load_samples(run, samples, required=False)
-    if inputs is None or loaded is None:
+    inputs, _labels = load_samples(run, samples)
+    if loaded is None:
         return inputs, []
     return inputs, [torch_reference(loaded.model, onnx_path)]
 
@@ -375,7 +425,8 @@ def convert_batched_copy(
 def _outputs(
     output: Path, float_output: Path | None, batched_copy: int | None, run: RunDir | None
 ) -> list[Path]:
-    """Every file a conversion may write: the flatbuffer(s), the batched copy, convert.json."""
+    """Every file a conversion may write besides its folder's provenance.json (the manifest)
+    and a refusal's diagnostics: the flatbuffer(s), the batched copy, a run's convert.json."""
     from converters.batch import batched_path
 
     written = [output] + ([float_output] if float_output is not None else [])

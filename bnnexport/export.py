@@ -7,9 +7,10 @@ of those scaled sums turns a binary conv's exact zeros into tiny signed values, 
 would no longer agree with PyTorch's sign(0) = +1. Kept separate, kernels stay exactly ±1 and the
 ONNX model computes exactly what PyTorch does; the converter folds BatchNorm itself.
 
-The test samples every later fidelity check uses are written to RUN_DIR/samples.npz first.
 model.onnx is written through a temporary file and replaced only when ONNX Runtime agrees with
-PyTorch (`converters.gate`), so a failed export leaves any previous model.onnx untouched. A
+PyTorch (`converters.gate`), so a failed export leaves any previous model.onnx untouched; the
+test samples every later fidelity check uses go to RUN_DIR/samples.npz with it. With `out`, the
+ONNX model goes there instead and the run directory is left as it is. A
 sample where the two part only at float-rounding ties of binarization inputs (deep models with
 real-valued paths meet some at 224x224) passes when PyTorch, run with ONNX Runtime's signs
 imposed at every binarization (`bnnexport.torch_probe`), reproduces ONNX Runtime's outputs and
@@ -40,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bnnexport import provenance
-from bnnexport.errors import ExporterError
+from bnnexport import files, provenance
+from bnnexport.errors import ConfigError, ExporterError
 from bnnexport.progress import Steps
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, open_model
@@ -217,8 +218,9 @@ def export_onnx(
     batch: int = 1,
     samples: int = 1000,
     progress: bool | None = None,
+    out: str | Path | None = None,
 ) -> ExportReport:
-    """Export a run's model to RUN_DIR/model.onnx and check it in ONNX Runtime.
+    """Export a run's model to RUN_DIR/model.onnx (or `out`) and check it in ONNX Runtime.
 
     Args:
         run_dir: the run directory (with checkpoint.pt).
@@ -226,9 +228,14 @@ def export_onnx(
         batch: the batch dimension written into the model (LCE runs batch 1).
         samples: how many test samples to write to samples.npz and check on.
         progress: step lines on stderr (None: only when stderr is a terminal).
+        out: an .onnx path to write instead of RUN_DIR/model.onnx (None: the run's). The run
+            directory then stays as it is (model.onnx, samples.npz, export.json), so
+            `convert RUN_DIR` still converts its own model.onnx; OUT's folder gets OUT, its
+            manifest provenance.json and, on a refusal, OUT-STEM-gate-refusal.json.
 
     Raises:
-        CheckpointError / DataError (exit 2), NotBinaryError or FidelityError (exit 1).
+        CheckpointError / DataError / ConfigError / ForeignFileError (exit 2), NotBinaryError
+        or FidelityError (exit 1).
     """
     if not 13 <= opset <= 18:
         raise ValueError(f"opset must be between 13 and 18, got {opset}")
@@ -237,6 +244,7 @@ def export_onnx(
     start = time.perf_counter()
     steps = Steps("export", progress)
     run = RunDir(run_dir).require()
+    destination, refusal = _destination(run, out)
     loaded = open_model(run.root)
     checkpoint, model = loaded.checkpoint, loaded.model
     _check_binary(run)
@@ -254,18 +262,21 @@ def export_onnx(
         )  # fmt: skip
         steps(f"check in ONNX Runtime against PyTorch on {len(inputs)} samples")
         reference = torch_outputs(model, inputs)
-        candidate, gate = check_onnx(model, path, inputs, reference, run.root / "gate-refusal.json")
+        candidate, gate = check_onnx(model, path, inputs, reference, refusal)
         import onnx
 
         binary = len(find_binary_layers(onnx.load(str(path))))
         payload = path.read_bytes()
-    provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
-    _save_samples(run, inputs, labels)  # only now: a model the exporter refused leaves none
-    write_bytes_atomic(run.onnx, payload)
-    provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
-    provenance.record(run.root, "samples.npz", ["checkpoint.pt"])
+    if destination == run.onnx:
+        provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
+        _save_samples(run, inputs, labels)  # only now: a refused model leaves none
+        write_bytes_atomic(run.onnx, payload)
+        provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
+        provenance.record(run.root, "samples.npz", ["checkpoint.pt"])
+    else:
+        write_bytes_atomic(destination, payload)
     report = ExportReport(
-        onnx=str(run.onnx),
+        onnx=str(destination),
         opset=opset,
         batch=batch,
         samples=len(inputs),
@@ -284,5 +295,22 @@ def export_onnx(
         onnx_bytes=len(payload),
         seconds=time.perf_counter() - start,
     )
-    report.save(run.root / "export.json")
+    if destination == run.onnx:
+        report.save(run.root / "export.json")
     return report
+
+
+def _destination(run: RunDir, out: str | Path | None) -> tuple[Path, Path]:
+    """(where the ONNX model goes, where a refusal's diagnostics go), checked before any work:
+    `out` must name an .onnx file bnnexport may write (`files.require_replaceable`)."""
+    from bnnexport.refusals import REFUSAL_FILE, refusal_path
+
+    if out is None or Path(out).resolve() == run.onnx.resolve():
+        return run.onnx, run.root / REFUSAL_FILE
+    out = Path(out)
+    if out.suffix != ".onnx" or out.name == ".onnx":
+        raise ConfigError(f"--out {out}: name an .onnx file (e.g. net.onnx)")
+    refusal = refusal_path(out, None)
+    for path in (out, refusal):
+        files.require_replaceable(path)
+    return out, refusal

@@ -136,14 +136,26 @@ def owns(path: str | os.PathLike, records: dict[str, dict[str, Any]] | None = No
 
 
 def require_replaceable(path: str | os.PathLike) -> None:
-    """Raise ForeignFileError unless `path` is missing or is a file bnnexport wrote, unchanged."""
+    """Raise ForeignFileError unless bnnexport may write `path`: missing, or a file it wrote,
+    unchanged, in a folder whose manifest is its own (or that has none yet), below no file."""
     path = Path(path)
+    _require_folder_for(path)
+    entries(path.parent)  # a foreign manifest: nothing is written there, so say so now
     if not path.exists() and not path.is_symlink():
         return
     if path.is_dir() or path.is_symlink():
         raise ForeignFileError(f"{path} is in the way: a folder or link bnnexport did not make")
     if not owns(path):
         raise ForeignFileError(_foreign_message(path))
+
+
+def _require_folder_for(path: Path) -> None:
+    """ForeignFileError when a file stands where one of `path`'s folders would be made."""
+    for folder in path.parents:
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                raise ForeignFileError(f"cannot write {path}: {folder} is a file, not a folder")
+            return
 
 
 def _foreign_message(path: Path) -> str:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from bnnexport import files
-from bnnexport.errors import CheckpointError, RunLockedError
+from bnnexport.errors import CheckpointError, DataError, RunLockedError
 from bnnexport.packed import PACKED_NAME, load_packed_state
 from bnnexport.reports import write_bytes_atomic
 
@@ -145,7 +145,31 @@ def read_samples_file(
         inputs, labels = inputs[:limit], labels[:limit]
     if len(inputs) == 0:
         raise CheckpointError(f"{path} holds no samples{suffix}")
+    if labels.min() < -1:
+        raise DataError(
+            f"{path} holds label {int(labels.min())}: a label is a class index from 0, or -1 "
+            f"for a sample without one{suffix}"
+        )
     return inputs, labels
+
+
+def require_labels_fit(labels: np.ndarray, classes: int, path: str | os.PathLike) -> None:
+    """DataError (one line) when a label of the samples file `path` is no class of a model
+    with `classes` outputs: top-1 would be 0 without a word.
+
+    Example:
+        >>> require_labels_fit(np.array([0, 9, -1]), 10, "mine.npz")
+        >>> require_labels_fit(np.array([0, 12]), 10, "mine.npz")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        bnnexport.errors.DataError: mine.npz holds labels up to 12 but the model has 10 classes ...
+    """
+    largest = int(labels.max()) if len(labels) else -1
+    if largest >= classes:
+        raise DataError(
+            f"{path} holds labels up to {largest} but the model has {classes} classes "
+            f"(outputs): labels run from 0 to {classes - 1}, or -1 for none"
+        )
 
 
 _held_locks: dict[Path, int] = {}  # run directory -> nesting depth in this process

@@ -70,6 +70,10 @@ class FloatFallbackError(ConverterError):
     exit_code = 1
 
 
+class UnknownLayerError(ConverterError):
+    """A layer named to stay float (`allow_float`) that is not a binary layer of the model."""
+
+
 class InputShapeError(ConverterError):
     """Inputs given to a model do not have the shape the model takes."""
 

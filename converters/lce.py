@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.errors import ConverterError, FloatFallbackError
+from converters.errors import ConverterError, FloatFallbackError, UnknownLayerError
 from converters.flatbuffer import op_histogram
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
@@ -46,6 +46,7 @@ from converters.translate import translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
+LCE_CONVERTER = "(LCE converter)"  # the fallback LCE's converter made, not the translator
 
 
 @dataclass
@@ -84,11 +85,20 @@ class ConversionResult:
 
 
 def _write_temp(directory: Path, payload: bytes, suffix: str) -> Path:
+    """`payload` in a new `.convert-XXXX` file of `directory`, created with mode 0666 so the
+    kernel applies the umask, as for every other file bnnexport writes (mkstemp's 0600 would
+    leave the flatbuffers alone unreadable to others; docs/ARCHITECTURE.md "Run directory")."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".convert-", suffix=suffix, dir=directory)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(payload)
-    return Path(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = directory / f".convert-{secrets.token_hex(6)}{suffix}"
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:  # a name drawn twice: draw again
+            continue
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        return path
 
 
 def random_inputs(shape: list[int], samples: int = RANDOM_SAMPLES, seed: int = 0) -> np.ndarray:
@@ -197,11 +207,26 @@ def _fallbacks(
         if name not in emitted:
             why.setdefault(name, "the translator has no binary form for the ops around it")
     if histogram.get("LceBconv2d", 0) < len(emitted):
-        why["(LCE converter)"] = (
+        why[LCE_CONVERTER] = (
             f"LCE made {histogram.get('LceBconv2d', 0)} of the {len(emitted)} binary layers "
             "emitted an LceBconv2d"
         )
     return why
+
+
+def _refuse_unknown_layers(allowed: Sequence[str], layers: Sequence[str], onnx_path: Path) -> None:
+    """UnknownLayerError for a name in `allowed` that is none of the model's binary (or
+    binary-looking) `layers` nor "all": a misspelt layer would otherwise be allowed silently,
+    and the one meant refused or kept binary. The LCE converter's own fallback, which the
+    fallback error names "(LCE converter)", may be allowed too."""
+    known = {*layers, "all", LCE_CONVERTER}
+    unknown = [name for name in allowed if name not in known]
+    if unknown:
+        listed = ", ".join(sorted(set(layers))) if layers else "none"
+        raise UnknownLayerError(
+            f"--allow-float {unknown[0]!r}: {onnx_path.name} has no binary layer of that name; "
+            f"its binary layers (ONNX node names): {listed} (or 'all')"
+        )
 
 
 def _refuse_fallbacks(why: dict[str, str], allowed: Sequence[str]) -> list[str]:
@@ -257,6 +282,7 @@ def convert_onnx(
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
+    _refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
     _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     # the graph's folded constants and the original are each a copy of the weights: drop both
     # before the converters run (docs/LCE_NOTES.md "Conversion memory")

@@ -5,6 +5,8 @@ the conversion gate, `bench`'s scoring and `bench`'s timing run the same runtime
 settings:
 
 - `tf`: TensorFlow, imported on first use with its start-up noise discarded;
+- `stderr_filtered`: file descriptor 2 captured around a runtime's creation, every line but
+  the known harmless ones (`HARMLESS_LINES`) written back;
 - `ort_session`: an ONNX Runtime CPU session (intra-op threads as asked, one inter-op thread,
   ORT's kernel-scaling fusions off, see `SCALING_FUSIONS`);
 - `tflite_interpreter`: the stock TFLite interpreter, for the float model;
@@ -33,10 +35,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -54,6 +58,43 @@ if TYPE_CHECKING:
 # scaled sums turns a binary conv's exact zeros into tiny signed values, and sign(0) = +1 flips
 SCALING_FUSIONS = ["ConvBNFusion", "ConvMulFusion", "MatmulBNFusion", "MatMulScaleFusion"]
 
+# what TFLite's C++ runtime prints on fd 2, past Python and TF_CPP_MIN_LOG_LEVEL, the first
+# time an interpreter of the process allocates its tensors; it reports nothing wrong
+# (docs/LCE_NOTES.md "Runtime log lines")
+HARMLESS_LINES = frozenset({"INFO: Created TensorFlow Lite XNNPACK delegate for CPU."})
+
+
+@contextlib.contextmanager
+def stderr_filtered(drop: Callable[[str], bool]) -> Iterator[None]:
+    """File descriptor 2 into a temporary file while the block runs (C++ runtimes write there
+    directly, not through `sys.stderr`); afterwards every captured line for which `drop` is
+    false is written back to fd 2, also when the block raises, so no real error is hidden.
+
+    Example:
+        >>> with stderr_filtered(lambda line: line in HARMLESS_LINES):
+        ...     _ = os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.")
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines = sink.read().splitlines(keepends=True)
+            kept = [ln for ln in lines if not drop(ln.decode(errors="replace").rstrip("\r\n"))]
+            if kept:
+                with os.fdopen(os.dup(2), "wb") as stderr:
+                    stderr.write(b"".join(kept))
+
+
+def _harmless(line: str) -> bool:
+    return line in HARMLESS_LINES
+
 
 def tf() -> ModuleType:
     """The tensorflow module, imported on first use (training never pays for it).
@@ -65,16 +106,8 @@ def tf() -> ModuleType:
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
+    with stderr_filtered(lambda line: True):
         import tensorflow
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
     return tensorflow
 
 
@@ -129,7 +162,8 @@ def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:
 def tflite_interpreter(flatbuffer: str | Path | bytes, threads: int = 1) -> TfliteInterpreter:
     """The stock TFLite interpreter for a float flatbuffer, tensors allocated."""
     data = read_flatbuffer(flatbuffer)
-    with warnings.catch_warnings():  # "tf.lite.Interpreter is deprecated": still the stock one
+    # "tf.lite.Interpreter is deprecated": still the stock one; and its INFO line on fd 2
+    with warnings.catch_warnings(), stderr_filtered(_harmless):
         warnings.simplefilter("ignore")
         try:
             interpreter = tf().lite.Interpreter(model_content=data, num_threads=threads)

@@ -43,7 +43,8 @@ from bnnexport.cli.common import (
     metavar="LAYER|all",
     help="Let this binary layer (its ONNX node name, as the error names it) stay a "
     "float layer instead of failing; repeatable; 'all' allows every one. Allowed "
-    "layers are listed in the report's float_fallbacks.",
+    "layers are listed in the report's float_fallbacks. A name that is no binary layer of "
+    "the model is refused (exit 2), listing the ones it has.",
 )
 @count_option(
     "--batched-copy",
@@ -71,6 +72,18 @@ from bnnexport.cli.common import (
     "A diagnostic: the conversion then names the node that pass would rewrite.",
 )
 @click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.tflite",
+    help="Where the flatbuffer of a MODEL.onnx goes. [default: MODEL-TARGET.tflite beside "
+    "MODEL.onnx; MODEL-TARGET-bN.tflite with --batch N] Its folder also gets provenance.json "
+    "(bnnexport's record of the files it wrote there, so a later command replaces only its "
+    "own), OUT-float.tflite with --format tflite (MODEL-float.tflite by default), OUT-bN.tflite "
+    "with --batched-copy N, and OUT-gate-refusal.json when the gate refuses; nothing else. A "
+    "RUN_DIR's flatbuffer is always RUN_DIR/model-TARGET.tflite (what bench reads).",
+)
+@click.option(
     "--trust-twin",
     is_flag=True,
     help="When the check on real weights cannot decide because more binarization inputs lie "
@@ -91,9 +104,17 @@ def convert_command(
     batch: int,
     disabled: tuple[str, ...],
     trust_twin: bool,
+    out: str | None,
     as_json: bool,
 ) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
+
+    RUN_DIR is a run directory after `bnnexport export` (checkpoint.pt, model.onnx,
+    samples.npz): the flatbuffer, convert.json and the manifest provenance.json go into it, and
+    the gate runs on its samples against ONNX Runtime and PyTorch. Any other folder is refused
+    (exit 2) and nothing is written into it. A MODEL.onnx is converted to --out (default
+    MODEL-TARGET.tflite beside it) and checked on 16 random inputs against ONNX Runtime; what
+    else its folder gets is listed under --out.
 
     Every binary layer (a Conv/MatMul/Gemm with a ±1 kernel fed by a binarization) must become an
     LceBconv2d: exit 1 naming each one that would stay float (see --allow-float). The flatbuffer
@@ -132,5 +153,6 @@ def convert_command(
         disabled_rewrites=disabled,
         trust_twin=trust_twin,
         progress=False if as_json else None,
+        out=out,
     )
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

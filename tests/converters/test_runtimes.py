@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.errors import InvalidModelError
 from converters.runners import run_onnx
-from converters.runtimes import ort_session, read_flatbuffer
+from converters.runtimes import HARMLESS_LINES, ort_session, read_flatbuffer, stderr_filtered
 
 
 def _model(batch: int | str = 1) -> bytes:
@@ -115,3 +117,23 @@ def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypat
     np.testing.assert_array_equal(predict(x), x * 2 + 1)
     call()
     assert opened == [((tmp_path / "model.onnx", 2), {})]
+
+
+XNNPACK_LINE = "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+
+
+def _harmless(line: str) -> bool:
+    return line in HARMLESS_LINES
+
+
+def test_stderr_filtered_drops_the_xnnpack_line_and_writes_back_every_other(capfd):
+    with stderr_filtered(_harmless):
+        os.write(2, f"WARNING: before\n{XNNPACK_LINE}\nERROR: a real one\n".encode())
+    assert capfd.readouterr().err == "WARNING: before\nERROR: a real one\n"
+
+
+def test_stderr_filtered_writes_the_lines_back_when_the_block_raises(capfd):
+    with pytest.raises(RuntimeError), stderr_filtered(_harmless):
+        os.write(2, f"{XNNPACK_LINE}\nERROR: why it failed\n".encode())
+        raise RuntimeError("creation failed")
+    assert capfd.readouterr().err == "ERROR: why it failed\n"

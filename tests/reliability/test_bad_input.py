@@ -479,3 +479,55 @@ def test_convert_at_a_batch_the_graph_hard_codes_away_is_one_line(tmp_path):
     line = assert_one_line_error(invoke("convert", tmp_path / "net.onnx", "--batch", "2"), 2)
     assert "/head/Reshape" in line and "hard-codes batch 1" in line
     assert snapshot(tmp_path) == before
+
+
+def test_allow_float_naming_no_binary_layer_is_one_line_before_tensorflow(tmp_path, monkeypatch):
+    """A misspelt --allow-float was allowed silently: now one line naming it and the model's
+    binary layers, before any translation to TensorFlow (which would fail this test)."""
+    from support.converter_nets import StemAndBinaryConv, export
+
+    import converters.lce
+
+    def no_tensorflow(*args, **kwargs):
+        raise AssertionError("translated to TensorFlow before refusing the name")
+
+    monkeypatch.setattr(converters.lce, "translate", no_tensorflow)
+    onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
+    before = snapshot(tmp_path)
+    args = ("convert", onnx_path, "--allow-float", "/conv/Conv", "--allow-float", "/cnov/Conv")
+    line = assert_one_line_error(invoke(*args), 2, "'/cnov/Conv'", "binary layers", "/conv/Conv")
+    assert "/stem" not in line  # the float stem is no binary layer
+    assert snapshot(tmp_path) == before
+
+
+def _labelled_samples(run: Path, labels: list[int]) -> None:
+    import numpy as np
+
+    inputs = np.zeros((len(labels), 1, 28, 28), np.float32)
+    np.savez(run / "samples.npz", inputs=inputs, labels=np.asarray(labels, np.int64))
+
+
+def test_bench_labels_beyond_the_models_classes_are_one_line_before_timing(
+    trained_run, monkeypatch
+):
+    """mnist-bnn has 10 outputs: a label 10 (or 12) scored top-1 0.0 without a word. The check
+    runs on the first backend's outputs, before anything is timed."""
+    import bnnexport.bench
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed a backend before checking the labels")
+
+    monkeypatch.setattr(bnnexport.bench, "time_calls", no_timing)
+    _labelled_samples(trained_run, [3, 12, 10, -1])
+    before = snapshot(trained_run)
+    assert_one_line_error(
+        invoke("bench", str(trained_run), *BENCH), 2, "samples.npz", "up to 12", "10 classes"
+    )
+    assert snapshot(trained_run) == before
+
+
+def test_bench_a_label_below_minus_one_is_one_line(trained_run):
+    _labelled_samples(trained_run, [3, -2, 1, 0])
+    before = snapshot(trained_run)
+    assert_one_line_error(invoke("bench", str(trained_run), *BENCH), 2, "samples.npz", "label -2")
+    assert snapshot(trained_run) == before

@@ -253,3 +253,30 @@ def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_pat
     result = invoke("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
     assert result.exit_code == 0, result.output[-1500:]
     assert '"step": 999' not in (out / "metrics.jsonl").read_text()
+
+
+@pytest.fixture(params=[0o022, 0o002], ids=["umask-022", "umask-002"])
+def umask(request):
+    """The process umask set to the parameter for one test, then restored."""
+    import os
+
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+@pytest.mark.slow
+def test_a_flatbuffer_gets_the_same_mode_as_every_other_file(tmp_path, umask):
+    """Flatbuffers were 0600 (mkstemp) beside reports following the umask; every file
+    bnnexport writes is 0666 less the umask, the float model and the manifest too."""
+    import stat
+
+    from support.converter_nets import StemAndBinaryConv, export
+
+    onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
+    result = invoke("convert", str(onnx_path), "--format", "tflite")
+    assert result.exit_code == 0, result.output[-1500:]
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir() if p != onnx_path}
+    assert modes == dict.fromkeys(
+        ["net-arm64.tflite", "net-float.tflite", "provenance.json"], 0o666 & ~umask
+    )

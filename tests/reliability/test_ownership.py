@@ -193,3 +193,88 @@ def test_convert_refuses_to_replace_a_users_flatbuffer_before_converting(tmp_pat
     before = snapshot(tmp_path)
     assert "net-arm64.tflite" in one_line_error(invoke("convert", str(onnx_path)))
     assert snapshot(tmp_path) == before
+
+
+def test_convert_beside_a_foreign_manifest_writes_nothing_before_converting(tmp_path):
+    """The folder's provenance.json is the user's: the line says nothing is written there,
+    and nothing is (once a flatbuffer was left behind, converted before the manifest was read)."""
+    onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
+    (tmp_path / "provenance.json").write_text('{"mine": true}\n')
+    before = snapshot(tmp_path)
+    line = one_line_error(invoke("convert", str(onnx_path)))
+    assert "provenance.json" in line and "writes nothing into" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_convert_of_a_folder_that_is_not_a_run_is_refused_and_changes_nothing(tmp_path):
+    """A folder of the user's own model.onnx and samples, no checkpoint.pt: not written into
+    (no convert.json, no manifest, no flatbuffer gated on random inputs)."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    export(StemAndBinaryConv(), (1, 2, 7, 7), proj / "model.onnx")
+    (proj / "samples.npz").write_bytes(b"the user's samples")
+    before = snapshot(proj)
+    line = one_line_error(invoke("convert", str(proj)))
+    assert "not a bnnexport run directory (no checkpoint.pt)" in line and "--out" in line
+    assert snapshot(proj) == before
+
+
+@pytest.mark.parametrize(
+    "out, fragment",
+    [
+        ("net.onnx.txt", "name a .tflite file"),  # not a flatbuffer's name
+        ("notes.txt/net.tflite", "notes.txt is a file, not a folder"),  # below a file
+        ("mine.tflite", "mine.tflite was not written by bnnexport"),  # the user's flatbuffer
+        ("folder", "is a directory"),  # a folder
+    ],
+    ids=["suffix", "below-a-file", "users-file", "folder"],
+)
+def test_convert_out_refuses_a_path_it_cannot_write_in_one_line(tmp_path, out, fragment):
+    onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
+    (tmp_path / "notes.txt").write_text("the user's notes\n")
+    (tmp_path / "mine.tflite").write_bytes(b"the user's flatbuffer")
+    (tmp_path / "folder").mkdir()
+    before = snapshot(tmp_path)
+    line = one_line_error(invoke("convert", str(onnx_path), "--out", str(tmp_path / out)))
+    assert fragment in line
+    assert snapshot(tmp_path) == before
+
+
+def test_convert_out_with_a_run_directory_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    assert invoke(*INIT, "--out", str(run)).exit_code == 0
+    before = snapshot(tmp_path)
+    line = one_line_error(invoke("convert", str(run), "--out", str(tmp_path / "x.tflite")))
+    assert "--out" in line and "model-arm64.tflite" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "out, fragment",
+    [("net.tflite", "name an .onnx file"), ("mine.onnx", "mine.onnx was not written")],
+    ids=["suffix", "users-file"],
+)
+def test_export_out_refuses_a_path_it_cannot_write_before_exporting(tmp_path, out, fragment):
+    run = tmp_path / "run"
+    assert invoke(*INIT, "--out", str(run)).exit_code == 0
+    (tmp_path / "mine.onnx").write_bytes(b"the user's own model")
+    before = snapshot(tmp_path)
+    line = one_line_error(invoke("export", str(run), "--out", str(tmp_path / out)))
+    assert fragment in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_export_out_writes_the_onnx_where_asked_and_leaves_the_run_as_it_is(tmp_path):
+    run = tmp_path / "run"
+    assert invoke(*INIT, "--out", str(run)).exit_code == 0
+    assert invoke("export", str(run), "--samples", "8").exit_code == 0
+    before = snapshot(run)
+    out = tmp_path / "elsewhere" / "net.onnx"
+    result = invoke("export", str(run), "--samples", "8", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    assert json.loads(result.stdout)["onnx"] == str(out)
+    assert snapshot(run) == before  # model.onnx, samples.npz, export.json: the run's own
+    assert sorted(p.name for p in out.parent.iterdir()) == ["net.onnx", "provenance.json"]
+    assert out.read_bytes() == (run / "model.onnx").read_bytes()  # the same export
+    assert files.foreign_files(out.parent) == []

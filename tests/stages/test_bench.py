@@ -160,6 +160,18 @@ def test_cli_table(converted_run):
 
 
 @pytest.mark.slow
+def test_bench_prints_no_tflite_runtime_info_line(converted_run):
+    """The stock interpreter's `INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`, printed
+    by TFLite's C++ runtime on fd 2 in a fresh process, stays out of bench's output."""
+    from support.cli import run_process
+
+    result = run_process("bench", converted_run, "--runs", "2", "--warmup", "0", "--samples", "8")
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "tflite-float" in result.stdout  # the backend whose interpreter prints it ran
+    assert "XNNPACK" not in result.stderr and "INFO:" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
 def test_device_runner_end_to_end_over_ssh(converted_run, sshd):
     result = _cli(
         converted_run,

@@ -77,6 +77,23 @@ def test_samples_file_with_labels_gives_accuracy(converted, tmp_path):
     assert onnx_top1 == pytest.approx(float(np.mean(logits.argmax(1) == np.arange(12) % 4)))
 
 
+@pytest.mark.parametrize(
+    "labels, fragment",
+    [([0, 36, 40, 3], "labels up to 40 but the model has 36 classes"), ([0, -3, 1, 2], "label -3")],
+    ids=["beyond-the-classes", "below-minus-one"],
+)
+def test_labels_no_class_of_the_model_are_one_line(converted, tmp_path, labels, fragment):
+    """Such labels gave top-1 0.0 without a word; the line names the file and the label."""
+    samples = tmp_path / "mine.npz"
+    inputs = np.zeros((4, 2, 7, 7), np.float32)
+    np.savez(samples, inputs=inputs, labels=np.asarray(labels))
+    before = sorted(p.name for p in converted.iterdir())
+    result = bench_file(str(converted / "net-arm64.tflite"), "--samples-file", str(samples))
+    line = one_line_error(result)
+    assert str(samples) in line and fragment in line
+    assert sorted(p.name for p in converted.iterdir()) == before
+
+
 def _onnx_outputs(onnx_path, inputs):  # the reference, computed independently
     import onnxruntime as ort
 

@@ -77,6 +77,45 @@ def test_raw_onnx_without_dataset_is_checked_on_random_inputs(tmp_path):
     assert report["tflite_float_bytes"] > 0 and not (tmp_path / "plain-float.tflite").exists()
 
 
+@pytest.fixture(scope="module")
+def converted_to_out(tmp_path_factory):
+    """proj/net.onnx (beside the user's notes) converted with --out elsewhere/mine.tflite
+    --format tflite; returns (proj, elsewhere, the --json report, proj's files before)."""
+    from support.guarantees import snapshot
+
+    root = tmp_path_factory.mktemp("out")
+    proj, elsewhere = root / "proj", root / "elsewhere"
+    proj.mkdir()
+    path = export(StemAndBinaryConv(), (1, 2, 7, 7), proj / "net.onnx")
+    (proj / "notes.txt").write_text("the user's notes\n")
+    before = snapshot(proj)
+    out = elsewhere / "mine.tflite"
+    result = invoke("convert", path, "--out", out, "--format", "tflite", "--json")
+    assert result.exit_code == 0, result.output
+    return proj, elsewhere, json.loads(result.stdout), before
+
+
+def test_out_puts_the_flatbuffer_where_asked_and_nothing_beside_the_onnx(converted_to_out):
+    from support.guarantees import snapshot
+
+    proj, elsewhere, report, before = converted_to_out
+    assert report["output"] == str(elsewhere / "mine.tflite")
+    assert report["float_output"] == str(elsewhere / "mine-float.tflite")
+    assert snapshot(proj) == before  # not a file more, not a byte changed
+    assert sorted(p.name for p in elsewhere.iterdir()) == [
+        "mine-float.tflite", "mine.tflite", "provenance.json"
+    ]  # fmt: skip
+
+
+def test_bench_of_the_out_flatbuffer_finds_the_onnx_it_was_made_from(converted_to_out):
+    _, elsewhere, _, _ = converted_to_out
+    result = invoke("bench", elsewhere / "mine.tflite", "--runs", "2", "--samples", "4", "--json")
+    assert result.exit_code == 0, result.output
+    backends = json.loads(result.stdout)["backends"]
+    assert [b["name"] for b in backends] == ["onnxruntime", "lce"]
+    assert backends[1]["argmax_agreement"] == 1.0
+
+
 def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
     class Net(nn.Module):
         def forward(self, x):
