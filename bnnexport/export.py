@@ -26,14 +26,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
-import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +43,7 @@ from bnnexport.progress import Steps
 from bnnexport.reports import Report, write_bytes_atomic
 from bnnexport.runs import RunDir, open_model
 from converters.gate import RTOL
+from converters.runtimes import fd_filtered
 
 if TYPE_CHECKING:
     from converters.gate import GateReport
@@ -126,7 +123,7 @@ def onnx_export(model: torch.nn.Module, example: torch.Tensor, path: Path, **opt
     ExporterError, one line, naming what it refused."""
     options.setdefault("dynamo", False)
     try:
-        with warnings.catch_warnings(), _stdout_captured(), torch.no_grad():
+        with warnings.catch_warnings(), fd_filtered(1, lambda _line: True), torch.no_grad():
             warnings.simplefilter("ignore")
             torch.onnx.export(model, (example,), str(path), **options)
     except Exception as error:  # the exporters raise many types; each becomes one line
@@ -143,21 +140,6 @@ def _first_sentence(error: Exception) -> str:
     for end in (". Please", " [Caused by", ". "):
         text = text.split(end)[0]
     return text.rstrip(".")
-
-
-@contextlib.contextmanager
-def _stdout_captured() -> Iterator[None]:
-    """File descriptor 1 to a temporary file while the block runs (C++ code prints there)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
 
 
 def torch_outputs(model: torch.nn.Module, inputs: np.ndarray, batch: int = 250) -> np.ndarray:

@@ -65,31 +65,38 @@ HARMLESS_LINES = frozenset({"INFO: Created TensorFlow Lite XNNPACK delegate for 
 
 
 @contextlib.contextmanager
-def stderr_filtered(drop: Callable[[str], bool]) -> Iterator[None]:
-    """File descriptor 2 into a temporary file while the block runs (C++ runtimes write there
-    directly, not through `sys.stderr`); afterwards every captured line for which `drop` is
-    false is written back to fd 2, also when the block raises, so no real error is hidden.
+def fd_filtered(fd: int, drop: Callable[[str], bool]) -> Iterator[None]:
+    """File descriptor `fd` (1 or 2) into a temporary file while the block runs (C++ code
+    writes there directly, not through `sys.stdout`/`sys.stderr`); afterwards every captured
+    line for which `drop` is false is written back to `fd`, also when the block raises, so no
+    real error is hidden.
 
     Example:
-        >>> with stderr_filtered(lambda line: line in HARMLESS_LINES):
+        >>> with fd_filtered(2, lambda line: line in HARMLESS_LINES):
         ...     _ = os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.")
     """
-    sys.stderr.flush()
-    saved = os.dup(2)
+    stream = sys.stdout if fd == 1 else sys.stderr
+    stream.flush()
+    saved = os.dup(fd)
     with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
+        os.dup2(sink.fileno(), fd)
         try:
             yield
         finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
+            stream.flush()
+            os.dup2(saved, fd)
             os.close(saved)
             sink.seek(0)
             lines = sink.read().splitlines(keepends=True)
             kept = [ln for ln in lines if not drop(ln.decode(errors="replace").rstrip("\r\n"))]
             if kept:
-                with os.fdopen(os.dup(2), "wb") as stderr:
-                    stderr.write(b"".join(kept))
+                with os.fdopen(os.dup(fd), "wb") as out:
+                    out.write(b"".join(kept))
+
+
+def stderr_filtered(drop: Callable[[str], bool]) -> contextlib.AbstractContextManager[None]:
+    """`fd_filtered` on file descriptor 2."""
+    return fd_filtered(2, drop)
 
 
 def _harmless(line: str) -> bool:
