@@ -653,9 +653,8 @@ def train(
         context.barrier()
         return report
     except KeyboardInterrupt as interrupt:
-        # a new run's checkpoint is the file there now only if a save replaced the one found
-        ours = resume or _file_identity(run.checkpoint) != found
-        raise _interrupted(run, ours, config.device) from interrupt
+        saved_now = _file_identity(run.checkpoint) != found  # a save of this call replaced it
+        raise _interrupted(run, resume, saved_now, config.device) from interrupt
     finally:
         context.shutdown()
 
@@ -670,13 +669,18 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
-def _interrupted(run: RunDir, ours: bool, device: str) -> TrainingInterrupted:
+def _interrupted(run: RunDir, resume: bool, saved_now: bool, device: str) -> TrainingInterrupted:
     """What a user who stopped training needs: which epoch the run's last checkpoint holds and
     the command that continues from it, or that no checkpoint of this run was saved."""
-    epoch, epochs = _saved_epochs(run.checkpoint) if ours else (0, 0)
+    epoch, epochs = _saved_epochs(run.checkpoint) if resume or saved_now else (0, 0)
     if epoch < 1:  # an `init` checkpoint (epoch 0) holds no training either
         return TrainingInterrupted(
             f"interrupted before the first checkpoint: no epoch of this run was saved in {run.root}"
+        )
+    if not saved_now:  # a resumed run: the options it was given are not in the checkpoint yet
+        return TrainingInterrupted(
+            f"interrupted before the next checkpoint: the last one (epoch {epoch}) is in "
+            f"{run.root}; continue with the same command"
         )
     command = f"bnnexport train --out {shlex.quote(str(run.root))} --resume"
     if device != "cpu":  # --resume trains on the CPU unless told otherwise
