@@ -17,11 +17,15 @@ from support.guarantees import (
     another_writer,
     assert_one_line_error,
     assert_refused_unchanged,
+    benched,
     fail_on_write,
     snapshot,
     user_files,
 )
+from support.image_folders import tiny_training
 from support.waiting import training_in_epoch, wait_until
+
+from bnnexport import files
 
 
 def _cifar_batch(count: int = 4) -> dict:
@@ -253,3 +257,34 @@ def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_pat
     result = invoke("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
     assert result.exit_code == 0, result.output[-1500:]
     assert '"step": 999' not in (out / "metrics.jsonl").read_text()
+
+
+def _tiny_benched_run(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A 1-epoch run on a tiny image folder, then exported samples and a bench with its report
+    and plots; returns the run and the names of what was made from its checkpoint."""
+    run = tmp_path / "run"
+    trained = invoke("train", *tiny_training(tmp_path / "data"), "--epochs", "1", "--out", run)
+    assert trained.exit_code == 0, trained.output[-1500:]
+    return run, ["verify.json", *benched(run, (3, 16, 16))]  # train verifies its checkpoint
+
+
+def test_resume_removes_everything_made_from_the_old_checkpoint_and_names_it(tmp_path):
+    run, made = _tiny_benched_run(tmp_path)
+    assert {"report.md", "bench_latency.png", "bench.json", "samples.npz"} <= set(made)
+    result = invoke("train", "--resume", "--epochs", "2", "--out", run, "--json")
+    assert result.exit_code == 0, result.output[-1500:]
+    removed = json.loads(result.stdout)["resume_removed"]
+    assert sorted(removed) == sorted(made)
+    note = f"bnnexport: note: --resume: removed {', '.join(removed)} (made from the old checkpoint)"
+    assert result.stderr.splitlines()[0] == note
+    left = {p.name for p in run.iterdir()}
+    assert left.isdisjoint(set(made) - {"verify.json"})  # train writes its verify.json again
+    assert files.foreign_files(run) == []
+
+
+def test_resume_refuses_to_remove_a_bench_report_the_user_edited(tmp_path):
+    run, _ = _tiny_benched_run(tmp_path)
+    with (run / "report.md").open("a") as report:
+        report.write("\nMy notes on this model.\n")  # the report is the user's now
+    args = ("train", "--resume", "--epochs", "2", "--out", run)
+    assert_refused_unchanged(run, args, 2, "report.md")

@@ -82,3 +82,23 @@ def write_zero_samples(run: Path, shape: tuple[int, ...] = (1, 28, 28), count: i
         inputs=np.zeros((count, *shape), np.float32),
         labels=np.zeros(count, np.int64),
     )
+
+
+def benched(run: Path, shape: tuple[int, ...]) -> list[str]:
+    """What export and bench leave in RUN, cheaply: samples.npz written and recorded as export
+    writes it (bnnexport's, made from checkpoint.pt), then a real bench of the PyTorch backend
+    with its report.md and plots. Returns the names of the files added."""
+    import io
+
+    import numpy as np
+
+    from bnnexport import files, provenance
+    from bnnexport.bench import BenchOptions, bench
+
+    before = set(snapshot(run))
+    buffer = io.BytesIO()
+    np.savez(buffer, inputs=np.zeros((4, *shape), np.float32), labels=np.zeros(4, np.int64))
+    files.write_bytes_atomic(run / "samples.npz", buffer.getvalue())
+    provenance.record(run, "samples.npz", ["checkpoint.pt"])
+    bench(run, BenchOptions(runs=1, warmup=0, samples=4))
+    return sorted(set(snapshot(run)) - before)

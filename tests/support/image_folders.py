@@ -18,3 +18,11 @@ def write_image_folder(root, classes=("cat", "dog", "emu"), per_class=4, size=(4
                 pixels = np.clip(rng.normal(60 + 60 * index, 10, (*size[::-1], 3)), 0, 255)
                 Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{k}.png")
     return root
+
+
+def tiny_training(root) -> list[str]:
+    """`train` options for mnist-bnn on a 12-image folder of 16x16 pictures written under ROOT:
+    an epoch in a fraction of a second, for tests of what training prints and writes."""
+    data = write_image_folder(root)
+    return ["--dataset", "imagefolder", "--data-dir", str(data), "--image-size", "16",
+            "--batch-size", "4"]  # fmt: skip
