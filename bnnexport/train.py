@@ -631,8 +631,9 @@ def train(
     `progress=None` shows progress bars only when stderr is a terminal; what the data set's
     loader chose for the user (imagefolder: the images' own size) is one `bnnexport: note:`
     line on stderr unless `progress=False`, and in the report's `notes`. `log` is called with
-    one line per epoch (epoch k/N, loss, accuracies, seconds) and with a note naming what
-    `resume` removed; without it the epoch line shows only under the progress bars. Under
+    one line per epoch (epoch k/N, loss, accuracies, seconds) and, unless `progress=False`, with
+    a note naming what `resume` removed (always in the report's `resume_removed`); without it
+    the epoch line shows only under the progress bars. Under
     `torchrun`, every process trains on its share of each batch (`batch_size` is per process)
     and only rank 0 writes files, reports and logs.
     Ctrl-C raises TrainingInterrupted, saying which checkpoint `--resume` continues from.
@@ -731,7 +732,7 @@ def _train(
     removed: list[str] = []
     if context.is_main:
         removed = _prepare_run(run, trainer, checkpoint is not None, force, changes)
-    if removed and log is not None:
+    if removed and log is not None and progress is not False:  # --json: resume_removed
         names = ", ".join(removed)
         log(f"bnnexport: note: --resume: removed {names} (made from the old checkpoint)")
     context.barrier()
