@@ -8,13 +8,8 @@ import re
 
 import pytest
 from support.cli import COMMAND, invoke
-from support.guarantees import write_zero_samples
+from support.guarantees import EPOCH_LINE, write_zero_samples
 from support.image_folders import tiny_training, write_image_folder
-
-# what `train` prints at each epoch's end, on a terminal or not
-EPOCH_LINE = re.compile(
-    r"epoch \d+/\d+: loss \d+\.\d{4} train \d\.\d{4} test \d\.\d{4} \(\d+\.\d s\)"
-)
 
 
 def test_train_progress_bar_keeps_its_width_at_60_columns():

@@ -6,9 +6,20 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# what `train` prints at each epoch's end, on a terminal or not (docs/RELIABILITY.md, "Fail fast")
+EPOCH_LINE = re.compile(
+    r"epoch \d+/\d+: loss \d+\.\d{4} train \d\.\d{4} test \d\.\d{4} \(\d+\.\d s\)"
+)
+
+
+def besides_epoch_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` other than train's line per epoch: its notes, warnings, errors."""
+    return [line for line in stderr.splitlines() if not EPOCH_LINE.fullmatch(line)]
 
 
 def snapshot(directory: Path) -> dict[str, str]:
