@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bnnexport import files
+from bnnexport import files, provenance
 from bnnexport.device import (
     Connected,
     Scoring,
@@ -384,14 +384,34 @@ def bench(
         profile=profile,
         binary_parameters=open_model(run.root).kernels.parameters,
     )
+    logs = []
     if raw is not None:
-        write_bytes_atomic(run.root / "bench_device.log", raw.encode())
+        logs.append(write_bytes_atomic(run.root / "bench_device.log", raw.encode()))
+    _save_results(report, run.root / "bench.json", write_report, companions=logs)
+    return report
+
+
+def _save_results(
+    report: BenchReport,
+    results: Path,
+    write_report: bool,
+    prefix: str = "",
+    companions: list[Path] | None = None,
+) -> None:
+    """Write `results` (the report as JSON) and, with `write_report`, report.md and its plots
+    (names starting with `prefix`). They and the `companions` (the device's log) are recorded
+    as made from `results`, so a stage that removes the results as stale (`train --resume`:
+    `provenance.remove_derived`) takes every one of them along, whatever its name."""
+    made = list(companions or [])
     if write_report:
         from bnnexport.report_md import write_report as render
 
-        report.report_md = str(render(report, run.root))
-    write_json_atomic(run.root / "bench.json", report.to_json())
-    return report
+        written = render(report, results.parent, prefix)
+        report.report_md = str(written[0])
+        made += written
+    write_json_atomic(results, report.to_json())
+    for path in made:
+        provenance.record(results.parent, path.name, [results.name])
 
 
 def _measure_host(
@@ -570,11 +590,7 @@ def bench_model_file(
         device=identity, files={p.name: p.stat().st_size for _, p, _ in backends},
         random_inputs=samples_file is None, profile=profile,
     )  # fmt: skip
-    if write_report:
-        from bnnexport.report_md import write_report as render
-
-        report.report_md = str(render(report, path.parent, prefix=f"{path.stem}-"))
-    write_json_atomic(outputs_of["json"], report.to_json())
+    _save_results(report, outputs_of["json"], write_report, prefix=f"{path.stem}-")
     return report
 
 

@@ -71,3 +71,8 @@ class RunLockedError(BnnExportError):
 class ForeignFileError(BnnExportError):
     """A command would replace or delete a file bnnexport did not write (or that was edited
     since), or write into a folder of the user's own files (`bnnexport.files`)."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training, saying what was saved and how to go on (the CLI prints it as
+    its one line, exit code 130). A KeyboardInterrupt, so whatever stops on Ctrl-C still does."""

@@ -80,7 +80,8 @@ def pipeline(
             backends), and `options.samples` how many test samples export writes (None: 1000).
         resume, force, progress, explicit: as for `train` (`explicit`: the options given, which
             a resumed run applies where it can).
-        log: called with one line as each stage starts (e.g. `click.echo` to stderr).
+        log: called with one line as each stage starts (e.g. `click.echo` to stderr), and
+            with train's line per epoch and notes (`train`'s `log`).
         device: as for `bench`, to include a device. With a device, convert also writes the
             batched copy (batch N) bench needs for accuracy there (N = min(device.batch, samples)).
     """
@@ -108,7 +109,9 @@ def pipeline(
     with lock_run(run_dir, create=True):  # one writer for the whole chain
         stage(
             "train",
-            lambda: train(config, resume=resume, force=force, progress=progress, explicit=explicit),
+            lambda: train(
+                config, resume=resume, force=force, progress=progress, explicit=explicit, log=log
+            ),
         )
         # a model that is not strictly binary stops here (exit 1), before anything is exported
         stage("verify", lambda: require_strict(verify_run(run_dir)))

@@ -7,7 +7,7 @@ Example:
     >>> from bnnexport.bench import bench
     >>> report = bench("runs/demo", write_report=False)             # doctest: +SKIP
     >>> write_report(report, "runs/demo")                           # doctest: +SKIP
-    PosixPath('runs/demo/report.md')
+    [PosixPath('runs/demo/report.md'), PosixPath('runs/demo/bench_latency.png'), ...]
 """
 
 from __future__ import annotations
@@ -295,11 +295,11 @@ def _device_sections(b: Any) -> list[str]:
     return lines
 
 
-def write_report(report: Any, run_dir: str | Path, prefix: str = "") -> Path:
-    """Write the plots and RUN_DIR/report.md for a BenchReport; return the report's path.
-    With a `prefix` (a model file's stem and '-'), every file written carries it, so the
-    reports of several models in one folder never share a name."""
+def write_report(report: Any, run_dir: str | Path, prefix: str = "") -> list[Path]:
+    """Write the plots and RUN_DIR/report.md for a BenchReport; return every path written,
+    the report's first. With a `prefix` (a model file's stem and '-'), every file written
+    carries it, so the reports of several models in one folder never share a name."""
     out = Path(run_dir)
     plots = plot_bench(report, out, prefix)
     text = render_markdown(report, plots, out, curves=not prefix)
-    return write_bytes_atomic(out / f"{prefix}report.md", text.encode())
+    return [write_bytes_atomic(out / f"{prefix}report.md", text.encode()), *plots]

@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from bnnexport.datasets import load_dataset, recorded_options
 from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.discover import BinaryKernels, find_binary_kernels
 from bnnexport.distributed import DistributedContext, setup
-from bnnexport.errors import CheckpointError, ConfigError, DataError
+from bnnexport.errors import CheckpointError, ConfigError, DataError, TrainingInterrupted
 from bnnexport.layers import (
     batch_norms,
     bf16_counts,
@@ -135,6 +137,8 @@ class TrainReport(Report):
     rank_mismatched_weights: int = 0  # binary weights differing from rank 0's; must stay 0
     strict: bool = False  # the saved checkpoint verified strictly binary (bnnexport.verify)
     resume_changes: dict[str, list] = field(default_factory=dict)  # option: [old, new]
+    # what --resume removed because it was made from the checkpoint training replaces
+    resume_removed: list[str] = field(default_factory=list)
     precision: str = "float32"  # how the binary layers computed (--precision, auto resolved)
     bf16_fallbacks: int = 0  # bf16-exact forward calls recomputed in float32 (sums too large)
     bf16_calls: int = 0
@@ -620,6 +624,7 @@ def train(
     force: bool = False,
     progress: bool | None = None,
     explicit: set[str] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> TrainReport:
     """Train, checkpointing every epoch; with `resume`, continue from the run's checkpoint.
 
@@ -630,25 +635,75 @@ def train(
     directory is locked for the whole run (`bnnexport.runs.lock_run`).
     `progress=None` shows progress bars only when stderr is a terminal; what the data set's
     loader chose for the user (imagefolder: the images' own size) is one `bnnexport: note:`
-    line on stderr unless `progress=False`, and in the report's `notes`. Under `torchrun`, every
-    process trains on its share of each batch (`batch_size` is per process) and only rank 0
-    writes files and reports.
+    line on stderr unless `progress=False`, and in the report's `notes`. `log` is called with
+    one line per epoch (epoch k/N, loss, accuracies, seconds) and, unless `progress=False`, with
+    a note naming what `resume` removed (always in the report's `resume_removed`); without it
+    the epoch line shows only under the progress bars. Under
+    `torchrun`, every process trains on its share of each batch (`batch_size` is per process)
+    and only rank 0 writes files, reports and logs.
+    Ctrl-C raises TrainingInterrupted, saying which checkpoint `--resume` continues from.
     """
     validate_config(config)
     context = setup(config.device)
+    run = RunDir(config.out)
+    found = _file_identity(run.checkpoint)
     try:
         if not context.is_main:  # only rank 0 writes, so only rank 0 locks
-            report = _train(config, resume, force, progress, context, explicit)
+            report = _train(config, resume, force, progress, context, explicit, log)
         else:
             with lock_run(config.out, create=True):
-                report = _train(config, resume, force, progress, context, explicit)
+                report = _train(config, resume, force, progress, context, explicit, log)
         # rank 0 still writes the run directory after the last collective; a rank that tears
         # its gloo group down meanwhile was once seen to abort (SIGABRT) in CI. Only on success:
         # after an error, the other rank may be in another collective and a barrier would hang
         context.barrier()
         return report
+    except KeyboardInterrupt as interrupt:
+        saved_now = _file_identity(run.checkpoint) != found  # a save of this call replaced it
+        raise _interrupted(run, resume, saved_now, config.device) from interrupt
     finally:
         context.shutdown()
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, modification time) of a file, None when there is none: every checkpoint save
+    renames a new file into place, so a saved checkpoint never has the identity of the old."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def _interrupted(run: RunDir, resume: bool, saved_now: bool, device: str) -> TrainingInterrupted:
+    """What a user who stopped training needs: which epoch the run's last checkpoint holds and
+    the command that continues from it, or that no checkpoint of this run was saved."""
+    epoch, epochs = _saved_epochs(run.checkpoint) if resume or saved_now else (0, 0)
+    if epoch < 1:  # an `init` checkpoint (epoch 0) holds no training either
+        return TrainingInterrupted(
+            f"interrupted before the first checkpoint: no epoch of this run was saved in {run.root}"
+        )
+    if not saved_now:  # a resumed run: the options it was given are not in the checkpoint yet
+        return TrainingInterrupted(
+            f"interrupted before the next checkpoint: the last one (epoch {epoch}) is in "
+            f"{run.root}; continue with the same command"
+        )
+    command = f"bnnexport train --out {shlex.quote(str(run.root))} --resume"
+    if device != "cpu":  # --resume trains on the CPU unless told otherwise
+        command += f" --torch-device {shlex.quote(device)}"
+    return TrainingInterrupted(
+        f"interrupted: the last checkpoint (epoch {epoch} of {epochs}) is in {run.root}; "
+        f"continue with {command}"
+    )
+
+
+def _saved_epochs(path: Path) -> tuple[int, int]:
+    """(epochs trained, epochs planned) of the checkpoint at `path`; (0, 0) without one."""
+    try:
+        checkpoint = load_checkpoint(path)
+        return int(checkpoint["epoch"]), int(checkpoint["config"]["epochs"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return 0, 0
 
 
 def _train(
@@ -658,7 +713,9 @@ def _train(
     progress: bool | None,
     context: DistributedContext,
     explicit: set[str] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> TrainReport:
+    log = log if context.is_main else None  # under torchrun only rank 0 speaks
     run = RunDir(config.out)
     checkpoint = _check_run(run, resume, force)
     changes: dict[str, list] = {}
@@ -677,13 +734,17 @@ def _train(
     if trainer.data.note and context.is_main and progress is not False:
         print(f"bnnexport: note: {trainer.data.note}", file=sys.stderr)
     context.barrier()  # every rank has checked before rank 0 changes anything
+    removed: list[str] = []
     if context.is_main:
-        _prepare_run(run, trainer, checkpoint is not None, force, changes)
+        removed = _prepare_run(run, trainer, checkpoint is not None, force, changes)
+    if removed and log is not None and progress is not False:  # --json: resume_removed
+        names = ", ".join(removed)
+        log(f"bnnexport: note: --resume: removed {names} (made from the old checkpoint)")
     context.barrier()
 
     show = context.is_main and (sys.stderr.isatty() if progress is None else progress)
     started = time.perf_counter()
-    result, test_acc, epoch_seconds = _run_epochs(trainer, run, context, show)
+    result, test_acc, epoch_seconds = _run_epochs(trainer, run, context, show, log)
     if checkpoint is not None and not epoch_seconds:
         test_acc = _stored_results(run, result)  # nothing left to train: the stored state
     if config.optimizer == "adam-latent":
@@ -691,6 +752,7 @@ def _train(
     mismatched = context.count_mismatches(list(trainer.optimizer.binary_kernels.values()))
     report = _report(trainer, run, result, test_acc, epoch_seconds, changes)
     report.seconds = time.perf_counter() - started
+    report.resume_removed = removed
     report.rank_mismatched_weights = mismatched
     if context.is_main:
         from bnnexport.plots import plot_training
@@ -755,17 +817,19 @@ def _report(
 
 def _prepare_run(
     run: RunDir, trainer: _Trainer, resuming: bool, force: bool, changes: dict[str, list]
-) -> None:
-    """Rank 0, once every input is checked: make the run directory ready for training."""
+) -> list[str]:
+    """Rank 0, once every input is checked: make the run directory ready for training.
+    Returns the names of the files a resumed run removed as made from its old checkpoint."""
     config = trainer.config
+    removed: list[str] = []
     if not resuming:
         # --force: every file of the old run, whatever its name; else leftovers of a run
         # interrupted before its first checkpoint, whose metrics would otherwise be appended to.
         clear_run(run.root) if force else files.remove(run.root / n for n in TRAIN_OWNED)
         write_bytes_atomic(run.metrics, b"", append=True)
     else:
-        if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was
-            remove_derived(run.root, "checkpoint.pt")  # exported from it would be stale
+        if trainer.start_epoch < config.epochs:  # the checkpoint will change: what was made
+            removed = remove_derived(run.root, "checkpoint.pt")  # from it would be stale
         # Work after the last checkpoint is redone: drop its metrics so curves do not double.
         kept = [r for r in read_jsonl(run.metrics) if r.get("step", 0) <= trainer.step]
         if changes:
@@ -775,12 +839,18 @@ def _prepare_run(
         write_bytes_atomic(run.metrics, payload, append=True)
     # the options, and the record of binary kernels they led to (the checkpoint holds it too)
     write_json_atomic(run.config, {**config.to_json(), "binary_kernels": trainer.kernels.to_json()})
+    return removed
 
 
 def _run_epochs(
-    trainer: _Trainer, run: RunDir, context: DistributedContext, show: bool
+    trainer: _Trainer,
+    run: RunDir,
+    context: DistributedContext,
+    show: bool,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[_EpochResult, float, list[float]]:
-    """Train the remaining epochs: (last epoch's result, test accuracy, seconds per epoch)."""
+    """Train the remaining epochs: (last epoch's result, test accuracy, seconds per epoch).
+    Each epoch ends with one line to `log` (rank 0), else under the progress bars (`show`)."""
     config = trainer.config
     epoch_seconds: list[float] = []
     result = _EpochResult(float("nan"), float("nan"), {}, trainer.step)
@@ -815,12 +885,14 @@ def _run_epochs(
             files.record(run.metrics, append=True)  # what this epoch appended is ours too
             _export_metrics(run, config)
         context.barrier()
-        if show:
-            tqdm.write(
-                f"epoch {epoch + 1}/{config.epochs}: loss {result.loss:.4f} "
-                f"train {result.accuracy:.4f} test {test_acc:.4f} ({epoch_seconds[-1]:.1f} s)",
-                file=sys.stderr,
-            )
+        line = (
+            f"epoch {epoch + 1}/{config.epochs}: loss {result.loss:.4f} "
+            f"train {result.accuracy:.4f} test {test_acc:.4f} ({epoch_seconds[-1]:.1f} s)"
+        )
+        if log is not None:  # a terminal, a CI log, `| tee`: one plain line each
+            log(line)
+        elif show:
+            tqdm.write(line, file=sys.stderr)
     return result, test_acc, epoch_seconds
 
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from bnnexport.errors import ConfigError, DependencyError
+from bnnexport.errors import ConfigError, DependencyError, TrainingInterrupted
 from bnnexport.reports import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -178,6 +178,8 @@ def handle_errors(func: F) -> F:
         as_json = bool(kwargs.get("as_json"))
         try:
             return func(*args, **kwargs)
+        except TrainingInterrupted as interrupt:
+            fail(str(interrupt), 130, as_json)  # names the checkpoint and `--resume`
         except KeyboardInterrupt:
             fail("interrupted", 130, as_json)
         except click.ClickException:

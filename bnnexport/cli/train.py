@@ -330,7 +330,9 @@ def train_command(
     GPUs); --batch-size is per process, so the effective batch is N times larger.
 
     Checkpoints are written atomically after every epoch; an interrupted run continues with
-    --resume. Progress bars appear only on a terminal and never with --json.
+    --resume, which removes what was made from the old checkpoint (ONNX model, flatbuffers,
+    bench results and report) and names it. Progress bars appear only on a terminal and never
+    with --json; one line per epoch goes to stderr in every case (a CI log, `| tee`).
     """
     ctx = click.get_current_context()
     config, explicit = train_config(ctx.params, given_options(ctx))
@@ -342,6 +344,7 @@ def train_command(
         force=force,
         progress=None if not as_json else False,
         explicit=explicit,
+        log=lambda line: click.echo(line, err=True),  # one line per epoch, --json or not
     )
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
         title = f"trained {report.model} on {report.dataset} -> {report.run_dir}"

@@ -6,11 +6,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from support.cli import COMMAND, run_process
+from support.cli import COMMAND, invoke, run_process
 from support.guarantees import assert_one_line_error
+from support.image_folders import tiny_training
 from support.waiting import training_in_epoch, wait_until
 
 
@@ -28,15 +30,106 @@ def test_sigint_during_training_keeps_the_checkpoint_and_resume_works(tmp_path):
     assert (out / "checkpoint.pt").exists()
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130 and "interrupted" in stderr  # 50 epochs: not finished
+    assert process.returncode == 130  # 50 epochs: not finished
     assert "Traceback" not in stderr
     epoch = torch.load(out / "checkpoint.pt", weights_only=True)["epoch"]
     assert 1 <= epoch < 50
+    assert stderr.splitlines()[-1] == (  # the epoch lines come before it
+        f"bnnexport: error: interrupted: the last checkpoint (epoch {epoch} of 50) is in {out}; "
+        f"continue with bnnexport train --out {out} --resume"
+    )
     result = run_process(
         "train", "--out", str(out), "--resume", "--epochs", str(epoch + 1), "--json"
     )
     assert result.returncode == 0, result.stderr[-1500:]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == epoch + 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_checkpoint_says_no_epoch_was_saved(tmp_path):
+    out = tmp_path / "run"
+    command = ["train", "--epochs", "50", "--batch-size", "100", "--out", str(out)]
+    result = _interrupt(command, training_in_epoch(out, 1))  # an epoch takes seconds
+    assert not (out / "checkpoint.pt").exists()
+    assert_one_line_error(result, 130, "before the first checkpoint: no epoch of this run was "
+                          f"saved in {out}")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_train_stage_of_a_pipeline_names_the_checkpoint_and_resume(tmp_path):
+    out = tmp_path / "run"
+    command = ["pipeline", "--epochs", "50", "--batch-size", "100", "--out", str(out)]
+    result = _interrupt(command, (out / "checkpoint.pt").exists)
+    assert result.returncode == 130, result.stderr[-1500:]
+    epoch = torch.load(out / "checkpoint.pt", weights_only=True)["epoch"]
+    assert result.stderr.splitlines()[-1] == (  # after the stage and epoch lines
+        f"bnnexport: error: interrupted: the last checkpoint (epoch {epoch} of 50) is in {out}; "
+        f"continue with bnnexport train --out {out} --resume"
+    )
+
+
+def _tiny_run(tmp_path: Path, *options: str) -> tuple[Path, list[str]]:
+    """A run of one epoch on a tiny image folder; returns it and the options that trained it."""
+    run, options = tmp_path / "run", [*tiny_training(tmp_path / "data"), *options]
+    result = invoke("train", *options, "--epochs", "1", "--out", run)
+    assert result.exit_code == 0, result.output[-1500:]
+    return run, options
+
+
+def _interrupt_at(monkeypatch, name: str, calls: int = 1) -> None:
+    """Ctrl-C at the `calls`-th call of bnnexport.train's `name`."""
+    import bnnexport.train
+
+    real, seen = getattr(bnnexport.train, name), []
+
+    def interrupted(*args, **kwargs):
+        seen.append(1)
+        if len(seen) == calls:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bnnexport.train, name, interrupted)
+
+
+def test_ctrl_c_after_a_checkpoint_on_a_gpu_names_the_device_in_the_resume_command(
+    tmp_path, monkeypatch
+):
+    import bnnexport.train
+    from bnnexport.distributed import setup
+
+    monkeypatch.setattr(bnnexport.train, "setup", lambda device: setup("cpu"))  # no GPU here
+    _interrupt_at(monkeypatch, "_export_metrics", calls=2)  # epoch 2, saved just before
+    out = tmp_path / "run"
+    args = ["train", *tiny_training(tmp_path / "data"), "--epochs", "3", "--out", out]
+    result = invoke(*args, "--torch-device", "cuda:1")
+    assert result.exit_code == 130, result.output[-1500:]
+    assert result.stderr.splitlines()[-1] == (
+        f"bnnexport: error: interrupted: the last checkpoint (epoch 2 of 3) is in {out}; "
+        f"continue with bnnexport train --out {out} --resume --torch-device cuda:1"
+    )
+
+
+def test_ctrl_c_with_force_before_the_old_run_is_replaced_says_nothing_of_this_run_was_saved(
+    tmp_path, monkeypatch
+):
+    run, options = _tiny_run(tmp_path)
+    _interrupt_at(monkeypatch, "_prepare_run")  # the old run's checkpoint is still there
+    result = invoke("train", *options, "--epochs", "2", "--force", "--out", run)
+    assert_one_line_error(result, 130, "before the first checkpoint: no epoch of this run")
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["epoch"] == 1
+
+
+def test_ctrl_c_in_a_resumed_run_before_its_next_checkpoint_says_to_run_it_again(
+    tmp_path, monkeypatch
+):
+    run, _ = _tiny_run(tmp_path)
+    _interrupt_at(monkeypatch, "_run_epochs")  # --lr 0.005 is not in the checkpoint yet
+    result = invoke("train", "--resume", "--epochs", "3", "--lr", "0.005", "--out", run)
+    assert result.exit_code == 130, result.output[-1500:]
+    assert result.stderr.splitlines()[-1] == (
+        f"bnnexport: error: interrupted before the next checkpoint: the last one (epoch 1) is in "
+        f"{run}; continue with the same command"
+    )
 
 
 def _interrupt(args: list[str], when) -> subprocess.CompletedProcess:

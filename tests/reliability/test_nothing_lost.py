@@ -17,11 +17,16 @@ from support.guarantees import (
     another_writer,
     assert_one_line_error,
     assert_refused_unchanged,
+    benched,
+    besides_epoch_lines,
     fail_on_write,
     snapshot,
     user_files,
 )
+from support.image_folders import tiny_training
 from support.waiting import training_in_epoch, wait_until
+
+from bnnexport import files
 
 
 def _cifar_batch(count: int = 4) -> dict:
@@ -280,3 +285,34 @@ def test_a_flatbuffer_gets_the_same_mode_as_every_other_file(tmp_path, umask):
     assert modes == dict.fromkeys(
         ["net-arm64.tflite", "net-float.tflite", "provenance.json"], 0o666 & ~umask
     )
+
+
+def _tiny_benched_run(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A 1-epoch run on a tiny image folder, then exported samples and a bench with its report
+    and plots; returns the run and the names of what was made from its checkpoint."""
+    run = tmp_path / "run"
+    trained = invoke("train", *tiny_training(tmp_path / "data"), "--epochs", "1", "--out", run)
+    assert trained.exit_code == 0, trained.output[-1500:]
+    return run, ["verify.json", *benched(run, (3, 16, 16))]  # train verifies its checkpoint
+
+
+def test_resume_removes_everything_made_from_the_old_checkpoint_and_names_it(tmp_path):
+    run, made = _tiny_benched_run(tmp_path)
+    assert {"report.md", "bench_latency.png", "bench.json", "samples.npz"} <= set(made)
+    result = invoke("train", "--resume", "--epochs", "2", "--out", run)
+    assert result.exit_code == 0, result.output[-1500:]
+    removed = json.loads((run / "train.json").read_text())["resume_removed"]  # --json's too
+    assert sorted(removed) == sorted(made)
+    note = f"bnnexport: note: --resume: removed {', '.join(removed)} (made from the old checkpoint)"
+    assert besides_epoch_lines(result.stderr) == [note]
+    left = {p.name for p in run.iterdir()}
+    assert left.isdisjoint(set(made) - {"verify.json"})  # train writes its verify.json again
+    assert files.foreign_files(run) == []
+
+
+def test_resume_refuses_to_remove_a_bench_report_the_user_edited(tmp_path):
+    run, _ = _tiny_benched_run(tmp_path)
+    with (run / "report.md").open("a") as report:
+        report.write("\nMy notes on this model.\n")  # the report is the user's now
+    args = ("train", "--resume", "--epochs", "2", "--out", run)
+    assert_refused_unchanged(run, args, 2, "report.md")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv, export
-from support.guarantees import snapshot
+from support.guarantees import benched, snapshot
 
 from bnnexport import files, provenance
 from bnnexport.errors import ForeignFileError
@@ -107,6 +107,16 @@ def test_a_twin_of_any_name_made_from_the_old_model_goes_with_it(tmp_path):
     removed = provenance.remove_derived(tmp_path, "checkpoint.pt")
     assert "model-arm64-b8.tflite" in removed and "model.onnx" in removed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "provenance.json"]
+
+
+def test_bench_results_report_and_plots_go_with_the_checkpoint_they_measured(tmp_path):
+    run = tmp_path / "run"
+    assert invoke(*INIT, "--out", str(run)).exit_code == 0
+    made = benched(run, (3, 16, 16))
+    assert {"bench.json", "report.md", "bench_latency.png"} <= set(made)
+    assert sorted(provenance.remove_derived(run, "checkpoint.pt")) == made
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.json",
+                                                     "provenance.json"]  # fmt: skip
 
 
 def test_an_append_only_file_stays_ours_while_its_recorded_bytes_are_its_prefix(tmp_path):

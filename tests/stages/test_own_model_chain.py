@@ -16,7 +16,7 @@ import pytest
 import torch
 from support import own_models
 from support.cli import COMMAND, run_in_process
-from support.guarantees import assert_one_line_error
+from support.guarantees import assert_one_line_error, besides_epoch_lines
 from support.handwritten_bnn import hand_written_bnn
 
 from bnnexport.discover import find_binary_kernels
@@ -33,9 +33,10 @@ def cli_json(*args) -> dict:
 
 
 def assert_stops_with_one_line(result, code: int, *fragments: str) -> None:
-    """Like `assert_one_line_error`, for `pipeline`, which names each stage as it starts."""
-    progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
-    kept = "\n".join(line for line in result.stderr.splitlines() if line not in progress)
+    """Like `assert_one_line_error`, for `pipeline`, which names each stage as it starts (and
+    trains, one line per epoch)."""
+    lines = besides_epoch_lines(result.stderr)
+    kept = "\n".join(line for line in lines if not line.startswith("["))
     result = type(result)(result.args, result.returncode, result.stdout, kept)
     assert_one_line_error(result, code, *fragments)
 

@@ -6,9 +6,20 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# what `train` prints at each epoch's end, on a terminal or not (docs/RELIABILITY.md, "Fail fast")
+EPOCH_LINE = re.compile(
+    r"epoch \d+/\d+: loss \d+\.\d{4} train \d\.\d{4} test \d\.\d{4} \(\d+\.\d s\)"
+)
+
+
+def besides_epoch_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` other than train's line per epoch: its notes, warnings, errors."""
+    return [line for line in stderr.splitlines() if not EPOCH_LINE.fullmatch(line)]
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -82,3 +93,23 @@ def write_zero_samples(run: Path, shape: tuple[int, ...] = (1, 28, 28), count: i
         inputs=np.zeros((count, *shape), np.float32),
         labels=np.zeros(count, np.int64),
     )
+
+
+def benched(run: Path, shape: tuple[int, ...]) -> list[str]:
+    """What export and bench leave in RUN, cheaply: samples.npz written and recorded as export
+    writes it (bnnexport's, made from checkpoint.pt), then a real bench of the PyTorch backend
+    with its report.md and plots. Returns the names of the files added."""
+    import io
+
+    import numpy as np
+
+    from bnnexport import files, provenance
+    from bnnexport.bench import BenchOptions, bench
+
+    before = set(snapshot(run))
+    buffer = io.BytesIO()
+    np.savez(buffer, inputs=np.zeros((4, *shape), np.float32), labels=np.zeros(4, np.int64))
+    files.write_bytes_atomic(run / "samples.npz", buffer.getvalue())
+    provenance.record(run, "samples.npz", ["checkpoint.pt"])
+    bench(run, BenchOptions(runs=1, warmup=0, samples=4))
+    return sorted(set(snapshot(run)) - before)

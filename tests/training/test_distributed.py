@@ -48,6 +48,8 @@ def test_two_process_gloo_run_matches_across_ranks_and_writes_one_run_directory(
     assert result.returncode == 0, result.stderr[-2000:]
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == 1  # only rank 0 prints
+    said = [line for line in result.stderr.splitlines() if line.startswith("epoch 1/1: loss")]
+    assert len(said) == 1, result.stderr[-2000:]  # and only rank 0 says how the epoch went
     report = reports[0]
     assert report["world_size"] == 2
     assert report["rank_mismatched_weights"] == 0  # every rank flipped the same weights
