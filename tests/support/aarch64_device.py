@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             print(f"serving; stop it with Ctrl-C or `kill {os.getpid()}`", flush=True)
-            while True:
-                signal.pause()
+            while True:  # not signal.pause(): a signal landing just before the call would
+                time.sleep(0.2)  # be handled late and pause() would then wait for another
     except DeviceUnavailable as error:
         print(f"no emulated aarch64 device: {error}", file=sys.stderr)
         return 2
