@@ -1,9 +1,9 @@
 """Helpers shared by the benchmark scripts: side-by-side timing, tables, machine identity, output.
 
 Timings on a shared machine are noisy, so every script measures its contenders interleaved in one
-process: `interleaved(calls, rounds, runs)` times each contender `runs` times per round (through
-`bnnexport.bench.time_calls`, the latency measurement the bench stage uses), rotates the order of
-the contenders every round, and reports the median over rounds of each round's median. Ratios
+process: `interleaved(calls, rounds, runs)` times each contender `runs` times per round
+(through `bnnexport.bench.host.time_calls`, the latency measurement the bench stage uses),
+rotates the order of the contenders every round, and reports the median over rounds of each round's median. Ratios
 taken from those medians are what docs/BENCHMARKS.md reports.
 
 Example:
@@ -38,7 +38,7 @@ def interleaved(
     Each round calls every contender `runs` times (after `warmup` untimed calls in the first
     round only) in an order rotated by one every round, so no contender always runs first.
     """
-    from bnnexport.bench import time_calls
+    from bnnexport.bench.host import time_calls
 
     names = list(calls)
     medians: dict[str, list[float]] = {n: [] for n in names}
@@ -62,7 +62,7 @@ def interleaved(
 
 def machine() -> dict[str, Any]:
     """Where the numbers came from: uname, CPU model, cores, load average at the time."""
-    from bnnexport.bench import host_cpu
+    from bnnexport.bench.host import host_cpu
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {

@@ -95,7 +95,9 @@ def raw_export(run: Path) -> None:
 
     import torch
 
-    from bnnexport.runs import RunDir, load_model, load_samples
+    from bnnexport.run.checkpoint import load_model
+    from bnnexport.run.directory import RunDir
+    from bnnexport.run.samples import load_samples
 
     model = load_model(run)
     dummy = torch.from_numpy(load_samples(RunDir(run), 1)[0])

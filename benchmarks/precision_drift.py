@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from _common import emit, log, machine, parser, table
 from train_throughput import TorchTrainer
 
-from bnnexport.layers import binary_parameters
+from bnnexport.nn.layers import binary_parameters
 
 MODES = ("float32", "bf16-exact", "bf16", "amp")
 

@@ -8,7 +8,7 @@ the rest) -- and the rows differ in one technique each, so the table shows what 
 - `bnnexport`: the step as `bnnexport train` takes it by default: model and batch in
   `torch.channels_last` (NHWC, so oneDNN needs no layout reorder around each conv), flip
   counting (`FlipCounter`, for the flip-rate metrics) and `--precision auto`, which on a CPU
-  with bf16 arithmetic is `bf16-exact` (`bnnexport.precision`);
+  with bf16 arithmetic is `bf16-exact` (`bnnexport.nn.precision`);
 - `float32`: the same with `--precision float32` (the previous default);
 - `float32-nchw`: `float32` in torch's default NCHW layout (what channels_last buys);
 - `bf16`: `--precision bf16`, the binary layers' backward in bf16 too (opt-in, not exact);
@@ -49,10 +49,11 @@ import torch
 import torch.nn.functional as F
 from _common import ROOT, emit, larq_env, larq_python, log, machine, parser, table
 
-from bnnexport.layers import bf16_counts, set_precision
 from bnnexport.models import create_model
-from bnnexport.optimizers import FlipCounter, bop_with_adam
-from bnnexport.precision import resolve_precision
+from bnnexport.nn.layers import bf16_counts, set_precision
+from bnnexport.nn.precision import resolve_precision
+from bnnexport.training.composite import bop_with_adam
+from bnnexport.training.flips import FlipCounter
 
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2
 

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from _common import emit, interleaved, log, machine, parser, table, torch_pipeline
 
-from bnnexport.bench import host_backends
+from bnnexport.bench.host import host_backends
 from bnnexport.models import list_models, model_info
-from bnnexport.runs import RunDir, load_samples
+from bnnexport.run.directory import RunDir
+from bnnexport.run.samples import load_samples
 
 
 def measure(

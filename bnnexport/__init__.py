@@ -19,11 +19,13 @@ __version__ = "0.1.0"
 # a Ctrl-C, and importing torch here would take seconds of that time.
 _EXPORTS = {
     "bnnexport.convert": ("ConvertReport", "convert_module"),
-    "bnnexport.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
+    "bnnexport.nn.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
     "bnnexport.models": ("create_model", "list_models", "register_model"),
-    "bnnexport.optimizers": ("Bop", "CaseOptimizer", "bop_with_adam", "flip_rate", "latent_adam"),
-    "bnnexport.quantizers": ("get_quantizer", "list_quantizers"),
-    "bnnexport.runs": ("load_checkpoint", "load_model", "load_packed"),
+    "bnnexport.training.bop": ("Bop",),
+    "bnnexport.training.composite": ("CaseOptimizer", "bop_with_adam", "latent_adam"),
+    "bnnexport.training.flips": ("flip_rate",),
+    "bnnexport.nn.quantizers": ("get_quantizer", "list_quantizers"),
+    "bnnexport.run.checkpoint": ("load_checkpoint", "load_model", "load_packed"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

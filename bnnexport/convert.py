@@ -3,7 +3,7 @@ passes.
 
 A thin stage over `converters.lce.convert_onnx` (which never imports bnnexport): it finds the
 files of a run directory and hands the converter the export stage's test samples plus PyTorch
-as an extra reference (`bnnexport.torch_probe`: its outputs, its signs via hooks on the
+as an extra reference (`bnnexport.nn.torch_probe`: its outputs, its signs via hooks on the
 binarizations, its exact-grid twin), so LCE's own outputs are compared with PyTorch on every
 sample. A raw MODEL.onnx is converted to `out` (default: MODEL-arm64.tflite beside it) and
 checked on random inputs against ONNX Runtime; only the flatbuffer, the manifest of its folder
@@ -32,17 +32,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bnnexport import files, provenance
 from bnnexport.errors import CheckpointError, ConfigError, DataError, FidelityError
-from bnnexport.progress import Steps
-from bnnexport.refusals import explain_refusal, gate_refusal, refusal_path
-from bnnexport.reports import Report, format_value
-from bnnexport.runs import RunDir, load_samples
+from bnnexport.run import files, provenance
+from bnnexport.run.directory import RunDir
+from bnnexport.run.progress import Steps
+from bnnexport.run.refusals import explain_refusal, gate_refusal, refusal_path
+from bnnexport.run.reports import Report, format_value
+from bnnexport.run.samples import load_samples
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
-    from bnnexport.discover import BinaryKernels
-    from bnnexport.runs import LoadedModel
+    from bnnexport.nn.discover import BinaryKernels
+    from bnnexport.run.checkpoint import LoadedModel
     from converters.batch import BatchedResult
     from converters.gate.checks import Reference
     from converters.lce import ConversionResult, ConvertOptions
@@ -227,8 +228,8 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
 def torch_reference(model: Any, onnx_path: Path) -> Reference:
     """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin."""
     from bnnexport.export import torch_outputs
-    from bnnexport.quantizers import Quantizer
-    from bnnexport.torch_probe import TorchProbe, twin_outputs, twin_probe
+    from bnnexport.nn.quantizers import Quantizer
+    from bnnexport.nn.torch_probe import TorchProbe, twin_outputs, twin_probe
     from converters.gate.checks import Reference
 
     if not any(isinstance(m, Quantizer) for m in model.modules()):  # a model of your own:
@@ -347,7 +348,7 @@ def _model_of(run: RunDir | None) -> LoadedModel | None:
     without its checkpoint)."""
     if run is None or not run.checkpoint.is_file():
         return None
-    from bnnexport.runs import open_model
+    from bnnexport.run.checkpoint import open_model
 
     return open_model(run.root)
 
@@ -547,8 +548,8 @@ def convert_module(
 def _module_record(model: Any, example_input: Any) -> BinaryKernels | None:
     """The module's binary kernels, decided as training decides them (None: it has none, a
     float model, which converts to a float flatbuffer)."""
-    from bnnexport.discover import find_binary_kernels
     from bnnexport.errors import NoBinaryKernelError
+    from bnnexport.nn.discover import find_binary_kernels
 
     try:
         return find_binary_kernels(model, example_input)
@@ -564,7 +565,7 @@ def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.
     InconclusiveCheckError instead when binarization inputs lie within rounding of zero by more
     than ties could explain (`converters.gate.inconclusive`)."""
     from bnnexport.export import onnx_gate
-    from bnnexport.quantizers import Quantizer
+    from bnnexport.nn.quantizers import Quantizer
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions, validate
     from converters.runners import run_onnx

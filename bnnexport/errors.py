@@ -70,7 +70,7 @@ class RunLockedError(BnnExportError):
 
 class ForeignFileError(BnnExportError):
     """A command would replace or delete a file bnnexport did not write (or that was edited
-    since), or write into a folder of the user's own files (`bnnexport.files`)."""
+    since), or write into a folder of the user's own files (`bnnexport.run.files`)."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -13,7 +13,7 @@ test samples every later fidelity check uses go to RUN_DIR/samples.npz with it. 
 ONNX model goes there instead and the run directory is left as it is. A
 sample where the two part only at float-rounding ties of binarization inputs (deep models with
 real-valued paths meet some at 224x224) passes when PyTorch, run with ONNX Runtime's signs
-imposed at every binarization (`bnnexport.torch_probe`), reproduces ONNX Runtime's outputs and
+imposed at every binarization (`bnnexport.nn.torch_probe`), reproduces ONNX Runtime's outputs and
 every sign that had to change was a bounded, non-zero near-tie; `tie_samples` lists them, and
 the report gives the plain numbers (`argmax_agreement`, `max_abs_diff`) beside the resolved.
 
@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bnnexport import files, provenance
 from bnnexport.errors import ConfigError, ExporterError
-from bnnexport.progress import Steps
-from bnnexport.reports import Report, write_bytes_atomic
-from bnnexport.runs import RunDir, open_model
+from bnnexport.run import files, provenance
+from bnnexport.run.checkpoint import open_model
+from bnnexport.run.directory import RunDir
+from bnnexport.run.progress import Steps
+from bnnexport.run.reports import Report, write_bytes_atomic
 from converters.gate import RTOL
 from converters.runtimes import fd_filtered
 
@@ -156,7 +157,7 @@ def onnx_gate(
 ) -> tuple[np.ndarray, GateReport]:
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
     (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
-    from bnnexport.torch_probe import TorchProbe
+    from bnnexport.nn.torch_probe import TorchProbe
     from converters.gate import GateOptions, OnnxProbe, Replay, validate
 
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
@@ -183,7 +184,7 @@ def check_onnx(
     """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming `refusal`
     (default: gate-refusal.json beside `path`), where its diagnostics go; an inconclusive check
     (a degenerate model) says so."""
-    from bnnexport.refusals import REFUSAL_FILE, explain_refusal, gate_refusal
+    from bnnexport.run.refusals import REFUSAL_FILE, explain_refusal, gate_refusal
     from converters.errors import ConversionMismatchError
 
     try:
@@ -285,7 +286,7 @@ def export_onnx(
 def _destination(run: RunDir, out: str | Path | None) -> tuple[Path, Path]:
     """(where the ONNX model goes, where a refusal's diagnostics go), checked before any work:
     `out` must name an .onnx file bnnexport may write (`files.require_replaceable`)."""
-    from bnnexport.refusals import REFUSAL_FILE, refusal_path
+    from bnnexport.run.refusals import REFUSAL_FILE, refusal_path
 
     if out is None or Path(out).resolve() == run.onnx.resolve():
         return run.onnx, run.root / REFUSAL_FILE

@@ -2,7 +2,7 @@
 zoo name or your own `module:factory`.
 
 The checkpoint has the format `bnnexport train` writes (docs/ARCHITECTURE.md), record of binary
-kernels included (decided by `bnnexport.discover.find_binary_kernels`, as training decides it),
+kernels included (decided by `bnnexport.nn.discover.find_binary_kernels`, as training decides it),
 so summary, verify, pack, export, convert and bench take it as they take a trained run. Kernels
 are strictly ±1 (bnnexport's binary layers start that way; a model of your own's recorded
 kernels are set to sign(w), ties to +1). BatchNorm statistics and affine parameters are
@@ -28,15 +28,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bnnexport import files
-from bnnexport.discover import BinaryKernels, find_binary_kernels
 from bnnexport.errors import CheckpointError, ConfigError
 from bnnexport.imports import import_object, is_import_string
-from bnnexport.layers import batch_norms
 from bnnexport.models import create_model, model_info
-from bnnexport.quantizers import binarize
-from bnnexport.reports import Report, write_json_atomic
-from bnnexport.runs import RunDir, clear_run, lock_run, save_checkpoint
+from bnnexport.nn.discover import BinaryKernels, find_binary_kernels
+from bnnexport.nn.layers import batch_norms
+from bnnexport.nn.quantizers import binarize
+from bnnexport.run import files
+from bnnexport.run.checkpoint import save_checkpoint
+from bnnexport.run.directory import RunDir, clear_run, lock_run
+from bnnexport.run.reports import Report, write_json_atomic
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """`pack(run) -> PackReport`: store a verified model at 1 bit per binary weight.
 
-Writes RUN_DIR/model.safetensors in the packed format (`bnnexport.packed`: bit-packed ±1
+Writes RUN_DIR/model.safetensors in the packed format (`bnnexport.run.packed`: bit-packed ±1
 kernels, real tensors as they are, a content hash over everything). The model is verified
 first (`bnnexport.verify`): a model that is not strictly binary is never packed.
-`bnnexport.runs.load_packed(path)` rebuilds the model; its outputs equal the original's bit for
-bit.
+`bnnexport.run.checkpoint.load_packed(path)` rebuilds the model; its outputs equal the
+original's bit for bit.
 
 Example:
     >>> from bnnexport.pack import pack
-    >>> from bnnexport.runs import load_packed
+    >>> from bnnexport.run.checkpoint import load_packed
     >>> report = pack("runs/demo")                          # doctest: +SKIP
     >>> round(report.ratio, 3), round(report.binary_ratio, 4)  # doctest: +SKIP
     (0.035, 0.0312)
@@ -21,9 +21,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from bnnexport.packed import PACKED_NAME, pack_model
-from bnnexport.reports import Report, write_bytes_atomic
-from bnnexport.runs import RunDir, open_model
+from bnnexport.run.checkpoint import open_model
+from bnnexport.run.directory import RunDir
+from bnnexport.run.packed import PACKED_NAME, pack_model
+from bnnexport.run.reports import Report, write_bytes_atomic
 from bnnexport.verify import require_strict, verify_model
 
 

@@ -6,7 +6,7 @@ would. The first stage that fails stops the chain with its own one-line error.
 
 Example:
     >>> from bnnexport.pipeline import pipeline
-    >>> from bnnexport.train import TrainConfig
+    >>> from bnnexport.training.config import TrainConfig
     >>> report = pipeline(TrainConfig(epochs=5, out="runs/demo"))       # doctest: +SKIP
     >>> print(report.bench.to_table())                                  # doctest: +SKIP
 """
@@ -18,11 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bnnexport.bench import BenchOptions, BenchReport, DeviceTarget, bench
-from bnnexport.device import copy_batch, needs_batched_copy, reach_device
-from bnnexport.reports import Report
-from bnnexport.runs import lock_run
-from bnnexport.train import TrainConfig, train
+from bnnexport.bench.bench import BenchReport, bench
+from bnnexport.bench.device import copy_batch, needs_batched_copy, reach_device
+from bnnexport.bench.options import BenchOptions, DeviceTarget
+from bnnexport.run.directory import lock_run
+from bnnexport.run.reports import Report
+from bnnexport.training.config import TrainConfig
+from bnnexport.training.train import train
 
 
 @dataclasses.dataclass

@@ -4,7 +4,7 @@ Like larq's model summary: for every layer, the precision of its inputs and weig
 32-bit float), its parameters, their memory at that precision, and its multiply-accumulates
 (MACs) for one image; totals split binary vs float.
 
-Everything comes from one forward pass PyTorch runs itself (`bnnexport.discover.trace_layers`)
+Everything comes from one forward pass PyTorch runs itself (`bnnexport.nn.discover.trace_layers`)
 and the model's record of binary kernels: a layer is every conv, linear or matmul call the pass
 makes, a module's own `nn.Conv2d` as much as `F.conv2d(ste(x), ste(self.w))` in a forward of
 your own, with the MACs of the shapes it saw. Its weights are 1 bit when the record lists its
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from bnnexport.discover import BinaryKernels, LayerCall, find_binary_kernels, trace_layers
 from bnnexport.errors import ConfigError
-from bnnexport.reports import Report
+from bnnexport.nn.discover import BinaryKernels, LayerCall, find_binary_kernels, trace_layers
+from bnnexport.run.reports import Report
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Three kinds of input, told apart by their suffix:
 
 - a run directory or a checkpoint (`.pt`): every binary kernel of the model's record (the one
-  `bnnexport.discover.BinaryKernels` training or `init` wrote, read by every stage) must hold
+  `bnnexport.nn.discover.BinaryKernels` training or `init` wrote, read by every stage) must hold
   only -1.0 and +1.0, with no 0, no NaN and no leftover scale; in bnnexport's own layers the
   input must be binarized by a registered quantizer of precision 1 (a layer built with
   `input_quantizer=None`, a first layer's real-valued input, is accepted and reported as such);
@@ -38,12 +38,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bnnexport.discover import BinaryKernel, BinaryKernels, find_binary_kernels
 from bnnexport.errors import NotBinaryError
-from bnnexport.layers import BinaryLayer, binary_layers
-from bnnexport.quantizers import Quantizer, get_quantizer, list_quantizers
-from bnnexport.reports import Report
-from bnnexport.runs import RunDir, open_model
+from bnnexport.nn.discover import BinaryKernel, BinaryKernels, find_binary_kernels
+from bnnexport.nn.layers import BinaryLayer, binary_layers
+from bnnexport.nn.quantizers import Quantizer, get_quantizer, list_quantizers
+from bnnexport.run.checkpoint import open_model
+from bnnexport.run.directory import RunDir
+from bnnexport.run.reports import Report
 
 EXAMPLES = 5  # off values quoted per offending layer
 
@@ -166,7 +167,7 @@ def verify_model(
     an input binarized by a registered quantizer.
 
     `kernels` is the model's record (what a checkpoint or packed file carries); None decides it
-    now, with the one function training uses (`bnnexport.discover.find_binary_kernels`).
+    now, with the one function training uses (`bnnexport.nn.discover.find_binary_kernels`).
     """
     if kernels is None:
         kernels = find_binary_kernels(model)

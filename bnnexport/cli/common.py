@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from bnnexport.errors import ConfigError, DependencyError, TrainingInterrupted
-from bnnexport.reports import Report
+from bnnexport.run.reports import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -219,7 +219,7 @@ def _missing_module(error: Exception) -> DependencyError | None:
 
 def locks_run(argument: str) -> Callable[[F], F]:
     """Hold the run directory named by the command's `argument` locked while the command runs
-    (bnnexport.runs.lock_run): a second writer to the same directory gets one line, exit 2.
+    (bnnexport.run.directory.lock_run): a second writer to the same directory gets one line, exit 2.
     A path that is a file (a checkpoint, an ONNX model) is not locked."""
 
     def decorate(func: F) -> F:
@@ -227,7 +227,7 @@ def locks_run(argument: str) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             from pathlib import Path
 
-            from bnnexport.runs import lock_run
+            from bnnexport.run.directory import lock_run
 
             path = Path(kwargs[argument])
             if not path.is_dir():
@@ -262,7 +262,7 @@ def number_or_schedule(value: str) -> float | str:
     try:
         return float(value)
     except ValueError:
-        from bnnexport.schedules import parse_schedule
+        from bnnexport.training.schedules import parse_schedule
 
         try:
             parse_schedule(value)

@@ -25,7 +25,7 @@ def compare_command(run_dirs: tuple[str, ...], out: str, as_json: bool) -> None:
     Runs that differ only in their seed are one setting: mean ± std in the table, error bars
     in the figure (`bnnexport sweep --seeds N` makes such runs).
     """
-    from bnnexport.compare import compare, format_table
+    from bnnexport.training.compare import compare, format_table
 
     report = compare(list(run_dirs), out)
     if as_json:

@@ -21,7 +21,7 @@ def recipes_command(as_json: bool) -> None:
     the number published for it.
     """
     from bnnexport.datasets.imagefolder import IMAGENET
-    from bnnexport.recipes import RECIPES
+    from bnnexport.training.recipes import RECIPES
 
     if as_json:
         click.echo(json.dumps({"recipes": [r.to_json() for r in RECIPES.values()]}))

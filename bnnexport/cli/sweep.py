@@ -6,8 +6,8 @@ import click
 
 from bnnexport.cli.common import count_option, emit, given_options, handle_errors, json_option
 from bnnexport.cli.train import train_command, train_config
-from bnnexport.optimizers import OPTIMIZERS
-from bnnexport.train import TrainConfig
+from bnnexport.training.composite import OPTIMIZERS
+from bnnexport.training.config import TrainConfig
 
 DEFAULTS = TrainConfig()
 
@@ -80,7 +80,7 @@ def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **
     more flips, as the paper says). Every option of `bnnexport train` but those a sweep sets
     itself applies to every run.
     """
-    from bnnexport.sweep import sweep
+    from bnnexport.training.sweep import sweep
 
     values = {**options, "optimizer": optimizers[0], "optimizers": optimizers, "out": None,
               "gamma": str(DEFAULTS.gamma), "threshold": str(DEFAULTS.threshold),

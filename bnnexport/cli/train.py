@@ -24,9 +24,10 @@ from bnnexport.cli.common import (
 from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
-from bnnexport.optimizers import OPTIMIZERS
-from bnnexport.precision import PRECISIONS
-from bnnexport.train import DEFAULT_EPOCHS, TrainConfig, default_out, train
+from bnnexport.nn.precision import PRECISIONS
+from bnnexport.training.composite import OPTIMIZERS
+from bnnexport.training.config import DEFAULT_EPOCHS, TrainConfig, default_out
+from bnnexport.training.train import train
 
 DEFAULTS = TrainConfig()
 
@@ -54,7 +55,7 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
 
     `values` holds every option of train by its parameter name (as click parsed it; `device`
     is the torch device), `given` the names the user typed. With `--recipe`, the recipe's
-    settings with every given option applied over them (`bnnexport.recipes.recipe_config`).
+    settings with every given option applied over them (`bnnexport.training.recipes.recipe_config`).
     An optional `optimizers` entry (sweep's list) is what `--sigma` is checked against.
     """
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -90,7 +91,7 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
 
 def recipe_note(config: TrainConfig) -> None:
     """Say on stderr, in one line, when a recipe's schedules run over fewer or more epochs."""
-    from bnnexport.recipes import compression_note
+    from bnnexport.training.recipes import compression_note
 
     note = compression_note(config) if config.recipe is not None else None
     if note:
@@ -101,7 +102,7 @@ def _from_recipe(
     recipe: str, options: TrainConfig, explicit: set[str], resume: bool, out: str | None
 ) -> TrainConfig:
     """Recipe `recipe` with every option the user gave applied over it."""
-    from bnnexport.recipes import recipe_config
+    from bnnexport.training.recipes import recipe_config
 
     if resume:
         raise ConfigError("--recipe with --resume: a resumed run keeps its own configuration")

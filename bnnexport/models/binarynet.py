@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d
 from bnnexport.models.blocks import (
     binary_classifier,
     binary_conv_bn,
@@ -41,6 +40,7 @@ from bnnexport.models.blocks import (
     scale_free_bn,
 )
 from bnnexport.models.registry import register_model
+from bnnexport.nn.layers import BinaryConv2d
 
 
 class BinaryNet(nn.Module):

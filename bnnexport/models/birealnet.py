@@ -36,9 +36,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d
 from bnnexport.models.blocks import same_conv
 from bnnexport.models.registry import register_model
+from bnnexport.nn.layers import BinaryConv2d
 
 BN_MOMENTUM = 0.2  # torch's momentum is 1 - Keras' (0.8)
 

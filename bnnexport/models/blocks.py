@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear
+from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
 
 
 def scale_free_bn(channels: int, dims: int = 2, momentum: float = 0.1) -> nn.Module:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear
 from bnnexport.models.registry import register_model
+from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
 
 
 class MnistBnn(nn.Module):

@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d
 from bnnexport.models.blocks import same_conv, same_pads
 from bnnexport.models.registry import register_model
+from bnnexport.nn.layers import BinaryConv2d
 
 
 class ResidualBlock(nn.Module):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from support.cli import invoke
 from support.converter_nets import binary_conv, binary_linear, export, sign, trained_bn
 
-from bnnexport.quantizers import SteSign
+from bnnexport.nn.quantizers import SteSign
 
 pytestmark = pytest.mark.slow
 
@@ -141,7 +141,7 @@ def test_the_tie_break_mutant_is_refused_with_pytorch_as_arbiter(tmp_path, monke
     in ONNX Runtime) is one PyTorch, the arbiter, decides as ONNX Runtime does: the candidate's
     own rule, refused, though an arbiter that split from ONNX Runtime would excuse it."""
     import converters.values
-    from bnnexport.torch_probe import TorchProbe
+    from bnnexport.nn.torch_probe import TorchProbe
     from converters.errors import ConversionMismatchError
     from converters.gate.checks import Reference
     from converters.lce import convert_onnx

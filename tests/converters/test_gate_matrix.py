@@ -23,7 +23,8 @@ from bnnexport.convert import convert_run
 from bnnexport.export import export_onnx
 from bnnexport.init import init_run
 from bnnexport.models import model_info
-from bnnexport.train import TrainConfig, train
+from bnnexport.training.config import TrainConfig
+from bnnexport.training.train import train
 
 pytestmark = pytest.mark.slow
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small"]

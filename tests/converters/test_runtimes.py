@@ -102,8 +102,8 @@ def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
 def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
     import converters.runners
     import converters.runtimes
-    from bnnexport.bench import host_backends
-    from bnnexport.runs import RunDir
+    from bnnexport.bench.host import host_backends
+    from bnnexport.run.directory import RunDir
 
     (tmp_path / "checkpoint.pt").write_bytes(b"")  # host_backends only checks it is there
     (tmp_path / "model.onnx").write_bytes(_model("N"))

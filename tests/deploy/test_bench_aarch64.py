@@ -18,7 +18,7 @@ import pytest
 from support.cli import invoke
 from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
-from bnnexport.runs import load_model
+from bnnexport.run.checkpoint import load_model
 from deploy.runner import topk_accuracy as topk
 
 SAMPLES = 40

@@ -1,4 +1,4 @@
-"""The device's op profile by PyTorch layer (bnnexport.profile), and the real tool's output.
+"""The device's op profile by PyTorch layer (bnnexport.bench.profile), and the real tool's output.
 
 `../shared/data/lce_benchmark_model/` holds what the real `lce_benchmark_model` (LCE 0.16.0,
 aarch64, under emulation) printed on the demo's mnist-bnn flatbuffer; the tests that read it
@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 from support.recorded_outputs import REAL, needs_real
 
-from bnnexport.profile import DeviceProfile, LayerTime, row_node, row_ops
+from bnnexport.bench.profile import DeviceProfile, LayerTime, row_node, row_ops
 from deploy.lce_benchmark import parse_benchmark_output
 
 # the demo's mnist-bnn flatbuffer, op by op (what the recorded profile ran)

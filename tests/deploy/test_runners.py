@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bnnexport.bench import BenchOptions, DeviceTarget
-from bnnexport.device import (
+from bnnexport.bench.device import (
     Connected,
     Scoring,
     device_rows,
@@ -18,6 +17,7 @@ from bnnexport.device import (
     needs_batched_copy,
     scaling_rows,
 )
+from bnnexport.bench.options import BenchOptions, DeviceTarget
 from deploy.errors import UnknownRunnerError
 from deploy.runners import (
     Measurement,

@@ -281,7 +281,7 @@ def test_bench_without_flatbuffers_measures_the_rest_and_says_what_it_skipped(tr
 
 
 def test_bench_skips_a_flatbuffer_made_from_an_older_onnx(trained_run):
-    from bnnexport import provenance
+    from bnnexport.run import provenance
 
     assert invoke("export", str(trained_run), "--samples", "8").exit_code == 0
     (trained_run / "model-float.tflite").write_bytes(b"converted from the old model.onnx")
@@ -407,7 +407,7 @@ def test_resume_of_a_finished_run_with_a_changed_option_is_refused(trained_run):
 
 @pytest.mark.slow
 def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
-    from bnnexport.files import write_bytes_atomic
+    from bnnexport.run.files import write_bytes_atomic
 
     # bnnexport's own (recorded) export of epoch 1; a file of the user's would be refused
     write_bytes_atomic(trained_run / "model.onnx", b"exported from epoch 1")
@@ -427,7 +427,7 @@ def test_resume_applies_and_records_a_changed_learning_rate(trained_run):
     assert result.exit_code == 0, result.output[-1500:]
     assert json.loads(result.stdout)["resume_changes"]["lr"] == [0.001, 0.005]
     assert json.loads((trained_run / "config.json").read_text())["lr"] == 0.005
-    from bnnexport.runs import read_jsonl
+    from bnnexport.run.records import read_jsonl
 
     records = read_jsonl(trained_run / "metrics.jsonl")
     assert [r["changed"] for r in records if r["kind"] == "resume"] == [
@@ -512,12 +512,12 @@ def test_bench_labels_beyond_the_models_classes_are_one_line_before_timing(
 ):
     """mnist-bnn has 10 outputs: a label 10 (or 12) scored top-1 0.0 without a word. The check
     runs on the first backend's outputs, before anything is timed."""
-    import bnnexport.bench
+    import bnnexport.bench.host
 
     def no_timing(*args, **kwargs):
         raise AssertionError("timed a backend before checking the labels")
 
-    monkeypatch.setattr(bnnexport.bench, "time_calls", no_timing)
+    monkeypatch.setattr(bnnexport.bench.host, "time_calls", no_timing)
     _labelled_samples(trained_run, [3, 12, 10, -1])
     before = snapshot(trained_run)
     assert_one_line_error(

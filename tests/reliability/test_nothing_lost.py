@@ -26,7 +26,7 @@ from support.guarantees import (
 from support.image_folders import tiny_training
 from support.waiting import training_in_epoch, wait_until
 
-from bnnexport import files
+from bnnexport.run import files
 
 
 def _cifar_batch(count: int = 4) -> dict:
@@ -89,7 +89,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained
     before = (trained_run / "checkpoint.pt").read_bytes()
     code = (
         "import os, signal, sys\n"
-        "import bnnexport.reports as reports\n"
+        "import bnnexport.run.reports as reports\n"
         "reports.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
         "from bnnexport.cli import main\n"
         f"main(['train', '--out', {str(trained_run)!r}, '--resume', '--epochs', '2'])\n"
@@ -246,8 +246,8 @@ def test_resume_of_a_finished_run_rewrites_nothing(trained_run):
 
 @pytest.mark.slow
 def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_path):
-    from bnnexport.files import write_bytes_atomic
-    from bnnexport.runs import append_jsonl
+    from bnnexport.run.files import write_bytes_atomic
+    from bnnexport.run.records import append_jsonl
 
     out = tmp_path / "run"
     # what a run killed before its first checkpoint leaves: train's empty metrics.jsonl,

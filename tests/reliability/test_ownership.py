@@ -14,8 +14,8 @@ from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv, export
 from support.guarantees import benched, snapshot
 
-from bnnexport import files, provenance
 from bnnexport.errors import ForeignFileError
+from bnnexport.run import files, provenance
 
 # every name bnnexport gives a file, plus a twin, a bench plot and a file in a subfolder
 ARTIFACT_NAMES = (

@@ -16,10 +16,11 @@ import pytest
 from support.cli import invoke
 from support.recorded_outputs import REAL, needs_real  # the real tool's recorded output
 
-from bnnexport import provenance
-from bnnexport.bench import BenchOptions, bench
+from bnnexport.bench.bench import bench
+from bnnexport.bench.options import BenchOptions
 from bnnexport.errors import CheckpointError
-from bnnexport.runs import load_model
+from bnnexport.run import provenance
+from bnnexport.run.checkpoint import load_model
 
 HOST_BACKENDS = ["pytorch", "onnxruntime", "tflite-float", "lce"]
 SAMPLES = 200
@@ -219,12 +220,12 @@ def _snapshot(directory) -> dict[str, bytes]:
 @pytest.fixture
 def no_host_benchmark(monkeypatch):
     """Fail the test if any host backend is timed (device checks must come first)."""
-    import bnnexport.bench
+    import bnnexport.bench.host
 
     def refuse(*args, **kwargs):
         raise AssertionError("the host was benchmarked before the device was reached")
 
-    monkeypatch.setattr(bnnexport.bench, "time_calls", refuse)
+    monkeypatch.setattr(bnnexport.bench.host, "time_calls", refuse)
 
 
 def test_an_unknown_host_fails_in_seconds_before_any_host_benchmark(
@@ -451,7 +452,7 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
     import dataclasses
     import subprocess
 
-    from bnnexport.profile import row_ops
+    from bnnexport.bench.profile import row_ops
     from converters.flatbuffer import flatbuffer_ops
     from deploy.lce_benchmark import parse_benchmark_output
 

@@ -215,7 +215,7 @@ def test_flatbuffer_is_compared_with_pytorch_itself_on_every_sample(converted):
 def test_a_stale_model_onnx_is_refused_against_pytorch(tmp_path):
     """The checkpoint changed after export: ONNX Runtime and LCE still agree with each other,
     but not with PyTorch, and convert exits 1."""
-    from bnnexport.runs import load_checkpoint, save_checkpoint
+    from bnnexport.run.checkpoint import load_checkpoint, save_checkpoint
 
     run = fresh_run(tmp_path / "run")
     export_onnx(run, samples=30)

@@ -12,7 +12,7 @@ from support.fresh_run import fresh_run
 
 from bnnexport.errors import FidelityError, NotBinaryError
 from bnnexport.export import export_onnx
-from bnnexport.runs import load_checkpoint, save_checkpoint
+from bnnexport.run.checkpoint import load_checkpoint, save_checkpoint
 from converters.patterns import SIGN_ADD_SIGN, find_binary_layers
 
 

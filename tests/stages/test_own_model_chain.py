@@ -19,7 +19,7 @@ from support.cli import COMMAND, run_in_process
 from support.guarantees import assert_one_line_error, besides_epoch_lines
 from support.handwritten_bnn import hand_written_bnn
 
-from bnnexport.discover import find_binary_kernels
+from bnnexport.nn.discover import find_binary_kernels
 
 FAST = ["--epochs", "1", "--batch-size", "500", "--init-sign"]
 BENCH = ["--samples", "100", "--runs", "3", "--warmup", "1"]

@@ -18,7 +18,7 @@ from support.cli import run_in_process
 from support.guarantees import assert_one_line_error, besides_epoch_lines
 from support.image_folders import write_plain_folder
 
-from bnnexport.runs import load_checkpoint
+from bnnexport.run.checkpoint import load_checkpoint
 
 MODULE = "support.handwritten_bnn"  # a model defined outside bnnexport
 MODEL = f"{MODULE}:hand_written_bnn"

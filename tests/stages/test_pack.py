@@ -16,7 +16,7 @@ import bnnexport
 from bnnexport.datasets import load_dataset
 from bnnexport.errors import CheckpointError
 from bnnexport.pack import pack
-from bnnexport.runs import load_checkpoint, load_model, load_packed, save_checkpoint
+from bnnexport.run.checkpoint import load_checkpoint, load_model, load_packed, save_checkpoint
 
 KERNELS = ("features.2.weight", "features.5.weight", "classifier.1.weight")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bnnexport import provenance
 from bnnexport.errors import CheckpointError
+from bnnexport.run import provenance
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""bnnexport.runs.load_samples: the one reader of RUN_DIR/samples.npz (bench, convert,
+"""bnnexport.run.samples.load_samples: the one reader of RUN_DIR/samples.npz (bench, convert,
 benchmarks), required or optional, every malformed file refused in one line."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from bnnexport.errors import CheckpointError
-from bnnexport.runs import RunDir, load_samples
+from bnnexport.run.directory import RunDir
+from bnnexport.run.samples import load_samples
 
 
 def _write(tmp_path, count=6, labels=None, **extra):

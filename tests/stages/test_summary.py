@@ -10,8 +10,8 @@ from support import own_models
 from support.cli import run_in_process
 from support.handwritten_bnn import hand_written_bnn
 
-from bnnexport.discover import find_binary_kernels
 from bnnexport.models import create_model
+from bnnexport.nn.discover import find_binary_kernels
 from bnnexport.summary import summarize
 
 

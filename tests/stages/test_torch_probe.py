@@ -1,4 +1,4 @@
-"""bnnexport.torch_probe: PyTorch's binarizations, read and imposed through hooks, line up with
+"""bnnexport.nn.torch_probe: PyTorch's binarizations, read and imposed through hooks, line up with
 the exported ONNX graph's (what lets the gates replay signs in PyTorch)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from support.fresh_run import fresh_run
 
 from bnnexport.errors import FidelityError
 from bnnexport.export import export_onnx
-from bnnexport.runs import load_model
-from bnnexport.torch_probe import TorchProbe
+from bnnexport.nn.torch_probe import TorchProbe
+from bnnexport.run.checkpoint import load_model
 from converters.gate import OnnxProbe
 
 

@@ -12,9 +12,9 @@ import torch
 from support.cli import run_in_process
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear
-from bnnexport.quantizers import Quantizer
-from bnnexport.runs import load_checkpoint, save_checkpoint
+from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
+from bnnexport.nn.quantizers import Quantizer
+from bnnexport.run.checkpoint import load_checkpoint, save_checkpoint
 from bnnexport.verify import verify, verify_model
 
 # (layer, index of the weight set off) in the default mnist-bnn

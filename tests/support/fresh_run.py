@@ -8,7 +8,7 @@ import torch
 
 from bnnexport.init import save_untrained_checkpoint
 from bnnexport.models import create_model
-from bnnexport.train import TrainConfig
+from bnnexport.training.config import TrainConfig
 
 
 def fresh_run(root: Path, **model_kwargs) -> Path:

@@ -74,14 +74,14 @@ def another_writer(run: Path) -> Iterator[None]:
 
 
 def fail_on_write(monkeypatch: Any, error: OSError) -> None:
-    """Make every write through `bnnexport.files` fail with `error` (a full disk, a read-only
+    """Make every write through `bnnexport.run.files` fail with `error` (a full disk, a read-only
     directory), at the temporary file it starts with."""
-    import bnnexport.files
+    import bnnexport.run.files
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise error
 
-    monkeypatch.setattr(bnnexport.files.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(bnnexport.run.files.tempfile, "mkstemp", refuse)
 
 
 def write_zero_samples(run: Path, shape: tuple[int, ...] = (1, 28, 28), count: int = 8) -> None:
@@ -103,8 +103,9 @@ def benched(run: Path, shape: tuple[int, ...]) -> list[str]:
 
     import numpy as np
 
-    from bnnexport import files, provenance
-    from bnnexport.bench import BenchOptions, bench
+    from bnnexport.bench.bench import bench
+    from bnnexport.bench.options import BenchOptions
+    from bnnexport.run import files, provenance
 
     before = set(snapshot(run))
     buffer = io.BytesIO()

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from bnnexport.init import randomize_batchnorm
-from bnnexport.layers import batch_norms
-from bnnexport.train import recalibrate_batchnorm
+from bnnexport.nn.layers import batch_norms
+from bnnexport.training.trainer import recalibrate_batchnorm
 
 
 def _model() -> nn.Module:

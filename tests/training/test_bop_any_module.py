@@ -15,10 +15,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from bnnexport.datasets import load_dataset
-from bnnexport.discover import find_binary_kernels
 from bnnexport.errors import ConfigError, NotBinaryError
-from bnnexport.optimizers import Bop, bop_with_adam, latent_adam
-from bnnexport.train import TrainConfig, evaluate
+from bnnexport.nn.discover import find_binary_kernels
+from bnnexport.training.bop import Bop
+from bnnexport.training.composite import bop_with_adam, latent_adam
+from bnnexport.training.config import TrainConfig
+from bnnexport.training.trainer import evaluate
 
 EXAMPLE = torch.zeros(1, 1, 28, 28)
 
@@ -80,7 +82,7 @@ def test_bop_refuses_real_weights_unless_told_to_take_their_sign():
 
 
 def test_latent_adam_clips_the_kernels_it_finds_and_they_start_glorot_uniform():
-    from bnnexport.layers import init_latent_weights
+    from bnnexport.nn.layers import init_latent_weights
 
     model = hand_written_bnn()
     optimizer = latent_adam(model, example_input=EXAMPLE)

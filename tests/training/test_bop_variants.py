@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from bnnexport.models import create_model
-from bnnexport.optimizers import OPTIMIZERS, Bop2ndOrder, BopNormalized
-from bnnexport.schedules import LinearDecay, StepDecay
+from bnnexport.training.bop import Bop2ndOrder, BopNormalized
+from bnnexport.training.composite import OPTIMIZERS
+from bnnexport.training.schedules import LinearDecay, StepDecay
 
 
 def _value(schedule, t):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from support.cli import run_in_process
 
-from bnnexport.compare import compare, mean_std
-from bnnexport.files import write_bytes_atomic
-from bnnexport.sweep import plan_runs
-from bnnexport.train import TrainConfig
+from bnnexport.run.files import write_bytes_atomic
+from bnnexport.training.compare import compare, mean_std
+from bnnexport.training.config import TrainConfig
+from bnnexport.training.sweep import plan_runs
 
 
 def fake_run(path: Path, optimizer="bop", gamma=1e-3, seed=0, accuracy=0.9, flips=10) -> Path:

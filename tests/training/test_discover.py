@@ -1,4 +1,4 @@
-"""The one discovery of binary kernels (`bnnexport.discover`): from one forward pass PyTorch runs
+"""The one discovery of binary kernels (`bnnexport.nn.discover`): from one forward pass PyTorch runs
 itself, on every model the suite has, without the ONNX exporter; and the record it writes."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from support.handwritten_bnn import KERNELS as HANDWRITTEN
 from support.handwritten_bnn import hand_written_bnn
 from torch import nn
 
-from bnnexport.discover import BinaryKernels, find_binary_kernels, select_binary, trace_layers
 from bnnexport.errors import CheckpointError, ConfigError, InputShapeError, NoBinaryKernelError
-from bnnexport.layers import BinaryConv2d, binary_layers, set_precision
 from bnnexport.models import create_model, list_models
+from bnnexport.nn.discover import BinaryKernels, find_binary_kernels, select_binary, trace_layers
+from bnnexport.nn.layers import BinaryConv2d, binary_layers, set_precision
 
 MNIST = torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(0))
 SMALL = {"binarynet": (3, 32, 32), "mnist-bnn": (1, 28, 28)}  # the rest at 3x64x64
@@ -57,7 +57,7 @@ def test_binarized_in_forward_and_used_as_it_is_are_told_apart():
 def test_a_scaled_kernel_through_the_detach_trick_is_binarized_despite_its_rounding(monkeypatch):
     """XNOR-Net's mean|w| x sign(w) through the detach trick, (a - w).detach() + w, is a·sign(w)
     only up to the rounding of (a - w) + w: the trace must still see a binarized kernel."""
-    import bnnexport.discover as discover
+    import bnnexport.nn.discover as discover
 
     class Net(nn.Module):
         def __init__(self):

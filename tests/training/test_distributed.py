@@ -12,8 +12,8 @@ import pytest
 import torch
 from support.sshd_fixture import free_port
 
-from bnnexport.layers import binary_parameters
-from bnnexport.runs import load_model
+from bnnexport.nn.layers import binary_parameters
+from bnnexport.run.checkpoint import load_model
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
 from bnnexport.models import create_model
+from bnnexport.nn.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
 
 
 def is_strictly_binary(t: torch.Tensor) -> bool:
@@ -57,7 +57,7 @@ def test_leaving_latent_mode_binarizes_weights_in_place():
 
 
 def test_latent_weights_start_small_so_they_can_flip():
-    from bnnexport.layers import init_latent_weights
+    from bnnexport.nn.layers import init_latent_weights
 
     model = create_model("mnist-bnn")
     init_latent_weights(model)

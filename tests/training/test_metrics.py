@@ -14,9 +14,10 @@ import pytest
 import torch
 from support.cli import run_in_process
 
-from bnnexport.metrics import metrics_csv, pi, tensorboard_available
-from bnnexport.runs import read_jsonl
-from bnnexport.train import TrainConfig, train
+from bnnexport.run.records import read_jsonl
+from bnnexport.training.config import TrainConfig
+from bnnexport.training.metrics import metrics_csv, pi, tensorboard_available
+from bnnexport.training.train import train
 
 
 def _train(out: Path, **kwargs):

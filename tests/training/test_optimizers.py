@@ -6,10 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
-from bnnexport.optimizers import Bop, CaseOptimizer, FlipCounter, bop_with_adam, flip_rate
-from bnnexport.quantizers import SteSign
-from bnnexport.schedules import LinearDecay, StepDecay, as_schedule
+from bnnexport.nn.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
+from bnnexport.nn.quantizers import SteSign
+from bnnexport.training.bop import Bop
+from bnnexport.training.composite import CaseOptimizer, bop_with_adam
+from bnnexport.training.flips import FlipCounter, flip_rate
+from bnnexport.training.schedules import LinearDecay, StepDecay, as_schedule
 
 
 def numpy_bop(w, gradients, gamma, threshold):

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from support.cli import invoke
 
-from bnnexport.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_precision
 from bnnexport.models import create_model
-from bnnexport.optimizers import FlipCounter, bop_with_adam
-from bnnexport.precision import RETRY, cpu_has_bf16, exact_bound, resolve_precision
+from bnnexport.nn.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_precision
+from bnnexport.nn.precision import RETRY, cpu_has_bf16, exact_bound, resolve_precision
+from bnnexport.training.composite import bop_with_adam
+from bnnexport.training.flips import FlipCounter
 
 
 def _signs(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -162,7 +163,8 @@ def test_auto_is_bf16_exact_only_with_bf16_hardware():
 
 def test_runs_saved_with_amp_resume_with_the_matching_precision(tmp_path):
     """config.json from before --precision has `amp`; a resume reads it as the same mode."""
-    from bnnexport.train import TrainConfig, resumed_config
+    from bnnexport.training.config import TrainConfig
+    from bnnexport.training.resume import resumed_config
 
     for amp, precision in ((True, "amp"), (False, "float32")):
         saved = {k: v for k, v in TrainConfig().to_json().items() if k != "precision"}

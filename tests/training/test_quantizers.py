@@ -6,7 +6,7 @@ import onnx
 import pytest
 import torch
 
-from bnnexport.quantizers import get_quantizer, list_quantizers
+from bnnexport.nn.quantizers import get_quantizer, list_quantizers
 
 
 @pytest.mark.parametrize("name", ["ste_sign", "approx_sign", "swish_sign"])

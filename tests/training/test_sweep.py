@@ -8,7 +8,7 @@ import json
 import pytest
 from support.cli import invoke
 
-from bnnexport.sweep import SweepSetting, flip_ordering
+from bnnexport.training.sweep import SweepSetting, flip_ordering
 
 
 def _setting(gamma, threshold, rate):

@@ -14,8 +14,9 @@ import torch
 from support.cli import COMMAND, run_in_process, run_process
 from support.waiting import training_in_epoch, wait_until
 
-from bnnexport.layers import binary_parameters
-from bnnexport.runs import load_model, read_jsonl
+from bnnexport.nn.layers import binary_parameters
+from bnnexport.run.checkpoint import load_model
+from bnnexport.run.records import read_jsonl
 
 
 @pytest.mark.slow

@@ -12,10 +12,10 @@ import torch
 from support.cli import invoke
 
 from bnnexport.init import init_model, init_run
-from bnnexport.layers import binary_layers
 from bnnexport.models import create_model, model_info
-from bnnexport.quantizers import Quantizer
-from bnnexport.runs import load_checkpoint, load_model
+from bnnexport.nn.layers import binary_layers
+from bnnexport.nn.quantizers import Quantizer
+from bnnexport.run.checkpoint import load_checkpoint, load_model
 from converters.gate import GateOptions
 
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small"]
@@ -227,7 +227,7 @@ def on_exact_grids(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     left between ONNX Runtime and LCE is a conversion fault (only the head's average, after the
     last binarization, rounds).
     """
-    from bnnexport.layers import BinaryConv2d
+    from bnnexport.nn.layers import BinaryConv2d
 
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

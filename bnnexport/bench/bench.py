@@ -1,0 +1,248 @@
+"""The bench stage: accuracy, agreement with PyTorch and latency of every backend of one run.
+
+On the host, on the same test samples (`RUN_DIR/samples.npz`) and in one call: PyTorch, ONNX
+Runtime, the float TFLite model and the LCE flatbuffer (LCE's interpreter with indirect BGEMM,
+docs/LCE_NOTES.md "Running flatbuffers"), timed by `bnnexport.bench.host`. With a `DeviceTarget`
+the LCE flatbuffer also runs on that device over SSH, through a device runner picked by name from
+`deploy.runners`; `bnnexport.bench.device` makes its rows. Latency is batch 1 after warm-up; all
+times are milliseconds.
+
+Example:
+    >>> from bnnexport.bench.options import BenchOptions
+    >>> report = bench("runs/demo", BenchOptions(runs=100, threads=1))   # doctest: +SKIP
+    >>> [(b.name, b.top1, b.latency_ms["median"]) for b in report.backends]  # doctest: +SKIP
+    [('pytorch', 0.91, 0.41), ('onnxruntime', 0.91, 0.05), ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bnnexport.bench.device import (
+    Connected,
+    Scoring,
+    device_profile,
+    device_rows,
+    ensure_batched_copy,
+    reach_device,
+    scaling_rows,
+)
+from bnnexport.bench.host import (
+    CONVERT_HINT,
+    host_backends,
+    host_identity,
+    measure_host,
+    require,
+    usable_backends,
+)
+from bnnexport.bench.options import BenchOptions, DeviceTarget
+from bnnexport.bench.scoring import BackendResult
+from bnnexport.errors import DataError
+from bnnexport.run import files, provenance
+from bnnexport.run.checkpoint import open_model
+from bnnexport.run.directory import EXPORT_HINT, RunDir
+from bnnexport.run.reports import Report, write_bytes_atomic, write_json_atomic
+from bnnexport.run.samples import load_samples
+
+
+@dataclasses.dataclass
+class BenchReport(Report):
+    """What `bench` measured; saved as RUN_DIR/bench.json, summarised in RUN_DIR/report.md."""
+
+    run_dir: str
+    samples: int
+    runs: int
+    threads: int
+    num_classes: int
+    host: dict[str, Any]
+    backends: list[BackendResult]
+    files: dict[str, int] = dataclasses.field(default_factory=dict)
+    device: dict[str, Any] | None = None
+    report_md: str | None = None
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # backend: why
+    random_inputs: bool = False  # a model file benched without --samples-file
+    # with `DeviceTarget.profile`: the device's time by PyTorch layer (bnnexport.bench.profile)
+    profile: dict[str, Any] | None = None
+    # the binary weights of the run's record (None: a model file benched on its own)
+    binary_parameters: int | None = None
+
+    def to_table(self) -> str:
+        """One line per backend: accuracy, agreement, latency, size."""
+        head = [
+            "backend",
+            "where",
+            "top1",
+            "top5",
+            "agree",
+            "max|diff|",
+            "median ms",
+            "p90 ms",
+            "mean ms",
+            "std ms",
+            "min ms",
+            "size KB",
+            "peak MB",
+        ]
+        rows = [head]
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        for b in self.backends:
+            lat = b.latency_ms
+            rows.append(
+                [
+                    b.name,
+                    b.where,
+                    fmt(b.top1, ".4f"),
+                    fmt(b.top5, ".4f"),
+                    fmt(b.argmax_agreement, ".4f"),
+                    fmt(b.max_abs_diff, ".2g"),
+                    fmt(lat.get("median"), ".3f"),
+                    fmt(lat.get("p90"), ".3f"),
+                    fmt(lat.get("mean"), ".3f"),
+                    fmt(lat.get("std"), ".3f"),
+                    fmt(lat.get("min"), ".3f"),
+                    fmt(None if b.size_bytes is None else b.size_bytes / 1024, ".1f"),
+                    fmt(b.extra.get("peak_memory_mb"), ".3g"),
+                ]
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        footer = [
+            f"{self.samples} samples, {self.runs} timed runs at batch 1, {self.threads} thread(s)"
+        ]
+        if self.device:
+            footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
+        if self.profile is not None:
+            footer.append(self.profile["summary"])
+        for name, why in self.skipped.items():
+            footer.append(f"skipped {name}: {why}")
+        if self.report_md:
+            footer.append(f"report: {self.report_md}")
+        return "\n".join(lines + [""] + footer)
+
+
+def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
+    """Samples of another model (e.g. a stale samples.npz after `train --force`) are refused."""
+    from bnnexport.run.checkpoint import load_checkpoint
+
+    expected = load_checkpoint(run.root)["model_kwargs"].get("input_shape")
+    if expected is not None and list(inputs.shape[1:]) != [int(v) for v in expected]:
+        raise DataError(
+            f"{run.samples} holds inputs of shape {list(inputs.shape[1:])} but the model takes "
+            f"{list(expected)}: {EXPORT_HINT.format(run=run.root)}"
+        )
+
+
+def _connect(device: DeviceTarget, run: RunDir, target: str) -> Connected:
+    """The flatbuffer checked current and the device reached, before any host benchmark."""
+    from bnnexport.run.provenance import require_current
+
+    flatbuffer = require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
+    require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
+    return Connected(*reach_device(device), flatbuffer)
+
+
+def bench(
+    run_dir: str | Path,
+    options: BenchOptions = BenchOptions(),
+    device: DeviceTarget | None = None,
+    write_report: bool = True,
+    progress: bool = False,
+) -> BenchReport:
+    """Measure every backend of `run_dir` on the host (and the LCE model on `device`).
+
+    Args:
+        run_dir: a run directory with checkpoint.pt, samples.npz, model.onnx, model-float.tflite
+            and model-<target>.tflite.
+        options: runs, warm-up, threads, samples and target (`BenchOptions`).
+        device: where and how to run the LCE flatbuffer on a device too (`DeviceTarget`). With
+            a runner that needs it (`lce_benchmark_model`), accuracy on the device runs the
+            batched copy (batch N) RUN_DIR/model-TARGET-bN.tflite, N = min(device.batch,
+            samples), in N-sample chunks.
+        progress: a progress bar over the backends on stderr.
+    Backends whose model file is missing or stale are skipped; the report says why (`skipped`).
+    Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
+    """
+    run = RunDir(run_dir).require()
+    for name in ("bench.json", "report.md"):  # a file of the user's fails now, not after timing
+        files.require_replaceable(run.root / name)
+    target, threads = options.target, options.threads
+    inputs, labels = load_samples(run, options.samples)
+    _require_input_shape(run, inputs)
+    connected = _connect(device, run, target) if device is not None else None
+    if device is not None and connected is not None and connected.runner.batched_copy:
+        ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
+    backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
+    # PyTorch comes first: the reference for every other backend
+    results, host_outputs = measure_host(backends, inputs, labels, options, progress, run.samples)
+    reference = host_outputs[results[0].name]
+    identity = raw = None
+    if device is not None and connected is not None:
+        scoring = Scoring(inputs, labels, reference, host_outputs.get("lce"))
+        rows, raw = device_rows(connected, device, options, scoring, run.root)
+        results.extend(rows)
+        results.extend(scaling_rows(connected, device, options, scoring))
+        identity = connected.identity
+    profile = None
+    if device is not None and device.profile and connected is not None:
+        profile = device_profile(results, connected.flatbuffer, run.onnx)
+    report = BenchReport(
+        run_dir=str(run.root),
+        samples=len(inputs),
+        runs=options.runs,
+        threads=threads,
+        num_classes=int(reference.shape[1]),
+        host=host_identity(),
+        backends=results,
+        device=identity,
+        files=_file_sizes(run, target),
+        skipped=skipped,
+        profile=profile,
+        binary_parameters=open_model(run.root).kernels.parameters,
+    )
+    logs = []
+    if raw is not None:
+        logs.append(write_bytes_atomic(run.root / "bench_device.log", raw.encode()))
+    save_results(report, run.root / "bench.json", write_report, companions=logs)
+    return report
+
+
+def save_results(
+    report: BenchReport,
+    results: Path,
+    write_report: bool,
+    prefix: str = "",
+    companions: list[Path] | None = None,
+) -> None:
+    """Write `results` (the report as JSON) and, with `write_report`, report.md and its plots
+    (names starting with `prefix`). They and the `companions` (the device's log) are recorded
+    as made from `results`, so a stage that removes the results as stale (`train --resume`:
+    `provenance.remove_derived`) takes every one of them along, whatever its name."""
+    made = list(companions or [])
+    if write_report:
+        from bnnexport.bench.report_md import write_report as render
+
+        written = render(report, results.parent, prefix)
+        report.report_md = str(written[0])
+        made += written
+    write_json_atomic(results, report.to_json())
+    for path in made:
+        provenance.record(results.parent, path.name, [results.name])
+
+
+def _file_sizes(run: RunDir, target: str) -> dict[str, int]:
+    """Bytes of each model file present (checkpoint.pt also holds optimizer state)."""
+    names = [
+        "checkpoint.pt",
+        "model.safetensors",
+        "model.onnx",
+        "model-float.tflite",
+        run.flatbuffer(target).name,
+    ]
+    return {n: (run.root / n).stat().st_size for n in names if (run.root / n).is_file()}

@@ -1,0 +1,278 @@
+"""The device rows of `bench`: reach the device, pick its runner, score what the runner measured.
+
+`bench --device` runs the LCE flatbuffer through one of the runners of `deploy.runners`, picked
+by name (`auto`: the first the device can run) and called through their one protocol; nothing
+here knows a runner by name. Latency comes from the batch-1 flatbuffer (`model-arm64.tflite`).
+A runner whose outputs need a batched copy (`lce_benchmark_model`) gets the batch-N copy
+(`model-arm64-bN.tflite`, written by `bnnexport convert RUN_DIR --batched-copy N`) and runs all
+samples in N-sample chunks; N is `min(batch, samples)`, 64 by default. The device's outputs are
+scored against PyTorch (row `lce`) and, when they came from the batched copy, against the host's
+LCE interpreter on the same flatbuffer family (row `lce vs host lce`). Without the copy, or with
+a binary that has no `--output_filepath`, the device row has latency only and a one-line note
+says why.
+
+Example:
+    >>> from bnnexport.bench.device import copy_batch
+    >>> copy_batch(1000, 64), copy_batch(40, 64)
+    (64, 40)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bnnexport.bench.scoring import BackendResult, score
+from bnnexport.errors import CheckpointError
+from bnnexport.run.directory import RunDir
+from converters.batch import batched_path
+
+if TYPE_CHECKING:
+    from bnnexport.bench.options import BenchOptions, DeviceTarget
+    from deploy.runners import DeviceRunner, Measurement, RunSettings, Samples
+
+DEFAULT_BATCH = 64
+VERSUS_HOST = "lce vs host lce"
+FILE_NOTE = "latency only: accuracy on the device needs a run's batched copy (batch N)"
+
+
+def copy_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
+    """The chunk size used on the device: `batch`, capped by the number of samples."""
+    return max(1, min(batch, samples))
+
+
+@dataclasses.dataclass
+class Connected:
+    """A device reached and checked before any host work: its client, identity and runner."""
+
+    client: Any
+    identity: dict[str, Any]
+    runner: DeviceRunner
+    flatbuffer: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """What the device's outputs are scored against: the host's samples and outputs."""
+
+    inputs: np.ndarray
+    labels: np.ndarray
+    reference: np.ndarray  # PyTorch's (or ONNX Runtime's, for a model file) outputs
+    host_lce: np.ndarray | None = None  # the host LCE interpreter's, on the same samples
+
+
+def run_settings(
+    device: DeviceTarget, options: BenchOptions | None = None, threads: int | None = None
+) -> RunSettings:
+    """How the runner runs the flatbuffer: `options`' runs and threads (or `threads`), and the
+    device's timeout, benchmark binary and Python."""
+    from deploy.runners import RunSettings
+
+    measured = {}
+    if options is not None:
+        measured = {"threads": options.threads, "runs": options.runs, "warmup": options.warmup}
+    if threads is not None:
+        measured["threads"] = threads
+    return RunSettings(
+        **measured,
+        timeout=device.timeout,
+        benchmark_binary=device.benchmark_binary,
+        remote_python=device.remote_python,
+    )
+
+
+def needs_batched_copy(device: DeviceTarget) -> bool:
+    """Whether the device's runner may need the batched copy: its own runner, or for `auto`
+    any runner it may pick (the device is not asked here)."""
+    from deploy.runners import candidates
+
+    return any(runner.batched_copy for runner in candidates(device.runner, device.profile))
+
+
+def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], DeviceRunner]:
+    """Reach the device and check what will run there: (SSH client, identity, runner). A wrong
+    host name, a refused key or a benchmark binary of another architecture fails here in
+    seconds, one line (DeviceError / WrongArchitectureError), before any long work."""
+    from deploy.runners import pick_runner
+    from deploy.ssh import SshClient
+
+    client = SshClient(
+        device.host,
+        port=device.port,
+        identity_file=device.ssh_key,
+        options=device.ssh_options,
+        remote_tmp=device.remote_tmp,
+    )
+    identity = {"destination": device.host, **client.identity().to_json()}
+    settings = run_settings(device)
+    runner = pick_runner(device.runner, client, settings, profile=device.profile)
+    runner.preflight(identity["machine"], settings)
+    return client, identity, runner
+
+
+def ensure_batched_copy(
+    run_dir: Path, target: str, samples: int, batch: int, progress: bool
+) -> None:
+    """Convert the batched copy (batch N) that accuracy on the device runs, when it is missing
+    or was made from another model.onnx (as `convert --batched-copy N` does)."""
+    from bnnexport.convert import convert_batched_copy
+    from bnnexport.run.provenance import stale_reason
+
+    batch = copy_batch(samples, batch)
+    copy = batched_path(RunDir(run_dir).flatbuffer(target), batch)
+    if copy.is_file() and stale_reason(run_dir, copy.name) is None:
+        return
+    convert_batched_copy(run_dir, target, batch, progress=progress)
+
+
+def _check_copy(copy: Path, inputs: np.ndarray, batch: int) -> None:
+    """Raise CheckpointError unless the copy takes exactly `batch` samples of the inputs' shape."""
+    from converters.runtimes import lce_interpreter
+
+    shape = [int(d) for d in lce_interpreter(copy, 1).input_shapes[0]]
+    expected = [batch, *inputs.shape[1:]]
+    if shape != expected:
+        raise CheckpointError(
+            f"{copy} takes input {shape}, bench needs {expected}: convert it again with "
+            f"`bnnexport convert {copy.parent} --batched-copy {batch}`"
+        )
+
+
+def _samples(
+    runner: DeviceRunner, run_dir: Path, target: str, scoring: Scoring, batch: int
+) -> tuple[Samples, str | None]:
+    """The samples for the runner, with the batched copy where its outputs need one, and a
+    note when that copy is missing."""
+    from deploy.runners import Samples
+
+    per_sample = int(scoring.reference.shape[1])
+    if not runner.batched_copy:
+        return Samples(scoring.inputs, scoring.labels, per_sample), None
+    batch = copy_batch(len(scoring.inputs), batch)
+    copy = batched_path(RunDir(run_dir).flatbuffer(target), batch)
+    if not copy.is_file():
+        note = (
+            f"no batch-{batch} copy {copy.name}: accuracy not measured on the device, latency "
+            f"only (`bnnexport convert {run_dir} --batched-copy {batch}` writes it)"
+        )
+        return Samples(scoring.inputs, scoring.labels, per_sample, None, batch), note
+    _check_copy(copy, scoring.inputs, batch)
+    return Samples(scoring.inputs, scoring.labels, per_sample, copy, batch), None
+
+
+def device_rows(
+    connected: Connected,
+    device: DeviceTarget,
+    options: BenchOptions,
+    scoring: Scoring,
+    run_dir: Path,
+) -> tuple[list[BackendResult], str | None]:
+    """Run the LCE flatbuffer of `run_dir` on the device: its `lce` row (and `lce vs host lce`
+    when the outputs came from the batched copy), and what the device printed (None: nothing
+    to keep)."""
+    runner, where = connected.runner, connected.client.destination
+    samples, note = _samples(runner, run_dir, options.target, scoring, device.batch)
+    settings = run_settings(device, options)
+    measured = runner.measure(connected.client, connected.flatbuffer, settings, samples)
+    note = measured.note or note
+    if note:
+        measured.extra["note"] = note
+    labels, outputs = scoring.labels, measured.outputs
+    rows = [
+        score("lce", where, connected.flatbuffer, outputs, labels, scoring.reference,
+              measured.latency, measured.extra)
+    ]  # fmt: skip
+    if outputs is not None and scoring.host_lce is not None and samples.copy is not None:
+        versus = {"reference": "host lce"}
+        rows.append(score(VERSUS_HOST, where, samples.copy, outputs, labels, scoring.host_lce,
+                          {}, versus))  # fmt: skip
+    if note:
+        print(f"bnnexport: note: {note}", file=sys.stderr)
+    return rows, measured.raw
+
+
+def scaling_rows(
+    connected: Connected,
+    device: DeviceTarget,
+    options: BenchOptions,
+    scoring: Scoring,
+    counts: tuple[int, ...] | None = None,
+) -> list[BackendResult]:
+    """One row per thread count (`lce (N threads)`; default `options.scaling_threads`): the
+    batch-1 flatbuffer's latency on the device, scored where the runner's timing run also
+    gave the outputs."""
+    counts = options.scaling_threads if counts is None else counts
+    return [_latency_row(connected, device, options, scoring, count) for count in counts]
+
+
+def _latency_row(
+    connected: Connected,
+    device: DeviceTarget,
+    options: BenchOptions,
+    scoring: Scoring,
+    threads: int,
+) -> BackendResult:
+    """The runner's latency at `threads`, with the samples it may score on the way."""
+    from deploy.runners import Samples
+
+    samples = Samples(scoring.inputs, scoring.labels, int(scoring.reference.shape[1]))
+    settings = run_settings(device, options, threads)
+    measured = connected.runner.latency(connected.client, connected.flatbuffer, settings, samples)
+    return _scored(f"lce ({threads} threads)", connected, measured, scoring)
+
+
+def _scored(
+    name: str, connected: Connected, measured: Measurement, scoring: Scoring
+) -> BackendResult:
+    """A latency row: scored on the samples when it has outputs, else a row of no samples."""
+    has = measured.outputs is not None
+    labels = scoring.labels if has else np.zeros(0)
+    reference = scoring.reference if has else None
+    where, flatbuffer = connected.client.destination, connected.flatbuffer
+    return score(name, where, flatbuffer, measured.outputs, labels, reference, measured.latency,
+                 measured.extra)  # fmt: skip
+
+
+def file_device_rows(
+    connected: Connected, device: DeviceTarget, options: BenchOptions, scoring: Scoring
+) -> list[BackendResult]:
+    """A model file's flatbuffer on the device, one row per thread count, the first named
+    `lce`. A runner whose outputs need a run's batched copy gives latency only (a note)."""
+    rows = scaling_rows(
+        connected, device, options, scoring, (options.threads, *options.scaling_threads)
+    )
+    rows[0].name = "lce"
+    if connected.runner.batched_copy:
+        rows[0].extra["note"] = FILE_NOTE
+    return rows
+
+
+def device_profile(
+    rows: list[BackendResult], flatbuffer: Path, onnx_path: Path | None
+) -> dict[str, Any]:
+    """The op profile of the device's batch-1 latency run (the `lce` row: same runs and
+    threads), by PyTorch layer (`bnnexport.bench.profile`), as JSON. A missing or unreadable profile
+    is a note in it (and on stderr), never an error: the latency rows stand without it."""
+    from bnnexport.bench.profile import DeviceProfile, profile_by_layer
+    from converters.errors import ConverterError
+
+    row = next((r for r in rows if r.name == "lce" and r.where != "host"), None)
+    ops = row.extra.get("ops") if row is not None else None
+    threads = row.extra.get("threads") if row is not None else None
+    profile = DeviceProfile([], 0.0, threads)
+    if not ops:
+        profile.notes.append("lce_benchmark_model printed no op profile table")
+    else:
+        onnx_model = onnx_path if onnx_path is not None and onnx_path.is_file() else None
+        try:
+            profile = profile_by_layer(ops, flatbuffer, onnx_model)
+            profile.threads = threads
+        except (ConverterError, KeyError, TypeError, ValueError) as error:
+            profile.notes.append(f"the op profile could not be matched to layers ({error})")
+    for note in profile.notes:
+        print(f"bnnexport: note: profile: {note}", file=sys.stderr)
+    return {**profile.to_json(), "summary": profile.summary()}

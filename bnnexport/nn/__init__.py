@@ -1,0 +1,12 @@
+"""The PyTorch side of a BNN: binary layers, quantizers, and the one discovery of binary kernels.
+
+- `layers.py`: `BinaryConv2d` and `BinaryLinear`, whose weight IS the ±1 kernel;
+- `quantizers.py`: activation and kernel quantizers registered by name (larq's semantics);
+- `precision.py`: bf16 arithmetic that is exact on ±1 operands;
+- `discover.py`: which parameters of any `nn.Module` are binary kernels, decided once from one
+  forward pass, and the record (`BinaryKernels`) every stage reads;
+- `torch_probe.py`: PyTorch as the conversion gate's sign probe (read and impose binarizations).
+
+In: an `nn.Module` (bnnexport's or yours). Out: its binary kernels, layers that compute them.
+It may import torch, numpy and `converters.gate` (the probe); never the rest of bnnexport.
+"""

@@ -1,0 +1,122 @@
+"""PyTorch as a `converters.gate.SignProbe`: read and impose the signs of every binarization.
+
+Every activation binarization in a bnnexport model goes through a `Quantizer` module, so forward
+hooks on those modules see each binarization's input (the witness of PyTorch's signs) and can
+replace its output with chosen signs (the replay of another runtime's signs). The k-th
+activation binarization PyTorch computes is the k-th binarization pattern of the exported ONNX
+graph (the exporter writes nodes in the order the forward pass runs them); calls on a parameter
+(the kernel quantizer of a latent-weight layer) are constants in ONNX and are skipped.
+
+Example:
+    >>> from bnnexport.nn.torch_probe import TorchProbe
+    >>> probe = TorchProbe(model, "runs/demo/model.onnx")              # doctest: +SKIP
+    >>> logits, inputs = probe.run(x[0])                              # doctest: +SKIP
+    >>> len(inputs) == len(probe.sources)                             # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from copy import deepcopy
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from bnnexport.errors import FidelityError
+from bnnexport.nn.quantizers import Quantizer
+from converters.gate import Witness
+from converters.gate.twin import twin_initializers
+from converters.graph import OnnxGraph, load_onnx
+from converters.patterns import binarizations_in
+
+
+class TorchProbe:
+    """A bnnexport model whose binarizations can be read and imposed (see module doc)."""
+
+    def __init__(self, model: nn.Module, onnx_model: str | Path | onnx.ModelProto):
+        if not isinstance(onnx_model, onnx.ModelProto):
+            onnx_model = load_onnx(onnx_model)
+        graph = OnnxGraph.folded(onnx_model)
+        self.calls = [b.source for b in binarizations_in(graph)]  # k-th call -> ONNX source
+        self.sources = list(dict.fromkeys(self.calls))
+        self.model = model.eval()
+        self.quantizers = [m for m in model.modules() if isinstance(m, Quantizer)]
+
+    def run(
+        self, x: np.ndarray, imposed: list[np.ndarray] | None = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(logits, binarization inputs by `sources`) for one sample, with `imposed` signs."""
+        seen: list[np.ndarray] = []
+
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+            if isinstance(args[0], nn.Parameter):
+                return None
+            k = len(seen)
+            seen.append(args[0].detach()[0].numpy().copy())
+            if imposed is None or k >= len(self.calls):
+                return None
+            signs = imposed[self.sources.index(self.calls[k])].reshape(output.shape[1:])
+            return torch.from_numpy(np.ascontiguousarray(signs))[None].to(output.dtype)
+
+        handles = [q.register_forward_hook(hook) for q in self.quantizers]
+        try:
+            with torch.no_grad():
+                logits = self.model(torch.from_numpy(np.asarray(x, np.float32)[None]))
+        finally:
+            for handle in handles:
+                handle.remove()
+        if len(seen) != len(self.calls):
+            raise FidelityError(
+                f"PyTorch binarized {len(seen)} tensors where the ONNX model has "
+                f"{len(self.calls)} binarizations: its signs cannot be matched up"
+            )
+        first = {}
+        for source, value in zip(self.calls, seen, strict=True):
+            first.setdefault(source, value)
+        return logits[0].numpy(), [first[s] for s in self.sources]
+
+    def witness(self) -> Witness:
+        """PyTorch as a candidate: its logits and binarization inputs, sign(0) = +1."""
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            logits, values = self.run(x)
+            return logits, dict(zip(self.sources, values, strict=True))
+
+        return Witness(run=run)
+
+
+def twin_model(model: nn.Module, twin: onnx.ModelProto) -> nn.Module:
+    """A copy of `model` with the twin ONNX graph's float initializers loaded by name (the
+    exporter names them after the state dict): PyTorch's own exact-grid twin."""
+    copy = deepcopy(model).eval()
+    state = copy.state_dict()
+    loaded = twin_initializers(twin)
+    foreign = sorted(set(loaded) - set(state))
+    if foreign:
+        raise FidelityError(
+            f"the ONNX initializer {foreign[0]!r} is not a PyTorch parameter or buffer: "
+            "PyTorch's exact-grid twin cannot be built"
+        )
+    with torch.no_grad():
+        for name, value in loaded.items():
+            state[name].copy_(torch.from_numpy(value.copy()).reshape(state[name].shape))
+    return copy
+
+
+def twin_outputs(model: nn.Module) -> Callable[[onnx.ModelProto, np.ndarray], np.ndarray]:
+    """PyTorch's own exact-grid twin (`converters.gate.twin`, `twin_model`), run on inputs."""
+
+    def run(twin: onnx.ModelProto, inputs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return twin_model(model, twin)(torch.from_numpy(np.asarray(inputs, np.float32))).numpy()
+
+    return run
+
+
+def twin_probe(model: nn.Module) -> Callable[[onnx.ModelProto], TorchProbe]:
+    """A `TorchProbe` of PyTorch's own exact-grid twin, for `converters.gate.checks.check_twin`."""
+    return lambda twin: TorchProbe(twin_model(model, twin), twin)

@@ -1,0 +1,281 @@
+"""`compare(run_dirs, out) -> CompareReport`: training runs side by side, in one figure and one
+table.
+
+Runs that differ only in their seed form one *group* (e.g. `bnnexport sweep --seeds 3`): the
+table gives the mean ± standard deviation over the group's runs (population std, n in
+`runs`), and the figure draws the mean with error bars (test accuracy) or a shaded ±1 std band
+(π_t). For each group:
+
+- test accuracy over optimizer steps (`kind: "eval"` rows from `train --eval-every`, and the
+  epoch rows), and π_t over steps over all binary weights (`mean_flip_rate`,
+  `bnnexport.training.metrics`);
+- the final test accuracy, the flips over the whole run (all binary layers), the training
+  seconds, the optimizer and its hyperparameters (config.json).
+
+OUT/compare.png, OUT/compare.json (the report) and OUT/compare.csv (the table) are written
+through bnnexport's manifest, so OUT may be a folder of earlier comparisons but not a folder of
+the user's own files.
+
+Example:
+    >>> from bnnexport.training.compare import compare
+    >>> report = compare(["runs/bop", "runs/latent"], out="runs/compare")  # doctest: +SKIP
+    >>> [row.optimizer for row in report.rows]  # doctest: +SKIP
+    ['bop', 'adam-latent']
+    >>> mean_std([0.9, 0.92])
+    (0.91, 0.01)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bnnexport.errors import DataError
+from bnnexport.run.directory import RunDir, lock_run
+from bnnexport.run.files import require_run_directory, write_bytes_atomic
+from bnnexport.run.records import read_jsonl
+from bnnexport.run.reports import Report, save_figure_atomic
+from bnnexport.training.metrics import accuracy_curve, mean_flip_rate, step_rows
+
+# config.json keys that say where and how a run was computed, not what was trained: runs that
+# differ only in these (and the seed) are repetitions of one setting
+NOT_THE_SETTING = ("seed", "out", "device", "num_workers", "log_every", "eval_every",
+                   "metrics_csv", "data_dir", "precision", "recipe",
+                   "recipe_overrides")  # fmt: skip
+BOP_KEYS = ("gamma", "threshold", "sigma", "lr")
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population standard deviation, rounded to 12 digits (0 std for one value)."""
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return round(mean, 12), round(std, 12)
+
+
+def hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer's own settings from a run's config.json: lr for adam-latent, γ, τ and lr
+    for Bop (σ too for bop2)."""
+    optimizer = config.get("optimizer", "bop")
+    keys = ("lr",) if optimizer == "adam-latent" else ("gamma", "threshold", "lr")
+    keys += ("sigma",) if optimizer == "bop2" else ()
+    return {k: config[k] for k in keys if k in config}
+
+
+@dataclass
+class RunCurves:
+    """One run read back from its directory."""
+
+    run_dir: str
+    config: dict[str, Any]
+    test_accuracy: float
+    flips: int
+    seconds: float
+    accuracy_steps: list[int]
+    accuracy: list[float]
+    flip_steps: list[int]
+    flip_rate: list[float]
+
+
+def read_run(run_dir: str | Path) -> RunCurves:
+    """A finished (or interrupted) training run's numbers; DataError when it is not one."""
+    run = RunDir(run_dir)
+    try:
+        config = json.loads(run.config.read_text())
+        records = read_jsonl(run.metrics)
+    except (OSError, ValueError) as error:
+        raise DataError(
+            f"{run_dir} is not a training run (config.json, metrics.jsonl): {error}"
+        ) from None
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    if not epochs:
+        raise DataError(f"{run_dir} has no finished epoch to compare")
+    rows = step_rows(records)
+    accuracy_steps, accuracy = accuracy_curve(records)
+    return RunCurves(
+        run_dir=str(run_dir),
+        config=config,
+        test_accuracy=float(epochs[-1]["test_accuracy"]),
+        flips=sum(sum(r.get("flips", {}).values()) for r in rows),
+        seconds=sum(float(r.get("seconds", 0.0)) for r in epochs),
+        accuracy_steps=accuracy_steps,
+        accuracy=accuracy,
+        flip_steps=[int(r["step"]) for r in rows],
+        flip_rate=[mean_flip_rate(r) for r in rows],
+    )
+
+
+@dataclass
+class CompareRow:
+    """One setting: its runs (one per seed) summarised."""
+
+    label: str
+    optimizer: str
+    hyperparameters: dict[str, Any]
+    runs: list[str]
+    seeds: list[int]
+    test_accuracy: float  # mean over the runs
+    test_accuracy_std: float
+    flips: float
+    flips_std: float
+    seconds: float
+    seconds_std: float
+    last_flip_rate: float  # π_t of the last logged row over all binary weights, mean
+    last_flip_rate_std: float
+
+
+@dataclass
+class CompareReport(Report):
+    """What `bnnexport compare` prints and writes to OUT/compare.json."""
+
+    out: str
+    rows: list[CompareRow]
+    figure: str
+    table: str
+    notes: list[str] = field(default_factory=list)
+
+
+def label(config: dict[str, Any]) -> str:
+    """'bop γ=0.001 τ=1e-06' / 'adam-latent lr=0.001': the optimizer and its settings."""
+    names = {"gamma": "γ", "threshold": "τ", "sigma": "σ", "lr": "lr"}
+    settings = hyperparameters(config)
+    if config.get("optimizer", "bop") != "adam-latent":
+        settings.pop("lr", None)  # Adam's lr beside Bop is in the table, not every label
+    text = " ".join(f"{names[k]}={v:g}" if isinstance(v, float) else f"{names[k]}={v}"
+                    for k, v in settings.items())  # fmt: skip
+    return f"{config.get('optimizer', 'bop')} {text}".strip()
+
+
+def group_runs(runs: list[RunCurves]) -> list[list[RunCurves]]:
+    """Runs whose configurations differ only in NOT_THE_SETTING, in first-seen order."""
+    groups: dict[str, list[RunCurves]] = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.items() if k not in NOT_THE_SETTING},
+                         sort_keys=True)  # fmt: skip
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def summarise(group: list[RunCurves], labels: dict[int, str]) -> CompareRow:
+    config = group[0].config
+    acc = mean_std([r.test_accuracy for r in group])
+    flips = mean_std([float(r.flips) for r in group])
+    seconds = mean_std([r.seconds for r in group])
+    last = mean_std([r.flip_rate[-1] if r.flip_rate else -9.0 for r in group])
+    return CompareRow(
+        label=labels[id(group[0])], optimizer=config.get("optimizer", "bop"),
+        hyperparameters=hyperparameters(config), runs=[r.run_dir for r in group],
+        seeds=[int(r.config.get("seed", 0)) for r in group],
+        test_accuracy=acc[0], test_accuracy_std=acc[1], flips=flips[0], flips_std=flips[1],
+        seconds=seconds[0], seconds_std=seconds[1],
+        last_flip_rate=last[0], last_flip_rate_std=last[1],
+    )  # fmt: skip
+
+
+def unique_labels(groups: list[list[RunCurves]]) -> dict[int, str]:
+    """Each group's label; groups that would share one (another model, data set, batch) get
+    their first run's folder name added."""
+    labels = {id(g[0]): label(g[0].config) for g in groups}
+    for g in groups:
+        if sum(v == labels[id(g[0])] for v in labels.values()) > 1:
+            labels[id(g[0])] += f" ({Path(g[0].run_dir).name})"
+    return labels
+
+
+def _mean_curve(
+    curves: list[tuple[list[int], list[float]]],
+) -> tuple[list[int], list[float], list[float]]:
+    """Mean and std at the steps every run of the group has."""
+    common = sorted(set.intersection(*(set(steps) for steps, _ in curves)))
+    values = [dict(zip(steps, ys, strict=True)) for steps, ys in curves]
+    stats = [mean_std([v[s] for v in values]) for s in common]
+    return common, [m for m, _ in stats], [s for _, s in stats]
+
+
+def plot_compare(groups: list[list[RunCurves]], labels: dict[int, str], path: str | Path) -> Path:
+    """Test accuracy (error bars over seeds) and π_t over all binary weights (±1 std band)
+    over optimizer steps, one curve per setting, in one figure."""
+    from bnnexport.run.reports import pyplot
+
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, group in enumerate(groups):
+        color, name = colors[index % len(colors)], labels[id(group[0])]
+        name += f" (mean ± std of {len(group)} seeds)" if len(group) > 1 else ""
+        steps, mean, std = _mean_curve([(r.accuracy_steps, r.accuracy) for r in group])
+        left.errorbar(steps, mean, yerr=std if len(group) > 1 else None, marker="o",
+                      markersize=3, capsize=3, color=color, label=name)  # fmt: skip
+        steps, mean, std = _mean_curve([(r.flip_steps, r.flip_rate) for r in group])
+        right.plot(steps, mean, color=color, linewidth=1, label=name)
+        if len(group) > 1:
+            low = [m - s for m, s in zip(mean, std, strict=True)]
+            high = [m + s for m, s in zip(mean, std, strict=True)]
+            right.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+    left.set(xlabel="optimizer step", ylabel="test accuracy (top-1)", title="Test accuracy")
+    pi_label = r"$\pi_t = \log(\mathrm{flips}/(\mathrm{weights} \cdot \mathrm{steps}) + e^{-9})$"
+    right.set(xlabel="optimizer step", ylabel=pi_label, title="Flip rate, all binary weights",
+              ylim=(-9.5, 0.5))  # fmt: skip
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure_atomic(fig, path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def table_csv(rows: list[CompareRow]) -> bytes:
+    """The table as CSV: one line per setting, hyperparameters as columns."""
+    keys = [k for k in BOP_KEYS if any(k in r.hyperparameters for r in rows)]
+    columns = ["label", "optimizer", *keys, "runs", "test_accuracy", "test_accuracy_std",
+               "flips", "flips_std", "seconds", "seconds_std", "last_flip_rate",
+               "last_flip_rate_std"]  # fmt: skip
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        values = {**r.hyperparameters, **r.__dict__, "runs": len(r.runs)}
+        writer.writerow([values.get(c, "") for c in columns])
+    return text.getvalue().encode()
+
+
+def compare(run_dirs: list[str | Path], out: str | Path) -> CompareReport:
+    """Read every run (DataError naming one that is not a run, before anything is written),
+    group repetitions, write OUT/compare.png, compare.json and compare.csv."""
+    if not run_dirs:
+        raise DataError("compare needs at least one run directory")
+    runs = [read_run(d) for d in run_dirs]
+    groups = group_runs(runs)
+    labels = unique_labels(groups)
+    out = Path(out)
+    with lock_run(out, create=True):
+        require_run_directory(out)
+        rows = [summarise(g, labels) for g in groups]
+        figure = plot_compare(groups, labels, out / "compare.png")
+        table = write_bytes_atomic(out / "compare.csv", table_csv(rows))
+        report = CompareReport(out=str(out), rows=rows, figure=str(figure), table=str(table))
+        report.save(out / "compare.json")
+    return report
+
+
+def format_table(rows: list[CompareRow]) -> str:
+    """The table as aligned text: value ± std where a setting has several runs."""
+
+    def pm(value: float, std: float, n: int, digits: int) -> str:
+        return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if n > 1 else "")
+
+    lines = [f"{'setting':<34} {'n':>2} {'test acc':>15} {'flips':>19} {'seconds':>13} "
+             f"{'π last':>13}"]  # fmt: skip
+    for r in rows:
+        n = len(r.runs)
+        lines.append(
+            f"{r.label:<34} {n:>2} {pm(r.test_accuracy, r.test_accuracy_std, n, 4):>15} "
+            f"{pm(r.flips, r.flips_std, n, 0):>19} {pm(r.seconds, r.seconds_std, n, 1):>13} "
+            f"{pm(r.last_flip_rate, r.last_flip_rate_std, n, 2):>13}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""`TrainConfig`: everything that defines a training run, and the checks of its values.
+
+Saved in config.json and the checkpoint; `validate_config` refuses, in one line, a value no
+training could use before anything is written.
+
+Example:
+    >>> TrainConfig().gamma, TrainConfig().epochs
+    (0.001, 5)
+    >>> default_out("mynets:small_bnn", "mnist5k")
+    'runs/small_bnn-mnist5k'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bnnexport.datasets.imagefolder import parse_image_size
+from bnnexport.errors import ConfigError
+from bnnexport.nn.precision import PRECISIONS
+from bnnexport.training.bop import GAMMA, LR, THRESHOLD
+
+DEFAULT_EPOCHS = 5
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (saved in config.json and the checkpoint).
+
+    `gamma`, `threshold` and `lr` accept a number or a schedule in text form
+    (`bnnexport.training.schedules`, counted in optimizer steps).
+    """
+
+    model: str = "mnist-bnn"
+    dataset: str = "mnist5k"
+    data_dir: str | None = None
+    # the data set loader's own options (imagefolder: image_size, mean, std, val_split)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    optimizer: str = "bop"
+    # Bop: set binary kernels that are not ±1 to sign(w), ties to +1 (a model of your own
+    # initialised with real weights); without it such a kernel is refused
+    init_sign: bool = False
+    # the binary kernels by parameter name or shell-style glob; empty: found by tracing the
+    # model (bnnexport.nn.discover). The decision itself is the checkpoint's `binary_kernels`.
+    binary: list[str] = field(default_factory=list)
+    # the optimizers' own defaults (bnnexport.training.bop: GAMMA, THRESHOLD, LR), one set for both
+    gamma: float | str = GAMMA
+    threshold: float | str = THRESHOLD
+    lr: float | str = LR
+    epochs: int | None = DEFAULT_EPOCHS  # None: 5 for a new run, the saved value on resume
+    batch_size: int = 50
+    seed: int = 0
+    out: str = "runs/mnist-bnn"
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    num_workers: int = 0
+    log_every: int = 0  # steps between step records; 0 = about 100 records per epoch
+    eval_every: int = 0  # steps between test-accuracy records (kind "eval"); 0 = per epoch only
+    metrics_csv: bool = False  # also write metrics.csv (every row of metrics.jsonl) each epoch
+    sigma: float | str = 1e-2  # bop2's σ (second-moment rate); other optimizers have none
+    # L2 penalty λ·Σw² on the first and last weight layers (the paper's XNOR-Net recipe)
+    l2_first_last: float = 0.0
+    recipe: str | None = None  # the recipe this run started from (bnnexport.training.recipes)
+    recipe_overrides: dict[str, Any] = field(default_factory=dict)  # what the user changed
+    # bnnexport.nn.precision: "auto" = bf16 for the binary layers' forward where that is exact
+    # (training identical to float32 bit for bit) on bf16 hardware, float32 elsewhere
+    precision: str = "auto"
+    # Before each evaluation and checkpoint, re-estimate BatchNorm statistics on this many
+    # training batches (0 = off): flips shift pre-activations faster than running averages follow.
+    bn_recalibration_batches: int = 20
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def validate_config(config: TrainConfig) -> None:
+    """Raise ConfigError for a value no training could use, before anything is written."""
+    _check_hyperparameter("--lr", config.lr, lambda v: v > 0, "must be > 0")
+    _check_hyperparameter("--gamma", config.gamma, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    _check_hyperparameter("--threshold", config.threshold, lambda v: v >= 0, "must be >= 0")
+    _check_hyperparameter("--sigma", config.sigma, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    if not config.l2_first_last >= 0:
+        raise ConfigError(f"l2_first_last {config.l2_first_last}: must be >= 0")
+    if config.log_every < 0 or config.eval_every < 0:
+        raise ConfigError("--log-every and --eval-every must be >= 0 (0: the default)")
+    if config.precision not in PRECISIONS:
+        raise ConfigError(f"--precision {config.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if config.batch_size < 1 or (config.epochs is not None and config.epochs < 1):
+        raise ConfigError("--batch-size and --epochs must be at least 1")
+    try:
+        kind = torch.device(config.device).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"unknown torch device {config.device!r}: use cpu, cuda or cuda:N")
+
+
+IMAGEFOLDER_OPTIONS = ("image_size", "mean", "std", "val_split")
+
+
+def check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
+    """Options of the imagefolder loader only, each in range (the loader checks the layout)."""
+    if not options:
+        return
+    names = ", ".join("--" + key.replace("_", "-") for key in options)
+    if dataset != "imagefolder":
+        raise ConfigError(f"{names}: options of --dataset imagefolder, not of {dataset}")
+    unknown = set(options) - set(IMAGEFOLDER_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown imagefolder option(s): {', '.join(sorted(unknown))}")
+    if options.get("image_size") is not None:
+        parse_image_size(options["image_size"])  # DataError, one line, for a bad size
+    split = options.get("val_split")
+    if split is not None and not 0.0 < split < 1.0:
+        raise ConfigError(f"--val-split {split}: must be between 0 and 1 (exclusive)")
+
+
+def _check_hyperparameter(option: str, value: float | str, ok: Any, rule: str) -> None:
+    from bnnexport.training.schedules import as_schedule, schedule_to_dict
+
+    try:
+        schedule = as_schedule(value)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{option} {value}: {error}") from None
+    numbers = [v for v in schedule_to_dict(schedule).values() if isinstance(v, (int, float))]
+    if not all(np.isfinite(numbers)):
+        raise ConfigError(f"{option} {value}: not a finite number")
+    if not ok(schedule(0)):
+        raise ConfigError(f"{option} {value}: {rule}")
+
+
+def default_out(model: str, dataset: str) -> str:
+    """Default run directory for a model and data set (an import string by its attribute:
+    `mynets:small_bnn` -> small_bnn).
+
+    Example:
+        >>> default_out("mynets:small_bnn", "mnist5k")
+        'runs/small_bnn-mnist5k'
+    """
+    model, dataset = (name.rpartition(":")[2] for name in (model, dataset))
+    return str(Path("runs") / f"{model}-{dataset}")

@@ -1,0 +1,278 @@
+"""`sweep(base, gammas, thresholds) -> SweepReport`: the paper's γ/τ analysis (Fig. 2, Section 5.1).
+
+One training run per (γ, τ) setting, in OUT/gamma=G,threshold=T, then OUT/sweep.png (test
+accuracy and flip rate π_t over steps, one curve per setting: `bnnexport.training.compare`'s figure)
+and OUT/sweep.json (the table of final accuracies and flip rates). The flip rate of a setting
+is counted over all binary weights: π = log(flips / (weights · steps) + e^-9), as in the
+paper's Eq. 6.
+
+`optimizers` adds other optimizers to compare with: the latent-weight baseline
+(`adam-latent`, which has no γ or τ) runs once, in OUT/optimizer=adam-latent, and with more
+than one optimizer every Bop setting's folder starts with `optimizer=NAME,`. `seeds=N` trains
+every setting N times (seeds base.seed ... base.seed+N-1, in SETTING/seed=S): the table gives
+mean ± std and the figure error bars.
+
+The paper's claim to check: a higher γ and a lower τ give more flips. `SweepReport.ordering`
+says, for every pair of settings of one optimizer that differ in one of the two, whether the
+runs agree (on the mean over seeds).
+
+Example:
+    >>> from bnnexport.training.sweep import sweep
+    >>> from bnnexport.training.config import TrainConfig
+    >>> report = sweep(TrainConfig(epochs=2), [1e-2, 1e-3], [1e-6, 0.0], out="runs/sweep",
+    ...                optimizers=["bop", "adam-latent"], seeds=3)   # doctest: +SKIP
+    >>> report.ordering["agrees"]                                            # doctest: +SKIP
+    True
+    >>> setting_dir("runs/sweep", 1e-3, 1e-6)
+    PosixPath('runs/sweep/gamma=0.001,threshold=1e-06')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bnnexport.errors import ConfigError
+from bnnexport.run.checkpoint import open_model
+from bnnexport.run.directory import RunDir, lock_run
+from bnnexport.run.records import read_jsonl
+from bnnexport.run.reports import Report
+from bnnexport.training.composite import OPTIMIZERS
+from bnnexport.training.config import TrainConfig, validate_config
+from bnnexport.training.train import train
+
+
+@dataclass
+class SweepSetting:
+    """One row of the sweep's table (means over its seeds; `*_std` their spread)."""
+
+    gamma: float | None  # None for adam-latent, which has no γ or τ
+    threshold: float | None
+    run_dir: str  # the first seed's run
+    test_accuracy: float
+    train_accuracy: float
+    flip_rate: float  # π over the whole run, all binary weights
+    last_epoch_flip_rate: float  # π over the last epoch
+    seconds: float
+    optimizer: str = "bop"
+    run_dirs: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    test_accuracy_std: float = 0.0
+    flip_rate_std: float = 0.0
+    last_epoch_flip_rate_std: float = 0.0
+
+
+@dataclass
+class SweepReport(Report):
+    """What `bnnexport sweep` prints and writes to OUT/sweep.json."""
+
+    out: str
+    model: str
+    dataset: str
+    optimizer: str  # the optimizers, comma-separated
+    epochs: int
+    settings: list[SweepSetting]
+    ordering: dict[str, Any]
+    figure: str
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    seeds: int = 1
+
+
+def setting_dir(out: str | Path, gamma: float, threshold: float) -> Path:
+    """OUT/gamma=G,threshold=T with numbers in their shortest form."""
+    return Path(out) / f"gamma={gamma:g},threshold={threshold:g}"
+
+
+def _pi(fraction: float) -> float:
+    return math.log(fraction + math.exp(-9))
+
+
+def _flip_curve(run: RunDir) -> tuple[list[int], list[float], float, float]:
+    """(steps, π per logged interval, π over the run, π over the last epoch)."""
+    weights = open_model(run.root).kernels.parameters  # every binary weight of the record
+    records = read_jsonl(run.metrics)
+    step_records = [r for r in records if r.get("kind") == "step"]
+    steps, rates, previous = [], [], 0
+    flips_total, last_epoch = 0, max(r["epoch"] for r in step_records)
+    last_flips, last_steps, last_start = 0, 0, None
+    for record in step_records:
+        flips = sum(record["flips"].values())
+        interval = record["step"] - previous
+        previous = record["step"]
+        steps.append(record["step"])
+        rates.append(_pi(flips / (weights * interval)))
+        flips_total += flips
+        if record["epoch"] == last_epoch:
+            last_start = last_start if last_start is not None else record["step"] - interval
+            last_flips += flips
+            last_steps = record["step"] - last_start
+    return (
+        steps,
+        rates,
+        _pi(flips_total / (weights * max(previous, 1))),
+        _pi(last_flips / (weights * max(last_steps, 1))),
+    )
+
+
+def flip_ordering(settings: list[SweepSetting]) -> dict[str, Any]:
+    """Check the paper's claim pairwise: more flips for a higher γ (same τ) and for a lower τ
+    (same γ). Returns the comparisons and whether all agree."""
+    comparisons = []
+    bop = [s for s in settings if s.gamma is not None and s.threshold is not None]
+    for a in bop:
+        for b in bop:
+            if a.optimizer != b.optimizer:
+                continue
+            if a.threshold == b.threshold and a.gamma > b.gamma:  # type: ignore[operator]
+                kind = "higher gamma"
+            elif a.gamma == b.gamma and a.threshold < b.threshold:  # type: ignore[operator]
+                kind = "lower threshold"
+            else:
+                continue
+            comparisons.append(
+                {
+                    "optimizer": a.optimizer,
+                    "more_flips_expected": {"gamma": a.gamma, "threshold": a.threshold},
+                    "than": {"gamma": b.gamma, "threshold": b.threshold},
+                    "because": kind,
+                    "flip_rates": [a.flip_rate, b.flip_rate],
+                    "agrees": a.flip_rate > b.flip_rate,
+                }
+            )
+    return {"agrees": all(c["agrees"] for c in comparisons), "comparisons": comparisons}
+
+
+def sweep(
+    base: TrainConfig,
+    gammas: list[float],
+    thresholds: list[float],
+    out: str | Path,
+    force: bool = False,
+    progress: bool = False,
+    optimizers: list[str] | None = None,
+    seeds: int = 1,
+) -> SweepReport:
+    """Train `base` once per (optimizer, γ, τ, seed); write OUT/sweep.png and OUT/sweep.json.
+
+    Every run keeps base's model, data, epochs, batch size and lr, so Bop settings differ
+    only in γ and τ (and the seed). Every setting is checked before the first one trains.
+    Raises what `train` raises (e.g. CheckpointError when a setting's directory already holds
+    a run and `force` is off).
+    """
+    optimizers = list(optimizers or [base.optimizer])
+    if not gammas or not thresholds:
+        raise ConfigError("a sweep needs at least one gamma and one threshold")
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: must be at least 1")
+    unknown = [o for o in optimizers if o not in OPTIMIZERS]
+    if unknown or len(set(optimizers)) != len(optimizers):
+        raise ConfigError(f"--optimizer {','.join(optimizers)}: each of {', '.join(OPTIMIZERS)}, "
+                          "at most once")  # fmt: skip
+    for option, values in (("--gamma", gammas), ("--threshold", thresholds)):
+        repeated = sorted({float(v) for v in values if [float(w) for w in values].count(v) > 1})
+        if repeated:  # 1e-3 and 0.001 are one setting: two runs would share a directory
+            raise ConfigError(f"{option} lists {', '.join(f'{v:g}' for v in repeated)} twice")
+    plan = plan_runs(base, gammas, thresholds, Path(out), optimizers, seeds)
+    for configs in plan.values():  # every setting is checked before the first one trains
+        for config in configs:
+            validate_config(config)
+    with lock_run(out, create=True):
+        return _sweep(base, plan, Path(out), force, progress, optimizers, seeds)
+
+
+def plan_runs(
+    base: TrainConfig,
+    gammas: list[float],
+    thresholds: list[float],
+    out: Path,
+    optimizers: list[str],
+    seeds: int,
+) -> dict[tuple[str, float | None, float | None], list[TrainConfig]]:
+    """{(optimizer, γ, τ): one config per seed}; adam-latent has one setting (γ = τ = None)."""
+    plan: dict[tuple[str, float | None, float | None], list[TrainConfig]] = {}
+    for optimizer in optimizers:
+        prefix = f"optimizer={optimizer}" if len(optimizers) > 1 else ""
+        if optimizer == "adam-latent":
+            grid: list[tuple[float | None, float | None, Path]] = [
+                (None, None, out / f"optimizer={optimizer}")
+            ]
+        else:
+            grid = [
+                (float(g), float(t), setting_dir(out, g, t)) for g in gammas for t in thresholds
+            ]
+            if prefix:
+                grid = [(g, t, out / f"{prefix},{d.name}") for g, t, d in grid]
+        for gamma, threshold, directory in grid:
+            plan[(optimizer, gamma, threshold)] = [
+                dataclasses.replace(
+                    base, optimizer=optimizer, seed=base.seed + i,
+                    gamma=base.gamma if gamma is None else gamma,
+                    threshold=base.threshold if threshold is None else threshold,
+                    out=str(directory / f"seed={base.seed + i}" if seeds > 1 else directory),
+                )
+                for i in range(seeds)
+            ]  # fmt: skip
+    return plan
+
+
+def _sweep(
+    base: TrainConfig,
+    plan: dict[tuple[str, float | None, float | None], list[TrainConfig]],
+    out: Path,
+    force: bool,
+    progress: bool,
+    optimizers: list[str],
+    seeds: int,
+) -> SweepReport:
+    from bnnexport.training.compare import (
+        group_runs,
+        mean_std,
+        plot_compare,
+        read_run,
+        unique_labels,
+    )
+
+    start = time.perf_counter()
+    settings, runs = [], []
+    for (optimizer, gamma, threshold), configs in plan.items():
+        reports, curves = [], []
+        for config in configs:
+            reports.append(train(config, force=force, progress=progress))
+            curves.append(_flip_curve(RunDir(config.out)))
+            runs.append(read_run(config.out))
+        accuracy = mean_std([r.test_accuracy for r in reports])
+        pi_run = mean_std([c[2] for c in curves])
+        pi_last = mean_std([c[3] for c in curves])
+        settings.append(
+            SweepSetting(
+                gamma=gamma, threshold=threshold, run_dir=configs[0].out,
+                test_accuracy=accuracy[0],
+                train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
+                flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
+                seconds=sum(r.seconds for r in reports), optimizer=optimizer,
+                run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
+                test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
+                last_epoch_flip_rate_std=pi_last[1],
+            )
+        )  # fmt: skip
+    groups = group_runs(runs)
+    figure = plot_compare(groups, unique_labels(groups), out / "sweep.png")
+    report = SweepReport(
+        out=str(out),
+        model=base.model,
+        dataset=base.dataset,
+        optimizer=",".join(optimizers),
+        epochs=int(base.epochs or 0),
+        settings=settings,
+        ordering=flip_ordering(settings),
+        figure=str(figure),
+        seconds=time.perf_counter() - start,
+        seeds=seeds,
+    )
+    report.save(out / "sweep.json")
+    return report
