@@ -21,7 +21,7 @@ def zoo_command() -> None:
 @handle_errors
 def list_command(pattern: str, as_json: bool) -> None:
     """Registered models (matching PATTERN): parameters, binary share, native input size."""
-    from bnnexport.models.zoo import zoo_entries
+    from bnnexport.zoo import zoo_entries
 
     entries = zoo_entries(pattern)
     if not entries:

@@ -4,7 +4,7 @@ Parameters are counted on torch's "meta" device, so listing ImageNet-sized model
 memory and takes about a second.
 
 Example:
-    >>> from bnnexport.models.zoo import zoo_entries
+    >>> from bnnexport.zoo import zoo_entries
     >>> entry = next(e for e in zoo_entries() if e.name == "binarynet")
     >>> entry.input_shape, entry.binary_layers
     ([3, 32, 32], 9)
