@@ -3,8 +3,8 @@
 Timings on a shared machine are noisy, so every script measures its contenders interleaved in one
 process: `interleaved(calls, rounds, runs)` times each contender `runs` times per round
 (through `bnnexport.bench.host.time_calls`, the latency measurement the bench stage uses),
-rotates the order of the contenders every round, and reports the median over rounds of each round's median. Ratios
-taken from those medians are what docs/BENCHMARKS.md reports.
+rotates the order of the contenders every round, and reports the median over rounds of each
+round's median. Ratios taken from those medians are what docs/BENCHMARKS.md reports.
 
 Example:
     >>> from _common import interleaved

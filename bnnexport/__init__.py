@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 # Imported on first use: `python -m bnnexport` imports this package before its CLI can catch
 # a Ctrl-C, and importing torch here would take seconds of that time.
 _EXPORTS = {
-    "bnnexport.convert": ("ConvertReport", "convert_module"),
+    "bnnexport.convert": ("ConvertReport",),
+    "bnnexport.convert_any": ("convert_module",),
     "bnnexport.nn.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
     "bnnexport.models": ("create_model", "list_models", "register_model"),
     "bnnexport.training.bop": ("Bop",),
