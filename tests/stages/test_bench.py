@@ -1,8 +1,8 @@
 """bnnexport bench: host backends on a real trained run, and the device path over a real sshd.
 
 The run is the shared 1-epoch mnist5k training run, exported and converted by the real stages.
-The device is this machine reached through sshd on 127.0.0.1, running deploy/runner.py with
-this interpreter.
+The device is this machine reached through sshd on 127.0.0.1, running the python runner's
+deploy/runners/python/device_script.py with this interpreter.
 """
 
 from __future__ import annotations
@@ -453,7 +453,7 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
 
     from bnnexport.profile import row_ops
     from converters.flatbuffer import flatbuffer_ops
-    from deploy.lce_benchmark import parse_benchmark_output
+    from deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 
     flatbuffer = _converted_template / "model-arm64.tflite"
     stand_in = Path(__file__).parents[1] / "support" / "lce_benchmark_model_standin.py"

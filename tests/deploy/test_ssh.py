@@ -17,7 +17,7 @@ from deploy.errors import (
     MissingBinaryError,
     RemoteCommandError,
 )
-from deploy.runners.python import run_remote_runner
+from deploy.runners.python.python_runner import run_remote_runner
 
 
 def _leftovers(server) -> list[str]:

@@ -1,9 +1,9 @@
-"""deploy.lce_benchmark.run_lce_benchmark over a real sshd on 127.0.0.1.
+"""benchmark_tool.run_lce_benchmark (the lce_benchmark_model runner) over a real sshd on 127.0.0.1.
 
 No x86 build of lce_benchmark_model exists here, so the binary that "runs" is a small shell
 script standing in for it: it checks that it got the uploaded graph and prints output in the
 documented format. What is tested is the plumbing (find or upload, architecture check, flags,
-parse, clean-up); the parser itself is tested on full outputs in test_deploy_lce_benchmark.py.
+parse, clean-up); the parser itself is tested on full outputs in test_benchmark_tool.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from deploy.errors import (
     RemoteCommandError,
     WrongArchitectureError,
 )
-from deploy.lce_benchmark import run_lce_benchmark
+from deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
 
 STAND_IN = """#!/bin/sh
 # stands in for lce_benchmark_model: needs --graph pointing at an existing file

@@ -1,4 +1,4 @@
-"""The `python` runner: bnnexport's own runner (`deploy/runner.py`) under the device's Python.
+"""The `python` runner: bnnexport's device script (`device_script.py`) under the device's Python.
 
 It needs `python3` with numpy and larq_compute_engine on the device (x86_64 or macOS boxes: LCE
 has no aarch64 wheel). One run of it times batch 1 (min / median / p90 / mean / std) and
@@ -30,7 +30,7 @@ from deploy.runners.registry import LATENCY_KEYS, Measurement, RunSettings, Samp
 from deploy.ssh import SshClient
 
 # the script the device runs: stdlib, numpy and LCE only, copied over for each run
-RUNNER = Path(__file__).parent.parent / "runner.py"
+RUNNER = Path(__file__).with_name("device_script.py")
 
 
 def has_lce_python(client: SshClient, python: str = "python3") -> bool:

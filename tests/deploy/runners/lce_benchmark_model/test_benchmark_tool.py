@@ -1,4 +1,5 @@
-"""deploy.lce_benchmark: parsing `lce_benchmark_model` output, the architecture check, the argv."""
+"""deploy.runners.lce_benchmark_model.benchmark_tool: parsing `lce_benchmark_model` output, the
+architecture check, the argv."""
 # ruff: noqa: E501  (the sample outputs keep benchmark_model's own long lines)
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import pytest
 from support.recorded_outputs import TAB_OUTPUT
 
 from deploy.errors import BenchmarkOutputError, WrongArchitectureError
-from deploy.lce_benchmark import (
+from deploy.runners.lce_benchmark_model.benchmark_tool import (
     benchmark_command,
     check_architecture,
     elf_architecture,

@@ -3,7 +3,8 @@
 
 The real SSH client talks to an aarch64 sshd; `uname -m`, the ELF check, upload and clean-up, and
 the Python runner's refusal (LCE has no aarch64 wheel) all meet the real thing. The accuracy
-protocol of `lce_benchmark_model` (deploy/device_accuracy.py) runs against:
+protocol of `lce_benchmark_model` (deploy/runners/lce_benchmark_model/chunked_accuracy.py) runs
+against:
 - the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64 names one: a real LCE flatbuffer at
   batch N, outputs compared with the host's LCE interpreter;
 - otherwise an aarch64 Python stand-in that honours exactly the documented flags and file formats
@@ -26,7 +27,6 @@ import numpy as np
 import pytest
 from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
-from deploy.device_accuracy import AccuracyJob, DeviceOptions, run_on_device
 from deploy.errors import (
     DeviceAuthError,
     DeviceError,
@@ -34,8 +34,13 @@ from deploy.errors import (
     RemoteCommandError,
     WrongArchitectureError,
 )
-from deploy.lce_benchmark import run_lce_benchmark
-from deploy.runners.python import run_remote_runner
+from deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
+from deploy.runners.lce_benchmark_model.chunked_accuracy import (
+    AccuracyJob,
+    DeviceOptions,
+    run_on_device,
+)
+from deploy.runners.python.python_runner import run_remote_runner
 
 
 @pytest.fixture

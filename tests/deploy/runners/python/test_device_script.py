@@ -1,4 +1,5 @@
-"""deploy/runner.py: standalone (stdlib + numpy + LCE only), and what it measures."""
+"""deploy/runners/python/device_script.py: standalone (stdlib + numpy + LCE only), and what it
+measures."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy import runner
+from deploy.runners.python import device_script as runner
 
 
 def test_runner_imports_only_stdlib_numpy_and_lce():
