@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support.cli import invoke
 from support.recorded_outputs import REAL, needs_real  # the real tool's recorded output
+from support.stand_in import AARCH64, elf_header
 
 from bnnexport import provenance
 from bnnexport.bench import BenchOptions, bench
@@ -252,7 +253,7 @@ def test_wrong_architecture_binary(converted_run, sshd, tmp_path, no_host_benchm
     if platform.machine() != "x86_64":
         pytest.skip("needs this machine (the device) to be x86_64")
     fake = tmp_path / "lce_benchmark_model_aarch64"
-    fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + b"\xb7\x00" + bytes(100))
+    fake.write_bytes(elf_header(AARCH64) + bytes(100))
     line = _one_line_error(
         _cli(
             converted_run,
