@@ -1,4 +1,4 @@
-"""The `lce_benchmark_model` runner: LCE's stock benchmark tool, no Python needed on the device.
+"""The `lce_benchmark_model` runner's `DeviceRunner`: the tool's options in, a `Measurement` out.
 
 Latency (min / mean / std: the tool prints no percentiles), the op profile and peak memory come
 from one benchmark run of the batch-1 flatbuffer (`benchmark_tool`); the outputs for

@@ -5,7 +5,7 @@ that copies the script, the model and the samples into a fresh directory on the 
 (`deploy.ssh`), runs the script and fetches its outputs; it may import `deploy.ssh`,
 `deploy.errors` and `deploy.runners.registry`. `device_script` is the script the device runs:
 it imports only the standard library, numpy and larq_compute_engine, because it is copied to the
-device by its path (`python_runner.RUNNER`) and run there alone; this machine imports it only
+device by its path (`python_runner.DEVICE_SCRIPT`) and run there alone; this machine imports it only
 for the statistics both sides share (`latency_stats`, `topk_accuracy`).
 
 Importing the package registers the runner as `python` (order 10: `auto` tries it first).

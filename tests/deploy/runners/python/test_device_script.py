@@ -50,7 +50,7 @@ def test_layout_follows_the_model():
 @pytest.mark.slow
 def test_runner_as_a_copied_script(tiny_flatbuffer, tiny_samples, tmp_path):
     """Copied alone into a directory and run with -I (no project on sys.path), as on a device."""
-    copy = tmp_path / "runner.py"
+    copy = tmp_path / "device_script.py"
     copy.write_text(Path(runner.__file__).read_text())
     done = subprocess.run(
         [
