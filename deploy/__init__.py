@@ -1,11 +1,14 @@
-"""What runs on or talks to a device: SSH client, device-side runner, lce_benchmark_model.
+"""What runs on or talks to a device: the SSH client and the device runners.
 
-Never imports bnnexport; the device-side runner (`deploy/runner.py`) imports only the standard
-library, numpy and larq_compute_engine, because it is copied to the device and run there.
+`ssh` is the client (the system's OpenSSH), `errors` the one-line errors of talking to a device,
+and `runners/` the ways to run an LCE flatbuffer on a device, one package per runner behind one
+protocol (`runners/registry.py`). Never imports bnnexport or converters; the python runner's
+device script (`runners/python/device_script.py`) imports only the standard library, numpy and
+larq_compute_engine, because it is copied to the device and run there.
 
 Example:
     >>> from deploy.ssh import SshClient
-    >>> from deploy.lce_benchmark import run_lce_benchmark
+    >>> from deploy.runners.lce_benchmark_model import run_lce_benchmark
     >>> client = SshClient("pi@raspberrypi.local")                      # doctest: +SKIP
     >>> result, _ = run_lce_benchmark(client, "model-arm64.tflite")     # doctest: +SKIP
 """

@@ -1,7 +1,8 @@
 """The package graph: no import cycles, converters/ and deploy/ independent of what is above
 them, and no module importing or reaching into another module's private names. Read from the
 source with `ast`, lazy (in-function) imports included; `if TYPE_CHECKING:` blocks are
-annotations only. The benchmark scripts import their siblings by bare name (`from _common
+annotations only, except where a check says it counts them too (deploy/'s cycles and runner
+packages). The benchmark scripts import their siblings by bare name (`from _common
 import ...`, run with benchmarks/ on sys.path); those count as `benchmarks.<name>`."""
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ def _qualified(module: str, path: Path) -> str:
     return module
 
 
-def _imports(path: Path) -> list[tuple[str, list[str]]]:
-    """(module, names) for every absolute import of a module of ours."""
+def _imports(path: Path, annotations: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names) for every absolute import of a module of ours (with `annotations`, those
+    under `if TYPE_CHECKING:` too)."""
     found = []
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if annotations else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found += [(_qualified(alias.name, path), []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -83,10 +86,10 @@ def _private_attributes(path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _edges(name: str) -> set[str]:
+def _edges(name: str, annotations: bool = False) -> set[str]:
     """The modules `name` imports: `from pkg import sub` is an edge to pkg.sub, not pkg."""
     edges = set()
-    for module, names in _imports(MODULES[name]):
+    for module, names in _imports(MODULES[name], annotations):
         submodules = {f"{module}.{n}" for n in names} & set(MODULES)
         edges |= submodules or {module}
         if submodules and len(submodules) < len(names):
@@ -180,3 +183,41 @@ def test_no_module_reaches_into_another_modules_private_names():
 
 def test_benchmark_scripts_imports_of_their_siblings_are_in_the_graph():
     assert "benchmarks._common" in _edges("benchmarks.zoo_latency")
+
+
+# deploy/: what every runner may use; all else a runner imports is in its own package
+RUNNERS_SHARE = {"deploy.errors", "deploy.ssh", "deploy.runners.registry"}
+
+
+def _runner_package(name: str) -> str | None:
+    """`deploy.runners.NAME` for a module of runner NAME's package, else None."""
+    parts = name.split(".")
+    if parts[:2] == ["deploy", "runners"] and len(parts) > 2 and parts[2] != "registry":
+        return ".".join(parts[:3])
+    return None
+
+
+@pytest.mark.parametrize("package", ["deploy"])
+def test_there_are_no_import_cycles_inside_the_package_type_checking_imports_included(package):
+    inside = {name for name in MODULES if name.split(".")[0] == package}
+    assert _cycles({name: _edges(name, annotations=True) & inside for name in inside}) == []
+
+
+def test_a_runner_package_imports_only_its_own_modules_and_what_runners_share():
+    offending = [
+        f"{name} imports {target}"
+        for name in MODULES if (own := _runner_package(name))
+        for target in _edges(name, annotations=True) if target.startswith("deploy.")
+        and target not in RUNNERS_SHARE and _runner_package(target) != own
+    ]  # fmt: skip
+    assert offending == []
+
+
+def test_inside_deploy_only_the_runners_package_imports_a_runner():
+    offending = [
+        f"{name} imports {target}"
+        for name in MODULES if name.split(".")[0] == "deploy"
+        and _runner_package(name) is None and name != "deploy.runners"
+        for target in _edges(name, annotations=True) if _runner_package(target)
+    ]  # fmt: skip
+    assert offending == []

@@ -37,7 +37,7 @@ def require(path: Path, hint: str) -> Path:
 
 def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, float]:
     """Call `call` `warmup` times untimed, then `runs` times timed; latency stats in ms."""
-    from deploy.runner import latency_stats  # the same statistics as on the device
+    from deploy.runners.python.device_script import latency_stats  # the same as on the device
 
     for _ in range(warmup):
         call()

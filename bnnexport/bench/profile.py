@@ -1,7 +1,7 @@
 """Where the device's milliseconds go, by PyTorch layer (`bench --device --profile`).
 
 `lce_benchmark_model --enable_op_profiling=true` prints one row per op, in run order
-(`deploy.lce_benchmark.OpTime`). An op the interpreter runs itself is named
+(`deploy.runners.lce_benchmark_model.OpTime`). An op the interpreter runs itself is named
 `[TENSOR NAMES]:N`, N its index in the flatbuffer's execution plan; the float ops XNNPACK took
 over are rows `Delegate/<XNNPACK op>:K`, K counting from 0 within each delegated partition (a
 run of consecutive delegated ops). The tensor names are cut, so rows are matched by index:

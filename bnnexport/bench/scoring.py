@@ -1,7 +1,7 @@
 """One scored row of a benchmark: a backend's accuracy, agreement and latency on one machine.
 
 `bench` scores host backends with it and `bnnexport.bench.device` the device's outputs, so both rows
-follow one rule: top-k from `deploy.runner.topk_accuracy` (None for samples without labels),
+follow one rule: top-k from `deploy.runners.python.device_script` (None for unlabelled samples),
 agreement from `converters.gate.compare`.
 
 Example:
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from converters.gate import compare
-from deploy.runner import topk_accuracy
+from deploy.runners.python.device_script import topk_accuracy
 
 
 @dataclasses.dataclass

@@ -1,8 +1,9 @@
-"""Device runners: one module per way to run an LCE flatbuffer on a device, behind one protocol.
+"""Device runners: one package per way to run an LCE flatbuffer on a device, behind one protocol.
 
-Each module registers its runner on import (`@register_runner`) with its place in the order
-`auto` tries them: `python` (bnnexport's own runner, where the device's Python has LCE), then
-`lce_benchmark_model` (LCE's stock benchmark tool). `bnnexport bench --runner` takes `auto` and
+Each package holds all of its runner's code (this machine's side and the device's) and registers
+its runner on import (`@register_runner`) with its place in the order `auto` tries them:
+`python` (bnnexport's own runner, where the device's Python has LCE), then `lce_benchmark_model`
+(LCE's stock benchmark tool). `bnnexport bench --runner` takes `auto` and
 every registered name; bench calls only the protocol (`DeviceRunner`).
 
 Example:

@@ -74,7 +74,7 @@ class Measurement:
 
 
 class DeviceRunner(Protocol):
-    """What every device runner can do; its module registers it with `@register_runner`."""
+    """What every device runner can do; its package registers it with `@register_runner`."""
 
     name: str  # set by `register_runner`
     order: int  # its place in registry order, set by `register_runner`

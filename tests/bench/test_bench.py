@@ -1,8 +1,8 @@
 """bnnexport bench: host backends on a real trained run, and the device path over a real sshd.
 
 The run is the shared 1-epoch mnist5k training run, exported and converted by the real stages.
-The device is this machine reached through sshd on 127.0.0.1, running deploy/runner.py with
-this interpreter.
+The device is this machine reached through sshd on 127.0.0.1, running the python runner's
+deploy/runners/python/device_script.py with this interpreter.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support.cli import invoke
 from support.recorded_outputs import REAL, needs_real  # the real tool's recorded output
+from support.stand_in import AARCH64, elf_header
 
 from bnnexport.bench.bench import bench
 from bnnexport.bench.options import BenchOptions
@@ -253,7 +254,7 @@ def test_wrong_architecture_binary(converted_run, sshd, tmp_path, no_host_benchm
     if platform.machine() != "x86_64":
         pytest.skip("needs this machine (the device) to be x86_64")
     fake = tmp_path / "lce_benchmark_model_aarch64"
-    fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + b"\xb7\x00" + bytes(100))
+    fake.write_bytes(elf_header(AARCH64) + bytes(100))
     line = _one_line_error(
         _cli(
             converted_run,
@@ -454,7 +455,7 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
 
     from bnnexport.bench.profile import row_ops
     from converters.flatbuffer import flatbuffer_ops
-    from deploy.lce_benchmark import parse_benchmark_output
+    from deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 
     flatbuffer = _converted_template / "model-arm64.tflite"
     stand_in = Path(__file__).parents[1] / "support" / "lce_benchmark_model_standin.py"

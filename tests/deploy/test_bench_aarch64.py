@@ -4,7 +4,7 @@
 A trained, exported and converted run with its batch-32 copy; bench runs the LCE flatbuffer on
 the device with `lce_benchmark_model`: the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64
 names one (then the device must agree with PyTorch and the host's LCE), else the aarch64 stand-in
-of test_deploy_aarch64.py, whose outputs this test computes itself to check every number of the
+of test_aarch64.py, whose outputs this test computes itself to check every number of the
 device rows (top-1, agreement and max |diff| vs PyTorch and vs host LCE).
 """
 
@@ -19,7 +19,7 @@ from support.cli import invoke
 from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
 from bnnexport.run.checkpoint import load_model
-from deploy.runner import topk_accuracy as topk
+from deploy.runners.python.device_script import topk_accuracy as topk
 
 SAMPLES = 40
 BATCH = 32  # 2 chunks on the device, the last one padded

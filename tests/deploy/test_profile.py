@@ -12,7 +12,7 @@ import pytest
 from support.recorded_outputs import REAL, needs_real
 
 from bnnexport.bench.profile import DeviceProfile, LayerTime, row_node, row_ops
-from deploy.lce_benchmark import parse_benchmark_output
+from deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 
 # the demo's mnist-bnn flatbuffer, op by op (what the recorded profile ran)
 MNIST_OPS = ["RESHAPE", "CONV_2D", "LceQuantize", "LceBconv2d", "LceBMaxPool2d", "LceBconv2d",

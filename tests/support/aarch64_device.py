@@ -197,10 +197,6 @@ class ArmDevice(LoopbackSsh):
     build_seconds: float | None
     user: str = "root"
 
-    def leftovers(self) -> list[str]:
-        """What is left in the device's temporary directory."""
-        return sorted(p.name for p in self.host_tmp.iterdir())
-
 
 @contextlib.contextmanager
 def running_device(

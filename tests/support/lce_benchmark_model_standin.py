@@ -2,7 +2,7 @@
 """Stands in for lce_benchmark_model on the emulated aarch64 device (no LCE binary in a registry).
 
 Honours exactly the flags and file formats bnnexport uses (docs/LCE_NOTES.md "aarch64 device",
-deploy/device_accuracy.py):
+deploy/runners/lce_benchmark_model/chunked_accuracy.py):
 `--help` lists the flags; `--graph` must exist; `--input_layer_value_files=NAME:PATH` must name
 `--input_layer` and hold exactly the bytes of `--input_layer_shape` float32 (else it aborts, as the
 real tool does); `--output_filepath` gets the raw little-endian float32 outputs. Its "model":

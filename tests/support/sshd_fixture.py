@@ -31,7 +31,7 @@ SFTP_CANDIDATES = (
 class LoopbackSsh:
     """An SSH server on 127.0.0.1 reached with a test key and its own known_hosts: what the
     loopback sshd and the emulated aarch64 device share (both dataclasses with `user`, `port`,
-    `key`, `known_hosts`, `remote_tmp`)."""
+    `key`, `known_hosts`, `remote_tmp` and `host_tmp`)."""
 
     CONNECT_TIMEOUT = 5  # seconds
 
@@ -60,6 +60,10 @@ class LoopbackSsh:
         settings.update(kwargs)
         return SshClient(self.destination, **settings)
 
+    def leftovers(self) -> list[str]:
+        """What is left in the server's temporary directory."""
+        return sorted(p.name for p in self.host_tmp.iterdir())
+
 
 @dataclasses.dataclass
 class Sshd(LoopbackSsh):
@@ -71,6 +75,11 @@ class Sshd(LoopbackSsh):
     other_key: Path  # a valid key the server does not accept
     known_hosts: Path
     remote_tmp: Path  # where the tests' working directories must be made (and vanish)
+
+    @property
+    def host_tmp(self) -> Path:
+        """`remote_tmp` as this machine sees it: the same path, the server being this machine."""
+        return self.remote_tmp
 
     @staticmethod
     def closed_port() -> int:

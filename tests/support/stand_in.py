@@ -1,5 +1,6 @@
 """The stand-in for `lce_benchmark_model` (lce_benchmark_model_standin.py beside this file):
-a configured copy to install on a device, and what it computes, written independently of it."""
+a configured copy to install on a device, and what it computes, written independently of it;
+and the ELF header a binary built for another architecture starts with."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 REAL_BINARY = os.environ.get("BNNEXPORT_LCE_BENCHMARK_AARCH64")
+AARCH64 = 0xB7  # ELF e_machine of aarch64: what the release asset lce_benchmark_model_aarch64 has
 
 STAND_IN_FILE = Path(__file__).with_name("lce_benchmark_model_standin.py")
 
@@ -29,3 +31,8 @@ def stand_in_outputs(inputs: np.ndarray, classes: int) -> np.ndarray:
     flat = inputs.reshape(len(inputs), -1).astype(np.float64)
     weights = np.cos(0.01 * np.outer(np.arange(1, flat.shape[1] + 1), np.arange(1, classes + 1)))
     return (flat @ weights).astype(np.float32)
+
+
+def elf_header(machine: int) -> bytes:
+    """The first 20 bytes of a 64-bit little-endian ELF file built for `machine` (e_machine)."""
+    return b"\x7fELF\x02\x01\x01" + bytes(11) + machine.to_bytes(2, "little")

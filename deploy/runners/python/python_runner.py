@@ -1,4 +1,4 @@
-"""The `python` runner: bnnexport's own runner (`deploy/runner.py`) under the device's Python.
+"""The `python` runner's `DeviceRunner`: the device script run over SSH under the device's Python.
 
 It needs `python3` with numpy and larq_compute_engine on the device (x86_64 or macOS boxes: LCE
 has no aarch64 wheel). One run of it times batch 1 (min / median / p90 / mean / std) and
@@ -29,8 +29,8 @@ from deploy.errors import DeviceError, MissingBinaryError
 from deploy.runners.registry import LATENCY_KEYS, Measurement, RunSettings, Samples, register_runner
 from deploy.ssh import SshClient
 
-# the script the device runs: stdlib, numpy and LCE only, copied over for each run
-RUNNER = Path(__file__).parent.parent / "runner.py"
+# the script the device runs: stdlib, numpy and LCE only, copied over (by path) for each run
+DEVICE_SCRIPT = Path(__file__).with_name("device_script.py")
 
 
 def has_lce_python(client: SshClient, python: str = "python3") -> bool:
@@ -49,7 +49,8 @@ def run_remote_runner(
     python: str = "python3",
     timeout: float = 600.0,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
-    """Copy runner, model and samples to a fresh directory on the device, run, fetch, clean up.
+    """Copy the device script, model and samples to a fresh directory on the device, run the
+    script, fetch its outputs, clean up.
 
     Returns the runner's JSON object and the model's outputs on the samples (None without
     samples). Raises `MissingBinaryError` when the device's `python` cannot import LCE.
@@ -60,12 +61,13 @@ def run_remote_runner(
             "use --runner lce_benchmark_model (LCE has no pip wheel for Linux aarch64)"
         )
     with client.workdir() as work:
-        client.put(RUNNER, f"{work}/runner.py")
+        script = f"{work}/{DEVICE_SCRIPT.name}"
+        client.put(DEVICE_SCRIPT, script)
         model = f"{work}/{Path(flatbuffer).name}"
         client.put(flatbuffer, model)
         argv = [
             python,
-            f"{work}/runner.py",
+            script,
             "--model",
             model,
             "--runs",
@@ -111,7 +113,8 @@ class PythonRunner:
     def measure(
         self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
-        """Copy the runner, the model and the samples to the device, run, fetch the outputs."""
+        """Copy the device script, the model and the samples to the device, run, fetch the
+        outputs."""
         with tempfile.TemporaryDirectory(prefix="bnnexport-bench-") as tmp:
             path = None
             if samples is not None:

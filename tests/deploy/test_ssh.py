@@ -1,32 +1,17 @@
-"""deploy.ssh and the python runner (deploy.runners.python) against a real sshd on 127.0.0.1
-(this machine = device)."""
+"""deploy.ssh against a real sshd on 127.0.0.1 (this machine = device)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from deploy.errors import (
     DeviceAuthError,
-    DeviceTimeoutError,
     DeviceUnreachableError,
-    MissingBinaryError,
     RemoteCommandError,
 )
-from deploy.runners.python import run_remote_runner
-
-
-def _leftovers(server) -> list[str]:
-    return sorted(p.name for p in server.remote_tmp.iterdir())
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in listing.splitlines() if text in line and "ps -eo" not in line]
 
 
 def test_run_returns_the_remote_output(sshd):
@@ -45,15 +30,15 @@ def test_workdir_is_made_under_remote_tmp_and_removed(sshd):
     with client.workdir() as work:
         assert work.startswith(str(sshd.remote_tmp))
         client.run(["touch", f"{work}/file"])
-        assert len(_leftovers(sshd)) == 1
-    assert _leftovers(sshd) == []
+        assert len(sshd.leftovers()) == 1
+    assert sshd.leftovers() == []
 
 
 def test_workdir_is_removed_when_the_body_fails(sshd):
     client = sshd.client()
     with pytest.raises(KeyError), client.workdir():
         raise KeyError("failure inside the block")
-    assert _leftovers(sshd) == []
+    assert sshd.leftovers() == []
 
 
 @pytest.mark.slow
@@ -105,47 +90,3 @@ def test_unknown_host_key_is_refused_because_checking_stays_on(sshd, tmp_path):
     ]
     with pytest.raises(DeviceAuthError, match="Host key verification failed"):
         sshd.client(options=options).run(["true"])
-
-
-@pytest.mark.slow
-def test_remote_runner_measures_latency_and_accuracy_on_the_device(
-    sshd, tiny_flatbuffer, tiny_samples
-):
-    from larq_compute_engine.tflite.python.interpreter import Interpreter
-
-    result, outputs = run_remote_runner(
-        sshd.client(),
-        tiny_flatbuffer,
-        samples=tiny_samples,
-        runs=20,
-        python=sys.executable,
-        timeout=300,
-    )
-    latency = result["latency_ms"]
-    assert result["runtime"] == "lce-python" and latency["runs"] == 20
-    assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
-    with np.load(tiny_samples) as data:
-        inputs, labels = data["inputs"], data["labels"]
-    reference = Interpreter(tiny_flatbuffer.read_bytes(), use_indirect_bgemm=True).predict(
-        inputs.transpose(0, 2, 3, 1).copy()
-    )
-    np.testing.assert_allclose(outputs, reference, rtol=1e-5, atol=1e-5)
-    assert result["accuracy"]["top1"] == pytest.approx(np.mean(reference.argmax(1) == labels))
-    assert _leftovers(sshd) == []
-
-
-def test_remote_runner_without_lce_python_is_missing_binary(sshd, tiny_flatbuffer):
-    with pytest.raises(MissingBinaryError, match="larq_compute_engine"):
-        run_remote_runner(sshd.client(), tiny_flatbuffer, python="/nonexistent/python3")
-    assert _leftovers(sshd) == []
-
-
-@pytest.mark.slow
-def test_timeout_stops_the_remote_runner_and_cleans_up(sshd, tiny_flatbuffer):
-    with pytest.raises(DeviceTimeoutError, match="ran past 4 s") as info:
-        run_remote_runner(
-            sshd.client(), tiny_flatbuffer, runs=10**9, python=sys.executable, timeout=4
-        )
-    assert info.value.exit_code == 2
-    assert _leftovers(sshd) == []
-    assert _processes_mentioning(str(sshd.remote_tmp)) == []

@@ -1,9 +1,9 @@
-"""The `lce_benchmark_model` runner: LCE's stock benchmark tool, no Python needed on the device.
+"""The `lce_benchmark_model` runner's `DeviceRunner`: the tool's options in, a `Measurement` out.
 
 Latency (min / mean / std: the tool prints no percentiles), the op profile and peak memory come
-from one benchmark run of the batch-1 flatbuffer (`deploy.lce_benchmark`); the outputs for
+from one benchmark run of the batch-1 flatbuffer (`benchmark_tool`); the outputs for
 accuracy from the flatbuffer converted at batch N (`Samples.copy`), run in N-sample chunks
-(`deploy.device_accuracy`). Without the copy, or with a binary that has no `--output_filepath`,
+(`chunked_accuracy`). Without the copy, or with a binary that has no `--output_filepath`,
 it measures latency only and its note says why.
 
 Example:
@@ -23,8 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from deploy.device_accuracy import AccuracyJob, DeviceOptions, DeviceRun, run_on_device
-from deploy.lce_benchmark import check_local_binary
+from deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
+from deploy.runners.lce_benchmark_model.chunked_accuracy import (
+    AccuracyJob,
+    DeviceOptions,
+    DeviceRun,
+    run_on_device,
+)
 from deploy.runners.registry import Measurement, RunSettings, Samples, register_runner
 
 

@@ -1,4 +1,5 @@
-"""deploy/runner.py: standalone (stdlib + numpy + LCE only), and what it measures."""
+"""deploy/runners/python/device_script.py: standalone (stdlib + numpy + LCE only), and what it
+measures."""
 
 from __future__ import annotations
 
@@ -11,23 +12,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy import runner
+from deploy.runners.python import device_script
+from deploy.runners.python.python_runner import DEVICE_SCRIPT
 
 
-def test_runner_imports_only_stdlib_numpy_and_lce():
-    tree = ast.parse(Path(runner.__file__).read_text())
+def test_device_script_imports_only_stdlib_numpy_and_lce():
+    tree = ast.parse(Path(device_script.__file__).read_text())
     modules = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            modules.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):  # a relative import names the project too
+            modules.add("." * node.level + (node.module or "").split(".")[0])
     allowed = set(sys.stdlib_module_names) | {"numpy", "larq_compute_engine"}
     assert modules <= allowed, modules - allowed
 
 
+def test_the_python_runner_copies_this_very_file_to_the_device():
+    assert DEVICE_SCRIPT == Path(device_script.__file__) and DEVICE_SCRIPT.is_file()
+
+
 def test_latency_stats():
-    stats = runner.latency_stats([1.0, 2.0, 3.0, 4.0, 10.0])
+    stats = device_script.latency_stats([1.0, 2.0, 3.0, 4.0, 10.0])
     assert stats == {
         "min": 1.0,
         "median": 3.0,
@@ -40,17 +46,17 @@ def test_latency_stats():
 
 def test_layout_follows_the_model():
     nchw = np.zeros((2, 32, 8, 6), np.float32)
-    assert runner.match_layout(nchw, [1, 32, 8, 6]).shape == (2, 32, 8, 6)
-    assert runner.match_layout(nchw, [1, 8, 6, 32]).shape == (2, 8, 6, 32)
+    assert device_script.match_layout(nchw, [1, 32, 8, 6]).shape == (2, 32, 8, 6)
+    assert device_script.match_layout(nchw, [1, 8, 6, 32]).shape == (2, 8, 6, 32)
     with pytest.raises(SystemExit, match="the model takes"):
-        runner.match_layout(nchw, [1, 28, 28, 1])
+        device_script.match_layout(nchw, [1, 28, 28, 1])
 
 
 @pytest.mark.slow
-def test_runner_as_a_copied_script(tiny_flatbuffer, tiny_samples, tmp_path):
+def test_device_script_runs_as_a_copied_script(tiny_flatbuffer, tiny_samples, tmp_path):
     """Copied alone into a directory and run with -I (no project on sys.path), as on a device."""
-    copy = tmp_path / "runner.py"
-    copy.write_text(Path(runner.__file__).read_text())
+    copy = tmp_path / "device_script.py"
+    copy.write_text(Path(device_script.__file__).read_text())
     done = subprocess.run(
         [
             sys.executable,

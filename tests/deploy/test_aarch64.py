@@ -3,7 +3,8 @@
 
 The real SSH client talks to an aarch64 sshd; `uname -m`, the ELF check, upload and clean-up, and
 the Python runner's refusal (LCE has no aarch64 wheel) all meet the real thing. The accuracy
-protocol of `lce_benchmark_model` (deploy/device_accuracy.py) runs against:
+protocol of `lce_benchmark_model` (deploy/runners/lce_benchmark_model/chunked_accuracy.py) runs
+against:
 - the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64 names one: a real LCE flatbuffer at
   batch N, outputs compared with the host's LCE interpreter;
 - otherwise an aarch64 Python stand-in that honours exactly the documented flags and file formats
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import processes_mentioning
 from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
-from deploy.device_accuracy import AccuracyJob, DeviceOptions, run_on_device
 from deploy.errors import (
     DeviceAuthError,
     DeviceError,
@@ -34,8 +35,13 @@ from deploy.errors import (
     RemoteCommandError,
     WrongArchitectureError,
 )
-from deploy.lce_benchmark import run_lce_benchmark
-from deploy.runners.python import run_remote_runner
+from deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
+from deploy.runners.lce_benchmark_model.chunked_accuracy import (
+    AccuracyJob,
+    DeviceOptions,
+    run_on_device,
+)
+from deploy.runners.python.python_runner import run_remote_runner
 
 
 @pytest.fixture
@@ -251,19 +257,6 @@ def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
     assert arm_device.leftovers() == []
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(
-                errors="replace"
-            ):
-                found.append(int(entry.name))
-        except OSError:  # gone meanwhile
-            continue
-    return found
-
-
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
 def test_standalone_device_stops_everything_it_started(arm_device, tmp_path, stop):
     import signal
@@ -283,7 +276,7 @@ def test_standalone_device_stops_everything_it_started(arm_device, tmp_path, sto
         assert lines[-1].startswith("serving; stop it with Ctrl-C"), lines
         port = int(lines[0].split("--port ")[1].split()[0])
         namespace = f"mount --bind {session}"  # unshare's script: it holds sshd's namespace
-        assert _processes_mentioning(namespace) != []
+        assert processes_mentioning(namespace) != []
         process.send_signal(getattr(signal, stop))
         stopping = time.monotonic()
         assert process.wait(timeout=30) == 0
@@ -292,8 +285,8 @@ def test_standalone_device_stops_everything_it_started(arm_device, tmp_path, sto
         if process.poll() is None:
             process.kill()
     deadline = time.monotonic() + 5
-    while _processes_mentioning(namespace) and time.monotonic() < deadline:
+    while processes_mentioning(namespace) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_mentioning(namespace) == []
+    assert processes_mentioning(namespace) == []
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()

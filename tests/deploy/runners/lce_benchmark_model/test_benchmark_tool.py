@@ -1,13 +1,15 @@
-"""deploy.lce_benchmark: parsing `lce_benchmark_model` output, the architecture check, the argv."""
+"""deploy.runners.lce_benchmark_model.benchmark_tool: parsing `lce_benchmark_model` output, the
+architecture check, the argv."""
 # ruff: noqa: E501  (the sample outputs keep benchmark_model's own long lines)
 
 from __future__ import annotations
 
 import pytest
 from support.recorded_outputs import TAB_OUTPUT
+from support.stand_in import elf_header
 
 from deploy.errors import BenchmarkOutputError, WrongArchitectureError
-from deploy.lce_benchmark import (
+from deploy.runners.lce_benchmark_model.benchmark_tool import (
     benchmark_command,
     check_architecture,
     elf_architecture,
@@ -105,14 +107,10 @@ def test_output_without_timing_line_is_an_error_naming_the_last_line():
     assert info.value.exit_code == 2
 
 
-def _elf_header(machine: int) -> bytes:
-    return b"\x7fELF\x02\x01\x01" + bytes(11) + machine.to_bytes(2, "little")
-
-
 def test_elf_architecture():
-    assert elf_architecture(_elf_header(0xB7)) == "aarch64"
-    assert elf_architecture(_elf_header(0x28)) == "arm"
-    assert elf_architecture(_elf_header(0x3E)) == "x86_64"
+    assert elf_architecture(elf_header(0xB7)) == "aarch64"
+    assert elf_architecture(elf_header(0x28)) == "arm"
+    assert elf_architecture(elf_header(0x3E)) == "x86_64"
     assert elf_architecture(b"#!/bin/sh\necho hello\n") is None
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Device-side runner: latency and accuracy of an LCE flatbuffer with LCE's Python interpreter.
+"""The python runner's device script: latency and accuracy of an LCE flatbuffer with LCE's Python
+interpreter.
 
 Standalone on purpose: it is copied to the device and run there, so it imports only the standard
 library, numpy and larq_compute_engine. Inputs in the samples file are NCHW float32 (`inputs`) with
@@ -7,8 +8,8 @@ int64 `labels`; a flatbuffer that takes NHWC gets them transposed (bnnexport's o
 the NCHW interface, so they go in as they are).
 
 Example (on the device):
-    python3 runner.py --model model-arm64.tflite --samples samples.npz --runs 100 --threads 1 \
-        --json --outputs outputs.npz
+    python3 device_script.py --model model-arm64.tflite --samples samples.npz --runs 100 \
+        --threads 1 --json --outputs outputs.npz
     {"runtime": "lce-python", "latency_ms": {"min": 1.2, "median": 1.3, ...}, "accuracy": ...}
 """
 

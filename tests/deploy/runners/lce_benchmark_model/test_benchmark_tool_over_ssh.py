@@ -1,16 +1,16 @@
-"""deploy.lce_benchmark.run_lce_benchmark over a real sshd on 127.0.0.1.
+"""benchmark_tool.run_lce_benchmark (the lce_benchmark_model runner) over a real sshd on 127.0.0.1.
 
 No x86 build of lce_benchmark_model exists here, so the binary that "runs" is a small shell
 script standing in for it: it checks that it got the uploaded graph and prints output in the
 documented format. What is tested is the plumbing (find or upload, architecture check, flags,
-parse, clean-up); the parser itself is tested on full outputs in test_deploy_lce_benchmark.py.
+parse, clean-up); the parser itself is tested on full outputs in test_benchmark_tool.py.
 """
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
+from support.processes import processes_mentioning
+from support.stand_in import AARCH64, elf_header
 
 from deploy.errors import (
     DeviceTimeoutError,
@@ -18,7 +18,7 @@ from deploy.errors import (
     RemoteCommandError,
     WrongArchitectureError,
 )
-from deploy.lce_benchmark import run_lce_benchmark
+from deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
 
 STAND_IN = """#!/bin/sh
 # stands in for lce_benchmark_model: needs --graph pointing at an existing file
@@ -30,10 +30,6 @@ echo "count=7 first=2100 curr=2000 min=1990 max=2100 avg=2010 std=40"
 echo "Inference timings in us: Init: 3120, First inference: 2100, Warmup (avg): 2010"
 echo "Overall peak memory footprint (MB) via periodic monitoring: 4.25"
 """
-
-
-def _leftovers(server) -> list[str]:
-    return sorted(p.name for p in server.remote_tmp.iterdir())
 
 
 @pytest.fixture
@@ -55,7 +51,7 @@ def test_binary_on_the_device_path_is_run_with_the_uploaded_graph(
     assert "--enable_op_profiling=true" in raw and f"/{tiny_flatbuffer.name}" in raw
     assert result.count == 7 and result.mean_ms == pytest.approx(2.01)
     assert result.peak_memory_mb == 4.25
-    assert _leftovers(sshd) == []
+    assert sshd.leftovers() == []
 
 
 @pytest.mark.slow
@@ -65,7 +61,7 @@ def test_uploaded_binary_is_used(sshd, tiny_flatbuffer, stand_in_bin):
     )
     assert str(sshd.remote_tmp) in raw.split("--graph=")[1]
     assert result.min_ms == pytest.approx(1.99)
-    assert _leftovers(sshd) == []
+    assert sshd.leftovers() == []
 
 
 @pytest.mark.slow
@@ -73,7 +69,7 @@ def test_missing_binary_on_the_device(sshd, tiny_flatbuffer):
     with pytest.raises(MissingBinaryError, match="not on the PATH") as info:
         run_lce_benchmark(sshd.client(), tiny_flatbuffer)
     assert info.value.exit_code == 2 and "\n" not in str(info.value)
-    assert _leftovers(sshd) == []
+    assert sshd.leftovers() == []
 
 
 def test_missing_local_binary(sshd, tiny_flatbuffer, tmp_path):
@@ -87,11 +83,10 @@ def test_aarch64_binary_on_an_x86_device_is_refused_before_upload(sshd, tiny_fla
     if platform.machine() != "x86_64":
         pytest.skip("this machine is the device; the test needs it to be x86_64")
     fake = tmp_path / "lce_benchmark_model_aarch64"
-    # an ELF header for aarch64 (e_machine 0xB7): what the release asset starts with
-    fake.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(11) + b"\xb7\x00" + bytes(100))
+    fake.write_bytes(elf_header(AARCH64) + bytes(100))  # what the release asset starts with
     with pytest.raises(WrongArchitectureError, match="built for aarch64 but the device is x86_64"):
         run_lce_benchmark(sshd.client(), tiny_flatbuffer, binary=fake)
-    assert _leftovers(sshd) == []
+    assert sshd.leftovers() == []
 
 
 @pytest.mark.slow
@@ -103,7 +98,7 @@ def test_failing_binary_is_a_one_line_error(sshd, tmp_path, stand_in_bin):
     with pytest.raises(RemoteCommandError, match="Failed to mmap model") as info:
         run_lce_benchmark(sshd.client(), missing_graph, binary=script)
     assert "\n" not in str(info.value)
-    assert _leftovers(sshd) == []
+    assert sshd.leftovers() == []
 
 
 @pytest.mark.slow
@@ -113,6 +108,5 @@ def test_binary_past_the_timeout_is_stopped_on_the_device(sshd, tiny_flatbuffer,
     with pytest.raises(DeviceTimeoutError, match="ran past 2 s") as info:
         run_lce_benchmark(sshd.client(), tiny_flatbuffer, binary=script, timeout=2)
     assert info.value.exit_code == 2
-    assert _leftovers(sshd) == []
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(sshd.remote_tmp) not in listing
+    assert sshd.leftovers() == []
+    assert processes_mentioning(str(sshd.remote_tmp)) == []

@@ -1,6 +1,6 @@
 """Latency and accuracy on a device with the stock `lce_benchmark_model` (no Python needed there).
 
-LCE has no pip wheel for aarch64, so a Raspberry Pi cannot run `deploy/runner.py`. The benchmark
+LCE has no pip wheel for aarch64, so a Raspberry Pi cannot run the `python` runner. The benchmark
 tool itself can compute outputs (docs/LCE_NOTES.md "aarch64 device"):
 `--input_layer_value_files=x:PATH` feeds a raw file of exactly the input tensor's bytes and
 `--output_filepath=PATH` writes the raw bytes of every output after the run. Its input shape is
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from deploy.errors import DeviceError, RemoteCommandError
-from deploy.lce_benchmark import (
+from deploy.runners.lce_benchmark_model.benchmark_tool import (
     BINARY_NAME,
     BenchmarkResult,
     benchmark_command,
