@@ -39,10 +39,10 @@ from converters.flatbuffer import op_histogram
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.graph import OnnxGraph, attributes, load_onnx
-from converters.groups import plan_binary_groups
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
 from converters.translate import translate
+from converters.translate.groups import plan_binary_groups
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -158,7 +158,7 @@ def lookalike_layers(graph: OnnxGraph) -> dict[str, str]:
 
 def grouped_refusals(graph: OnnxGraph) -> dict[str, str]:
     """Binary layer -> why, for grouped binary convs LCE cannot run binary
-    (`converters.groups.plan_binary_groups`)."""
+    (`converters.translate.groups.plan_binary_groups`)."""
     why = {}
     nodes = {node.name or node.output[0]: node for node in graph.nodes}
     for match in find_binary_layers_in(graph):

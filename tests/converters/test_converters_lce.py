@@ -317,7 +317,7 @@ def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypat
     import onnx
     from support.converter_nets import export, grid_inputs
 
-    import converters.tf_layers
+    import converters.translate.tf_layers
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions
     from converters.gate.checks import check_twin
@@ -325,8 +325,8 @@ def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypat
     path = export(Stack("zero", 2, (12, 12)), (1, 3, 12, 12), tmp_path / "net.onnx")
     model, x = onnx.load(str(path)), grid_inputs(8, (1, 3, 12, 12))
     assert all(r.max_abs_diff == 0.0 for r in check_twin(model, x, [], GateOptions()))
-    real = converters.tf_layers.correction_map
-    monkeypatch.setattr(converters.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
+    real = converters.translate.tf_layers.correction_map
+    monkeypatch.setattr(converters.translate.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
     with pytest.raises(ConversionMismatchError, match="LCE twin vs ONNX Runtime twin"):
         check_twin(model, x, [], GateOptions())
 
@@ -389,13 +389,13 @@ def test_folding_the_dead_channels_batchnorm_into_lce_is_refused(tmp_path, monke
     import numpy as np
     from support.converter_nets import export
 
-    import converters.values
+    import converters.translate.values
     from converters.errors import ConversionMismatchError
     from converters.lce import convert_onnx
 
     path = export(DeadChannels().eval(), (1, 3, 4, 4), tmp_path / "net.onnx")
     x = np.random.default_rng(0).standard_normal((16, 3, 4, 4)).astype(np.float32)
-    monkeypatch.setattr(converters.values, "FOLD_LIMIT", float("inf"))
+    monkeypatch.setattr(converters.translate.values, "FOLD_LIMIT", float("inf"))
     with pytest.raises(ConversionMismatchError, match="LCE vs ONNX Runtime"):
         convert_onnx(path, tmp_path / "net.tflite", inputs=x)
     assert not (tmp_path / "net.tflite").exists()

@@ -27,11 +27,11 @@ from support.converter_nets import (
     trained_bn,
 )
 
-import converters.onnx_to_tf as onnx_to_tf
-import converters.tf_elementwise as tf_elementwise
-import converters.tf_layers as tf_layers
+import converters.translate.onnx_to_tf as onnx_to_tf
+import converters.translate.tf_elementwise as tf_elementwise
+import converters.translate.tf_layers as tf_layers
 from converters.errors import ConversionMismatchError
-from converters.values import Layout, Value
+from converters.translate.values import Layout, Value
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # two conversions each: ~15-30 s apiece
 SHAPE = (1, 3, 12, 12)  # square: a mutant swapping H and W keeps every shape

@@ -1,7 +1,7 @@
-"""converters.padding in NumPy: which of the four forms a binary conv's padding takes, and that
-each form's arithmetic is torch's (binarize, pad with the ONNX value, convolve).
+"""converters.translate.padding in NumPy: which of the four forms a binary conv's padding takes,
+and that each form's arithmetic is torch's (binarize, pad with the ONNX value, convolve).
 
-The emitters in converters.tf_layers write each strategy as TensorFlow ops; here the same
+The emitters in converters.translate.tf_layers write each strategy as TensorFlow ops; here the same
 arithmetic is written with NumPy (pad, VALID cross-correlation, correction map) and compared
 with a plain torch-style reference on random inputs, over a grid of sizes, kernels, strides,
 dilations and paddings. No TensorFlow, no LCE.
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.padding import PaddingPlan, correction_map, plan_binary_padding
+from converters.translate.padding import PaddingPlan, correction_map, plan_binary_padding
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = (0, 0, 0, 0)
@@ -63,8 +63,8 @@ def torch_reference(x, k, strides, dilations, inner, inner_value, outer):
 
 
 def emitted(plan: PaddingPlan, x, k, strides, dilations):
-    """The arithmetic of the TF ops converters.tf_layers writes for `plan`, LCE's SAME taken as
-    TF's SAME zero padding."""
+    """The arithmetic of the TF ops converters.translate.tf_layers writes for `plan`, LCE's SAME
+    taken as TF's SAME zero padding."""
     if plan.strategy == "valid":
         return conv_valid(binarize(x), k, strides, dilations)
     if plan.strategy == "one_padded":
@@ -264,7 +264,7 @@ def test_a_pad_after_a_max_pool_is_planned_on_the_pooled_size():
 
 def test_the_planner_needs_no_tensorflow():
     code = (
-        "import sys, converters.padding as p;"
+        "import sys, converters.translate.padding as p;"
         "p.plan_binary_padding((8, 8), (3, 3), (2, 2), (1, 1), (0,) * 4, 0.0, (1,) * 4)"
         ".zero_mask((8, 8));"
         "assert 'tensorflow' not in sys.modules"

@@ -1,12 +1,13 @@
-"""converters.values in NumPy: the exact-zero tie-break keeps torch's signs for every integer
-accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule decides)."""
+"""converters.translate.values in NumPy: the exact-zero tie-break keeps torch's signs for every
+integer accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule
+decides)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from converters.values import tie_break_bias
+from converters.translate.values import tie_break_bias
 
 
 def torch_sign(x: np.ndarray) -> np.ndarray:

@@ -203,7 +203,7 @@ def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
 def test_birealnet18_at_odd_sizes_passes_both_gates(tmp_path, size):
     """At an odd size every downsampling shortcut's AvgPool2d(2, 2, ceil_mode=True) has a last
     window one pixel wide (25 -> 13 -> 7 -> 4 at 97x97); the translator emits those windows
-    exactly (`converters.tf_layers.pool_windows`), and the twin agrees with no tie."""
+    exactly (`converters.translate.tf_layers.pool_windows`), and the twin agrees with no tie."""
     converted = _native_through_both_gates(
         tmp_path / "run", "birealnet18", samples=50, input_shape=(3, size, size)
     )
