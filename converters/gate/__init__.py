@@ -2,7 +2,7 @@
 
 - `predicate`: `validate`, the one fidelity predicate (plain comparison, sign-tie replay,
   recurring values), with `GateOptions`, `GateReport`, `Replay`, `Witness`, `SignProbe`;
-- `compare`: the plain comparison (`compare`, `RTOL`);
+- `agreement`: the plain comparison (`compare`, `Agreement`, `RTOL`);
 - `probe`: ONNX Runtime as a `SignProbe` (`OnnxProbe`);
 - `inconclusive`: telling a degenerate model from a wrong conversion;
 - `twin`: the exact-grid twin, the rounding-free copy of a graph;
@@ -18,7 +18,7 @@ Example:
     1.0
 """
 
-from converters.gate.compare import RTOL, Agreement, compare
+from converters.gate.agreement import RTOL, Agreement, compare
 from converters.gate.inconclusive import TRUST_TWIN, inconclusive, near_zero_census
 from converters.gate.predicate import (
     TIE_RTOL,

@@ -13,7 +13,7 @@
 
 The four labels are one classifier (`rewrite_sign_functions`), run as the pipeline step
 ``sign-idioms`` with the labels left enabled. When each runs:
-`converters.normalize.pipeline.PIPELINE`.
+`converters.normalize.fixpoint.PIPELINE`.
 """
 
 from __future__ import annotations
