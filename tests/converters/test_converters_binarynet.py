@@ -53,7 +53,7 @@ class BinaryNet(nn.Module):
 def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     torch.manual_seed(0)
     net = BinaryNet().eval()

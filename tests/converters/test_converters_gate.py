@@ -18,7 +18,7 @@ from support.converter_nets import binary_conv, binary_linear, export, sign, tra
 
 from converters.errors import ConversionMismatchError
 from converters.gate import GateOptions, OnnxProbe, Replay, Witness, signbit_negative, validate
-from converters.runners import run_onnx
+from converters.runtimes import run_onnx
 
 SHAPE = (1, 3, 12, 12)
 Rule = Callable[[int, np.ndarray], np.ndarray]  # (binarization, its input) -> signs ±1

@@ -368,7 +368,7 @@ def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_e
 
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     net = DeadChannels().eval()
     path = export(net, (1, 3, 4, 4), tmp_path / "net.onnx")

@@ -26,8 +26,7 @@ import converters.translate.onnx_to_tflite as onnx_to_tflite
 import converters.translate.tf_layers as tf_layers
 from converters.graph import load_onnx
 from converters.normalize import normalize
-from converters.runners import run_lce
-from converters.runtimes import tf
+from converters.runtimes import run_lce, tf
 from converters.translate import release_memory
 
 

@@ -198,7 +198,7 @@ def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     """The flatbuffer the translator writes now (the gate not run) on `x`."""
     from converters.graph import load_onnx
     from converters.normalize import normalize
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
     from converters.translate import translate
 
     model, _ = normalize(load_onnx(path))
@@ -209,7 +209,7 @@ def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_a_translator_mutant_changes_the_flatbuffer_and_is_refused(tmp_path, monkeypatch, mutant):
     from converters.lce import convert_onnx
-    from converters.runners import run_onnx
+    from converters.runtimes import run_onnx
 
     net, where, name, mutation = MUTANTS[mutant]
     torch.manual_seed(0)

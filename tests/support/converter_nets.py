@@ -127,7 +127,7 @@ def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples:
     on the same inputs. Parameters and inputs are snapped to a grid, see `snap_to_grid`."""
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     onnx_path = export(snap_to_grid(net), shape, tmp_path / "net.onnx", **kw)
     x = grid_inputs(samples, shape)

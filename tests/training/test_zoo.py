@@ -146,7 +146,7 @@ def test_zoo_list_json_names_every_model_with_its_binary_share():
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     shape = REDUCED[name]
     model = init_model(name, shape, num_classes=10)
@@ -256,7 +256,7 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     to meet: the conversion itself must then be exact, at the native size."""
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     model = on_exact_grids(init_model("quicknet"))
     rng = np.random.default_rng(0)
