@@ -19,7 +19,7 @@ import pytest
 
 from converters.translate.padding import PaddingPlan, correction_map, plan_binary_padding
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NONE = (0, 0, 0, 0)
 ONES = (1, 1, 1, 1)
 

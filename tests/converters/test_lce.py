@@ -218,8 +218,8 @@ def test_exact_zero_accumulators_under_negative_multipliers_convert_exactly(tmp_
 
     This scenario passes even with `tie_break_bias` disabled (LCE adds the fused bias, +0.0,
     after the multiplier here, which clears the sign bit); what guards the tie-break itself is
-    `test_converters_tf_ops.py` (every integer accumulator, in NumPy) and the BinaryNet mutation
-    test in `test_converters_binarynet.py` (convert exits 1 without it)."""
+    `translate/test_values.py` (every integer accumulator, in NumPy) and the BinaryNet mutation
+    test in `test_binarynet.py` (convert exits 1 without it)."""
 
     class Net(nn.Module):
         def __init__(self):
