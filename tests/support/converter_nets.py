@@ -20,6 +20,11 @@ def sign(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(torch.sign(x) + 0.1)
 
 
+def torch_sign(x: np.ndarray) -> np.ndarray:
+    """`sign` in NumPy, in x's dtype: +1 at 0 and at -0.0 (where LCE's sign-bit rule gives -1)."""
+    return np.where(x >= 0, 1.0, -1.0).astype(x.dtype)
+
+
 class PlainSign(torch.autograd.Function):
     """The STE of much user code: forward x.sign() (0 -> 0), backward straight through."""
 

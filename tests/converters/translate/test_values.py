@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.converter_nets import torch_sign
 
 from converters.translate.values import tie_break_bias
-
-
-def torch_sign(x: np.ndarray) -> np.ndarray:
-    return np.where(x >= 0, 1.0, -1.0)  # sign(sign(x) + 0.1): 0 and -0.0 -> +1
 
 
 @pytest.mark.parametrize("seed", range(5))
