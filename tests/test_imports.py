@@ -1,8 +1,10 @@
 """The package graph: no import cycles, converters/ and deploy/ independent of what is above
 them, and no module importing or reaching into another module's private names. Read from the
 source with `ast`, lazy (in-function) imports included; `if TYPE_CHECKING:` blocks are
-annotations only. The benchmark scripts import their siblings by bare name (`from _common
-import ...`, run with benchmarks/ on sys.path); those count as `benchmarks.<name>`."""
+annotations only, except within converters/, where they may close no circle either, and the
+translator (converters/translate/) imports only what its package docstring lists. The
+benchmark scripts import their siblings by bare name (`from _common import ...`, run with
+benchmarks/ on sys.path); those count as `benchmarks.<name>`."""
 
 from __future__ import annotations
 
@@ -30,12 +32,16 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node except those under `if TYPE_CHECKING:`."""
+def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
+    """Every node except those under `if TYPE_CHECKING:` (with `type_checking`, every node)."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+        if (
+            not type_checking
+            and isinstance(node, ast.If)
+            and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        ):
             stack.extend(node.orelse)
             continue
         yield node
@@ -50,10 +56,11 @@ def _qualified(module: str, path: Path) -> str:
     return module
 
 
-def _imports(path: Path) -> list[tuple[str, list[str]]]:
-    """(module, names) for every absolute import of a module of ours."""
+def _imports(path: Path, type_checking: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names) for every absolute import of a module of ours (with `type_checking`,
+    those under `if TYPE_CHECKING:` too)."""
     found = []
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text()), type_checking):
         if isinstance(node, ast.Import):
             found += [(_qualified(alias.name, path), []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -83,10 +90,10 @@ def _private_attributes(path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _edges(name: str) -> set[str]:
+def _edges(name: str, type_checking: bool = False) -> set[str]:
     """The modules `name` imports: `from pkg import sub` is an edge to pkg.sub, not pkg."""
     edges = set()
-    for module, names in _imports(MODULES[name]):
+    for module, names in _imports(MODULES[name], type_checking):
         submodules = {f"{module}.{n}" for n in names} & set(MODULES)
         edges |= submodules or {module}
         if submodules and len(submodules) < len(names):
@@ -139,6 +146,34 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_there_are_no_import_cycles():
     assert _cycles({name: _edges(name) for name in MODULES}) == []
+
+
+def test_converters_has_no_import_cycle_even_through_type_checking_imports():
+    """An annotation-only import still ties two modules into one: within converters/ none
+    closes a circle."""
+    converters = [name for name in MODULES if name.split(".")[0] == "converters"]
+    graph = {name: _edges(name, type_checking=True) & set(converters) for name in converters}
+    assert _cycles(graph) == []
+
+
+def _in_translator(module: str) -> bool:
+    return module == "converters.translate" or module.startswith("converters.translate.")
+
+
+# what converters/translate/__init__.py says the translator may import from converters
+TRANSLATOR_MAY_IMPORT = {"converters.errors", "converters.graph", "converters.patterns",
+                         "converters.layer_map", "converters.runtimes"}  # fmt: skip
+
+
+def test_the_translator_imports_only_what_its_package_says_it_may():
+    offending = [
+        f"{name} imports {module}"
+        for name in MODULES if _in_translator(name)
+        for module in _edges(name, type_checking=True)
+        if module.split(".")[0] == "converters" and not _in_translator(module)
+        and module not in TRANSLATOR_MAY_IMPORT
+    ]  # fmt: skip
+    assert offending == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
