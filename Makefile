@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # torch first: the pinned CPU build; a bare `torch` requirement would pull the CUDA wheels.
-# The real BNN libraries tests/converters/test_real_clients.py converts. --no-deps: bitorch 0.4.1 and
+# The real BNN libraries tests/converters/normalize/test_real_clients.py converts. --no-deps: bitorch 0.4.1 and
 # Brevitas 0.13.4 would otherwise pull an older torch / downgrade setuptools (<81); their few
 # pure-Python dependencies are listed by hand (bitorch imports pandas; Brevitas needs
 # dependencies and unfoldNd, and onnxoptimizer for export_qonnx).

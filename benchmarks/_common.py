@@ -315,10 +315,8 @@ def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
     flatbuffers"), random input."""
     import numpy as np
 
-    from converters.runtimes import lce_batch_predict, lce_interpreter
+    from converters.runtimes import open_model
 
-    interpreter = lce_interpreter(flatbuffer, threads)
-    shape = interpreter.input_shapes[0]
-    x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
-    predict = lce_batch_predict(interpreter)
-    return lambda: predict([x])
+    model = open_model("lce", flatbuffer, threads)
+    x = np.random.default_rng(0).uniform(-1, 1, model.input_shape).astype(np.float32)
+    return lambda: model.run_one(x)

@@ -7,7 +7,7 @@ input channels per group at 128 channels), binary and float, is converted by
 `bnnexport.convert_module` (the whole gate) and the flatbuffers are timed in LCE's interpreter
 (1 thread, indirect BGEMM, as `bench` runs them), interleaved. Binary groups of 32 channels are
 one grouped LceBconv2d per conv; groups of 16 one LceBconv2d per group on a channel slice; float
-grouped convs one CONV_2D per group (`converters/groups.py`, docs/LCE_NOTES.md "Grouped
+grouped convs one CONV_2D per group (`converters/translate/groups.py`, docs/LCE_NOTES.md "Grouped
 convolutions"). Ratios are against the binary groups=1 block.
 
 Run:

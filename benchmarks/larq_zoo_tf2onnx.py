@@ -14,9 +14,9 @@ difference), converted by `convert_keras_model` (the native flatbuffer) and by t
 process: `convert_onnx(model.onnx, ours.tflite, inputs=the samples)` (a dynamic batch fixed at
 1; its gate compares with ONNX Runtime on those samples), and both flatbuffers are
 compared with the Keras outputs (argmax agreement, max |diff|) and timed in LCE's interpreter
-(`converters.runtimes.lce_interpreter`: 1 thread, indirect BGEMM, batch 1), interleaved: each
-round runs native then ours (order swapped every round), `--runs` inferences each; the figure
-is the median over `--rounds` of each round's median.
+(`converters.runtimes.open_model("lce")`, its `run_one`: 1 thread, indirect BGEMM, batch 1),
+interleaved: each round runs native then ours (order swapped every round), `--runs` inferences
+each; the figure is the median over `--rounds` of each round's median.
 
 A model whose strict conversion fails gets a row with bnnexport's one-line error; unless
 `--no-fallback` it is converted again with `allow_float=("all",)` (layers the translator has no
@@ -48,8 +48,7 @@ from converters.errors import ConverterError
 from converters.flatbuffer import op_histogram
 from converters.gate import TIE_RTOL, GateOptions
 from converters.lce import ConvertOptions, convert_onnx
-from converters.runners import run_lce
-from converters.runtimes import lce_batch_predict, lce_interpreter
+from converters.runtimes import open_model, run_lce
 
 DEFAULT_MODELS = "QuickNetSmall,QuickNet,BinaryAlexNet,BiRealNet,RealToBinaryNet"
 
@@ -66,9 +65,9 @@ def agreement(outputs: np.ndarray, keras: np.ndarray) -> dict[str, float]:
 
 def caller(flatbuffer: Path, sample: np.ndarray):  # noqa: ANN201 - a zero-argument callable
     """One batch-1 inference in LCE's interpreter (1 thread, indirect BGEMM) on `sample`."""
-    predict = lce_batch_predict(lce_interpreter(flatbuffer, threads=1))
+    model = open_model("lce", flatbuffer, threads=1)
     x = np.ascontiguousarray(sample[None], dtype=np.float32)
-    return lambda: predict([x])
+    return lambda: model.run_one(x)
 
 
 def our_conversion(

@@ -78,7 +78,7 @@ def convert_module(
     """
     from bnnexport.export import onnx_export, torch_outputs
     from converters.gate import compare
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
@@ -163,7 +163,7 @@ def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.
     from bnnexport.nn.quantizers import Quantizer
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions, validate
-    from converters.runners import run_onnx
+    from converters.runtimes import run_onnx
 
     try:
         if any(isinstance(m, Quantizer) for m in model.modules()):

@@ -26,7 +26,7 @@ from converters.gate.checks import Reference
 from converters.lce import ConversionResult, ConvertOptions, convert_onnx
 from converters.normalize import NormalizeReport
 from converters.patterns import BinaryLayerMatch, find_binary_layers
-from converters.runners import run_lce, run_onnx, run_tflite
+from converters.runtimes import RuntimeModel, open_model, run_lce, run_onnx, run_tflite
 
 __all__ = [
     "BinaryLayerMatch",
@@ -40,11 +40,13 @@ __all__ = [
     "InvalidModelError",
     "NormalizeReport",
     "Reference",
+    "RuntimeModel",
     "UnsupportedOpError",
     "compare",
     "convert_onnx",
     "find_binary_layers",
     "op_histogram",
+    "open_model",
     "run_lce",
     "run_onnx",
     "run_tflite",

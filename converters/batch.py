@@ -166,7 +166,7 @@ def rebatch_onnx(
     """
     import onnx
 
-    from converters.runners import run_onnx
+    from converters.runtimes import run_onnx
 
     source, target = Path(source), Path(target)
     model = onnx.load(str(source))

@@ -1,9 +1,9 @@
 """Which PyTorch layer each op of an LCE flatbuffer comes from.
 
-The translator (`converters.onnx_to_tf`) emits every ONNX node's TensorFlow ops in a name scope
-`MODULE/NODE`: MODULE is the PyTorch module path the exporter recorded for the node (legacy
-exporter: its node name, `/features/features.2/Conv` -> `features.2`; dynamo exporter: the
-node's `pkg.torch.onnx.name_scopes`), NODE the node's own name. The converters name each
+The translator (`converters.translate.onnx_to_tf`) emits every ONNX node's TensorFlow ops in a
+name scope `MODULE/NODE`: MODULE is the PyTorch module path the exporter recorded for the node
+(legacy exporter: its node name, `/features/features.2/Conv` -> `features.2`; dynamo exporter:
+the node's `pkg.torch.onnx.name_scopes`), NODE the node's own name. The converters name each
 flatbuffer tensor after the TensorFlow ops fused into the op that writes it, joined by `;`
 (`features.3.q/Sign_1/Sign;features.2/Conv/Conv2D;...`), but cut to 50 characters, and an op
 that writes a model output is named after the output instead. So:

@@ -6,7 +6,7 @@ arm64 and arm32: they differ only in the file name), and keeps the flatbuffer on
 
 1. every binary layer of the ONNX graph became an `LceBconv2d` (else `FloatFallbackError`,
    unless the layer is in `allow_float`), and no layer merely looks binary (a ±1 kernel behind a
-   plain `Sign`, which maps 0 to 0);
+   plain `Sign`, which maps 0 to 0): `converters.gate.fallbacks`;
 2. the gate's checks pass (`converters.gate.checks.check_conversion`: LCE and the float TFLite
    model against ONNX Runtime and every extra `Reference`, and the exact-grid twin).
 
@@ -34,19 +34,25 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.errors import ConverterError, FloatFallbackError, UnknownLayerError
+from converters.errors import ConverterError
 from converters.flatbuffer import op_histogram
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
-from converters.graph import OnnxGraph, attributes, load_onnx
-from converters.groups import plan_binary_groups
+from converters.gate.fallbacks import (
+    fallback_reasons,
+    grouped_refusals,
+    lookalike_layers,
+    refuse_fallbacks,
+    refuse_unknown_layers,
+    unrecognised_layers,
+)
+from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
-from converters.patterns import find_binary_layers_in, find_lookalike_layers_in, sign_zeros
+from converters.patterns import find_binary_layers_in
 from converters.translate import translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
-LCE_CONVERTER = "(LCE converter)"  # the fallback LCE's converter made, not the translator
 
 
 @dataclass
@@ -134,113 +140,6 @@ class ConvertOptions:
             self.on_step(line)
 
 
-def lookalike_layers(graph: OnnxGraph) -> dict[str, str]:
-    """Layer -> why, for layers that look binary but are not: a ±1 kernel behind a plain sign
-    the converter does not take as a binarization, or a binarized input with a kernel that is
-    ±1 but for exact zeros (sign(w) of a weight holding zeros)."""
-    found = {
-        layer.node_name: (
-            f"its ±1 kernel reads a plain {layer.seen}, which maps 0 to 0 (not a binarization): "
-            "binarize with sign(sign(x) + 0.1) or where(x >= 0, 1, -1)"
-        )
-        for layer in find_lookalike_layers_in(graph)
-    }
-    for match in find_binary_layers_in(graph):
-        zeros = sign_zeros(match)
-        if zeros:
-            found[match.node_name] = (
-                f"its kernel is ±1 but for {zeros} exact zeros of {match.kernel.size} values "
-                "(sign(w) maps 0 to 0: ternary, not binary): binarize the weight with "
-                "torch.where(w >= 0, 1.0, -1.0)"
-            )
-    return found
-
-
-def grouped_refusals(graph: OnnxGraph) -> dict[str, str]:
-    """Binary layer -> why, for grouped binary convs LCE cannot run binary
-    (`converters.groups.plan_binary_groups`)."""
-    why = {}
-    nodes = {node.name or node.output[0]: node for node in graph.nodes}
-    for match in find_binary_layers_in(graph):
-        node = nodes[match.node_name]
-        group = int(attributes(node).get("group", 1)) if match.op_type == "Conv" else 1
-        if match.binary and group > 1:
-            plan = plan_binary_groups(match.kernel.shape[1] * group, group)
-            if plan.kind == "refuse":
-                why[match.node_name] = plan.why
-    return why
-
-
-def unrecognised_layers(found: int, expected: int) -> dict[str, str]:
-    """{"(unrecognised)": why} when the graph shows fewer binary layers than the model's own
-    record of binary kernels says it has, else {}."""
-    if found >= expected:
-        return {}
-    return {
-        "(unrecognised)": (
-            f"the model's record lists {expected} binary layers, the ONNX graph shows {found}: "
-            f"{expected - found} binarization(s) are written in a form the normaliser does not "
-            "recognise (docs/LCE_NOTES.md 'Real-world exports' lists the forms it takes)"
-        )
-    }
-
-
-def float_fallbacks(
-    graph: OnnxGraph, emitted: Sequence[str], histogram: dict[str, int]
-) -> dict[str, str]:
-    """Layer -> why it is not an `LceBconv2d`, for every binary or binary-looking layer."""
-    binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
-    known = {**lookalike_layers(graph), **grouped_refusals(graph)}
-    return _fallbacks(known, binary, emitted, histogram)
-
-
-def _fallbacks(
-    lookalikes: dict[str, str],
-    binary: Sequence[str],
-    emitted: Sequence[str],
-    histogram: dict[str, int],
-) -> dict[str, str]:
-    """`float_fallbacks` from what it needs of the graph: the reasons known before translating
-    (look-alike layers, grouped convs LCE cannot run binary) and its binary layers."""
-    why = dict(lookalikes)
-    for name in binary:
-        if name not in emitted:
-            why.setdefault(name, "the translator has no binary form for the ops around it")
-    if histogram.get("LceBconv2d", 0) < len(emitted):
-        why[LCE_CONVERTER] = (
-            f"LCE made {histogram.get('LceBconv2d', 0)} of the {len(emitted)} binary layers "
-            "emitted an LceBconv2d"
-        )
-    return why
-
-
-def _refuse_unknown_layers(allowed: Sequence[str], layers: Sequence[str], onnx_path: Path) -> None:
-    """UnknownLayerError for a name in `allowed` that is none of the model's binary (or
-    binary-looking) `layers` nor "all": a misspelt layer would otherwise be allowed silently,
-    and the one meant refused or kept binary. The LCE converter's own fallback, which the
-    fallback error names "(LCE converter)", may be allowed too."""
-    known = {*layers, "all", LCE_CONVERTER}
-    unknown = [name for name in allowed if name not in known]
-    if unknown:
-        listed = ", ".join(sorted(set(layers))) if layers else "none"
-        raise UnknownLayerError(
-            f"--allow-float {unknown[0]!r}: {onnx_path.name} has no binary layer of that name; "
-            f"its binary layers (ONNX node names): {listed} (or 'all')"
-        )
-
-
-def _refuse_fallbacks(why: dict[str, str], allowed: Sequence[str]) -> list[str]:
-    """The allowed fallbacks; FloatFallbackError naming every other one."""
-    refused = {k: v for k, v in why.items() if "all" not in allowed and k not in allowed}
-    if refused:
-        listed = "; ".join(f"{k}: {v}" for k, v in refused.items())
-        raise FloatFallbackError(
-            f"{len(refused)} binary layer(s) would stay float: {listed} "
-            "(--allow-float LAYER or --allow-float all keeps them float)"
-        )
-    return sorted(why)
-
-
 def convert_onnx(
     onnx_path: str | Path,
     output_path: str | Path,
@@ -282,8 +181,8 @@ def convert_onnx(
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
-    _refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
-    _refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
+    refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
+    refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     # the graph's folded constants and the original are each a copy of the weights: drop both
     # before the converters run (docs/LCE_NOTES.md "Conversion memory")
     del graph
@@ -297,8 +196,8 @@ def convert_onnx(
         translated.float_flatbuffer = b""
     flatbuffer, float_flatbuffer = translated.flatbuffer, translated.float_flatbuffer or b""
     histogram = op_histogram(flatbuffer)
-    allowed = _refuse_fallbacks(
-        _fallbacks(lookalikes, binary, translated.info.binary_emitted, histogram),
+    allowed = refuse_fallbacks(
+        fallback_reasons(lookalikes, binary, translated.info.binary_emitted, histogram),
         options.allow_float,
     )
     is_random = inputs is None

@@ -2,21 +2,27 @@
 
 Every session and interpreter in `converters`, `bnnexport` and `benchmarks` comes from here, so
 the conversion gate, `bench`'s scoring and `bench`'s timing run the same runtime with the same
-settings:
+settings. One way per runtime runs a model: `open_model(kind, model, threads)` gives a
+`RuntimeModel` whose `run(inputs)` takes any batch (NCHW float32, the ONNX model's own layout,
+chunked to the batch the model takes) and whose `run_one(x1)` is the one bare call a benchmark
+times; `run_onnx`, `run_lce` and `run_tflite` are `run` on a file, its bytes or an open session.
 
+- `open_model`: a `RuntimeModel` in one of `RUNTIMES`: "onnxruntime" (`OrtModel`), "tflite"
+  (`TfliteModel`, the stock interpreter, for the float model) or "lce" (`LceModel`);
 - `tf`: TensorFlow, imported on first use with its start-up noise discarded;
 - `stderr_filtered`: file descriptor 2 captured around a runtime's creation, every line but
   the known harmless ones (`HARMLESS_LINES`) written back;
 - `ort_session`: an ONNX Runtime CPU session (intra-op threads as asked, one inter-op thread,
   ORT's kernel-scaling fusions off, see `SCALING_FUSIONS`);
-- `tflite_interpreter`: the stock TFLite interpreter, for the float model;
+- `tflite_interpreter`: the stock TFLite interpreter, its XNNPACK line filtered;
 - `lce_interpreter`: LCE's interpreter with indirect BGEMM (docs/LCE_NOTES.md "Running
-flatbuffers"), and
-  `lce_batch_predict` to run it on whole batches;
+  flatbuffers"), and `lce_batch_predict` to run it on whole batches;
+- `check_input_shape`: a batch refused in one line unless it fits the model's input;
 - `read_flatbuffer`: a flatbuffer's bytes, refused unless it is one.
 
 A file that a runtime cannot load raises `InvalidModelError` (one line), never a traceback.
-TensorFlow, LCE and ONNX Runtime are imported inside the functions that need them.
+TensorFlow, LCE and ONNX Runtime are imported inside the functions that need them. Comparing
+outputs is the gate's (`converters.gate`).
 
 Example:
     >>> import numpy as np
@@ -31,6 +37,10 @@ Example:
     array([[-1.,  0.,  1.]], dtype=float32)
     >>> session.get_session_options().intra_op_num_threads
     1
+    >>> sign = open_model("onnxruntime", model.SerializeToString())
+    >>> sign.run(np.array([[-2.0, 0.0, 3.0], [1.0, -1.0, 0.5]], np.float32))  # batch 1 each
+    array([[-1.,  0.,  1.],
+           [ 1., -1.,  1.]], dtype=float32)
 """
 
 from __future__ import annotations
@@ -40,14 +50,15 @@ import os
 import sys
 import tempfile
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from converters.errors import InvalidModelError
+from converters.errors import InputShapeError, InvalidModelError
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -206,3 +217,172 @@ def lce_batch_predict(
     flatbuffers"). This is the one place bnnexport reaches into it.
     """
     return interpreter.interpreter.predict
+
+
+def check_input_shape(expected: Sequence[Any], inputs: np.ndarray, model: str) -> None:
+    """InputShapeError unless `inputs` (a batch) fits the model's input shape (batch free)."""
+    fixed = [d if isinstance(d, (int, np.integer)) and d > 0 else None for d in expected[1:]]
+    if inputs.ndim != len(expected) or any(
+        d is not None and d != actual for d, actual in zip(fixed, inputs.shape[1:], strict=True)
+    ):
+        want = ", ".join("N" if d is None else str(d) for d in ["N", *fixed][1:])
+        raise InputShapeError(
+            f"inputs of shape {tuple(inputs.shape)} do not fit {model}, which takes (N, {want})"
+        )
+
+
+def _batched(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch: int | None):
+    """Run `run` over `inputs` in chunks of the model's fixed batch size (last one padded)."""
+    inputs = np.ascontiguousarray(inputs, dtype=np.float32)
+    if batch is None or batch <= 0:
+        return run(inputs)
+    outputs = []
+    for start in range(0, len(inputs), batch):
+        chunk = inputs[start : start + batch]
+        real = len(chunk)
+        if real < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - real, axis=0)])
+        outputs.append(np.asarray(run(chunk))[:real])
+    return np.concatenate(outputs)
+
+
+class RuntimeModel(ABC):
+    """A model opened in one runtime (`open_model`), run on NCHW float32 batches.
+
+    `run(inputs)`: the first output for any number of samples, after `check_input_shape`, in
+    chunks of the batch the model takes (the last one padded). `run_one(x)`: one bare call on
+    `x`, a batch the model takes (bench's batch-1 sample), nothing checked or copied: the call a
+    benchmark times. `input_shape` is the first input's shape as the runtime reports it."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, input_shape: Sequence[Any], label: str) -> None:
+        self.input_shape = list(input_shape)
+        self.label = label
+
+    @property
+    def batch(self) -> int | None:
+        """The batch the model takes; None when it takes any."""
+        first = self.input_shape[0]
+        return int(first) if isinstance(first, (int, np.integer)) and first > 0 else None
+
+    def run(self, inputs: np.ndarray) -> np.ndarray:
+        """The first output on `inputs`, chunked to the model's batch."""
+        check_input_shape(self.input_shape, np.asarray(inputs), self.label)
+        return _batched(self.run_one, inputs, self.batch)
+
+    @abstractmethod
+    def run_one(self, x: np.ndarray) -> np.ndarray:
+        """The first output of one call on `x`, which must be of the model's batch."""
+
+
+class OrtModel(RuntimeModel):
+    """A model in ONNX Runtime (`ort_session`): the reference a converted model must match."""
+
+    kind = "onnxruntime"
+
+    def __init__(self, session: onnxruntime.InferenceSession, label: str = "(in memory)") -> None:
+        self.session = session
+        first = session.get_inputs()[0]
+        self.input_name = first.name
+        super().__init__(first.shape, f"ONNX model {label}")
+
+    def run_one(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {self.input_name: x})[0]
+
+
+class TfliteModel(RuntimeModel):
+    """A float flatbuffer in the stock TFLite interpreter (`tflite_interpreter`)."""
+
+    kind = "tflite"
+
+    def __init__(self, interpreter: TfliteInterpreter) -> None:
+        self.interpreter = interpreter
+        source = interpreter.get_input_details()[0]
+        self.input_index = source["index"]
+        self.output_index = interpreter.get_output_details()[0]["index"]
+        super().__init__([int(d) for d in source["shape"]], "the TFLite flatbuffer")
+
+    def run_one(self, x: np.ndarray) -> np.ndarray:
+        self.interpreter.set_tensor(self.input_index, x)
+        self.interpreter.invoke()
+        return self.interpreter.get_tensor(self.output_index)  # a copy (`tensor()` is the view)
+
+
+class LceModel(RuntimeModel):
+    """An LCE flatbuffer in LCE's interpreter (`lce_interpreter`: indirect BGEMM)."""
+
+    kind = "lce"
+
+    def __init__(self, interpreter: LceInterpreter) -> None:
+        self.interpreter = interpreter
+        self.predict = lce_batch_predict(interpreter)  # one call, without predict()'s loop
+        super().__init__(list(interpreter.input_shapes[0]), "the LCE flatbuffer")
+
+    def run(self, inputs: np.ndarray) -> np.ndarray:
+        check_input_shape(self.input_shape, np.asarray(inputs), self.label)
+        if self.batch == 1:  # LCE's own predict: one sample at a time (docs/LCE_NOTES.md)
+            x = np.ascontiguousarray(inputs, dtype=np.float32)
+            return np.asarray(self.interpreter.predict(x))
+        return _batched(self.run_one, inputs, self.batch)
+
+    def run_one(self, x: np.ndarray) -> np.ndarray:
+        return self.predict([x])[0]
+
+
+RUNTIMES = ("onnxruntime", "tflite", "lce")
+
+
+def open_model(
+    kind: str, model: str | Path | bytes, threads: int = 1, *, optimize: bool = True
+) -> RuntimeModel:
+    """`model` (a file or its bytes) opened in the runtime `kind`, one of `RUNTIMES`, with
+    `threads` threads (for ONNX Runtime, 0 lets it choose; `optimize` is its `ort_session`
+    switch). InvalidModelError when the runtime cannot load it."""
+    if kind == "onnxruntime":
+        label = str(model) if isinstance(model, (str, Path)) else "(in memory)"
+        return OrtModel(ort_session(model, threads, optimize=optimize), label)
+    if kind == "tflite":
+        return TfliteModel(tflite_interpreter(model, threads))
+    if kind == "lce":
+        return LceModel(lce_interpreter(model, threads))
+    raise ValueError(f"unknown runtime {kind!r}; choose one of {', '.join(RUNTIMES)}")
+
+
+def _opened(model: object) -> bool:
+    """Whether `model` is an open session or interpreter rather than a file or bytes."""
+    return not isinstance(model, (str, Path, bytes))
+
+
+def run_onnx(
+    model: str | Path | bytes | onnxruntime.InferenceSession,
+    inputs: np.ndarray,
+    optimize: bool = True,
+    threads: int = 0,
+) -> np.ndarray:
+    """Outputs of ONNX Runtime (CPU) for an NCHW float32 batch: `open_model("onnxruntime")`'s
+    `run`, or `OrtModel`'s on a session opened here. ORT's kernel-scaling fusions are always
+    off, so ONNX Runtime computes the binary layers exactly as PyTorch does."""
+    if _opened(model):
+        return OrtModel(model).run(inputs)
+    return open_model("onnxruntime", model, threads, optimize=optimize).run(inputs)
+
+
+def run_lce(
+    flatbuffer: str | Path | bytes | LceInterpreter, inputs: np.ndarray, num_threads: int = 1
+) -> np.ndarray:
+    """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch:
+    `open_model("lce")`'s `run`, or `LceModel`'s on an interpreter opened here."""
+    if _opened(flatbuffer):
+        return LceModel(flatbuffer).run(inputs)
+    return open_model("lce", flatbuffer, num_threads).run(inputs)
+
+
+def run_tflite(
+    flatbuffer: str | Path | bytes | TfliteInterpreter, inputs: np.ndarray, num_threads: int = 1
+) -> np.ndarray:
+    """Outputs of the stock TFLite interpreter (float model) for an NCHW batch:
+    `open_model("tflite")`'s `run`, or `TfliteModel`'s on an interpreter opened here."""
+    if _opened(flatbuffer):
+        return TfliteModel(flatbuffer).run(inputs)
+    return open_model("tflite", flatbuffer, num_threads).run(inputs)

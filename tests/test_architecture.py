@@ -1,7 +1,9 @@
-"""docs/ARCHITECTURE.md's "Layout" lists every module of the three packages, and nothing else:
-a module added, moved or removed without the doc fails here. And deploy/'s floor plan: the SSH
-client and its errors at the top, one package per registered runner under runners/, file names
-no other package uses, no module over 600 lines."""
+"""The floor plan: docs/ARCHITECTURE.md's "Layout" lists every module of the three packages and
+nothing else, and the plan it shows holds. bnnexport/ and converters/ keep a few top-level
+modules, no module is over 600 lines, the translator has its room, deploy/ holds the SSH client,
+its errors and one package per registered runner, no module name is used twice across the
+three packages, and tests/ mirrors the packages. (The import rules between rooms are
+tests/test_imports.py's.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bnnexport", "converters", "deploy")
 MAX_LINES = 600
-SHARED_NAMES = {"__init__", "errors", "registry"}  # file names each package may have its own of
+# modules directly in a package, __init__.py included
+TOP_LEVEL_LIMIT = {"bnnexport": 15, "converters": 10}
+# the file names several packages may each have their own of
+SHARED_NAMES = {"__init__", "errors", "registry"}
+# the translator's modules: ONNX -> TensorFlow, and the TensorFlow it emits
+TRANSLATOR_NAMES = {"onnx_to_tf", "onnx_to_tflite", "tf_layers", "tf_elementwise", "tf_ops",
+                    "values", "padding", "groups"}  # fmt: skip
+TRANSLATOR_PREFIXES = ("tf_", "onnx_to_")  # and any new one named like them
+# tests/ folders for code that is not one package's: the CLI's guarantees, shared helpers
+TEST_FOLDERS_OF_NO_PACKAGE = {"reliability", "support", "stages"}
 
 
 def _layout_section() -> str:
@@ -24,14 +35,8 @@ def _layout_section() -> str:
     return text[start:end]
 
 
-def test_the_layout_section_lists_exactly_the_modules_in_the_tree():
-    listed = re.findall(r"^\| `([^`]+\.py)` \|", _layout_section(), flags=re.MULTILINE)
-    tree = sorted(str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
-    assert len(listed) == len(set(listed)), "a module is listed twice"
-    assert sorted(listed) == tree, {
-        "in the tree, not in the doc": sorted(set(tree) - set(listed)),
-        "in the doc, not in the tree": sorted(set(listed) - set(tree)),
-    }
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
 
 
 def _entries(folder: Path) -> list[str]:
@@ -41,6 +46,43 @@ def _entries(folder: Path) -> list[str]:
         for p in folder.iterdir()
         if p.suffix == ".py" or (p / "__init__.py").is_file()
     )
+
+
+def _rooms(package: Path) -> set[str]:
+    return {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_the_layout_section_lists_exactly_the_modules_in_the_tree():
+    listed = re.findall(r"^\| `([^`]+\.py)` \|", _layout_section(), flags=re.MULTILINE)
+    tree = sorted(str(p.relative_to(ROOT)) for pkg in PACKAGES for p in _modules(pkg))
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    assert sorted(listed) == tree, {
+        "in the tree, not in the doc": sorted(set(tree) - set(listed)),
+        "in the doc, not in the tree": sorted(set(listed) - set(tree)),
+    }
+
+
+@pytest.mark.parametrize("package", sorted(TOP_LEVEL_LIMIT))
+def test_a_package_keeps_a_few_top_level_modules(package):
+    top_level = sorted(p.name for p in (ROOT / package).glob("*.py"))
+    assert len(top_level) <= TOP_LEVEL_LIMIT[package], top_level
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_is_over_600_lines(package):
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _modules(package)}
+    assert {path: n for path, n in lines.items() if n > MAX_LINES} == {}
+
+
+def _is_translator(path: Path) -> bool:
+    return path.stem in TRANSLATOR_NAMES or path.stem.startswith(TRANSLATOR_PREFIXES)
+
+
+def test_the_translators_modules_live_only_in_converters_translate():
+    translator = [p for p in _modules("converters") if _is_translator(p)]
+    outside = [str(p.relative_to(ROOT)) for p in translator
+               if p.parent != ROOT / "converters" / "translate"]  # fmt: skip
+    assert translator and outside == []
 
 
 def test_deploys_top_level_is_the_ssh_client_its_errors_and_the_runners():
@@ -57,25 +99,46 @@ def test_deploy_runners_holds_the_registry_and_one_package_per_registered_runner
         assert type(get_runner(name)).__module__.startswith(f"deploy.runners.{name}."), name
 
 
-def test_deploys_file_names_are_its_own():
-    """A name says where a module lives: none of deploy/'s is used twice, in deploy/ or in the
-    other two packages (`__init__`, `errors`, `registry` excepted)."""
-    deploy = [p.stem for p in (ROOT / "deploy").rglob("*.py") if p.stem not in SHARED_NAMES]
-    elsewhere = {
-        name
-        for package in ("bnnexport", "converters")
-        for p in (ROOT / package).rglob("*.py")
-        for name in (p.stem, p.parent.name)
-    }
-    assert [name for name, n in Counter(deploy).items() if n > 1] == []
-    assert sorted(set(deploy) & elsewhere) == []
+def test_no_module_name_is_used_twice_in_the_three_packages():
+    """A name says where a module lives: a module's file name, or a package's folder name, is
+    used once across bnnexport/, converters/ and deploy/ (`__init__`, `errors`, `registry`
+    excepted; the CLI's commands are named after their stage; a room may hold a module of its
+    own name, bench/bench.py, the stage the room is built around)."""
+    cli = ROOT / "bnnexport" / "cli"
+    names = [
+        p.stem
+        for pkg in PACKAGES
+        for p in _modules(pkg)
+        if p.stem not in SHARED_NAMES and p.parent != cli and p.stem != p.parent.name
+    ]
+    folders = [p.parent.name for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")]
+    names += [folder for folder in folders if folder not in PACKAGES]
+    assert sorted(name for name, n in Counter(names).items() if n > 1) == []
 
 
-@pytest.mark.parametrize("package", ["deploy"])
-def test_no_module_is_over_600_lines(package):
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in (ROOT / package).rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
+@pytest.mark.parametrize("package", PACKAGES)
+def test_tests_mirror_the_packages_rooms(package):
+    """tests/PACKAGE/ has a folder per room of converters/ and deploy/; bnnexport/'s rooms have
+    a tests/ folder of their own each (the CLI's is tests/stages)."""
+    rooms = _rooms(ROOT / package) - {"cli"}
+    if package == "bnnexport":
+        folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()}
+        assert rooms <= folders, sorted(rooms - folders)
+        return
+    folders = {p.name for p in (ROOT / "tests" / package).iterdir()
+               if p.is_dir() and not p.name.startswith((".", "_"))}  # fmt: skip
+    assert folders == rooms
+
+
+def test_every_test_folder_belongs_to_a_package_or_says_why_not():
+    rooms = {room for pkg in PACKAGES for room in _rooms(ROOT / pkg)} | set(PACKAGES)
+    folders = {p.name for p in (ROOT / "tests").iterdir()
+               if p.is_dir() and not p.name.startswith((".", "_"))}  # fmt: skip
+    assert folders - rooms - TEST_FOLDERS_OF_NO_PACKAGE == set()
+
+
+def test_no_two_test_modules_share_a_file_name():
+    """tests/ has no __init__.py files (pytest imports a test module by its file name, with its
+    folder on sys.path), so two test files of one name cannot both be collected."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -1,9 +1,12 @@
 """The package graph: no import cycles, converters/ and deploy/ independent of what is above
 them, and no module importing or reaching into another module's private names. Read from the
 source with `ast`, lazy (in-function) imports included; `if TYPE_CHECKING:` blocks are
-annotations only, except where a check says it counts them too (deploy/'s cycles and runner
-packages). The benchmark scripts import their siblings by bare name (`from _common
-import ...`, run with benchmarks/ on sys.path); those count as `benchmarks.<name>`."""
+annotations only for the first check; the floor plan's checks count them too: no circle in any
+package even through them, the rooms of bnnexport/ import only what their docstrings allow and
+form no circle between them, the translator (converters/translate/) imports only what its
+package docstring lists, and a device runner's package only its own modules and what runners
+share. The benchmark scripts import their siblings by bare name (`from _common import ...`, run
+with benchmarks/ on sys.path); those count as `benchmarks.<name>`."""
 
 from __future__ import annotations
 
@@ -31,12 +34,16 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node except those under `if TYPE_CHECKING:`."""
+def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
+    """Every node except those under `if TYPE_CHECKING:` (with `type_checking`, every node)."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+        if (
+            not type_checking
+            and isinstance(node, ast.If)
+            and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        ):
             stack.extend(node.orelse)
             continue
         yield node
@@ -51,12 +58,11 @@ def _qualified(module: str, path: Path) -> str:
     return module
 
 
-def _imports(path: Path, annotations: bool = False) -> list[tuple[str, list[str]]]:
-    """(module, names) for every absolute import of a module of ours (with `annotations`, those
-    under `if TYPE_CHECKING:` too)."""
+def _imports(path: Path, type_checking: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names) for every absolute import of a module of ours (with `type_checking`,
+    those under `if TYPE_CHECKING:` too)."""
     found = []
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree) if annotations else _runtime_nodes(tree):
+    for node in _runtime_nodes(ast.parse(path.read_text()), type_checking):
         if isinstance(node, ast.Import):
             found += [(_qualified(alias.name, path), []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -86,10 +92,10 @@ def _private_attributes(path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _edges(name: str, annotations: bool = False) -> set[str]:
+def _edges(name: str, type_checking: bool = False) -> set[str]:
     """The modules `name` imports: `from pkg import sub` is an edge to pkg.sub, not pkg."""
     edges = set()
-    for module, names in _imports(MODULES[name], annotations):
+    for module, names in _imports(MODULES[name], type_checking):
         submodules = {f"{module}.{n}" for n in names} & set(MODULES)
         edges |= submodules or {module}
         if submodules and len(submodules) < len(names):
@@ -142,6 +148,33 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_there_are_no_import_cycles():
     assert _cycles({name: _edges(name) for name in MODULES}) == []
+
+
+@pytest.mark.parametrize("package", ["bnnexport", "converters", "deploy"])
+def test_no_import_cycle_even_through_type_checking_imports(package):
+    """An annotation-only import still ties two modules into one: none closes a circle."""
+    inside = {name for name in MODULES if name.split(".")[0] == package}
+    assert _cycles({name: _edges(name, type_checking=True) & inside for name in inside}) == []
+
+
+def _in_translator(module: str) -> bool:
+    return module == "converters.translate" or module.startswith("converters.translate.")
+
+
+# what converters/translate/__init__.py says the translator may import from converters
+TRANSLATOR_MAY_IMPORT = {"converters.errors", "converters.graph", "converters.patterns",
+                         "converters.layer_map", "converters.runtimes"}  # fmt: skip
+
+
+def test_the_translator_imports_only_what_its_package_says_it_may():
+    offending = [
+        f"{name} imports {module}"
+        for name in MODULES if _in_translator(name)
+        for module in _edges(name, type_checking=True)
+        if module.split(".")[0] == "converters" and not _in_translator(module)
+        and module not in TRANSLATOR_MAY_IMPORT
+    ]  # fmt: skip
+    assert offending == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -197,17 +230,11 @@ def _runner_package(name: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["deploy"])
-def test_there_are_no_import_cycles_inside_the_package_type_checking_imports_included(package):
-    inside = {name for name in MODULES if name.split(".")[0] == package}
-    assert _cycles({name: _edges(name, annotations=True) & inside for name in inside}) == []
-
-
 def test_a_runner_package_imports_only_its_own_modules_and_what_runners_share():
     offending = [
         f"{name} imports {target}"
         for name in MODULES if (own := _runner_package(name))
-        for target in _edges(name, annotations=True) if target.startswith("deploy.")
+        for target in _edges(name, type_checking=True) if target.startswith("deploy.")
         and target not in RUNNERS_SHARE and _runner_package(target) != own
     ]  # fmt: skip
     assert offending == []
@@ -218,6 +245,64 @@ def test_inside_deploy_only_the_runners_package_imports_a_runner():
         f"{name} imports {target}"
         for name in MODULES if name.split(".")[0] == "deploy"
         and _runner_package(name) is None and name != "deploy.runners"
-        for target in _edges(name, annotations=True) if _runner_package(target)
+        for target in _edges(name, type_checking=True) if _runner_package(target)
     ]  # fmt: skip
     assert offending == []
+
+
+# bnnexport/'s rooms and what each may import of bnnexport (its own modules aside), as each
+# room's docstring says; errors and imports are the ground floor every room stands on
+ROOMS = ("nn", "run", "training", "bench", "models", "datasets", "cli")
+GROUND = {"bnnexport.errors", "bnnexport.imports"}
+ROOM_MAY_IMPORT = {
+    "bnnexport.nn": GROUND,
+    "bnnexport.datasets": GROUND,
+    "bnnexport.models": GROUND | {"bnnexport.nn"},
+    "bnnexport.run": GROUND | {"bnnexport.nn", "bnnexport.models"},
+    "bnnexport.training": GROUND
+    | {"bnnexport.nn", "bnnexport.run", "bnnexport.models", "bnnexport.datasets",
+       "bnnexport.verify"},  # a run ends verified
+    "bnnexport.bench": GROUND | {"bnnexport.nn", "bnnexport.run", "bnnexport.convert"},
+}  # fmt: skip
+
+
+def _room(name: str) -> str:
+    """`bnnexport.ROOM` for a module of one of bnnexport's rooms, else the module itself."""
+    parts = name.split(".")
+    if parts[0] == "bnnexport" and len(parts) > 2 and parts[1] in ROOMS:
+        return ".".join(parts[:2])
+    return name
+
+
+def _room_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for name in MODULES:
+        if name.split(".")[0] == "bnnexport":
+            targets = {
+                _room(t) for t in _edges(name, type_checking=True) if t.startswith("bnnexport")
+            }
+            edges.setdefault(_room(name), set()).update(targets - {_room(name)})
+    return edges
+
+
+def test_bnnexports_rooms_import_only_what_their_docstrings_allow():
+    offending = {
+        room: sorted(targets - ROOM_MAY_IMPORT[room])
+        for room, targets in _room_edges().items()
+        if room in ROOM_MAY_IMPORT and targets - ROOM_MAY_IMPORT[room]
+    }
+    assert offending == {}
+
+
+def test_bnnexports_rooms_and_stages_form_no_circle():
+    """No arrow back up: a room (every module inside it taken as one) and the stages form no
+    circle, so each stands on what it imports."""
+    edges = _room_edges()
+    graph = {room: targets & set(edges) for room, targets in edges.items()}
+    assert _cycles(graph) == []
+
+
+def test_every_room_of_bnnexport_says_what_it_holds_and_may_import():
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((ROOT / "bnnexport" / room / "__init__.py").read_text()))
+        assert doc and "may import" in doc, room

@@ -7,6 +7,6 @@
 - `model_file.py`: a flatbuffer or ONNX file of your own, outside a run;
 - `profile.py`, `scoring.py`, `report_md.py`: where the device time goes, the scores, the report.
 
-It may import `bnnexport.run`, `bnnexport.nn`, `converters` and `deploy`; nothing outside the
-stages and the CLI imports it.
+It may import `bnnexport.run`, `bnnexport.nn`, the convert stage (the batch-N copy a device
+needs), `converters` and `deploy`; nothing outside the stages and the CLI imports it.
 """

@@ -91,43 +91,30 @@ def pytorch_backend(run: RunDir, threads: int, x1: np.ndarray) -> Factory:
 
 def onnxruntime_backend(onnx_path: Path, threads: int, x1: np.ndarray) -> Factory:
     from converters.errors import InvalidModelError
-    from converters.runners import run_onnx
-    from converters.runtimes import ort_session
+    from converters.runtimes import open_model
 
-    session = ort_session(onnx_path, threads)
-    inputs = session.get_inputs()
+    model = open_model("onnxruntime", onnx_path, threads)
+    inputs = model.session.get_inputs()
     if len(inputs) != 1:  # bench feeds one image tensor, as every exported BNN takes
         names = ", ".join(i.name for i in inputs)
         raise InvalidModelError(
             f"{onnx_path} has {len(inputs)} inputs ({names}); bench runs models with one input"
         )
-    name = inputs[0].name
-    return (lambda x: run_onnx(session, x)), (lambda: session.run(None, {name: x1}))
+    return model.run, (lambda: model.run_one(x1))
 
 
 def tflite_float_backend(float_path: Path, threads: int, x1: np.ndarray) -> Factory:
-    from converters.runners import run_tflite
-    from converters.runtimes import tflite_interpreter
+    from converters.runtimes import open_model
 
-    interpreter = tflite_interpreter(float_path, threads)
-    source = interpreter.get_input_details()[0]["index"]
-    target_index = interpreter.get_output_details()[0]["index"]
-
-    def call() -> None:
-        interpreter.set_tensor(source, x1)
-        interpreter.invoke()
-        interpreter.get_tensor(target_index)
-
-    return (lambda x: run_tflite(interpreter, x)), call
+    model = open_model("tflite", float_path, threads)
+    return model.run, (lambda: model.run_one(x1))
 
 
 def lce_backend(lce_path: Path, threads: int, x1: np.ndarray) -> Factory:
-    from converters.runners import run_lce
-    from converters.runtimes import lce_batch_predict, lce_interpreter
+    from converters.runtimes import open_model
 
-    interpreter = lce_interpreter(lce_path, threads)
-    predict = lce_batch_predict(interpreter)  # one call, without predict()'s per-sample loop
-    return (lambda x: run_lce(interpreter, x)), (lambda: predict([x1]))
+    model = open_model("lce", lce_path, threads)  # run_one: one call, no per-sample loop
+    return model.run, (lambda: model.run_one(x1))
 
 
 def usable_backends(

@@ -92,7 +92,7 @@ def bench_model_file(
     shape = _input_shape(onnx_path, flatbuffer)
     if samples_file is not None:
         inputs, labels = read_samples_file(samples_file, options.samples)
-        from converters.runners import check_input_shape
+        from converters.runtimes import check_input_shape
 
         check_input_shape(shape, inputs, str(path))
     else:

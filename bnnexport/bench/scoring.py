@@ -2,7 +2,7 @@
 
 `bench` scores host backends with it and `bnnexport.bench.device` the device's outputs, so both rows
 follow one rule: top-k from `deploy.runners.python.device_script` (None for unlabelled samples),
-agreement from `converters.gate.compare`.
+agreement from `converters.gate.agreement`.
 
 Example:
     >>> import numpy as np

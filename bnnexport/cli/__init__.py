@@ -1,7 +1,8 @@
 """The `bnnexport` command line: a thin layer over the library's stage functions.
 
 Each command lives in its own module here and only parses options, calls the library and prints
-the report (a table, or one JSON object with `--json`).
+the report (a table, or one JSON object with `--json`). It may import everything below it;
+nothing imports it but `bnnexport.__main__`.
 """
 
 from __future__ import annotations

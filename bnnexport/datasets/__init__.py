@@ -1,6 +1,8 @@
 """Data sets, offline: the MNIST subset shipped in the package and CIFAR-10 from a local folder.
 
-Pixels are scaled to [-1, 1]. Nothing is ever downloaded.
+Pixels are scaled to [-1, 1]. Nothing is ever downloaded. In: a name (or `module:loader`) and
+a folder. Out: `DatasetSplits`. It may import `bnnexport.imports` and torch; nothing else of
+bnnexport.
 
 - ``mnist5k``: 5,000 MNIST digits (500 per class) shipped as `mnist5k.npz`; a deterministic,
   stratified split of 4,000 training and 1,000 test images.

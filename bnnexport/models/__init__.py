@@ -1,5 +1,9 @@
 """Model zoo: every module here registers its models on import.
 
+In: a name (or `module:factory`), the number of classes and the input shape. Out: an
+`nn.Module` built of `bnnexport.nn`'s layers. It may import `bnnexport.nn` and
+`bnnexport.imports`; nothing else of bnnexport.
+
 Example:
     >>> from bnnexport.models import create_model
     >>> model = create_model("mnist-bnn", num_classes=10)

@@ -11,6 +11,6 @@
   diagnostics file; `progress.py`: step lines on a terminal.
 
 In: paths. Out: artifacts written atomically, read back checked. It may import `bnnexport.nn`,
-`bnnexport.models` (to rebuild a model) and `bnnexport.imports`; never training, bench or the
-stages.
+`bnnexport.models` (to rebuild a model), `bnnexport.imports` and `converters` (a gate
+refusal's diagnostics); never training, bench or the stages.
 """

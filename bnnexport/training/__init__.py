@@ -10,5 +10,6 @@
 
 In: a `TrainConfig`, a model and a data set. Out: a run directory (checkpoint with the record
 of binary kernels, metrics, plots). It may import `bnnexport.nn`, `bnnexport.run`,
-`bnnexport.models` and `bnnexport.datasets`; never bench, the other stages or the CLI.
+`bnnexport.models`, `bnnexport.datasets` and the verify stage (a run ends verified); never
+bench, the other stages or the CLI.
 """

@@ -1,12 +1,21 @@
-"""The conversion gate: is a converted model the same model as its reference, up to rounding?
+"""The conversion gate: is a converted model binary where meant, and its reference up to rounding?
 
 - `predicate`: `validate`, the one fidelity predicate (plain comparison, sign-tie replay,
   recurring values), with `GateOptions`, `GateReport`, `Replay`, `Witness`, `SignProbe`;
-- `compare`: the plain comparison (`compare`, `RTOL`);
+- `agreement`: the plain comparison (`compare`, `Agreement`, `RTOL`);
 - `probe`: ONNX Runtime as a `SignProbe` (`OnnxProbe`);
 - `inconclusive`: telling a degenerate model from a wrong conversion;
 - `twin`: the exact-grid twin, the rounding-free copy of a graph;
+- `fallbacks`: no silent float, every layer meant to be binary an `LceBconv2d` or named with
+  its reason (`lookalike_layers`, `grouped_refusals`, `unrecognised_layers`, `float_fallbacks`,
+  `refuse_fallbacks`);
 - `checks`: the checks a conversion must pass, in order (`check_conversion`).
+
+In: the ONNX model (the original file as the reference, the normalised graph for the witnesses
+and the twin), the translator's flatbuffers (`converters.translate.Translated`), the samples and
+any extra `Reference` (PyTorch, from bnnexport). Out: `GateReport`s, one per comparison, or a
+one-line refusal (`ConversionMismatchError`, `FloatFallbackError`, `ZeroSignError`,
+`InconclusiveCheckError`). It writes nothing; `converters.lce` keeps the flatbuffer only after it.
 
 docs/ARCHITECTURE.md ("Conversion gate") gives the reasoning.
 
@@ -18,7 +27,7 @@ Example:
     1.0
 """
 
-from converters.gate.compare import RTOL, Agreement, compare
+from converters.gate.agreement import RTOL, Agreement, compare
 from converters.gate.inconclusive import TRUST_TWIN, inconclusive, near_zero_census
 from converters.gate.predicate import (
     TIE_RTOL,

@@ -46,8 +46,14 @@ from converters.gate.predicate import (
 )
 from converters.gate.probe import OnnxProbe
 from converters.gate.twin import exact_grid_twin, grid_inputs
-from converters.runners import run_lce, run_onnx, run_tflite
-from converters.runtimes import lce_interpreter, ort_session, tflite_interpreter
+from converters.runtimes import (
+    lce_interpreter,
+    ort_session,
+    run_lce,
+    run_onnx,
+    run_tflite,
+    tflite_interpreter,
+)
 from converters.translate import Translated, releasing, translate
 
 FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check

@@ -50,8 +50,8 @@ def _about_rounding(diagnostics: dict[str, Any], options: GateOptions) -> bool:
     """Whether a refusal is one that values within rounding of zero can cause: at every sign
     the refused sample's replay found different, the reference's own value lies within
     `tie_rtol` of zero (the candidate's may not: the translator moves an integer accumulator's
-    exact 0 half a step, `converters.values.tie_break_bias`), or the witness itself rounded
-    the other way. Without a replay (no differing signs recorded, no sample refused by one)
+    exact 0 half a step, `converters.translate.values.tie_break_bias`), or the witness itself
+    rounded the other way. Without a replay (no differing signs recorded, no sample refused by one)
     it cannot be told, so it may be."""
     if not diagnostics.get("binarizations") and diagnostics.get("refused_sample") is None:
         return True

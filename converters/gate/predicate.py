@@ -67,7 +67,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from converters.errors import ConversionMismatchError
-from converters.gate.compare import RTOL, compare
+from converters.gate.agreement import RTOL, compare
 
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
 TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...

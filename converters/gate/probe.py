@@ -10,8 +10,7 @@ import onnx
 from converters.gate.predicate import Witness
 from converters.graph import OnnxGraph, load_onnx
 from converters.patterns import binarizations_in
-from converters.runners import check_input_shape
-from converters.runtimes import ort_session
+from converters.runtimes import check_input_shape, ort_session
 
 
 class OnnxProbe:

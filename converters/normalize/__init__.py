@@ -19,7 +19,7 @@ The passes rewrite `converters.graph.OnnxGraph`, the graph model the translator,
 finder and the gate read too: they edit it through its methods (its producer and consumer maps
 are dropped by every edit) and match parents with `OnnxGraph.match_parent_path`. `registry`
 holds the pass names (`REWRITES`, `rewrite`); `binarization` the canonical binarization every
-family writes and recognises; `pipeline` the order (`PIPELINE`), `normalize` and
+family writes and recognises; `fixpoint` the order (`PIPELINE`), `normalize` and
 `check_valid`.
 
 Example:
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from converters.graph import NormalizeReport, OnnxGraph
 from converters.normalize.exporter_idioms import runnable_reference
-from converters.normalize.pipeline import PIPELINE, check_valid, normalize
+from converters.normalize.fixpoint import PIPELINE, check_valid, normalize
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, STEPS, Pass, rewrite
 
 __all__ = [

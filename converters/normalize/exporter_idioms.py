@@ -8,7 +8,7 @@
   becomes `PRelu(x, -c)`, which the translator emits in the one form TFLite fuses into a single
   PRELU op (docs/LCE_NOTES.md, "When TFLite's converter fuses a PReLU").
 
-When each runs: `converters.normalize.pipeline.PIPELINE`.
+When each runs: `converters.normalize.fixpoint.PIPELINE`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
   constant folder, `converters.graph.OnnxGraph.fold`, which readers run too
   (`OnnxGraph.folded`), here keeping layout ops on stored kernels as nodes.
 
-When each runs: `converters.normalize.pipeline.PIPELINE`.
+When each runs: `converters.normalize.fixpoint.PIPELINE`.
 """
 
 from __future__ import annotations

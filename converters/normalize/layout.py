@@ -13,7 +13,7 @@
 - ``transpose-sink``: a Transpose moves below a Mul/Add by a constant, and two Transposes that
   undo each other vanish: tf2onnx's NHWC <-> NCHW pairs around each Conv cancel.
 
-When each runs: `converters.normalize.pipeline.PIPELINE`.
+When each runs: `converters.normalize.fixpoint.PIPELINE`.
 """
 
 from __future__ import annotations

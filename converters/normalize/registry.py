@@ -4,7 +4,7 @@
 `@step(name)` registers a pipeline step that is not one (`STEPS`: shape inference, dead-code
 removal, and the sign-function classifier, which users disable through its four labels,
 `SIGN_IDIOMS`). Both are `(graph: OnnxGraph) -> int`, how many rewrites were made; the
-order they run in is `converters.normalize.pipeline.PIPELINE`.
+order they run in is `converters.normalize.fixpoint.PIPELINE`.
 """
 
 from __future__ import annotations

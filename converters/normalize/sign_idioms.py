@@ -7,13 +7,13 @@
   each class (`PROBES`, ONNX's reference evaluator) proves the rewrite for every non-NaN input;
 - ``plain-sign``: the same functions with another value at 0 (plain `Sign`, `x > 0`) that feed a
   Conv/MatMul/Gemm: rewritten to the canonical form and listed in `zero_sensitive`, so the gate
-  can prove that no exact zero reaches them (`converters.lce.check_zero_free`);
+  can prove that no exact zero reaches them (`converters.gate.checks.check_zero_free`);
 - ``clamp-sign``: the canonical binarization of a clamp that keeps sign classes (Clip(x, lo,
   hi) with lo < 0 < hi, Brevitas' `Where(x > s, s, x)`) reads x itself.
 
 The four labels are one classifier (`rewrite_sign_functions`), run as the pipeline step
 ``sign-idioms`` with the labels left enabled. When each runs:
-`converters.normalize.pipeline.PIPELINE`.
+`converters.normalize.fixpoint.PIPELINE`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.errors import InvalidModelError
-from converters.runners import run_onnx
-from converters.runtimes import HARMLESS_LINES, ort_session, read_flatbuffer, stderr_filtered
+from converters.runtimes import (
+    HARMLESS_LINES,
+    RUNTIMES,
+    open_model,
+    ort_session,
+    read_flatbuffer,
+    run_onnx,
+    stderr_filtered,
+)
 
 
 def _model(batch: int | str = 1) -> bytes:
@@ -81,6 +88,62 @@ def test_run_onnx_runs_a_batch_one_model_sample_by_sample():
     np.testing.assert_array_equal(run_onnx(ort_session(_model(1), 1), x), x * 2 + 1)
 
 
+def _affine_flatbuffer(batch: int) -> bytes:
+    """y = x * 2 + 1 on [batch, 3] as a float TFLite flatbuffer (LCE's interpreter runs it too)."""
+    from converters.runtimes import tf
+
+    tensorflow = tf()
+
+    class Affine(tensorflow.Module):
+        @tensorflow.function(
+            input_signature=[tensorflow.TensorSpec([batch, 3], tensorflow.float32)]
+        )
+        def __call__(self, x):
+            return x * 2.0 + 1.0
+
+    module = Affine()
+    functions = [module.__call__.get_concrete_function()]
+    return tensorflow.lite.TFLiteConverter.from_concrete_functions(functions, module).convert()
+
+
+def _opened(kind: str, batch: int):
+    model = _model(batch) if kind == "onnxruntime" else _affine_flatbuffer(batch)
+    return open_model(kind, model, threads=1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize(
+    "kind", ["onnxruntime", *(pytest.param(k, marks=pytest.mark.slow) for k in RUNTIMES[1:])]
+)
+def test_a_runtime_model_runs_any_number_of_samples_in_chunks_of_its_batch(kind, batch):
+    """5 samples on a model of batch 1 or 2: every chunk's output kept, the last chunk padded."""
+    model = _opened(kind, batch)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    assert (model.kind, model.batch) == (kind, batch)
+    np.testing.assert_array_equal(model.run(x), x * 2 + 1)
+
+
+@pytest.mark.parametrize(
+    "kind", ["onnxruntime", *(pytest.param(k, marks=pytest.mark.slow) for k in RUNTIMES[1:])]
+)
+def test_run_one_is_one_call_on_a_batch_the_model_takes(kind):
+    model = _opened(kind, 2)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(model.run_one(x), x * 2 + 1)
+
+
+def test_a_batch_that_does_not_fit_the_model_is_one_line():
+    from converters.errors import InputShapeError
+
+    with pytest.raises(InputShapeError, match=r"do not fit ONNX model \(in memory\)"):
+        open_model("onnxruntime", _model(1)).run(np.zeros((2, 4), np.float32))
+
+
+def test_open_model_refuses_a_runtime_it_does_not_know():
+    with pytest.raises(ValueError, match="onnxruntime, tflite, lce"):
+        open_model("tensorrt", _model())
+
+
 @pytest.mark.parametrize(
     ("model", "why"),
     [(b"not onnx", "cannot load (in memory)"), ("/nonexistent/m.onnx", "/nonexistent/m.onnx")],
@@ -100,7 +163,6 @@ def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
 
 
 def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
-    import converters.runners
     import converters.runtimes
     from bnnexport.bench.host import host_backends
     from bnnexport.run.directory import RunDir
@@ -109,14 +171,53 @@ def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypat
     (tmp_path / "model.onnx").write_bytes(_model("N"))
     opened = []
     recorded = lambda *a, **k: opened.append((a, k)) or ort_session(*a, **k)  # noqa: E731
-    for module in (converters.runtimes, converters.runners):  # run_onnx opens through runners'
-        monkeypatch.setattr(module, "ort_session", recorded)
+    monkeypatch.setattr(converters.runtimes, "ort_session", recorded)
     factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=2)}
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     predict, call = factories["onnxruntime"](x[:1])
     np.testing.assert_array_equal(predict(x), x * 2 + 1)
     call()
-    assert opened == [((tmp_path / "model.onnx", 2), {})]
+    assert [(a, k.get("optimize", True)) for a, k in opened] == [
+        ((tmp_path / "model.onnx", 2), True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"),
+    [("onnxruntime", "onnxruntime"), ("tflite-float", "tflite"), ("lce", "lce")],
+)
+def test_bench_opens_each_runtime_by_open_model_and_times_its_batch_one_call(
+    tmp_path, monkeypatch, backend, kind
+):
+    from types import SimpleNamespace
+
+    import converters.runtimes
+    from bnnexport.bench.host import host_backends
+    from bnnexport.run.directory import RunDir
+
+    class Opened:
+        session = SimpleNamespace(get_inputs=lambda: [SimpleNamespace(name="x")])
+
+        def __init__(self, *how):
+            self.how, self.timed = how, []
+
+        def run(self, x):
+            return x
+
+        def run_one(self, x):
+            self.timed.append(x)
+
+    opened = []
+    monkeypatch.setattr(
+        converters.runtimes, "open_model", lambda *how: opened.append(Opened(*how)) or opened[-1]
+    )
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # host_backends only checks it is there
+    factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=3)}
+    x1 = np.ones((1, 3), np.float32)
+    predict, call = factories[backend](x1)
+    call()
+    assert [model.how[0::2] for model in opened] == [(kind, 3)]
+    assert predict == opened[0].run and opened[0].timed == [x1]
 
 
 XNNPACK_LINE = "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."

@@ -110,7 +110,7 @@ def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, t
         assert versus_host["top1"] == device["top1"]
         # the agreement columns are recomputed here from the host's own outputs
         from bnnexport.export import torch_outputs
-        from converters.runners import run_lce
+        from converters.runtimes import run_lce
 
         torch = torch_outputs(load_model(copied_run), inputs)
         lce = run_lce(copied_run / "model-arm64.tflite", inputs)

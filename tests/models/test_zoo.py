@@ -146,7 +146,7 @@ def test_zoo_list_json_names_every_model_with_its_binary_share():
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     shape = REDUCED[name]
     model = init_model(name, shape, num_classes=10)
@@ -203,7 +203,7 @@ def test_birealnet18_at_native_224_passes_both_gates(tmp_path):
 def test_birealnet18_at_odd_sizes_passes_both_gates(tmp_path, size):
     """At an odd size every downsampling shortcut's AvgPool2d(2, 2, ceil_mode=True) has a last
     window one pixel wide (25 -> 13 -> 7 -> 4 at 97x97); the translator emits those windows
-    exactly (`converters.tf_layers.pool_windows`), and the twin agrees with no tie."""
+    exactly (`converters.translate.tf_layers.pool_windows`), and the twin agrees with no tie."""
     converted = _native_through_both_gates(
         tmp_path / "run", "birealnet18", samples=50, input_shape=(3, size, size)
     )
@@ -256,7 +256,7 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     to meet: the conversion itself must then be exact, at the native size."""
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     model = on_exact_grids(init_model("quicknet"))
     rng = np.random.default_rng(0)

@@ -56,7 +56,7 @@ def test_report_is_written_to_convert_json_with_file_sizes(converted):
 
 def test_float_tflite_runs_in_the_stock_interpreter(converted):
     from converters.gate import compare
-    from converters.runners import run_onnx, run_tflite
+    from converters.runtimes import run_onnx, run_tflite
 
     run, _ = converted
     with np.load(run / "samples.npz") as data:

@@ -111,10 +111,10 @@ def test_a_module_of_your_own_allows_one_changed_prediction_at_export(
     """PyTorch cannot be probed on a module whose binarizations are its own functions: the
     export check judges predictions only, one may change (a rounding tie); two are refused
     before any conversion, naming the count."""
-    import converters.runners
+    import converters.runtimes
     from bnnexport.errors import FidelityError
 
-    real = converters.runners.run_onnx
+    real = converters.runtimes.run_onnx
 
     def swapped(path, x, *args, **kwargs):
         out = real(path, x, *args, **kwargs)
@@ -125,7 +125,7 @@ def test_a_module_of_your_own_allows_one_changed_prediction_at_export(
         return out
 
     # only the export check reads run_onnx through the module; the gate bound it at import
-    monkeypatch.setattr(converters.runners, "run_onnx", swapped)
+    monkeypatch.setattr(converters.runtimes, "run_onnx", swapped)
     convert = lambda: convert_module(index_put(), torch.randn(1, 3, 16, 16),  # noqa: E731
                                      out=tmp_path / "n.tflite", samples=16)  # fmt: skip
     if not refused:

@@ -20,6 +20,11 @@ def sign(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(torch.sign(x) + 0.1)
 
 
+def torch_sign(x: np.ndarray) -> np.ndarray:
+    """`sign` in NumPy, in x's dtype: +1 at 0 and at -0.0 (where LCE's sign-bit rule gives -1)."""
+    return np.where(x >= 0, 1.0, -1.0).astype(x.dtype)
+
+
 class PlainSign(torch.autograd.Function):
     """The STE of much user code: forward x.sign() (0 -> 0), backward straight through."""
 
@@ -127,7 +132,7 @@ def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples:
     on the same inputs. Parameters and inputs are snapped to a grid, see `snap_to_grid`."""
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     onnx_path = export(snap_to_grid(net), shape, tmp_path / "net.onnx", **kw)
     x = grid_inputs(samples, shape)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from support.converter_nets import binary_conv
 
 from converters.patterns import GREATER_OR_EQUAL_WHERE, SIGN_ADD_SIGN, find_binary_layers
 
@@ -20,19 +21,11 @@ def _export(module: nn.Module, shape: tuple[int, ...], **kwargs) -> onnx.ModelPr
     return onnx.load_from_string(buffer.getvalue())
 
 
-def _binary_conv(cin: int, cout: int, **kwargs) -> nn.Conv2d:
-    conv = nn.Conv2d(cin, cout, 3, bias=False, **kwargs)
-    with torch.no_grad():
-        conv.weight.copy_(torch.sign(torch.randn_like(conv.weight)) + 0.0)
-        conv.weight[conv.weight == 0] = 1.0
-    return conv
-
-
 class SignNet(nn.Module):
     def __init__(self, binarize: str = "sign", pad_value: float | None = 1.0):
         super().__init__()
         self.first = nn.Conv2d(1, 4, 3)
-        self.conv = _binary_conv(4, 6)
+        self.conv = binary_conv(4, 6)
         self.binarize = binarize
         self.pad_value = pad_value
 
@@ -68,7 +61,7 @@ def test_folded_batchnorm_gives_a_per_channel_scale():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = _binary_conv(3, 5)
+            self.conv = binary_conv(3, 5)
             self.bn = nn.BatchNorm2d(5)
             with torch.no_grad():
                 self.bn.weight.copy_(torch.tensor([0.5, 2.0, 1.0, 3.0, 0.25]))
@@ -113,7 +106,7 @@ def test_plain_sign_is_not_a_binarization():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = _binary_conv(2, 2)
+            self.conv = binary_conv(2, 2)
 
         def forward(self, x):
             return self.conv(torch.sign(x))  # sign(0) = 0: not ±1

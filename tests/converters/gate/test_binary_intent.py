@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from support.cli import invoke
 from support.converter_nets import export, sign
+from support.guarantees import assert_one_line_error
 
 
 class SignedWeight(nn.Module):
@@ -28,18 +29,11 @@ class SignedWeight(nn.Module):
         return F.conv2d(sign(self.stem(x)), self.w.sign(), padding=1).mean((2, 3))
 
 
-def one_line(result, code: int) -> str:
-    assert result.exit_code == code, (result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("zeros", [1, 200], ids=["one-zero", "ternary"])
 def test_a_sign_kernel_with_exact_zeros_is_refused_by_convert_and_verify(tmp_path, zeros):
     torch.manual_seed(0)
     path = export(SignedWeight(zeros), (1, 1, 8, 8), tmp_path / "mine.onnx")
-    line = one_line(invoke("convert", str(path)), 1)
+    line = assert_one_line_error(invoke("convert", str(path)), 1)
     assert "ternary" in line and f"{zeros} exact zeros of 576 values" in line
     assert "torch.where(w >= 0, 1.0, -1.0)" in line and "would stay float" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.onnx"]

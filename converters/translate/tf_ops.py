@@ -2,7 +2,7 @@
 binarizations (`binarize`, LceQuantize), ±1 kernels stored as int8 (`sign_kernel`), constant
 padding that LCE cannot rewrite (`pad_constant`, `pool_pads`, `subtract_spatial`), and what a
 handler may use of the translator (`TranslatorView`). Translated tensors are
-`converters.values.Value`s.
+`converters.translate.values.Value`s.
 
 Example:
     >>> import tensorflow as tf                                   # doctest: +SKIP
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from converters.errors import UnsupportedOpError
-from converters.padding import effective_pads, is_same
 from converters.runtimes import tf  # the translator modules take `tf` from here
-from converters.values import Value
+from converters.translate.padding import effective_pads, is_same
+from converters.translate.values import Value
 
 if TYPE_CHECKING:
     import onnx

@@ -27,11 +27,11 @@ from support.converter_nets import (
     trained_bn,
 )
 
-import converters.onnx_to_tf as onnx_to_tf
-import converters.tf_elementwise as tf_elementwise
-import converters.tf_layers as tf_layers
+import converters.translate.onnx_to_tf as onnx_to_tf
+import converters.translate.tf_elementwise as tf_elementwise
+import converters.translate.tf_layers as tf_layers
 from converters.errors import ConversionMismatchError
-from converters.values import Layout, Value
+from converters.translate.values import Layout, Value
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # two conversions each: ~15-30 s apiece
 SHAPE = (1, 3, 12, 12)  # square: a mutant swapping H and W keeps every shape
@@ -198,7 +198,7 @@ def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     """The flatbuffer the translator writes now (the gate not run) on `x`."""
     from converters.graph import load_onnx
     from converters.normalize import normalize
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
     from converters.translate import translate
 
     model, _ = normalize(load_onnx(path))
@@ -209,7 +209,7 @@ def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_a_translator_mutant_changes_the_flatbuffer_and_is_refused(tmp_path, monkeypatch, mutant):
     from converters.lce import convert_onnx
-    from converters.runners import run_onnx
+    from converters.runtimes import run_onnx
 
     net, where, name, mutation = MUTANTS[mutant]
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The gate's plain comparison (`converters.gate.compare`: `Agreement.passed`) and its one
+"""The gate's plain comparison (`converters.gate.agreement`: `Agreement.passed`) and its one
 tolerance (`RTOL`)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - a multiple of 32 input channels per group: one grouped `LceBconv2d` per layer (LCE infers the
   groups from the kernel), with every padding strategy, stride and dilation;
 - 16 to 31 channels per group (not a multiple of 32): one `LceBconv2d` per group on its channel
-  slice, concatenated (`converters.groups`);
+  slice, concatenated (`converters.translate.groups`);
 - fewer (binary depthwise): refused in one line naming LCE's rule, before TensorFlow runs, and
   exact as a float layer with `--allow-float`;
 - float grouped convs (ShuffleNet's two grouped convs around a channel shuffle): one conv per
@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from support.converter_nets import binary_conv, sign, trained_bn
 
-from converters.groups import plan_binary_groups
+from converters.translate.groups import plan_binary_groups
 
 pytestmark = pytest.mark.usefixtures("seeded")  # random ±1 kernels, the same every run
 

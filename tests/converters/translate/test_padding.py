@@ -1,7 +1,7 @@
-"""converters.padding in NumPy: which of the four forms a binary conv's padding takes, and that
-each form's arithmetic is torch's (binarize, pad with the ONNX value, convolve).
+"""converters.translate.padding in NumPy: which of the four forms a binary conv's padding takes,
+and that each form's arithmetic is torch's (binarize, pad with the ONNX value, convolve).
 
-The emitters in converters.tf_layers write each strategy as TensorFlow ops; here the same
+The emitters in converters.translate.tf_layers write each strategy as TensorFlow ops; here the same
 arithmetic is written with NumPy (pad, VALID cross-correlation, correction map) and compared
 with a plain torch-style reference on random inputs, over a grid of sizes, kernels, strides,
 dilations and paddings. No TensorFlow, no LCE.
@@ -16,16 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.converter_nets import torch_sign
 
-from converters.padding import PaddingPlan, correction_map, plan_binary_padding
+from converters.translate.padding import PaddingPlan, correction_map, plan_binary_padding
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NONE = (0, 0, 0, 0)
 ONES = (1, 1, 1, 1)
-
-
-def binarize(x: np.ndarray) -> np.ndarray:
-    return np.where(x >= 0, 1.0, -1.0)  # torch's sign(sign(x) + 0.1): sign(0) = +1
 
 
 def pad(x: np.ndarray, pads, value: float) -> np.ndarray:
@@ -58,26 +55,26 @@ def tf_same_pads(size: int, k: int, stride: int, dilation: int) -> tuple[int, in
 
 def torch_reference(x, k, strides, dilations, inner, inner_value, outer):
     """What the ONNX graph computes: binarize, the Pad node, the conv's own zero padding."""
-    padded = pad(pad(binarize(x), inner, inner_value), outer, 0.0)
+    padded = pad(pad(torch_sign(x), inner, inner_value), outer, 0.0)
     return conv_valid(padded, k, strides, dilations)
 
 
 def emitted(plan: PaddingPlan, x, k, strides, dilations):
-    """The arithmetic of the TF ops converters.tf_layers writes for `plan`, LCE's SAME taken as
-    TF's SAME zero padding."""
+    """The arithmetic of the TF ops converters.translate.tf_layers writes for `plan`, LCE's SAME
+    taken as TF's SAME zero padding."""
     if plan.strategy == "valid":
-        return conv_valid(binarize(x), k, strides, dilations)
+        return conv_valid(torch_sign(x), k, strides, dilations)
     if plan.strategy == "one_padded":
-        return conv_valid(pad(binarize(x), plan.inner, plan.fill), k, strides, dilations)
+        return conv_valid(pad(torch_sign(x), plan.inner, plan.fill), k, strides, dilations)
     if plan.strategy == "same":
         (t, b), (left, r) = (
             tf_same_pads(x.shape[a], k.shape[a], strides[a], dilations[a]) for a in (0, 1)
         )
-        return conv_valid(pad(binarize(x), (t, left, b, r), 0.0), k, strides, dilations)
+        return conv_valid(pad(torch_sign(x), (t, left, b, r), 0.0), k, strides, dilations)
     assert plan.strategy == "corrected"
     padded = pad(pad(x, plan.inner, plan.fill), plan.outer, 1.0)
     correction = correction_map(plan.zero_mask(x.shape[:2]), k, strides, dilations)
-    return conv_valid(binarize(padded), k, strides, dilations) - correction
+    return conv_valid(torch_sign(padded), k, strides, dilations) - correction
 
 
 def random_case(rng, hw, ksize, cin=3, cout=4):
@@ -264,7 +261,7 @@ def test_a_pad_after_a_max_pool_is_planned_on_the_pooled_size():
 
 def test_the_planner_needs_no_tensorflow():
     code = (
-        "import sys, converters.padding as p;"
+        "import sys, converters.translate.padding as p;"
         "p.plan_binary_padding((8, 8), (3, 3), (2, 2), (1, 1), (0,) * 4, 0.0, (1,) * 4)"
         ".zero_mask((8, 8));"
         "assert 'tensorflow' not in sys.modules"

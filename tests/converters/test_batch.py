@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.batch import HardCodedBatchError, batched_path, rebatch, rebatch_onnx
-from converters.runners import run_onnx
+from converters.runtimes import run_onnx
 
 SHAPE = [1, 2, 3, 3]
 
@@ -122,8 +122,7 @@ def test_the_batched_copy_is_named_after_the_batch_1_file():
 def test_convert_run_writes_a_gated_batched_copy(trained_run):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
-    from converters.runners import run_lce
-    from converters.runtimes import lce_interpreter
+    from converters.runtimes import lce_interpreter, run_lce
 
     export_onnx(trained_run, samples=40)
     report = convert_run(trained_run, samples=40, batched_copy=16)

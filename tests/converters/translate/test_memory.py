@@ -1,7 +1,7 @@
-"""converters.translate frees each conversion's TensorFlow state before the next converter runs
-(docs/LCE_NOTES.md "Conversion memory"): the traced graph of a large model sits in reference cycles
-that only a garbage collection frees, so without it every conversion starts on top of the last
-one's."""
+"""converters.translate (`onnx_to_tflite`) frees each conversion's TensorFlow state before the
+next converter runs (docs/LCE_NOTES.md "Conversion memory"): the traced graph of a large model
+sits in reference cycles that only a garbage collection frees, so without it every conversion
+starts on top of the last one's."""
 
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from support.converter_nets import (
     sign,
 )
 
-import converters.onnx_to_tf as onnx_to_tf
-import converters.tf_layers as tf_layers
-import converters.translate as translate_module
+import converters.translate.onnx_to_tf as onnx_to_tf
+import converters.translate.onnx_to_tflite as onnx_to_tflite
+import converters.translate.tf_layers as tf_layers
 from converters.graph import load_onnx
 from converters.normalize import normalize
-from converters.runners import run_lce
-from converters.runtimes import tf
+from converters.runtimes import run_lce, tf
 from converters.translate import release_memory
 
 
@@ -43,9 +42,9 @@ def test_release_memory_collects_reference_cycles():
         dead = weakref.ref(held)
         del held
         assert dead() is not None  # a cycle: reference counting alone does not free it
-        release_memory(translate_module.RELEASE_ABOVE_BYTES - 1)  # a small model: nothing collected
+        release_memory(onnx_to_tflite.RELEASE_ABOVE_BYTES - 1)  # a small model: nothing collected
         assert dead() is not None
-        release_memory(translate_module.RELEASE_ABOVE_BYTES)
+        release_memory(onnx_to_tflite.RELEASE_ABOVE_BYTES)
         assert dead() is None
     finally:
         gc.enable()
@@ -84,7 +83,7 @@ def test_each_traced_graph_is_freed_before_a_converter_runs(tmp_path, monkeypatc
         return convert(*args, **kwargs)
 
     monkeypatch.setattr(lce, "convert_saved_model", checked)
-    monkeypatch.setattr(translate_module, "RELEASE_ABOVE_BYTES", 0)  # a small net counts as large
+    monkeypatch.setattr(onnx_to_tflite, "RELEASE_ABOVE_BYTES", 0)  # a small net counts as large
     gc.disable()  # a collection between the stages would hide a missing release_memory
     try:
         result, _ = convert_net(Net(), (1, 3, 8, 8), tmp_path)

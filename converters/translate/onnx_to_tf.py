@@ -7,7 +7,7 @@ docs/LCE_NOTES.md "Binary ops"; everything else as plain TensorFlow. The model's
 keep ONNX's layout (NCHW), so the converted model is a drop-in replacement for the ONNX one.
 
 Example:
-    >>> from converters.onnx_to_tf import save_saved_model
+    >>> from converters.translate.onnx_to_tf import save_saved_model
     >>> info = save_saved_model(onnx.load("model.onnx"), "/tmp/saved")  # doctest: +SKIP
     >>> info.binary_layers                                               # doctest: +SKIP
     4
@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from converters import tf_elementwise, tf_layers
 from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
 from converters.graph import OnnxGraph
 from converters.layer_map import INPUT_SCOPE, OUTPUT_SCOPE, ScopeEntry, nearest_module, scope_name
@@ -32,8 +31,9 @@ from converters.patterns import (
     find_binary_layers_in,
     match_binarization,
 )
-from converters.tf_ops import binarize, binarizing_in, tf
-from converters.values import Layout, Value
+from converters.translate import tf_elementwise, tf_layers
+from converters.translate.tf_ops import binarize, binarizing_in, tf
+from converters.translate.values import Layout, Value
 
 HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
 # op types that are only supported as part of a binarization pattern

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from converters.errors import UnsupportedOpError
-from converters.onnx_to_tf import SUPPORTED, build_module
+from converters.translate.onnx_to_tf import SUPPORTED, build_module
 
 
 def _chain(op_types: list[str]) -> onnx.ModelProto:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from converters.graph import attributes
-from converters.tf_ops import TranslatorView, pad_constant, tf, unsupported
-from converters.values import (
+from converters.translate.tf_ops import TranslatorView, pad_constant, tf, unsupported
+from converters.translate.values import (
     Layout,
     Value,
     channel_affine,

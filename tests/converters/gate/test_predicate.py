@@ -14,11 +14,18 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from support.converter_nets import binary_conv, binary_linear, export, sign, trained_bn
+from support.converter_nets import (
+    binary_conv,
+    binary_linear,
+    export,
+    sign,
+    torch_sign,
+    trained_bn,
+)
 
 from converters.errors import ConversionMismatchError
 from converters.gate import GateOptions, OnnxProbe, Replay, Witness, signbit_negative, validate
-from converters.runners import run_onnx
+from converters.runtimes import run_onnx
 
 SHAPE = (1, 3, 12, 12)
 Rule = Callable[[int, np.ndarray], np.ndarray]  # (binarization, its input) -> signs ±1
@@ -81,10 +88,6 @@ def controlled(probe: OnnxProbe, rule: Rule, reported: Rule | None = None):
     return outputs, witness
 
 
-def torch_sign(k: int, v: np.ndarray) -> np.ndarray:
-    return np.where(v < 0, -1.0, 1.0).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
 def tied(tmp_path_factory):
     """(onnx path, inputs, ORT outputs, tie index) with a non-zero rounding-size value at
@@ -105,7 +108,7 @@ def tied(tmp_path_factory):
 
 def flip_at(index: int, binarization: int = 1, sample_only: bool = True) -> Rule:
     def rule(k: int, v: np.ndarray) -> np.ndarray:
-        signs = torch_sign(k, v)
+        signs = torch_sign(v)
         if k == binarization:
             signs.reshape(-1)[index] *= -1
         return signs
@@ -157,7 +160,7 @@ def test_more_ties_than_the_bound_are_a_mismatch(tied):
 
     def rule(k: int, v: np.ndarray) -> np.ndarray:
         flips = np.where(many & (k == 1), -1.0, 1.0).reshape(v.shape) if v.size == many.size else 1
-        return (torch_sign(k, v) * flips).astype(np.float32)
+        return (torch_sign(v) * flips).astype(np.float32)
 
     def tiny(k: int, v: np.ndarray) -> np.ndarray:
         return np.where(rule(k, v) < 0, -1e-9, 1e-9).astype(np.float32)

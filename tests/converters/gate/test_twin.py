@@ -136,7 +136,7 @@ def test_a_reference_twin_that_rounds_its_own_way_is_judged_by_replay_never_wave
     from converters.gate.predicate import GateOptions
     from converters.graph import load_onnx
     from converters.normalize import normalize
-    from converters.runners import run_onnx
+    from converters.runtimes import run_onnx
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), BinaryBlock(32, 32))

@@ -218,8 +218,8 @@ def test_exact_zero_accumulators_under_negative_multipliers_convert_exactly(tmp_
 
     This scenario passes even with `tie_break_bias` disabled (LCE adds the fused bias, +0.0,
     after the multiplier here, which clears the sign bit); what guards the tie-break itself is
-    `test_converters_tf_ops.py` (every integer accumulator, in NumPy) and the BinaryNet mutation
-    test in `test_converters_binarynet.py` (convert exits 1 without it)."""
+    `translate/test_values.py` (every integer accumulator, in NumPy) and the BinaryNet mutation
+    test in `test_binarynet.py` (convert exits 1 without it)."""
 
     class Net(nn.Module):
         def __init__(self):
@@ -317,7 +317,7 @@ def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypat
     import onnx
     from support.converter_nets import export, grid_inputs
 
-    import converters.tf_layers
+    import converters.translate.tf_layers
     from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions
     from converters.gate.checks import check_twin
@@ -325,8 +325,8 @@ def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypat
     path = export(Stack("zero", 2, (12, 12)), (1, 3, 12, 12), tmp_path / "net.onnx")
     model, x = onnx.load(str(path)), grid_inputs(8, (1, 3, 12, 12))
     assert all(r.max_abs_diff == 0.0 for r in check_twin(model, x, [], GateOptions()))
-    real = converters.tf_layers.correction_map
-    monkeypatch.setattr(converters.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
+    real = converters.translate.tf_layers.correction_map
+    monkeypatch.setattr(converters.translate.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
     with pytest.raises(ConversionMismatchError, match="LCE twin vs ONNX Runtime twin"):
         check_twin(model, x, [], GateOptions())
 
@@ -368,7 +368,7 @@ def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_e
 
     from converters.gate import compare
     from converters.lce import convert_onnx
-    from converters.runners import run_lce
+    from converters.runtimes import run_lce
 
     net = DeadChannels().eval()
     path = export(net, (1, 3, 4, 4), tmp_path / "net.onnx")
@@ -389,13 +389,13 @@ def test_folding_the_dead_channels_batchnorm_into_lce_is_refused(tmp_path, monke
     import numpy as np
     from support.converter_nets import export
 
-    import converters.values
+    import converters.translate.values
     from converters.errors import ConversionMismatchError
     from converters.lce import convert_onnx
 
     path = export(DeadChannels().eval(), (1, 3, 4, 4), tmp_path / "net.onnx")
     x = np.random.default_rng(0).standard_normal((16, 3, 4, 4)).astype(np.float32)
-    monkeypatch.setattr(converters.values, "FOLD_LIMIT", float("inf"))
+    monkeypatch.setattr(converters.translate.values, "FOLD_LIMIT", float("inf"))
     with pytest.raises(ConversionMismatchError, match="LCE vs ONNX Runtime"):
         convert_onnx(path, tmp_path / "net.tflite", inputs=x)
     assert not (tmp_path / "net.tflite").exists()

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import onnx
 
-from converters.onnx_to_tf import TranslationInfo
 from converters.runtimes import tf
+from converters.translate.onnx_to_tf import TranslationInfo
 
 # A full collection costs about half a second once TensorFlow is loaded; below this model size
 # the leftovers it would free are small too.
@@ -67,10 +67,10 @@ class Translated:
 
 
 def translate(model: onnx.ModelProto, float_model: bool, witness: bool = False) -> Translated:
-    """Translate `model` to a SavedModel (`converters.onnx_to_tf`, with every binarization's
-    input as an extra output when `witness`) and convert it with LCE (target "arm") and, with
-    `float_model`, the stock TFLite converter."""
-    from converters.onnx_to_tf import save_saved_model
+    """Translate `model` to a SavedModel (`converters.translate.onnx_to_tf`, with every
+    binarization's input as an extra output when `witness`) and convert it with LCE (target
+    "arm") and, with `float_model`, the stock TFLite converter."""
+    from converters.translate.onnx_to_tf import save_saved_model
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
     import larq_compute_engine as lce

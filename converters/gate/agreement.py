@@ -2,7 +2,7 @@
 
 Example:
     >>> import numpy as np
-    >>> from converters.gate.compare import compare
+    >>> from converters.gate.agreement import compare
     >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]])
     >>> result = compare(ref, ref + 1e-5)
     >>> result.argmax_agreement, result.passed

@@ -1,7 +1,7 @@
 """Layer handlers of the translator: convolutions, dense layers, pooling, BatchNorm.
 
 Binary layers are written in the forms LCE 0.16 turns into `LceBconv2d` (docs/LCE_NOTES.md "Binary
-ops"); a conv's form is chosen by `converters.padding.plan_binary_padding`:
+ops"); a conv's form is chosen by `converters.translate.padding.plan_binary_padding`:
 
 - no padding: binarize -> VALID conv;
 - one-padding equal to TF's SAME: binarize -> `tf.pad(..., 1)` -> VALID conv (pad_values=1);
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from converters.graph import attributes
-from converters.groups import plan_binary_groups
-from converters.padding import (
+from converters.translate.groups import plan_binary_groups
+from converters.translate.padding import (
     PaddingPlan,
     correction_map,
     effective_pads,
     padding_mode,
     plan_binary_padding,
 )
-from converters.tf_ops import (
+from converters.translate.tf_ops import (
     TranslatorView,
     binarize,
     pad_constant,
@@ -46,7 +46,7 @@ from converters.tf_ops import (
     tf,
     unsupported,
 )
-from converters.values import Layout, Value, channel_affine
+from converters.translate.values import Layout, Value, channel_affine
 
 if TYPE_CHECKING:
     from onnx import NodeProto
@@ -74,7 +74,7 @@ def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
     auto_pad = attrs.get("auto_pad", "NOTSET")
     h, w = x.shape()[2:]
     if auto_pad == "SAME_UPPER":
-        from converters.padding import same_pads
+        from converters.translate.padding import same_pads
 
         (t, b), (left, r) = (
             same_pads(h, kh, strides[0], dilations[0]),

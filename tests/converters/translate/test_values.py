@@ -1,16 +1,14 @@
-"""converters.values in NumPy: the exact-zero tie-break keeps torch's signs for every integer
-accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule decides)."""
+"""converters.translate.values in NumPy: the exact-zero tie-break keeps torch's signs for every
+integer accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule
+decides)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.converter_nets import torch_sign
 
-from converters.values import tie_break_bias
-
-
-def torch_sign(x: np.ndarray) -> np.ndarray:
-    return np.where(x >= 0, 1.0, -1.0)  # sign(sign(x) + 0.1): 0 and -0.0 -> +1
+from converters.translate.values import tie_break_bias
 
 
 @pytest.mark.parametrize("seed", range(5))

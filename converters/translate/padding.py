@@ -3,7 +3,7 @@
 Torch pads a binary conv's input after the sign, with 0 (the conv's own `pads`, "outer") or with
 a Pad node's constant (0, +1 or -1, "inner"), which 1 bit cannot always hold. LCE 0.16 has exact
 forms for only some of these (docs/LCE_NOTES.md "Binary ops"), so `plan_binary_padding` picks one of
-four strategies, and `converters.tf_layers` emits each as TensorFlow ops:
+four strategies, and `converters.translate.tf_layers` emits each as TensorFlow ops:
 
 - ``"valid"``: no padding, binarize -> VALID conv;
 - ``"one_padded"``: +1 padding equal to TF's SAME, binarize -> pad with +1 -> VALID conv;

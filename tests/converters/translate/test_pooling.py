@@ -1,6 +1,6 @@
 """Pooling with ceil_mode=1 (and AveragePool padding that TensorFlow's SAME cannot express)
-converts exactly: `converters.tf_layers.pool_windows` gives every output's window as torch and
-ONNX Runtime read it, and the translator emits exactly those windows.
+converts exactly: `converters.translate.tf_layers.pool_windows` gives every output's window as
+torch and ONNX Runtime read it, and the translator emits exactly those windows.
 
 The NumPy check runs the windows against torch on a grid of geometries (no TensorFlow); the
 conversions run a small hand-written BNN with every kind of ceil-mode pool that changes the
@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from support.converter_nets import BinaryBlock, binary_conv, binary_linear, sign, trained_bn
 
-from converters.tf_layers import pool_windows
+from converters.translate.tf_layers import pool_windows
 
 
 def _pooled(x: np.ndarray, windows_h, windows_w, reduce) -> np.ndarray:

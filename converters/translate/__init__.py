@@ -1,0 +1,54 @@
+"""The translator: a normalised ONNX BNN -> TensorFlow (NHWC) -> LCE and float TFLite flatbuffers.
+
+In: an ONNX `ModelProto` as `converters.normalize` leaves it (NCHW, static shapes, every
+binarization in its canonical form). Out: `Translated`, the LCE flatbuffer's bytes, the float
+TFLite flatbuffer's bytes when asked for, and `TranslationInfo` (the binary layers it emitted,
+the input shapes, with `witness` the sources of the extra outputs). Nothing is written to disk
+but a temporary SavedModel; checking the result is the gate's (`converters.gate`).
+
+- `onnx_to_tflite`: `translate`, the whole room in one call, TensorFlow's memory released
+  between its steps (`releasing`, `release_memory`);
+- `onnx_to_tf`: ONNX -> a `tf.Module` in NHWC, saved as a SavedModel (`save_saved_model`,
+  `build_module`, `SUPPORTED`: the ops it takes);
+- `tf_layers`, `tf_elementwise`: the op handlers (`HANDLERS`), layers and the rest;
+- `tf_ops`: the TensorFlow forms LCE recognises, and what a handler may use of the translator;
+- `values`: a translated tensor (`Value`, its `Layout`) and the affine maps over a binary
+  conv's accumulator;
+- `padding`, `groups`: plain-Python decisions (a binary conv's padding, a grouped binary conv's
+  plan: `plan_binary_groups`, which the gate reads too).
+
+May import: `converters.errors`, `converters.graph`, `converters.patterns`,
+`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`), and onnx, numpy,
+TensorFlow, LCE. Never the gate, the normaliser, `converters.lce` or `converters.batch`, which
+sit above it (`tests/test_imports.py`).
+
+Example:
+    >>> from converters.translate import translate
+    >>> translated = translate(model, float_model=True)                 # doctest: +SKIP
+    >>> translated.info.binary_layers == len(translated.info.binary_emitted)  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+from converters.translate.groups import GroupPlan, plan_binary_groups
+from converters.translate.onnx_to_tf import (
+    SUPPORTED,
+    TranslationInfo,
+    build_module,
+    save_saved_model,
+)
+from converters.translate.onnx_to_tflite import Translated, release_memory, releasing, translate
+
+__all__ = [
+    "SUPPORTED",
+    "GroupPlan",
+    "Translated",
+    "TranslationInfo",
+    "build_module",
+    "plan_binary_groups",
+    "release_memory",
+    "releasing",
+    "save_saved_model",
+    "translate",
+]
