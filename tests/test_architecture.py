@@ -142,3 +142,28 @@ def test_no_two_test_modules_share_a_file_name():
     folder on sys.path), so two test files of one name cannot both be collected."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def _functions(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {
+        node.name.lstrip("_")
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and not any("fixture" in ast.unparse(d) for d in node.decorator_list)  # pytest's
+    }
+
+
+def test_no_test_file_copies_a_helper_tests_support_has():
+    """A helper tests share lives once, in tests/support; a test file defining a function of the
+    same name (a private copy included) has copied it."""
+    support = set().union(*(_functions(p) for p in (ROOT / "tests" / "support").glob("*.py")))
+    support -= {"main", "run"}  # scripts' entry points, not helpers
+    copies = {
+        str(p.relative_to(ROOT)): sorted(_functions(p) & support)
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if _functions(p) & support
+    }
+    assert copies == {}

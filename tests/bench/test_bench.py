@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import invoke
+from support.guarantees import snapshot
 from support.recorded_outputs import REAL, needs_real  # the real tool's recorded output
 from support.stand_in import AARCH64, elf_header
 
@@ -214,10 +215,6 @@ def test_unreachable_device(converted_run, sshd):
     assert "Connection refused" in _one_line_error(_cli(converted_run, *args))
 
 
-def _snapshot(directory) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*")}
-
-
 @pytest.fixture
 def no_host_benchmark(monkeypatch):
     """Fail the test if any host backend is timed (device checks must come first)."""
@@ -234,12 +231,12 @@ def test_an_unknown_host_fails_in_seconds_before_any_host_benchmark(
 ):
     import time
 
-    before = _snapshot(converted_run)
+    before = snapshot(converted_run)
     started = time.monotonic()
     result = _cli(converted_run, "--device", "pi@no-such-host")
     assert time.monotonic() - started < 5
     assert "no-such-host" in _one_line_error(result)
-    assert _snapshot(converted_run) == before
+    assert snapshot(converted_run) == before
 
 
 def test_refused_key(converted_run, sshd):
@@ -366,10 +363,10 @@ def test_a_thread_list_gives_one_device_row_per_count_and_a_scaling_plot(
 @pytest.mark.parametrize("threads", ["0", "1,x", "2,2", ""])
 def test_a_bad_thread_list_is_one_line_and_changes_nothing(converted_run, threads):
 
-    before = _snapshot(converted_run)
+    before = snapshot(converted_run)
     line = _one_line_error(invoke("bench", str(converted_run), "--threads", threads))
     assert "--threads" in line
-    assert _snapshot(converted_run) == before
+    assert snapshot(converted_run) == before
 
 
 @pytest.mark.slow
@@ -486,7 +483,7 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
 )
 def test_a_bad_profile_combination_is_one_line_and_changes_nothing(converted_run, args):
 
-    before = _snapshot(converted_run)
+    before = snapshot(converted_run)
     line = _one_line_error(invoke("bench", str(converted_run), *args))
     assert "--profile" in line
-    assert _snapshot(converted_run) == before
+    assert snapshot(converted_run) == before

@@ -10,6 +10,7 @@ import pytest
 import torch
 from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv
+from support.guarantees import assert_one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +34,6 @@ def converted(_converted, tmp_path):
 
 def bench_file(*args: object):
     return invoke("bench", *args, "--runs", "3", "--warmup", "1")
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 2, (result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr
-    return lines[0]
 
 
 @pytest.mark.slow
@@ -89,7 +83,7 @@ def test_labels_no_class_of_the_model_are_one_line(converted, tmp_path, labels, 
     np.savez(samples, inputs=inputs, labels=np.asarray(labels))
     before = sorted(p.name for p in converted.iterdir())
     result = bench_file(str(converted / "net-arm64.tflite"), "--samples-file", str(samples))
-    line = one_line_error(result)
+    line = assert_one_line_error(result, 2)
     assert str(samples) in line and fragment in line
     assert sorted(p.name for p in converted.iterdir()) == before
 
@@ -115,7 +109,9 @@ def test_samples_of_another_shape_are_one_line(converted, tmp_path):
     samples = tmp_path / "wrong.npz"
     np.savez(samples, inputs=np.zeros((4, 3, 7, 7), np.float32))
     before = sorted(p.name for p in converted.iterdir())
-    one_line_error(bench_file(str(converted / "net-arm64.tflite"), "--samples-file", str(samples)))
+    assert_one_line_error(
+        bench_file(str(converted / "net-arm64.tflite"), "--samples-file", str(samples)), 2
+    )
     assert sorted(p.name for p in converted.iterdir()) == before
 
 
@@ -123,14 +119,16 @@ def test_samples_file_with_a_run_directory_is_one_line(tmp_path):
     (tmp_path / "run").mkdir()
     samples = tmp_path / "s.npz"
     np.savez(samples, inputs=np.zeros((4, 2, 7, 7), np.float32))
-    assert "--samples-file" in one_line_error(
-        bench_file(str(tmp_path / "run"), "--samples-file", str(samples))
+    assert "--samples-file" in assert_one_line_error(
+        bench_file(str(tmp_path / "run"), "--samples-file", str(samples)), 2
     )
 
 
 def test_a_users_report_next_to_the_model_is_never_replaced(converted):
     (converted / "net-arm64-report.md").write_text("my own report\n")
-    line = one_line_error(bench_file(str(converted / "net-arm64.tflite"), "--samples", "4"))
+    line = assert_one_line_error(
+        bench_file(str(converted / "net-arm64.tflite"), "--samples", "4"), 2
+    )
     assert "net-arm64-report.md" in line
     assert (converted / "net-arm64-report.md").read_text() == "my own report\n"
 

@@ -15,7 +15,7 @@ from support.converter_nets import binary_conv
 from converters.patterns import GREATER_OR_EQUAL_WHERE, SIGN_ADD_SIGN, find_binary_layers
 
 
-def _export(module: nn.Module, shape: tuple[int, ...], **kwargs) -> onnx.ModelProto:
+def _onnx_of(module: nn.Module, shape: tuple[int, ...], **kwargs) -> onnx.ModelProto:
     buffer = io.BytesIO()
     torch.onnx.export(module.eval(), torch.randn(*shape), buffer, dynamo=False, **kwargs)
     return onnx.load_from_string(buffer.getvalue())
@@ -41,19 +41,19 @@ class SignNet(nn.Module):
 
 
 def test_sign_add_sign_through_one_padding_is_a_strict_binary_conv():
-    layers = find_binary_layers(_export(SignNet("sign"), (1, 1, 8, 8)))
+    layers = find_binary_layers(_onnx_of(SignNet("sign"), (1, 1, 8, 8)))
     assert [(m.op_type, m.pattern, m.strict) for m in layers] == [("Conv", SIGN_ADD_SIGN, True)]
     assert set(np.unique(np.abs(layers[0].kernel))) == {1.0}
     assert layers[0].scale is None
 
 
 def test_greater_or_equal_where_is_recognised():
-    layers = find_binary_layers(_export(SignNet("where", pad_value=None), (1, 1, 8, 8)))
+    layers = find_binary_layers(_onnx_of(SignNet("where", pad_value=None), (1, 1, 8, 8)))
     assert [(m.op_type, m.pattern) for m in layers] == [("Conv", GREATER_OR_EQUAL_WHERE)]
 
 
 def test_first_float_conv_is_not_a_binary_layer():
-    layers = find_binary_layers(_export(SignNet("sign"), (1, 1, 8, 8)))
+    layers = find_binary_layers(_onnx_of(SignNet("sign"), (1, 1, 8, 8)))
     assert all(m.node_name != "/first/Conv" for m in layers)
 
 
@@ -69,7 +69,7 @@ def test_folded_batchnorm_gives_a_per_channel_scale():
         def forward(self, x):
             return self.bn(self.conv(torch.sign(torch.sign(x) + 0.1)))
 
-    (layer,) = find_binary_layers(_export(Net(), (1, 3, 6, 6)))
+    (layer,) = find_binary_layers(_onnx_of(Net(), (1, 3, 6, 6)))
     assert not layer.strict and layer.binary
     assert layer.scale is not None and layer.scale.shape == (5,)
     np.testing.assert_allclose(layer.scale, [0.5, 2.0, 1.0, 3.0, 0.25], rtol=1e-4)
@@ -80,7 +80,7 @@ def test_non_binary_kernel_is_reported_with_offending_values():
     with torch.no_grad():
         net.conv.weight[0, 0, 0, 0] = 0.5
         net.conv.weight[1, 1, 1, 1] = 0.25
-    (layer,) = find_binary_layers(_export(net, (1, 1, 8, 8)))
+    (layer,) = find_binary_layers(_onnx_of(net, (1, 1, 8, 8)))
     assert not layer.binary
     assert layer.num_off == 2
     assert layer.off_examples[0] == ((0, 0, 0, 0), 0.5)
@@ -97,7 +97,7 @@ def test_binary_dense_after_flatten_is_a_matmul_with_output_axis_last():
         def forward(self, x):
             return self.fc(torch.flatten(torch.sign(torch.sign(x) + 0.1), 1))
 
-    (layer,) = find_binary_layers(_export(Net(), (1, 3, 2, 2)))
+    (layer,) = find_binary_layers(_onnx_of(Net(), (1, 3, 2, 2)))
     assert layer.op_type in ("MatMul", "Gemm") and layer.strict
     assert layer.kernel.shape[layer.out_axis] == 7
 
@@ -111,10 +111,10 @@ def test_plain_sign_is_not_a_binarization():
         def forward(self, x):
             return self.conv(torch.sign(x))  # sign(0) = 0: not ±1
 
-    assert find_binary_layers(_export(Net(), (1, 2, 5, 5))) == []
+    assert find_binary_layers(_onnx_of(Net(), (1, 2, 5, 5))) == []
 
 
 @pytest.mark.parametrize("opset", [13, 17])
 def test_patterns_found_at_supported_opsets(opset):
-    layers = find_binary_layers(_export(SignNet("where"), (1, 1, 8, 8), opset_version=opset))
+    layers = find_binary_layers(_onnx_of(SignNet("where"), (1, 1, 8, 8), opset_version=opset))
     assert len(layers) == 1

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from support import own_models
 from support.handwritten_bnn import KERNELS as HANDWRITTEN
 from support.handwritten_bnn import hand_written_bnn
+from support.own_models import sign
 from torch import nn
 
 from bnnexport.errors import CheckpointError, ConfigError, InputShapeError, NoBinaryKernelError
@@ -18,10 +19,6 @@ from bnnexport.nn.layers import BinaryConv2d, binary_layers, set_precision
 
 MNIST = torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(0))
 SMALL = {"binarynet": (3, 32, 32), "mnist-bnn": (1, 28, 28)}  # the rest at 3x64x64
-
-
-def sign(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x >= 0, 1.0, -1.0)
 
 
 @pytest.mark.parametrize("name", list_models())

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.cli import invoke
 from support.converter_nets import StemAndBinaryConv, export
-from support.guarantees import benched, snapshot
+from support.guarantees import assert_one_line_error, benched, snapshot
 
 from bnnexport.errors import ForeignFileError
 from bnnexport.run import files, provenance
@@ -26,13 +26,6 @@ ARTIFACT_NAMES = (
     "bench_device.log", "provenance.json",
 )  # fmt: skip
 INIT = ["init", "--model", "binarynet", "--input-shape", "3,16,16"]
-
-
-def one_line_error(result, code: int = 2) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output[-1500:], result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bnnexport: error: "), result.stderr
-    return lines[0]
 
 
 def users_folder(root: Path) -> Path:
@@ -51,7 +44,7 @@ def test_train_in_a_folder_of_user_files_named_like_artifacts_is_refused(tmp_pat
     proj = users_folder(tmp_path / "proj")
     before = snapshot(proj)
     args = ["train", "--epochs", "1", "--out", str(proj)] + (["--force"] if force else [])
-    line = one_line_error(invoke(*args))
+    line = assert_one_line_error(invoke(*args), 2)
     assert "not a run directory" in line and "accuracy.png" in line and "more" in line
     assert snapshot(proj) == before
 
@@ -59,7 +52,7 @@ def test_train_in_a_folder_of_user_files_named_like_artifacts_is_refused(tmp_pat
 def test_init_in_a_folder_of_user_files_named_like_artifacts_is_refused(tmp_path):
     proj = users_folder(tmp_path / "proj")
     before = snapshot(proj)
-    one_line_error(invoke(*INIT, "--out", str(proj), "--force"))
+    assert_one_line_error(invoke(*INIT, "--out", str(proj), "--force"), 2)
     assert snapshot(proj) == before
 
 
@@ -68,9 +61,9 @@ def test_an_edited_artifact_is_the_users_and_force_refuses_to_delete_it(tmp_path
     assert invoke(*INIT, "--out", str(run)).exit_code == 0
     (run / "config.json").write_text('{"edited": "by hand"}\n')
     before = snapshot(run)
-    line = one_line_error(invoke(*INIT, "--out", str(run), "--force"))
+    line = assert_one_line_error(invoke(*INIT, "--out", str(run), "--force"), 2)
     assert "config.json" in line
-    line = one_line_error(invoke("train", "--epochs", "1", "--out", str(run), "--force"))
+    line = assert_one_line_error(invoke("train", "--epochs", "1", "--out", str(run), "--force"), 2)
     assert "config.json" in line
     assert snapshot(run) == before
 
@@ -81,7 +74,7 @@ def test_a_user_file_in_a_subfolder_of_a_run_is_refused(tmp_path):
     (run / "mine").mkdir()
     (run / "mine" / "data.bin").write_bytes(bytes(range(256)))
     before = snapshot(run)
-    assert "mine/" in one_line_error(invoke(*INIT, "--out", str(run), "--force"))
+    assert "mine/" in assert_one_line_error(invoke(*INIT, "--out", str(run), "--force"), 2)
     assert snapshot(run) == before
 
 
@@ -192,7 +185,7 @@ def test_convert_at_another_batch_writes_its_own_file(tmp_path):
 def test_batch_on_a_model_of_fixed_batch_is_one_line(tmp_path):
     onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "fixed.onnx")
     before = snapshot(tmp_path)
-    line = one_line_error(invoke("convert", str(onnx_path), "--batch", "2"))
+    line = assert_one_line_error(invoke("convert", str(onnx_path), "--batch", "2"), 2)
     assert "fixed batch of 1" in line
     assert snapshot(tmp_path) == before
 
@@ -201,7 +194,7 @@ def test_convert_refuses_to_replace_a_users_flatbuffer_before_converting(tmp_pat
     onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
     (tmp_path / "net-arm64.tflite").write_bytes(b"the user's flatbuffer")
     before = snapshot(tmp_path)
-    assert "net-arm64.tflite" in one_line_error(invoke("convert", str(onnx_path)))
+    assert "net-arm64.tflite" in assert_one_line_error(invoke("convert", str(onnx_path)), 2)
     assert snapshot(tmp_path) == before
 
 
@@ -211,7 +204,7 @@ def test_convert_beside_a_foreign_manifest_writes_nothing_before_converting(tmp_
     onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
     (tmp_path / "provenance.json").write_text('{"mine": true}\n')
     before = snapshot(tmp_path)
-    line = one_line_error(invoke("convert", str(onnx_path)))
+    line = assert_one_line_error(invoke("convert", str(onnx_path)), 2)
     assert "provenance.json" in line and "writes nothing into" in line
     assert snapshot(tmp_path) == before
 
@@ -224,7 +217,7 @@ def test_convert_of_a_folder_that_is_not_a_run_is_refused_and_changes_nothing(tm
     export(StemAndBinaryConv(), (1, 2, 7, 7), proj / "model.onnx")
     (proj / "samples.npz").write_bytes(b"the user's samples")
     before = snapshot(proj)
-    line = one_line_error(invoke("convert", str(proj)))
+    line = assert_one_line_error(invoke("convert", str(proj)), 2)
     assert "not a bnnexport run directory (no checkpoint.pt)" in line and "--out" in line
     assert snapshot(proj) == before
 
@@ -245,7 +238,7 @@ def test_convert_out_refuses_a_path_it_cannot_write_in_one_line(tmp_path, out, f
     (tmp_path / "mine.tflite").write_bytes(b"the user's flatbuffer")
     (tmp_path / "folder").mkdir()
     before = snapshot(tmp_path)
-    line = one_line_error(invoke("convert", str(onnx_path), "--out", str(tmp_path / out)))
+    line = assert_one_line_error(invoke("convert", str(onnx_path), "--out", str(tmp_path / out)), 2)
     assert fragment in line
     assert snapshot(tmp_path) == before
 
@@ -254,7 +247,9 @@ def test_convert_out_with_a_run_directory_is_one_line(tmp_path):
     run = tmp_path / "run"
     assert invoke(*INIT, "--out", str(run)).exit_code == 0
     before = snapshot(tmp_path)
-    line = one_line_error(invoke("convert", str(run), "--out", str(tmp_path / "x.tflite")))
+    line = assert_one_line_error(
+        invoke("convert", str(run), "--out", str(tmp_path / "x.tflite")), 2
+    )
     assert "--out" in line and "model-arm64.tflite" in line
     assert snapshot(tmp_path) == before
 
@@ -269,7 +264,7 @@ def test_export_out_refuses_a_path_it_cannot_write_before_exporting(tmp_path, ou
     assert invoke(*INIT, "--out", str(run)).exit_code == 0
     (tmp_path / "mine.onnx").write_bytes(b"the user's own model")
     before = snapshot(tmp_path)
-    line = one_line_error(invoke("export", str(run), "--out", str(tmp_path / out)))
+    line = assert_one_line_error(invoke("export", str(run), "--out", str(tmp_path / out)), 2)
     assert fragment in line
     assert snapshot(tmp_path) == before
 

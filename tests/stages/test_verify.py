@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from support.cli import run_in_process
+from support.converter_nets import export
 from torch import nn
 
 from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
@@ -30,13 +30,6 @@ def checkpoint_with_one_weight(run: Path, value: float, target: Path) -> Path:
     data["model"][f"{OFF_LAYER}.weight"][OFF_INDEX] = value
     save_checkpoint(target, {k: v for k, v in data.items() if k not in ("format", "version")})
     return target
-
-
-def export(model: nn.Module, path: Path, shape: tuple[int, ...]) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model.eval(), torch.randn(shape), str(path), dynamo=False)
-    return path
 
 
 def test_trained_run_verifies_and_writes_verify_json(trained_run):
@@ -103,7 +96,7 @@ def test_foreign_onnx_file_exits_2_with_one_line(tmp_path):
 
 def test_binary_onnx_model_verifies(tmp_path):
     model = nn.Sequential(BinaryConv2d(32, 16, 3, padding=1), nn.Flatten(), BinaryLinear(1024, 8))
-    result = run_verify(str(export(model, tmp_path / "m.onnx", (1, 32, 8, 8))), "--json")
+    result = run_verify(str(export(model, (1, 32, 8, 8), tmp_path / "m.onnx")), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [(layer["op"], layer["kernel"]) for layer in report["layers"]] == [
@@ -117,7 +110,7 @@ def test_onnx_kernel_with_folded_batchnorm_is_accepted_as_scaled(tmp_path):
     model = nn.Sequential(BinaryConv2d(32, 16, 3), nn.BatchNorm2d(16))
     model[1].running_var.uniform_(0.5, 2.0)  # a scale other than 1 in every channel
     # constant folding (the exporter's default) folds BatchNorm into the kernel
-    result = run_verify(str(export(model, tmp_path / "m.onnx", (1, 32, 8, 8))), "--json")
+    result = run_verify(str(export(model, (1, 32, 8, 8), tmp_path / "m.onnx")), "--json")
     assert result.returncode == 0, result.stderr
     (layer,) = json.loads(result.stdout)["layers"]
     assert layer["kernel"] == "scaled" and layer["scale_range"][0] > 0
@@ -129,7 +122,7 @@ def test_onnx_non_binary_kernel_fails_naming_the_node(tmp_path):
     model = nn.Sequential(BinaryConv2d(32, 16, 3), nn.Flatten(), BinaryLinear(576, 8))
     with torch.no_grad():
         model[2].weight[5, 7] = 0.25
-    path = export(model, tmp_path / "m.onnx", (1, 32, 8, 8))
+    path = export(model, (1, 32, 8, 8), tmp_path / "m.onnx")
     node = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type == "MatMul")
     result = run_verify(str(path))
     assert result.returncode == 1
@@ -139,7 +132,7 @@ def test_onnx_non_binary_kernel_fails_naming_the_node(tmp_path):
 
 
 def test_onnx_model_without_binary_layers_does_not_verify(tmp_path):
-    path = export(nn.Sequential(nn.Conv2d(3, 4, 3)), tmp_path / "float.onnx", (1, 3, 8, 8))
+    path = export(nn.Sequential(nn.Conv2d(3, 4, 3)), (1, 3, 8, 8), tmp_path / "float.onnx")
     report = verify(path)
     assert report.strict is False and "no binary layers" in report.offending[0]["message"]
 

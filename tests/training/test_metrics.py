@@ -5,7 +5,6 @@ New train options are refused in one line, exit 2, leaving the run as it was."""
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import math
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.cli import run_in_process
+from support.guarantees import snapshot
 
 from bnnexport.run.records import read_jsonl
 from bnnexport.training.config import TrainConfig
@@ -103,11 +103,6 @@ def test_tensorboard_scalars_are_written_when_tensorboard_is_installed(logged_ru
     assert [e.step for e in events.Scalars("flip_rate/all")] == [3, 4]
 
 
-def _snapshot(directory: Path) -> dict[str, str]:
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
-
-
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -119,9 +114,9 @@ def _snapshot(directory: Path) -> dict[str, str]:
     ],
 )
 def test_a_bad_metrics_or_sigma_option_is_one_line_and_leaves_the_run(trained_run, args, fragment):
-    before = _snapshot(trained_run)
+    before = snapshot(trained_run)
     result = run_in_process("train", "--out", str(trained_run), "--force", *args)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bnnexport: error: ") and fragment in lines[0]
-    assert _snapshot(trained_run) == before
+    assert snapshot(trained_run) == before
