@@ -360,4 +360,7 @@ if __name__ == "__main__":
     # Handlers, not a blocked signal mask: a mask would be inherited by unshare, sshd and qemu,
     # and SIGTERM would then not stop them.
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # A parent that ignores SIGINT (a test runner's worker may) passes that on, and Python then
+    # installs no KeyboardInterrupt handler of its own: Ctrl-C would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
