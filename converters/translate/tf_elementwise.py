@@ -90,6 +90,8 @@ def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
         "Tanh": tf().tanh,
         "Neg": lambda t: -t,
         "Sign": tf().sign,
+        # half to even, as ONNX's Round (and torch.round): DoReFa-Net's k-bit activations
+        "Round": tf().round,
         "LeakyRelu": lambda t: tf().nn.leaky_relu(t, alpha=attrs.get("alpha", 0.01)),
         "Identity": lambda t: t,
         "Dropout": lambda t: t,
@@ -318,6 +320,7 @@ HANDLERS = {
             "Tanh",
             "Neg",
             "Sign",
+            "Round",
             "LeakyRelu",
             "Identity",
             "Dropout",
