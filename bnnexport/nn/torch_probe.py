@@ -44,7 +44,10 @@ class TorchProbe:
         self.calls = [b.source for b in binarizations_in(graph)]  # k-th call -> ONNX source
         self.sources = list(dict.fromkeys(self.calls))
         self.model = model.eval()
-        self.quantizers = [m for m in model.modules() if isinstance(m, Quantizer)]
+        # the binarizations: a k-bit quantizer (DoReFa's) writes no sign for ONNX to match
+        self.quantizers = [
+            m for m in model.modules() if isinstance(m, Quantizer) and m.precision == 1
+        ]
 
     def run(
         self, x: np.ndarray, imposed: list[np.ndarray] | None = None

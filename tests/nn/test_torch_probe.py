@@ -52,3 +52,25 @@ def test_a_model_with_other_binarizations_than_the_onnx_graph_is_refused(exporte
     probe.calls = probe.calls[:-1]  # as if the ONNX graph had one binarization fewer
     with pytest.raises(FidelityError, match="cannot be matched up"):
         probe.run(x[0])
+
+
+def test_k_bit_activations_are_no_binarization_to_match(tmp_path):
+    """DoReFa's 2-bit quantizer exports no sign pattern: PyTorch's probe leaves it out, so the
+    binary layer after it still lines up with the ONNX graph's one binarization."""
+    import torch
+    from torch import nn
+
+    from bnnexport.nn.layers import BinaryConv2d
+
+    model = nn.Sequential(
+        BinaryConv2d(3, 8, 3, input_quantizer="dorefa"), nn.BatchNorm2d(8), BinaryConv2d(8, 8, 3)
+    ).eval()
+    model[1].running_mean.fill_(0.05)  # sums of thirds are never within rounding of 0.05
+    path = tmp_path / "mixed.onnx"
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    torch.onnx.export(model, torch.from_numpy(x), str(path), dynamo=False)
+    probe = TorchProbe(model, path)
+    assert len(probe.sources) == 1
+    logits, values = probe.run(x[0])  # one binarization seen, as in the ONNX graph
+    assert len(values) == 1
+    np.testing.assert_allclose(logits, OnnxProbe(path).run(x[0])[0], atol=1e-4)
