@@ -48,6 +48,7 @@ EXACT_AT_ZERO = ("Sigmoid", "Tanh", "Exp", "Erf")
 # a zero input gives a zero output (Mul and Div by a constant too; Add/Sub's constant is zeroed)
 ZERO_PRESERVING = ("Relu", "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze")
 LINEAR = ("MatMul", "Gemm", "Conv")
+LAYOUT = ("Transpose", "Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze")
 BN_VARIANCE = 4096.0  # var + eps of every twin BatchNorm: its square root is exactly 64
 INPUT_STEP = 1 / 8
 
@@ -156,8 +157,13 @@ def _zero_feed(graph: OnnxGraph, name: str, zeroable: set[str]) -> dict[str, np.
     zeros: dict[str, np.ndarray] = {}
 
     def zero(constant: str) -> bool:
-        value = graph.const(constant)
-        owned = constant in zeroable and len(graph.consumers.get(constant, [])) == 1
+        stored = _stored(graph, constant)
+        if stored != constant:  # a layout of an initializer only it reads: zero the initializer
+            value, owned = graph.const(stored), stored in zeroable
+            constant = stored
+        else:
+            value = graph.const(constant)
+            owned = constant in zeroable and len(graph.consumers.get(constant, [])) == 1
         if value is None or not owned:
             return False
         zeros[constant] = np.zeros_like(value, dtype=np.float32)
@@ -172,6 +178,24 @@ def _zero_feed(graph: OnnxGraph, name: str, zeroable: set[str]) -> dict[str, np.
         if name is None:
             return None
     return None
+
+
+def _stored(graph: OnnxGraph, constant: str) -> str:
+    """The initializer a folded constant is a layout of: torch exports a Linear without bias
+    as a MatMul of `Transpose(weight)`, which the folded graph reads as one constant, so the
+    weight to zero is the Transpose's input (zeros in any layout are zeros). Followed in the
+    model's own nodes, where the layout ops still are, while each reads a tensor only it reads."""
+    nodes = graph.model.graph.node
+    producers = {out: node for node in nodes for out in node.output}
+
+    def readers(name: str) -> int:
+        return sum(name in n.input for n in nodes)
+
+    while (node := producers.get(constant)) is not None and node.op_type in LAYOUT:
+        if readers(constant) != 1 or readers(node.input[0]) != 1:
+            break
+        constant = node.input[0]
+    return constant
 
 
 def _through_zero(
