@@ -13,7 +13,9 @@ from converters.graph import OnnxGraph
 from converters.runtimes import ort_session
 
 
-def _batch_norm_model(eps: float, channels: int = 8) -> onnx.ModelProto:
+def _batch_norm_model(eps: float, channels: int = 8, affine: bool = True) -> onnx.ModelProto:
+    """x -> BatchNormalization; `affine=False`: gamma 1 and beta 0 as Constant nodes, as torch
+    exports `BatchNorm2d(affine=False)` (no initializer the twin could set)."""
     rng = np.random.default_rng(0)
     params = {
         "gamma": rng.uniform(0.5, 2, channels),
@@ -21,11 +23,20 @@ def _batch_norm_model(eps: float, channels: int = 8) -> onnx.ModelProto:
         "mean": rng.normal(size=channels),
         "var": rng.uniform(0.5, 2, channels),
     }
-    node = helper.make_node(
-        "BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], epsilon=eps
-    )
+    nodes = [
+        helper.make_node(
+            "BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], epsilon=eps
+        )
+    ]
+    if not affine:
+        fixed = {"gamma": np.ones(channels, np.float32), "beta": np.zeros(channels, np.float32)}
+        nodes[:0] = [
+            helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v, k))
+            for k, v in fixed.items()
+        ]
+        params = {k: v for k, v in params.items() if k not in fixed}
     graph = helper.make_graph(
-        [node],
+        nodes,
         "bn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 4, 4])],
@@ -49,6 +60,20 @@ def test_twin_batch_norm_hits_exact_zero_at_its_crossing(eps):
     expected = (ones - values["mean"][None, :, None, None]) * scale[None, :, None, None]
     got = ort_session(twin.SerializeToString()).run(None, {"x": ones})[0]
     np.testing.assert_array_equal(got, expected + values["beta"][None, :, None, None])
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_twin_batch_norm_without_affine_keeps_its_scale_and_is_exact(eps):
+    """torch's BatchNorm2d(affine=False): gamma is a constant the twin cannot set, so the
+    variance sets the power-of-two scale (here 1), not the 1/64 a variance of 4096 gives,
+    which shrank QuickNet's stem 64-fold and pushed the next sums past float32's 24 bits."""
+    twin = exact_grid_twin(_batch_norm_model(eps, affine=False))
+    values = {i.name: numpy_helper.to_array(i) for i in twin.graph.initializer}
+    assert np.all(values["var"] + np.float32(eps) == np.float32(1.0))
+    ones = np.ones((1, 8, 4, 4), np.float32)
+    got = ort_session(twin.SerializeToString()).run(None, {"x": ones})[0]
+    np.testing.assert_array_equal(got, ones - values["mean"][None, :, None, None])
+    assert np.array_equal(values["mean"], np.round(values["mean"]))  # crossings on integers
 
 
 def _gated_model(
