@@ -49,7 +49,7 @@ from converters.gate.fallbacks import (
 from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
-from converters.translate import translate
+from converters.translate import first_unsupported, translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -183,6 +183,9 @@ def convert_onnx(
     lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
     refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
     refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
+    unsupported = first_unsupported(graph)  # the first in graph order, before TensorFlow too
+    if unsupported is not None:
+        raise unsupported
     # the graph's folded constants and the original are each a copy of the weights: drop both
     # before the converters run (docs/LCE_NOTES.md "Conversion memory")
     del graph
