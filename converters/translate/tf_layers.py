@@ -192,7 +192,7 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
     k_hwio = np.transpose(signs, (2, 3, 1, 0))
     x = src.tensor
     plan = plan_binary_padding(_hw(x), ksize, strides, dilations, inner, inner_value, outer)
-    if groups.kind == "single":  # LCE infers the groups from the kernel's input channels
+    if groups.kind == "single":
         y, correction = _EMITTERS[plan.strategy](x, plan, _BinaryConv(k_hwio, strides, dilations))
     else:
         y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
