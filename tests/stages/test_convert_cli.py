@@ -126,6 +126,7 @@ def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "op type Erf" in lines[0] and "/Erf" in lines[0]
+    assert "from the PyTorch model's own forward()" in lines[0]  # the module it came from
     assert "Conv" in lines[0]  # it lists what is supported
     assert not (tmp_path / "erf-arm64.tflite").exists()
 
