@@ -16,7 +16,7 @@ them, they are in the model's record and pack at 1 bit), but their inputs are 2-
 DoReFa's quantizer (`bnnexport.nn.quantizers.DoReFa`, ``"dorefa"``) maps the activations to
 {0, 1/3, 2/3, 1}. LCE's binary ops need 1-bit (±1) inputs on both sides, so these layers
 convert to float `CONV_2D` / `FULLY_CONNECTED` ops holding ±1 kernels, and the activations to
-float ops (`MINIMUM`, `MAXIMUM`, `MUL`, `ROUND`, `DIV`): the flatbuffer has no `LceBconv2d`, and
+float ops (`MINIMUM`, `MUL`, `ROUND`): the flatbuffer has no `LceBconv2d`, and
 the summary counts no binary MAC (larq counts them as 2-bit MACs). docs/LCE_NOTES.md
 "k-bit activations" says why and what it costs. `activation_bits=1` swaps the 2-bit quantizer
 for ste_sign, which gives a true BNN of the same layout (six `LceBconv2d`).
