@@ -52,6 +52,7 @@ def test_report_is_written_to_convert_json_with_file_sizes(converted):
     assert saved["lce_bytes"] == (run / "model-arm64.tflite").stat().st_size
     assert saved["tflite_float_bytes"] == (run / "model-float.tflite").stat().st_size
     assert saved["lce_bytes"] * 10 < saved["tflite_float_bytes"]
+    assert saved["lce_settings"] == {}  # an app's default LCE interpreter runs it
 
 
 def test_float_tflite_runs_in_the_stock_interpreter(converted):

@@ -51,9 +51,10 @@ def test_a_melius_improvement_block_converts_exactly(tmp_path, form, exporter):
 
 class SlicedBinary(nn.Module):
     """Slices right before and right after binary convs: `a` reads `sign(x)[:, :64]`, `b`
-    reads `sign(x).narrow(1, 32, 64)` (slices of a binarized tensor); half of each one's
-    output (`a[:, 32:]`, `b.chunk(2, 1)[0]`) goes through its own BatchNorm into `c`'s
-    binarization."""
+    reads `sign(x).narrow(1, 32, 64)` (slices of a binarized tensor); half of `a`'s output goes
+    through a BatchNorm (`a[:, 32:]`, a slice of a bconv's accumulator) and half of `b`'s after
+    one (`chunk`), each binarized for its own binary conv, so exact ties are broken through the
+    slice either way."""
 
     def __init__(self):
         super().__init__()
@@ -61,14 +62,16 @@ class SlicedBinary(nn.Module):
         self.a = binary_conv(64, 64, 3, padding=1)
         self.b = binary_conv(64, 64, 3, padding=1)
         self.bn_a = trained_bn(nn.BatchNorm2d(32), seed=3)
-        self.bn_b = trained_bn(nn.BatchNorm2d(32), seed=4)
+        self.bn_b = trained_bn(nn.BatchNorm2d(64), seed=4)
         self.c = binary_conv(32, 32, 3, padding=1)
+        self.d = binary_conv(32, 32, 3, padding=1)
         self.head = nn.Linear(32 * 16, 10)
 
     def forward(self, x):
         s = sign(self.stem(x))
         a, b = self.a(s[:, :64]), self.b(s.narrow(1, 32, 64))
-        y = self.c(sign(self.bn_a(a[:, 32:]) - self.bn_b(b.chunk(2, 1)[0])))
+        p, q = self.bn_a(a[:, 32:]), self.bn_b(b).chunk(2, 1)[0]
+        y = self.c(sign(p)) + self.d(sign(q))
         return self.head(torch.flatten(y, 1))
 
 
@@ -77,5 +80,22 @@ class SlicedBinary(nn.Module):
 @pytest.mark.parametrize("exporter", ["legacy", pytest.param("dynamo", marks=pytest.mark.long)])
 def test_slices_next_to_binary_convs_keep_them_binary(tmp_path, exporter):
     report = _convert(SlicedBinary(), tmp_path, exporter)
-    _assert_exact(report, binary_layers=3)
+    _assert_exact(report, binary_layers=4)
     assert report.op_histogram.get("STRIDED_SLICE", 0) + report.op_histogram.get("SLICE", 0) > 0
+
+
+@pytest.mark.slow
+def test_binarizations_of_sliced_binary_conv_outputs_break_exact_ties_as_torch_does(tmp_path):
+    """Both of `c`'s and `d`'s binarizations read a binary conv's integer accumulator under
+    its BatchNorm, through a slice before (`a[:, 32:]`) or after (`chunk`) the BatchNorm: the
+    translator decides their signs from the tie-broken accumulator (`exact_sources`), not from
+    a rounded float where torch's sign(0) = +1 could be lost."""
+    from support.converter_nets import export
+
+    from converters.graph import load_onnx
+    from converters.normalize import normalize
+    from converters.translate import build_module
+
+    path = export(SlicedBinary(), (1, 3, 4, 4), tmp_path / "sliced.onnx")
+    _, info = build_module(normalize(load_onnx(path))[0])
+    assert len(info.exact_sources) == 2, info.exact_sources
