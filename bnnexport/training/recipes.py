@@ -1,8 +1,9 @@
 """The paper's training recipes by name: `bnnexport train --recipe NAME`, `bnnexport recipes`.
 
 Each recipe names its source (the section of Helwegen et al., "Latent Weights Do Not Exist",
-NeurIPS 2019, and of its authors' code) and the number published for it, and states its
-schedules in **epochs**, as the paper does. `recipe_config` resolves them to optimizer steps,
+NeurIPS 2019, and of its authors' code; for larq-zoo's models, the larq-zoo training task that
+trained its published weights) and the number published for it, and states its schedules in
+**epochs**, as the paper does. `recipe_config` resolves them to optimizer steps,
 the unit of `TrainConfig`, once the data set and batch size fix the steps per epoch. A run
 shorter (or longer) than the recipe's (`--epochs`) scales every schedule by the same factor,
 so the schedule keeps its shape: γ still decays x0.1 five times when the 500-epoch CIFAR-10
@@ -30,7 +31,15 @@ from typing import Any
 from bnnexport.datasets.imagefolder import IMAGENET as IMAGENET_CROPS
 from bnnexport.errors import DataError
 from bnnexport.training.config import TrainConfig
-from bnnexport.training.schedules import Constant, LinearDecay, Schedule, StepDecay, parse_schedule
+from bnnexport.training.schedules import (
+    Constant,
+    CosineDecay,
+    LinearDecay,
+    Piecewise,
+    Schedule,
+    StepDecay,
+    parse_schedule,
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,20 @@ CROPS = {"image_size": IMAGENET_CROPS}
 IMAGENET = dict(dataset="imagefolder", optimizer="bop", batch_size=1024, threshold="1e-8",
                 dataset_options=CROPS)  # fmt: skip
 IMAGENET_NOTE = "γ and Adam's lr decay linearly over the whole run"
+# larq-zoo trains its models with Adam on latent weights (larq_zoo/training/*_experiments.py);
+# γ and τ are Bop's and unused by adam-latent
+LARQ_ZOO = dict(dataset="imagefolder", optimizer="adam-latent", gamma="1e-4", threshold="1e-8",
+                dataset_options=CROPS)  # fmt: skip
+BASIC = "larq-zoo, training/basic_experiments.py"
+
+
+def latent_clip(theirs: str) -> str:
+    """The assumption every larq-zoo recipe makes about clipping latent weights."""
+    return f"latent weights clipped to [-1, 1] (bnnexport's adam-latent; larq-zoo: {theirs})"
+
+
+CLIP_13 = latent_clip("±1.3")
+DENSENET_LR = "piecewise:4e-3,100,4e-4,110,4e-5"  # 4e-3, x0.1 at epochs 100 and 110
 
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
@@ -122,6 +145,97 @@ RECIPES: dict[str, Recipe] = {
             source=f"{PAPER}, Section 5.3", published="56.6 % top-1",
             assumptions=("epochs: not given in our sources; BinaryAlexNet's 150 is used",),
         ),
+        Recipe(
+            name="larq-zoo-binary-densenet28",
+            description="BinaryDenseNet-28 on ImageNet as larq-zoo trains it: Adam on latent "
+            "weights, lr 4e-3, x0.1 at epochs 100 and 110",
+            model="binary-densenet28", epochs=120, batch_size=256, lr=DENSENET_LR, **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet28", published="60.91 % top-1 (larq-zoo)",
+            assumptions=(CLIP_13,),
+        ),
+        Recipe(
+            name="larq-zoo-binary-densenet37",
+            description="BinaryDenseNet-37 on ImageNet as larq-zoo trains it (BinaryDenseNet-28's "
+            "schedule at batch 192)",
+            model="binary-densenet37", epochs=120, batch_size=192, lr=DENSENET_LR, **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet37", published="62.89 % top-1 (larq-zoo)",
+            assumptions=(CLIP_13,),
+        ),
+        Recipe(
+            name="larq-zoo-binary-densenet45",
+            description="BinaryDenseNet-45 on ImageNet as larq-zoo trains it: lr 8e-3, x0.1 at "
+            "epochs 80 and 100",
+            model="binary-densenet45", epochs=125, batch_size=384,
+            lr="piecewise:8e-3,80,8e-4,100,8e-5", **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet45", published="64.59 % top-1 (larq-zoo)",
+            assumptions=(CLIP_13,),
+        ),
+        Recipe(
+            name="larq-zoo-meliusnet22",
+            description="MeliusNet-22 on ImageNet with BinaryDenseNet-28's larq-zoo schedule",
+            model="meliusnet22", epochs=120, batch_size=256, lr=DENSENET_LR, **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet28 (larq-zoo has no training task for "
+            "MeliusNet-22)",
+            published="62.4 % top-1 (larq-zoo's weights, trained by a setting it does not "
+            "publish)",
+            assumptions=(
+                "the whole setting: that of BinaryDenseNet-28, by the same authors and of the "
+                "same blocks",
+                CLIP_13,
+            ),
+        ),
+        Recipe(
+            name="larq-zoo-binary-resnet-e18",
+            description="BinaryResNetE-18 on ImageNet as larq-zoo trains it: lr 4e-3, x0.3 at "
+            "epochs 70, 90 and 110",
+            model="binary-resnet-e18", epochs=120, batch_size=1024,
+            lr="piecewise:4e-3,70,1.2e-3,90,3.6e-4,110,1.08e-4", **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryResNetE18", published="58.32 % top-1 (larq-zoo)",
+            assumptions=(latent_clip("±1.25"),),
+        ),
+        Recipe(
+            name="larq-zoo-dorefanet",
+            description="DoReFa-Net on ImageNet as larq-zoo trains it: lr 2e-4, x0.2 at epochs "
+            "60 and 75, then x0.1 every 2 epochs from epoch 82",
+            model="dorefanet", epochs=90, batch_size=256,
+            lr="piecewise:2e-4,60,4e-5,75,8e-6,82,8e-7,84,8e-8,86,8e-9,88,8e-10", **LARQ_ZOO,
+            source=f"{BASIC}, TrainDoReFaNet", published="53.39 % top-1 (larq-zoo)",
+            assumptions=(
+                "Adam's ε: torch's 1e-8 (larq-zoo: 1e-5)",
+                "kernels: sign(w) in the forward pass, clipped STE (larq-zoo: mean|w| x sign(w) "
+                "with an identity gradient; BatchNorm follows each, so the scale cancels)",
+                latent_clip("not clipped"),
+            ),
+        ),
+        Recipe(
+            name="larq-zoo-real-to-binary-net",
+            description="Real-to-Binary Net on ImageNet with the optimizer of larq-zoo's last "
+            "training stage: Adam, lr warmed up to 2e-4 over 10 epochs, cosine decay",
+            model="real-to-binary-net", epochs=75, batch_size=256, lr="cosine:2e-4,10,75",
+            **LARQ_ZOO,
+            source="larq-zoo, training/multi_stage_experiments.py, TrainR2BBNNAlternative (stage "
+            "3 of TrainR2B)",
+            published="65.01 % top-1 (larq-zoo, after all four stages)",
+            assumptions=(
+                "the three stages before it (a float ResNet-18 teacher, float and "
+                "binary-activation students) and its distillation from the binary-activation "
+                "model are not reproduced: this recipe trains from scratch",
+            ),
+        ),
+        Recipe(
+            name="larq-zoo-quicknet-large",
+            description="QuickNet-Large on ImageNet as larq-zoo trains it: Adam, lr warmed up to "
+            "1e-2 over 5 epochs, cosine decay over 600 epochs",
+            model="quicknet-large", epochs=600, batch_size=2048, lr="cosine:1e-2,5,600",
+            **LARQ_ZOO,
+            source="larq-zoo, training/sota_experiments.py, TrainQuickNetLarge",
+            published="66.9 % top-1 (larq-zoo v1.0)",
+            assumptions=(
+                "the float parameters: Adam with the same lr (larq-zoo: SGD, momentum 0.9, "
+                "cosine from 0.1 with the same warm-up)",
+                latent_clip("±1.25"),
+            ),
+        ),
     ]
 }  # fmt: skip
 
@@ -141,6 +255,13 @@ def schedule_text(schedule: Schedule) -> float | str:
         return f"step:{schedule.initial:g},{schedule.factor:g},{schedule.every}"
     if isinstance(schedule, LinearDecay):
         return f"linear:{schedule.start:g},{schedule.end:g},{schedule.steps}"
+    if isinstance(schedule, Piecewise):
+        pairs = zip(schedule.boundaries, schedule.values[1:], strict=True)
+        return "piecewise:" + ",".join(
+            [f"{schedule.values[0]:g}"] + [f"{b},{v:g}" for b, v in pairs]
+        )
+    if isinstance(schedule, CosineDecay):
+        return f"cosine:{schedule.peak:g},{schedule.warmup},{schedule.steps}"
     raise TypeError(f"not a schedule: {schedule!r}")
 
 

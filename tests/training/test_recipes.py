@@ -16,10 +16,15 @@ PAPER_RECIPES = [
     "paper-cifar10-bop", "paper-cifar10-latent", "paper-cifar10-sweep", "paper-imagenet-bop",
     "paper-imagenet-xnornet", "paper-imagenet-birealnet",
 ]  # fmt: skip
+LARQ_ZOO_RECIPES = [
+    "larq-zoo-binary-densenet28", "larq-zoo-binary-densenet37", "larq-zoo-binary-densenet45",
+    "larq-zoo-meliusnet22", "larq-zoo-binary-resnet-e18", "larq-zoo-dorefanet",
+    "larq-zoo-real-to-binary-net", "larq-zoo-quicknet-large",
+]  # fmt: skip
 
 
 def test_every_recipe_names_its_source_and_published_number():
-    assert list(RECIPES) == PAPER_RECIPES
+    assert list(RECIPES) == PAPER_RECIPES + LARQ_ZOO_RECIPES
     published = {name: (r.source, r.published) for name, r in RECIPES.items()}
     assert published["paper-cifar10-bop"] == ("Helwegen et al. 2019, Section 5.2",
                                               "91.3 % test accuracy")  # fmt: skip
@@ -142,7 +147,7 @@ def test_an_image_size_given_replaces_the_recipes_crops_and_is_recorded_as_an_ov
 
 
 def test_unknown_recipe_is_a_data_error():
-    with pytest.raises(DataError, match="known: paper-cifar10-bop"):
+    with pytest.raises(DataError, match="known: .*paper-cifar10-bop"):
         recipe_config("paper-mnist")
 
 
@@ -150,7 +155,7 @@ def test_recipes_command_lists_them_as_json():
     result = invoke("recipes", "--json")
     assert result.exit_code == 0, result.output
     names = [r["name"] for r in json.loads(result.output)["recipes"]]
-    assert names == PAPER_RECIPES
+    assert names == PAPER_RECIPES + LARQ_ZOO_RECIPES
 
 
 @pytest.mark.slow
@@ -195,3 +200,31 @@ def test_l2_first_last_regularises_the_xnornet_float_first_conv_and_last_dense()
     layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     assert first is layers[0].weight and last is layers[-1].weight
     assert not isinstance(layers[0], BinaryConv2d) and not isinstance(layers[-1], BinaryLinear)
+
+
+@pytest.mark.parametrize("name", LARQ_ZOO_RECIPES)
+def test_a_larq_zoo_recipe_trains_its_model_as_larq_zoo_did(name):
+    """Adam on latent weights, the ImageNet crops, a larq-zoo training task as the source, and
+    the top-1 the zoo lists for the model as the published number."""
+    from bnnexport.models import model_info
+
+    recipe = RECIPES[name]
+    assert name == f"larq-zoo-{recipe.model}"
+    assert (recipe.optimizer, recipe.dataset) == ("adam-latent", "imagefolder")
+    assert recipe.source.startswith("larq-zoo, training/") and recipe.assumptions
+    assert recipe.published.startswith(f"{model_info(recipe.model).top1} % top-1")
+    recipe_config(name, steps_per_epoch=10)  # resolves to a TrainConfig
+
+
+def test_binary_densenet28_lr_drops_tenfold_at_epochs_100_and_110():
+    lr = parse_schedule(recipe_config("larq-zoo-binary-densenet28", steps_per_epoch=1000).lr)
+    assert [lr(s) for s in (99_999, 100_000, 109_999, 110_000)] == pytest.approx(
+        [4e-3, 4e-4, 4e-4, 4e-5]
+    )
+
+
+def test_real_to_binary_lr_warms_up_for_10_epochs_then_follows_a_cosine():
+    config = recipe_config("larq-zoo-real-to-binary-net", steps_per_epoch=100)
+    lr = parse_schedule(config.lr)
+    assert lr(500) == pytest.approx(1e-4) and lr(1000) == pytest.approx(2e-4)
+    assert lr(1000 + 3750) == pytest.approx(1e-4)  # half way through the 75-epoch decay
