@@ -1,0 +1,132 @@
+"""Is `torchrun` with N processes at batch B/N the same experiment as one process at batch B?
+
+Question: trained from the same seed on the same data, do N gloo processes at `--batch-size
+B/N` flip the same binary weights at every step as one process at `--batch-size B`, and end
+with the same weights?
+
+Both train mnist-bnn (BatchNorm after every layer) for one epoch on the first 2,500 images of
+mnist5k's training split, so an epoch is 2500 / B optimizer steps (50 at B = 50), every step
+logged (`--log-every 1`), through the command line a user would type: `python -m bnnexport train`
+and `python -m torch.distributed.run --nproc-per-node N -m bnnexport train` on loopback.
+Reported: the flips of steps 1, 10 and the last step in each, the first step whose flips differ,
+the binary weights that differ at the end (of how many), and the largest difference of the
+real-valued parameters and BatchNorm statistics. Extra `train` options (after `--`) go to both.
+
+Run:
+    .venv/bin/python benchmarks/ddp_equivalence.py                       # ~2 minutes here
+    .venv/bin/python benchmarks/ddp_equivalence.py --json -- --per-process-batchnorm
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import ROOT, emit, log, machine, parser, table
+from torch.utils.data import Subset
+
+SAMPLES = 2500  # images of mnist5k's training split: 50 steps at batch 50
+HERE = Path(__file__).resolve().parent
+
+
+def mnist_subset(data_dir: str | None = None, augment: bool = True) -> Any:
+    """The first SAMPLES training images of mnist5k and its whole test split (`--dataset
+    ddp_equivalence:mnist_subset`, imported with this folder as the working directory)."""
+    from bnnexport.datasets import load_mnist5k
+
+    data = load_mnist5k(data_dir, augment)
+    data.train = Subset(data.train, range(SAMPLES))
+    return data
+
+
+def _launcher(processes: int) -> list[str]:
+    if processes == 1:
+        return [sys.executable, "-m", "bnnexport"]
+    import socket
+
+    with socket.socket() as s:  # a free loopback port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
+            "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "bnnexport"]  # fmt: skip
+
+
+def run_training(out: Path, processes: int, batch_size: int, extra: list[str]) -> float:
+    """Train one run; returns its wall-clock seconds."""
+    import time
+
+    args = ["train", "--dataset", "ddp_equivalence:mnist_subset", "--epochs", "1",
+            "--batch-size", str(batch_size), "--log-every", "1", "--seed", "0",
+            "--out", str(out), "--json", *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    done = subprocess.run(
+        [*_launcher(processes), *args], cwd=HERE, env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"training failed ({processes} processes):\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def step_flips(run: Path) -> dict[int, int]:
+    """{step: flips over all binary layers} from the run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: sum(r["flips"].values()) for r in rows if r.get("kind") == "step"}
+
+
+def differences(one: Path, many: Path) -> dict[str, Any]:
+    """Binary weights that differ (and of how many); the largest |difference| elsewhere."""
+    a, b = (torch.load(r / "checkpoint.pt", weights_only=True) for r in (one, many))
+    kernels = {k["name"] for k in a["binary_kernels"]["kernels"]}
+    differ = total = 0
+    real = 0.0
+    for name, tensor in a["model"].items():
+        other = b["model"][name]
+        if name in kernels:
+            differ += int((tensor != other).sum())
+            total += tensor.numel()
+        elif tensor.is_floating_point():
+            real = max(real, float((tensor - other).abs().max()))
+    return {"binary_weights_differing": differ, "binary_weights": total, "real_max_abs_diff": real}
+
+
+def main() -> None:
+    args, extra = parser(__doc__).parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    processes, batch = 2, 50
+    with tempfile.TemporaryDirectory() as folder:
+        one, many = Path(folder) / "one", Path(folder) / "many"
+        log(f"1 process at batch {batch}")
+        seconds_one = run_training(one, 1, batch, extra)
+        log(f"{processes} processes at batch {batch // processes}")
+        seconds_many = run_training(many, processes, batch // processes, extra)
+        flips_one, flips_many = step_flips(one), step_flips(many)
+        result = differences(one, many)
+    last = max(flips_one)
+    steps = [s for s in (1, 10, last) if s in flips_one]
+    differing = [s for s in sorted(flips_one) if flips_one[s] != flips_many.get(s)]
+    first_differing = differing[0] if differing else None
+    result.update(
+        processes=processes, global_batch=batch, steps=last, train_options=extra,
+        flips={s: [flips_one[s], flips_many.get(s)] for s in steps},
+        first_step_flips_differ=first_differing,
+        seconds={"one_process": round(seconds_one, 1), "processes": round(seconds_many, 1)},
+        machine=machine(),
+    )  # fmt: skip
+    rows = [[f"flips at step {s}", flips_one[s], flips_many.get(s)] for s in steps]
+    rows += [["first step whose flips differ", first_differing or "none", ""],
+             ["binary weights differing at the end",
+              f"{result['binary_weights_differing']} of {result['binary_weights']}", ""],
+             ["real-valued max |diff| at the end", result["real_max_abs_diff"], ""]]  # fmt: skip
+    head = ["", f"1 process, batch {batch}", f"{processes} processes, batch {batch // processes}"]
+    emit(result, table(head, rows), args.json)
+
+
+if __name__ == "__main__":
+    main()
