@@ -10,10 +10,12 @@ logged (`--log-every 1`), through the command line a user would type: `python -m
 and `python -m torch.distributed.run --nproc-per-node N -m bnnexport train` on loopback.
 Reported: the flips of steps 1, 10 and the last step in each, the first step whose flips differ,
 the binary weights that differ at the end (of how many), and the largest difference of the
-real-valued parameters and BatchNorm statistics. Extra `train` options (after `--`) go to both.
+real-valued parameters and BatchNorm statistics. Beside them, the floor no data-parallel run
+can go below: the one-process run again with two threads, which changes nothing but the order
+of its float32 sums. Extra `train` options (after `--`) go to every run.
 
 Run:
-    .venv/bin/python benchmarks/ddp_equivalence.py                       # ~2 minutes here
+    .venv/bin/python benchmarks/ddp_equivalence.py                       # ~1 minute here
     .venv/bin/python benchmarks/ddp_equivalence.py --json -- --per-process-batchnorm
 """
 
@@ -57,14 +59,16 @@ def _launcher(processes: int) -> list[str]:
             "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "bnnexport"]  # fmt: skip
 
 
-def run_training(out: Path, processes: int, batch_size: int, extra: list[str]) -> float:
+def run_training(
+    out: Path, processes: int, batch_size: int, extra: list[str], threads: int = 1
+) -> float:
     """Train one run; returns its wall-clock seconds."""
     import time
 
     args = ["train", "--dataset", "ddp_equivalence:mnist_subset", "--epochs", "1",
             "--batch-size", str(batch_size), "--log-every", "1", "--seed", "0",
             "--out", str(out), "--json", *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     done = subprocess.run(
         [*_launcher(processes), *args], cwd=HERE, env=env, capture_output=True, text=True
@@ -96,35 +100,54 @@ def differences(one: Path, many: Path) -> dict[str, Any]:
     return {"binary_weights_differing": differ, "binary_weights": total, "real_max_abs_diff": real}
 
 
+def compare(one: Path, other: Path) -> dict[str, Any]:
+    """How `other` differs from the one-process run `one`: flips per step, weights at the end."""
+    flips_one, flips_other = step_flips(one), step_flips(other)
+    differing = [s for s in sorted(flips_one) if flips_one[s] != flips_other.get(s)]
+    return {
+        "flips": {s: flips_other.get(s) for s in (1, 10, max(flips_one)) if s in flips_one},
+        "first_step_flips_differ": differing[0] if differing else None,
+        **differences(one, other),
+    }
+
+
 def main() -> None:
     args, extra = parser(__doc__).parse_known_args()
     extra = [a for a in extra if a != "--"]
     processes, batch = 2, 50
+    runs = {  # name: (processes, batch size, threads per process)
+        "one": (1, batch, 1),
+        "one_two_threads": (1, batch, 2),  # the same run, only its float sums in another order
+        "processes": (processes, batch // processes, 1),
+    }
     with tempfile.TemporaryDirectory() as folder:
-        one, many = Path(folder) / "one", Path(folder) / "many"
-        log(f"1 process at batch {batch}")
-        seconds_one = run_training(one, 1, batch, extra)
-        log(f"{processes} processes at batch {batch // processes}")
-        seconds_many = run_training(many, processes, batch // processes, extra)
-        flips_one, flips_many = step_flips(one), step_flips(many)
-        result = differences(one, many)
-    last = max(flips_one)
-    steps = [s for s in (1, 10, last) if s in flips_one]
-    differing = [s for s in sorted(flips_one) if flips_one[s] != flips_many.get(s)]
-    first_differing = differing[0] if differing else None
-    result.update(
-        processes=processes, global_batch=batch, steps=last, train_options=extra,
-        flips={s: [flips_one[s], flips_many.get(s)] for s in steps},
-        first_step_flips_differ=first_differing,
-        seconds={"one_process": round(seconds_one, 1), "processes": round(seconds_many, 1)},
-        machine=machine(),
-    )  # fmt: skip
-    rows = [[f"flips at step {s}", flips_one[s], flips_many.get(s)] for s in steps]
-    rows += [["first step whose flips differ", first_differing or "none", ""],
-             ["binary weights differing at the end",
-              f"{result['binary_weights_differing']} of {result['binary_weights']}", ""],
-             ["real-valued max |diff| at the end", result["real_max_abs_diff"], ""]]  # fmt: skip
-    head = ["", f"1 process, batch {batch}", f"{processes} processes, batch {batch // processes}"]
+        seconds = {}
+        for name, (count, size, threads) in runs.items():
+            log(f"{name}: {count} process(es) at batch {size}, {threads} thread(s) each")
+            seconds[name] = round(run_training(Path(folder) / name, count, size, extra, threads), 1)
+        one = Path(folder) / "one"
+        flips = step_flips(one)
+        steps = [s for s in (1, 10, max(flips)) if s in flips]
+        result = {
+            "processes": processes, "global_batch": batch, "steps": max(flips),
+            "train_options": extra, "one_process_flips": {s: flips[s] for s in steps},
+            "one_process_two_threads": compare(one, Path(folder) / "one_two_threads"),
+            "processes_vs_one": compare(one, Path(folder) / "processes"),
+            "seconds": seconds, "machine": machine(),
+        }  # fmt: skip
+    two, many = result["one_process_two_threads"], result["processes_vs_one"]
+    rows = [[f"flips at step {s}", flips[s], two["flips"][s], many["flips"][s]] for s in steps]
+    rows += [
+        ["first step whose flips differ", "", two["first_step_flips_differ"] or "none",
+         many["first_step_flips_differ"] or "none"],
+        ["binary weights differing at the end", "",
+         f"{two['binary_weights_differing']} of {two['binary_weights']}",
+         f"{many['binary_weights_differing']} of {many['binary_weights']}"],
+        ["real-valued max |diff| at the end", "", two["real_max_abs_diff"],
+         many["real_max_abs_diff"]],
+    ]  # fmt: skip
+    head = ["", f"1 process, batch {batch}", "the same, 2 threads",
+            f"{processes} processes, batch {batch // processes}"]  # fmt: skip
     emit(result, table(head, rows), args.json)
 
 

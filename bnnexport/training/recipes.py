@@ -1,7 +1,8 @@
 """The paper's training recipes by name: `bnnexport train --recipe NAME`, `bnnexport recipes`.
 
 Each recipe names its source (the section of Helwegen et al., "Latent Weights Do Not Exist",
-NeurIPS 2019, and of its authors' code) and the number published for it, and states its
+NeurIPS 2019, and of its authors' code), the number published for it and, per hyperparameter,
+the file and line of the authors' code it comes from (`sources`), and states its
 schedules in **epochs**, as the paper does. `recipe_config` resolves them to optimizer steps,
 the unit of `TrainConfig`, once the data set and batch size fix the steps per epoch. A run
 shorter (or longer) than the recipe's (`--epochs`) scales every schedule by the same factor,
@@ -36,7 +37,8 @@ from bnnexport.training.schedules import Constant, LinearDecay, Schedule, StepDe
 @dataclass(frozen=True)
 class Recipe:
     """A named training setting; `gamma`, `threshold`, `lr` in the schedule text form, counted
-    in epochs."""
+    in epochs. `sources` names, for every hyperparameter (`SOURCED`), where the value comes
+    from: a file and line of the authors' code, or a section of the paper."""
 
     name: str
     description: str
@@ -55,17 +57,36 @@ class Recipe:
     dataset_options: dict[str, Any] = field(default_factory=dict)
     l2_first_last: float = 0.0  # L2 on the first and last layers' weights (XNOR-Net)
     assumptions: tuple[str, ...] = ()  # settings the sources do not give, and what is used
+    sources: dict[str, str] = field(default_factory=dict)  # hyperparameter: where it is from
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+# the hyperparameters every recipe gives a source for (l2_first_last where it sets one)
+SOURCED = ("epochs", "batch_size", "gamma", "threshold", "lr")
 PAPER = "Helwegen et al. 2019"
+# The authors' code (docs/LCE_NOTES.md "Paper recipes"): its models' `bop*` hyperparameter sets
+CODE = "plumerai/rethinking-bnn-optimization@2823525 bnn_optimization/models/"
+NO_BOP = "unused: adam-latent has no γ or τ"
 # ImageNet's random-resized 224 crops (the data set's default is the images' own size)
 CROPS = {"image_size": IMAGENET_CROPS}
 IMAGENET = dict(dataset="imagefolder", optimizer="bop", batch_size=1024, threshold="1e-8",
                 dataset_options=CROPS)  # fmt: skip
 IMAGENET_NOTE = "γ and Adam's lr decay linearly over the whole run"
+
+
+def imagenet_sources(file: str, first: int, decay: int) -> dict[str, str]:
+    """The ImageNet sets share one layout: epochs at line `first`, batch, τ, γ and lr below
+    it, both decays linear (power 1) over epochs x 1,281,167 images / batch steps."""
+    line = f"{CODE}{file}:"
+    over = f"linear over the whole run (:{decay})"
+    return {
+        "epochs": f"{line}{first}", "batch_size": f"{line}{first + 1}",
+        "threshold": f"{line}{first + 3}", "gamma": f"{line}{first + 5}-{first + 6}, {over}",
+        "lr": f"{line}{first + 8}-{first + 9}, Adam, {over}",
+    }  # fmt: skip
+
 
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
@@ -76,16 +97,31 @@ RECIPES: dict[str, Recipe] = {
             model="binarynet", dataset="cifar10", optimizer="bop", epochs=500, batch_size=50,
             gamma="step:1e-4,0.1,100", threshold="1e-8", lr="1e-2",
             source=f"{PAPER}, Section 5.2", published="91.3 % test accuracy",
+            sources={
+                "epochs": f"{CODE}binarynet.py:93", "batch_size": f"{CODE}binarynet.py:94",
+                "threshold": f"{CODE}binarynet.py:97",
+                "gamma": f"{CODE}binarynet.py:98-100,107-109: x0.1 (staircase) every "
+                         "50,000 / 50 x 100 steps = 100 epochs",
+                "lr": f"{CODE}binarynet.py:105: Adam, constant",
+            },
         ),
         Recipe(
             name="paper-cifar10-latent",
             description="BinaryNet on CIFAR-10, the latent-weight baseline: Adam on everything, "
-            "latent weights clipped to [-1, 1]",
-            model="binarynet", dataset="cifar10", optimizer="adam-latent", epochs=500,
-            batch_size=50, gamma="1e-4", threshold="1e-8", lr="1e-2",
+            "latent weights clipped to [-1, 1], with the authors' default BinaryNet settings",
+            model="binarynet", dataset="cifar10", optimizer="adam-latent", epochs=100,
+            batch_size=256, gamma="1e-4", threshold="1e-8", lr="5e-3",
             source=f"{PAPER}, Section 5.2 (the latent-weight baseline it compares with)",
             published="90.9 % test accuracy",
-            assumptions=("lr: the Bop recipe's Adam lr 1e-2 (no other is given)",),
+            sources={
+                "epochs": f"{CODE}binarynet.py:64 (`default`)",
+                "batch_size": f"{CODE}binarynet.py:68",
+                "lr": f"{CODE}binarynet.py:69: Adam, constant; clipping to [-1, 1]: :71",
+                "gamma": NO_BOP, "threshold": NO_BOP,
+            },
+            assumptions=("published: that Section 5.2's 90.9 % was trained with these "
+                         "settings is our reading (the code's only latent-weight set for "
+                         "BinaryNet); the paper does not list them",),
         ),
         Recipe(
             name="paper-cifar10-sweep",
@@ -95,7 +131,11 @@ RECIPES: dict[str, Recipe] = {
             gamma="1e-3", threshold="1e-6", lr="1e-2",
             source=f"{PAPER}, Section 5.1 (hyperparameter analysis, flip-rate curves)",
             published="no single number: accuracy and flip-rate curves per (γ, τ)",
-            assumptions=("lr: the Section 5.2 recipe's Adam lr 1e-2",),
+            sources={
+                "epochs": f"{CODE}binarynet.py:64 (`bop` takes `default`'s)",
+                "batch_size": f"{CODE}binarynet.py:76", "threshold": f"{CODE}binarynet.py:79",
+                "gamma": f"{CODE}binarynet.py:80", "lr": f"{CODE}binarynet.py:85: Adam, constant",
+            },
         ),
         Recipe(
             name="paper-imagenet-bop",
@@ -104,6 +144,7 @@ RECIPES: dict[str, Recipe] = {
             model="binary-alexnet", epochs=150, gamma="linear:1e-4,1e-6,150",
             lr="linear:2.5e-3,5e-6,150", **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="41.1 % top-1",
+            sources=imagenet_sources("binary_alexnet.py", 65, decay=78),
         ),
         Recipe(
             name="paper-imagenet-xnornet",
@@ -112,15 +153,17 @@ RECIPES: dict[str, Recipe] = {
             model="xnornet", epochs=100, gamma="linear:1e-4,1e-6,100",
             lr="linear:2.5e-3,5e-6,100", l2_first_last=5e-7, **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="45.9 % top-1",
+            sources={**imagenet_sources("xnor.py", 62, decay=81),
+                     "l2_first_last": f"{CODE}xnor.py:73, on the layers of :25 and :53"},
         ),
         Recipe(
             name="paper-imagenet-birealnet",
             description=f"Bi-Real-Net 18 on ImageNet with Bop (approx_sign activations, "
             f"BatchNorm momentum 0.8, as the model builds them); {IMAGENET_NOTE}",
-            model="birealnet18", epochs=150, gamma="linear:1e-4,1e-6,150",
-            lr="linear:2.5e-3,5e-6,150", **IMAGENET,
+            model="birealnet18", epochs=300, gamma="linear:1e-4,1e-6,300",
+            lr="linear:2.5e-3,5e-6,300", **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="56.6 % top-1",
-            assumptions=("epochs: not given in our sources; BinaryAlexNet's 150 is used",),
+            sources=imagenet_sources("birealnet.py", 74, decay=87),
         ),
     ]
 }  # fmt: skip

@@ -39,6 +39,7 @@ from bnnexport.training.config import (
     DEFAULT_EPOCHS,
     TrainConfig,
     check_dataset_options,
+    check_schedules,
     validate_config,
 )
 from bnnexport.training.distributed import DistributedContext, setup
@@ -159,6 +160,8 @@ def _train(
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.
     trainer = Trainer(config, run, checkpoint, context, changes)
+    # every value the schedules take over the run's steps, now that the data fix their number
+    check_schedules(config, trainer.steps_per_epoch * int(config.epochs))
     if trainer.data.note and context.is_main and progress is not False:
         print(f"bnnexport: note: {trainer.data.note}", file=sys.stderr)
     context.barrier()  # every rank has checked before rank 0 changes anything
@@ -288,7 +291,8 @@ def _run_epochs(
         result = trainer.train_epoch(epoch, show)
         epoch_seconds.append(time.perf_counter() - epoch_start)
         if config.bn_recalibration_batches:
-            # Every rank does it on its own shard, then DDP's buffer broadcast keeps rank 0's.
+            # Every rank does it on its share of the same global batches: with sync_batchnorm
+            # the statistics are the global ones everywhere (else DDP broadcasts rank 0's).
             batches = itertools.islice(trainer.loader(epoch), config.bn_recalibration_batches)
             recalibrate_batchnorm(trainer.model, batches, device=context.device)
         if context.is_main:
