@@ -103,9 +103,14 @@ def metrics_csv(records: Iterable[dict[str, Any]]) -> bytes:
     return text.getvalue().encode()
 
 
+# what train says, once, when it cannot write TensorBoard scalars (never silently)
+NO_TENSORBOARD = ("the tensorboard package is missing (a dependency of bnnexport: pip install "
+                  "tensorboard): this run writes no TensorBoard scalars")  # fmt: skip
+
+
 def tensorboard_available() -> bool:
-    """Whether the optional `tensorboard` package (pip install bnnexport[tensorboard]) is
-    installed; torch's SummaryWriter needs it."""
+    """Whether the `tensorboard` package (a dependency; an install with --no-deps may lack it)
+    is installed; torch's SummaryWriter needs it."""
     return importlib.util.find_spec("tensorboard") is not None
 
 
@@ -141,7 +146,8 @@ def tensorboard_events(records: Iterable[dict[str, Any]]) -> bytes:
 
 def write_tensorboard(run_dir: str | Path, records: Iterable[dict[str, Any]]) -> Path | None:
     """RUN_DIR/events.out.tfevents.bnnexport from the rows (rewritten whole, so a resumed run
-    holds no duplicate points), or None when tensorboard is not installed.
+    holds no duplicate points), or None when tensorboard is not installed (train says so
+    once, `NO_TENSORBOARD`).
     `tensorboard --logdir runs/` then shows every run."""
     if not tensorboard_available():
         return None

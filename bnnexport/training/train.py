@@ -43,7 +43,13 @@ from bnnexport.training.config import (
     validate_config,
 )
 from bnnexport.training.distributed import DistributedContext, setup
-from bnnexport.training.metrics import TENSORBOARD_FILE, metrics_csv, write_tensorboard
+from bnnexport.training.metrics import (
+    NO_TENSORBOARD,
+    TENSORBOARD_FILE,
+    metrics_csv,
+    tensorboard_available,
+    write_tensorboard,
+)
 from bnnexport.training.resume import (
     check_run,
     file_identity,
@@ -162,8 +168,9 @@ def _train(
     trainer = Trainer(config, run, checkpoint, context, changes)
     # every value the schedules take over the run's steps, now that the data fix their number
     check_schedules(config, trainer.steps_per_epoch * int(config.epochs))
-    if trainer.data.note and context.is_main and progress is not False:
-        print(f"bnnexport: note: {trainer.data.note}", file=sys.stderr)
+    for note in _notes(trainer):
+        if context.is_main and progress is not False:
+            print(f"bnnexport: note: {note}", file=sys.stderr)
     context.barrier()  # every rank has checked before rank 0 changes anything
     removed: list[str] = []
     if context.is_main:
@@ -241,9 +248,15 @@ def _report(
         world_size=context.world_size,
         resume_changes=changes,
         precision=trainer.precision,
-        notes=[trainer.data.note] if trainer.data.note else [],
+        notes=_notes(trainer),
         **bf16_counts(trainer.model),
     )
+
+
+def _notes(trainer: Trainer) -> list[str]:
+    """Choices made for the user and what this run will not write: one line each."""
+    notes = [trainer.data.note] if trainer.data.note else []
+    return notes + ([] if tensorboard_available() else [NO_TENSORBOARD])
 
 
 def _prepare_run(
@@ -329,8 +342,8 @@ def _run_epochs(
 
 
 def _export_metrics(run: RunDir, config: TrainConfig) -> None:
-    """metrics.csv (with `metrics_csv`) and TensorBoard scalars (when tensorboard is
-    installed), each rewritten whole from metrics.jsonl."""
+    """metrics.csv (with `metrics_csv`) and TensorBoard scalars (unless the tensorboard
+    package is missing, which train has said), each rewritten whole from metrics.jsonl."""
     records = read_jsonl(run.metrics)
     if config.metrics_csv:
         write_bytes_atomic(run.root / "metrics.csv", metrics_csv(records))
