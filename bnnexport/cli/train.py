@@ -90,15 +90,6 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
     return config, explicit
 
 
-def recipe_note(config: TrainConfig) -> None:
-    """Say on stderr, in one line, when a recipe's schedules run over fewer or more epochs."""
-    from bnnexport.training.recipes import compression_note
-
-    note = compression_note(config) if config.recipe is not None else None
-    if note:
-        click.echo(f"bnnexport: note: {note}", err=True)
-
-
 def _from_recipe(
     recipe: str, options: TrainConfig, explicit: set[str], resume: bool, out: str | None
 ) -> TrainConfig:
@@ -349,8 +340,8 @@ def train_command(
     """
     ctx = click.get_current_context()
     config, explicit = train_config(ctx.params, given_options(ctx))
-    if not as_json:
-        recipe_note(config)
+    # what train chose for the user (a recipe's scaled schedules, ...) is in report.notes and,
+    # without --json, one `bnnexport: note:` line each
     report = train(
         config,
         resume=resume,

@@ -48,6 +48,7 @@ from bnnexport.training.metrics import (
     TENSORBOARD_FILE,
     metrics_csv,
     tensorboard_available,
+    training_seconds,
     write_tensorboard,
 )
 from bnnexport.training.resume import (
@@ -71,7 +72,7 @@ class TrainReport(Report):
     train_accuracy: float
     test_accuracy: float
     train_loss: float
-    seconds: float
+    seconds: float  # training time over all the run's epochs (metrics.training_seconds)
     seconds_per_epoch: float
     binary_parameters: int
     # π of the last epoch per binary layer: log(mean per-step flip fraction + e^-9)
@@ -88,6 +89,7 @@ class TrainReport(Report):
     bf16_calls: int = 0
     mean_flip_rate: float = -9.0  # the same over all binary weights together
     notes: list[str] = field(default_factory=list)  # choices made for the user (the data's size)
+    wall_seconds: float = 0.0  # this call, wall clock (evaluation, checkpoints, plots included)
 
 
 TRAIN_OWNED = ("config.json", "metrics.jsonl", "train.json", "accuracy.png", "flip_rate.png",
@@ -189,7 +191,8 @@ def _train(
         set_latent(trainer.model, False)
     mismatched = context.count_mismatches(list(trainer.optimizer.binary_kernels.values()))
     report = _report(trainer, run, result, test_acc, epoch_seconds, changes)
-    report.seconds = time.perf_counter() - started
+    report.wall_seconds = time.perf_counter() - started
+    report.seconds = training_seconds(read_jsonl(run.metrics)) if context.is_main else 0.0
     report.resume_removed = removed
     report.rank_mismatched_weights = mismatched
     if context.is_main:
@@ -239,7 +242,7 @@ def _report(
         train_accuracy=result.accuracy,
         test_accuracy=test_acc,
         train_loss=result.loss,
-        seconds=0.0,  # the caller's wall clock
+        seconds=0.0,  # the caller's: every epoch's, from metrics.jsonl
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
         binary_parameters=trainer.kernels.parameters,
         flip_rate=result.flip_rate,
@@ -254,8 +257,12 @@ def _report(
 
 
 def _notes(trainer: Trainer) -> list[str]:
-    """Choices made for the user and what this run will not write: one line each."""
+    """Choices made for the user (the data's size, a recipe's schedules scaled to fewer
+    epochs) and what this run will not write: one line each, in train.json's `notes`."""
+    from bnnexport.training.recipes import compression_note
+
     notes = [trainer.data.note] if trainer.data.note else []
+    notes += [n for n in [compression_note(trainer.config)] if n]
     return notes + ([] if tensorboard_available() else [NO_TENSORBOARD])
 
 

@@ -205,6 +205,10 @@ def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_pat
     assert config["recipe"] == "paper-cifar10-bop"
     assert config["recipe_overrides"] == {"dataset": "mnist5k", "model": "mnist-bnn", "epochs": 1,
                                           "batch_size": 200}  # fmt: skip
+    # --json keeps the note a terminal gets: the schedules run x0.002 as fast
+    note = json.loads(result.stdout)["notes"]
+    assert len(note) == 1 and "1 of its 500 epochs" in note[0] and "gamma" in note[0]
+    assert json.loads((out / "train.json").read_text())["notes"] == note
 
 
 def test_l2_first_last_regularises_the_xnornet_float_first_conv_and_last_dense():
