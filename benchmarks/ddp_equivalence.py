@@ -14,9 +14,14 @@ real-valued parameters and BatchNorm statistics. Beside them, the floor no data-
 can go below: the one-process run again with two threads, which changes nothing but the order
 of its float32 sums. Extra `train` options (after `--`) go to every run.
 
+`--batchnorm-cost` instead times one step of mnist-bnn (batch 50, one thread) with torch's
+BatchNorm and with AllReduceBatchNorm, side by side: what one process pays for statistics that
+round alike in one process and in N.
+
 Run:
     .venv/bin/python benchmarks/ddp_equivalence.py                       # ~1 minute here
     .venv/bin/python benchmarks/ddp_equivalence.py --json -- --per-process-batchnorm
+    .venv/bin/python benchmarks/ddp_equivalence.py --batchnorm-cost
 """
 
 from __future__ import annotations
@@ -111,9 +116,44 @@ def compare(one: Path, other: Path) -> dict[str, Any]:
     }
 
 
+def batchnorm_cost(rounds: int = 15) -> dict[str, Any]:
+    """One training step (forward, backward) of mnist-bnn at batch 50, 1 thread, with torch's
+    BatchNorm and with AllReduceBatchNorm (one process), timed interleaved."""
+    import copy
+
+    from _common import interleaved
+
+    from bnnexport.models import create_model
+    from bnnexport.training.distributed import global_batchnorm
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    plain = create_model("mnist-bnn").to(memory_format=torch.channels_last)
+    ours = global_batchnorm(copy.deepcopy(plain))
+    x = torch.randn(50, 1, 28, 28).to(memory_format=torch.channels_last)
+
+    def step(model: torch.nn.Module) -> None:
+        model.zero_grad()
+        model(x).sum().backward()
+
+    times = interleaved({"torch": lambda: step(plain), "all-reduce": lambda: step(ours)},
+                        rounds=rounds, runs=5)  # fmt: skip
+    ratio = times["all-reduce"]["median"] / times["torch"]["median"]
+    return {"step_ms": {k: v["median"] for k, v in times.items()}, "ratio": ratio}
+
+
 def main() -> None:
-    args, extra = parser(__doc__).parse_known_args()
+    p = parser(__doc__)
+    p.add_argument("--batchnorm-cost", action="store_true",
+                   help="only time a step with torch's BatchNorm and with AllReduceBatchNorm")  # fmt: skip
+    args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
+    if args.batchnorm_cost:
+        cost = {**batchnorm_cost(), "machine": machine()}
+        rows = [[name, ms] for name, ms in cost["step_ms"].items()]
+        emit(cost, table(["BatchNorm", "step ms (median)"], rows) + f"\nratio {cost['ratio']:.3f}",
+             args.json)  # fmt: skip
+        return
     processes, batch = 2, 50
     runs = {  # name: (processes, batch size, threads per process)
         "one": (1, batch, 1),
