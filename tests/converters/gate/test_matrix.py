@@ -11,8 +11,9 @@ meet 2-bit activations, so it has no binary layer for LCE: its case requires non
 
 `make test` runs Bi-Real-Net-18 at 64x64, seed 0 (the case the old sure-prediction floor
 refused), and every larq-zoo model at 64x64 on 20 samples (issue 37: each converts at 64x64 in
-the ordinary suite); the rest is in the long tier, with the small models after one epoch of Bop (mnist-bnn on
-mnist5k; BinaryNet, Bi-Real-Net-18 and QuickNet-Small on a small synthetic image folder).
+the ordinary suite); the rest is in the long tier, with the small models after one epoch of
+Bop (mnist-bnn on mnist5k; BinaryNet, Bi-Real-Net-18 and QuickNet-Small on a small synthetic
+image folder).
 Each case prints one JSON row, and appends it to the file named by BNNEXPORT_MATRIX_LOG when set
 (docs/BENCHMARKS.md records them).
 """
