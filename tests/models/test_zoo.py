@@ -24,7 +24,7 @@ LARQ_ZOO = ["binary-densenet28", "binary-densenet37", "binary-densenet45", "meli
             "real-to-binary-net", "binary-resnet-e18", "dorefanet", "quicknet-large"]  # fmt: skip
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small",
        *LARQ_ZOO]  # fmt: skip
-LONG_ZOO = ("binary-alexnet", "xnornet", "quicknet", *LARQ_ZOO)
+LONG_ZOO = ("binary-alexnet", "xnornet", "birealnet18", "quicknet", *LARQ_ZOO)
 # Reduced sizes for the tests: CIFAR-sized where the layout allows, else the smallest that works.
 REDUCED = {
     "binarynet": (3, 16, 16),
@@ -242,8 +242,10 @@ def test_zoo_list_json_names_every_model_with_its_binary_shares():
 
 
 @pytest.mark.slow
-# the two 62 M-parameter models take 40-45 s each, and QuickNet (17 s) is QuickNet-Small's
-# architecture at a larger width: the long tier (`make test-all`)
+# the two 62 M-parameter models take 40-45 s each, QuickNet (17 s) is QuickNet-Small's
+# architecture at a larger width, and Bi-Real-Net-18 (20-30 s) converts in `make test` through
+# the gate matrix (birealnet18-64-s0, tests/converters/gate/test_matrix.py) as larq-zoo's models
+# do: the long tier (`make test-all`)
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=pytest.mark.long) if n in LONG_ZOO else n for n in ZOO],

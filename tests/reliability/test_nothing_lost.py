@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli import COMMAND, invoke, run_process
+from support.cli import invoke, run_process
 from support.guarantees import (
     another_writer,
     assert_one_line_error,
@@ -84,13 +84,23 @@ def test_unwritable_output_directory_keeps_the_run_intact(
 
 
 @pytest.mark.slow
-def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained_run):
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(tmp_path):
     """The process dies after writing the new checkpoint's bytes but before the rename."""
+    trained_run = tmp_path / "run"  # a 1-epoch run on a tiny folder: its epochs take no time
+    trained = invoke("train", *tiny_training(tmp_path / "data"), "--epochs", "1",
+                     "--out", trained_run)  # fmt: skip
+    assert trained.exit_code == 0, trained.output[-1500:]
     before = (trained_run / "checkpoint.pt").read_bytes()
+    # killed at the fsync of the checkpoint's temporary file, not at the first fsync of the
+    # resume (the manifest's, before any training), which never reached the checkpoint
     code = (
-        "import os, signal, sys\n"
-        "import bnnexport.run.reports as reports\n"
-        "reports.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "import os, signal\n"
+        "fsync = os.fsync\n"
+        "def kill_in_checkpoint_write(fd):\n"
+        "    if '.checkpoint.pt.' in os.readlink(f'/proc/self/fd/{fd}'):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    fsync(fd)\n"
+        "os.fsync = kill_in_checkpoint_write\n"
         "from bnnexport.cli import main\n"
         f"main(['train', '--out', {str(trained_run)!r}, '--resume', '--epochs', '2'])\n"
     )
@@ -228,15 +238,33 @@ def test_a_second_writer_gets_one_line_and_changes_nothing(trained_run, args):
 
 @pytest.mark.slow
 def test_two_trains_on_one_out_do_not_both_run(tmp_path):
-    out = tmp_path / "run"
-    args = ("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
-    command = [*COMMAND, *args]
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(training_in_epoch(out, 1), 120, "step record", first)
-    second = run_process("train", "--epochs", "1", "--out", str(out), "--force")
+    """The first train is held after its epoch's steps until the second has been refused, so
+    the two overlap on any machine, and the first epoch can be a tiny folder's."""
+    out, release = tmp_path / "run", tmp_path / "release"
+    args = ["train", *tiny_training(tmp_path / "data"), "--epochs", "1", "--out", str(out)]
+    code = (
+        "import pathlib, time\n"
+        "import bnnexport.training.train as train\n"
+        "recalibrate = train.recalibrate_batchnorm\n"
+        "def held(*args, **kwargs):\n"
+        f"    release, deadline = pathlib.Path({str(release)!r}), time.monotonic() + 300\n"
+        "    while not release.exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
+        "    return recalibrate(*args, **kwargs)\n"
+        "train.recalibrate_batchnorm = held\n"
+        "from bnnexport.cli import main\n"
+        f"main({args!r})\n"
+    )
+    first = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_until(training_in_epoch(out, 1), 120, "step record", first)
+        second = run_process("train", "--epochs", "1", "--out", str(out), "--force")
+    finally:
+        release.touch()
     assert_one_line_error(second, 2, "being written by another")
-    first.communicate(timeout=300)
-    assert first.returncode == 0
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-1500:]
 
 
 def test_resume_of_a_finished_run_rewrites_nothing(trained_run):
@@ -258,7 +286,8 @@ def test_a_new_run_after_an_interrupted_first_epoch_starts_clean_metrics(tmp_pat
     write_bytes_atomic(out / "metrics.jsonl", b"", append=True)
     stale = {"kind": "step", "step": 999, "epoch": 1, "loss": 9.0}
     append_jsonl(out / "metrics.jsonl", [stale])  # no checkpoint.pt yet
-    result = invoke("train", "--epochs", "1", "--batch-size", "200", "--out", str(out), "--json")
+    options = tiny_training(tmp_path / "data")
+    result = invoke("train", *options, "--epochs", "1", "--out", str(out), "--json")
     assert result.exit_code == 0, result.output[-1500:]
     assert '"step": 999' not in (out / "metrics.jsonl").read_text()
 

@@ -105,7 +105,9 @@ def test_every_option_reaches_config_json(command, images, tmp_path):
 
 @pytest.mark.slow
 def test_the_deprecated_amp_flag_reaches_the_config_as_precision_amp(tmp_path):
+    from support.image_folders import tiny_training
+
     out = tmp_path / "run"
-    args = ["--epochs", "1", "--batch-size", "500", "--amp", "--out", out]
+    args = [*tiny_training(tmp_path / "data"), "--epochs", "1", "--amp", "--out", out]
     assert run_in_process("train", *args).returncode == 0
     assert json.loads((out / "config.json").read_text())["precision"] == "amp"

@@ -14,6 +14,7 @@ import pytest
 import torch
 from support.cli import run_in_process
 from support.guarantees import snapshot
+from support.image_folders import tiny_training, write_image_folder
 
 from bnnexport.run.records import read_jsonl
 from bnnexport.training.config import TrainConfig
@@ -28,7 +29,16 @@ from bnnexport.training.train import train
 
 
 def _train(out: Path, **kwargs):
-    config = TrainConfig(epochs=1, batch_size=1000, out=str(out), **kwargs)  # 4 steps
+    """One epoch of mnist-bnn on 12 images of 16x16 at batch 3: 4 steps, as many as the rows
+    below need, each a fraction of a second (the rows' arithmetic, not the data, is tested;
+    the training flip makes the restored random states of `eval_every` matter)."""
+    data = out.parent / "data"
+    if not data.exists():
+        write_image_folder(data)
+    config = TrainConfig(
+        epochs=1, batch_size=3, out=str(out), dataset="imagefolder", data_dir=str(data),
+        dataset_options={"image_size": 16}, **kwargs,
+    )  # fmt: skip
     return train(config, progress=False)
 
 
@@ -107,7 +117,8 @@ def test_a_run_without_tensorboard_says_so_in_one_line_and_in_its_notes(tmp_path
     monkeypatch.setattr(train_module, "tensorboard_available", lambda: False)
     monkeypatch.setattr("bnnexport.training.metrics.tensorboard_available", lambda: False)
     out = tmp_path / "run"
-    result = run_in_process("train", "--epochs", "1", "--batch-size", "500", "--out", out)
+    result = run_in_process("train", *tiny_training(tmp_path / "data"), "--epochs", "1",
+                            "--out", out)  # fmt: skip
     notes = [line for line in result.stderr.splitlines() if "tensorboard" in line]
     assert result.returncode == 0 and notes == [f"bnnexport: note: {NO_TENSORBOARD}"]
     assert json.loads((out / "train.json").read_text())["notes"] == [NO_TENSORBOARD]

@@ -183,34 +183,26 @@ def test_recipes_command_lists_them_as_json():
     assert recipes[-1]["sources"]["batch_size"].endswith("sota_experiments.py:18")
 
 
-@pytest.mark.slow
 def test_train_with_a_recipe_and_overrides_records_the_resolved_schedule(tmp_path):
+    from support.image_folders import write_image_folder
+
+    # 60 training images of 16x16 at batch 3: an epoch of 20 steps in about a second (the
+    # resolved schedule, not the data, is the test)
+    data = write_image_folder(tmp_path / "data", per_class=20, size=(16, 16))
     out = tmp_path / "run"
-    args = [
-        "train",
-        "--recipe",
-        "paper-cifar10-bop",
-        "--dataset",
-        "mnist5k",
-        "--model",
-        "mnist-bnn",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "200",
-        "--out",
-        str(out),
-        "--json",
-    ]
+    args = ["train", "--recipe", "paper-cifar10-bop", "--dataset", "imagefolder", "--data-dir",
+            data, "--image-size", "16", "--model", "mnist-bnn", "--epochs", "1",
+            "--batch-size", "3", "--out", out, "--json"]  # fmt: skip
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
-    assert config["threshold"] == 1e-8 and config["batch_size"] == 200 and config["epochs"] == 1
+    assert config["threshold"] == 1e-8 and config["batch_size"] == 3 and config["epochs"] == 1
     # 500-epoch recipe run for 1 epoch: x0.1 every 100/500 epochs = every 4 of 20 steps
     assert config["gamma"] == "step:0.0001,0.1,4"
     assert config["recipe"] == "paper-cifar10-bop"
-    assert config["recipe_overrides"] == {"dataset": "mnist5k", "model": "mnist-bnn", "epochs": 1,
-                                          "batch_size": 200}  # fmt: skip
+    assert config["recipe_overrides"] == {"dataset": "imagefolder", "model": "mnist-bnn",
+                                          "epochs": 1, "batch_size": 3,
+                                          "dataset_options": {"image_size": 16}}  # fmt: skip
     # --json keeps the note a terminal gets: the schedules run x0.002 as fast
     note = json.loads(result.stdout)["notes"]
     assert len(note) == 1 and "1 of its 500 epochs" in note[0] and "gamma" in note[0]

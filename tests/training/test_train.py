@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli import COMMAND, run_in_process, run_process
+from support.cli import COMMAND, invoke, run_in_process, run_process
+from support.image_folders import tiny_training
 from support.waiting import training_in_epoch, wait_until
 
 from bnnexport.nn.layers import binary_parameters
@@ -56,18 +57,8 @@ def test_trained_kernels_are_strictly_binary(trained_run):
 @pytest.mark.slow
 def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path):
     out = tmp_path / "latent"
-    result = run_process(
-        "train",
-        "--optimizer",
-        "adam-latent",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "200",
-        "--out",
-        str(out),
-        "--json",
-    )
+    result = run_process("train", *tiny_training(tmp_path / "data"), "--optimizer", "adam-latent",
+                         "--epochs", "1", "--out", str(out), "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
     kernel = checkpoint["model"]["features.2.weight"]
@@ -78,7 +69,11 @@ def test_adam_latent_checkpoint_holds_binary_kernels_and_latent_weights(tmp_path
 
 
 @pytest.mark.slow
-def test_resume_continues_from_the_last_epoch(trained_run):
+def test_resume_continues_from_the_last_epoch(tmp_path):
+    trained_run = tmp_path / "run"  # 1 epoch on a tiny folder: resuming it costs no mnist epoch
+    trained = invoke("train", *tiny_training(tmp_path / "data"), "--epochs", "1",
+                     "--out", trained_run)  # fmt: skip
+    assert trained.exit_code == 0, trained.output[-1500:]
     result = run_process("train", "--out", str(trained_run), "--resume", "--epochs", "2", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -128,11 +123,11 @@ def test_malformed_cifar_directory_names_what_is_missing(tmp_path):
 def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # epochs of a fraction of a second on a tiny folder: the kill lands at any point of one,
+    # its checkpoint write included; 1000 are never reached
+    args = [*tiny_training(tmp_path / "data"), "--epochs", "1000", "--out", str(out), "--json"]
     process = subprocess.Popen(
-        [*COMMAND, "train", "--epochs", "50", "--batch-size", "100", "--out", str(out), "--json"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
+        [*COMMAND, "train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     )
     checkpoint = out / "checkpoint.pt"
     # inside epoch 2: the first checkpoint is written and the second is not
@@ -141,8 +136,8 @@ def test_sigkill_during_training_leaves_a_valid_checkpoint_and_resume_finishes(t
     process.send_signal(signal.SIGKILL)
     process.wait()
     saved = torch.load(checkpoint, weights_only=True)  # not corrupt
-    assert 1 <= saved["epoch"] < 50
-    finish = saved["epoch"] + 1  # one more epoch proves the resume; 50 were never reachable
+    assert 1 <= saved["epoch"] < 1000
+    finish = saved["epoch"] + 1  # one more epoch proves the resume; 1000 were never reachable
     result = run_process("train", "--out", str(out), "--resume", "--epochs", str(finish), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
