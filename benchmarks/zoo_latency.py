@@ -5,13 +5,17 @@ Question: each zoo model at its native input (or `--input-size`), initialised
 directory (`export`, `convert --format tflite`), then timed at batch 1 with 1 thread in
 PyTorch (float, eager), ONNX Runtime, TFLite (float, stock interpreter) and LCE (LCE's
 interpreter, indirect BGEMM). The four backends are built exactly as `bnnexport bench` builds
-them (`bnnexport.bench`); here they are timed interleaved, per model, and the medians over
-rounds are reported with each backend's speed-up over PyTorch. Sizes: ONNX, float TFLite, LCE.
+them (`bnnexport.bench`); a fifth, `lce-app`, is the flatbuffer in LCE's interpreter with the
+settings `convert.json`'s `lce_settings` names (LCE's default kernels when it is empty: what a
+user's own app runs). They are timed interleaved, per model, and the medians over rounds are
+reported with each backend's speed-up over PyTorch. Also: parameters, binary MAC share (the
+summary's), conversion seconds (`convert`, gate included), sizes (ONNX, float TFLite, LCE).
 
 Run:
     .venv/bin/python benchmarks/zoo_latency.py                       # every zoo model
     .venv/bin/python benchmarks/zoo_latency.py --models binarynet,quicknet-small --input-size 64
     .venv/bin/python benchmarks/zoo_latency.py --rounds 20 --runs 20 --json
+    .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --json > dorefanet.json
 """
 
 from __future__ import annotations
@@ -27,8 +31,18 @@ from _common import emit, interleaved, log, machine, parser, table, torch_pipeli
 
 from bnnexport.bench.host import host_backends
 from bnnexport.models import list_models, model_info
+from bnnexport.run.checkpoint import load_model
 from bnnexport.run.directory import RunDir
 from bnnexport.run.samples import load_samples
+from bnnexport.summary import summarize
+from converters.runtimes import LceModel, lce_interpreter
+
+
+def app_lce_call(flatbuffer: Path, settings: dict[str, bool], x1: np.ndarray) -> Any:
+    """One batch-1 call of `flatbuffer` in LCE's interpreter as an app opens it: LCE's default
+    kernels, plus `settings` (convert.json's `lce_settings`) where the flatbuffer needs them."""
+    model = LceModel(lce_interpreter(flatbuffer, 1, default_kernels=not settings))
+    return lambda: model.run_one(x1)
 
 
 def measure(
@@ -44,6 +58,8 @@ def measure(
     run = RunDir(tmp / model)
     inputs, _ = load_samples(run, 1)
     x1 = np.ascontiguousarray(inputs[:1])
+    convert = made["convert"]
+    summary = summarize(load_model(run.root), tuple(shape))
     threads = torch.get_num_threads()
     calls, sizes = {}, {}
     try:
@@ -51,16 +67,18 @@ def measure(
             _, call = factory(x1)
             calls[name] = call
             sizes[name] = path.stat().st_size if path is not None else None
+        calls["lce-app"] = app_lce_call(run.flatbuffer("arm64"), convert.lce_settings, x1)
         times = interleaved(calls, rounds=rounds, runs=runs, warmup=3)
     finally:
         torch.set_num_threads(threads)
-    convert = made["convert"]
     return {
         "input_shape": list(shape),
         "native_input_shape": list(info.input_shape),
         "parameters": made["init"].parameters,
         "binary_layers": made["init"].binary_layers,
         "lce_bconv2d": convert.lce_bconv2d,
+        "binary_mac_share": summary.binary_mac_share,
+        "lce_settings": convert.lce_settings,
         "latency_ms": {n: t["median"] for n, t in times.items()},
         "latency_min_ms": {n: t["min"] for n, t in times.items()},
         "bytes": {
@@ -70,6 +88,7 @@ def measure(
             "checkpoint": sizes.get("pytorch"),
         },
         "pipeline_seconds": pipeline_s,
+        "seconds": made["seconds"],  # init, export, convert (the gate included)
     }
 
 
@@ -122,9 +141,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 lat["onnxruntime"],
                 lat["tflite-float"],
                 lat["lce"],
+                lat["lce-app"],
+                "+".join(k for k, on in r["lce_settings"].items() if on) or "default",
                 lat["pytorch"] / lat["lce"],
                 lat["tflite-float"] / lat["lce"],
                 f"{r['lce_bconv2d']}/{r['binary_layers']}",
+                r["parameters"] / 1e6,
+                r["binary_mac_share"],
+                r["seconds"]["convert"],
                 b["onnx"] / 1e6,
                 b["tflite_float"] / 1e6,
                 b["lce"] / 1e6,
@@ -138,9 +162,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ort ms",
             "tflite ms",
             "lce ms",
+            "lce-app ms",
+            "app settings",
             "pytorch/lce",
             "tflite/lce",
             "bconv/binary",
+            "params M",
+            "binary MACs",
+            "convert s",
             "onnx MB",
             "tflite MB",
             "lce MB",
