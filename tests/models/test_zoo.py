@@ -185,6 +185,38 @@ def test_init_writes_a_loadable_run_with_binary_kernels_and_nontrivial_batchnorm
     assert json.loads((tmp_path / "r" / "config.json").read_text())["model"] == "birealnet18"
 
 
+# binary layers (±1 kernels) per larq-zoo model, from its block structure (docs/LCE_NOTES.md
+# "larq-zoo's models"): one per dense layer (6+6+6+5, 6+8+12+6, 6+12+14+8), MeliusNet's 17 dense
+# and 17 improvement blocks, two halves of 8 blocks, Bi-Real's 16 convs, DoReFa-Net's 4 convs
+# and 2 dense layers, QuickNet-Large's 6+8+12+6 blocks
+LARQ_ZOO_BINARY_LAYERS = {
+    "binary-densenet28": 23, "binary-densenet37": 32, "binary-densenet45": 40, "meliusnet22": 34,
+    "real-to-binary-net": 16, "binary-resnet-e18": 16, "dorefanet": 6, "quicknet-large": 32,
+}  # fmt: skip
+
+
+@pytest.mark.slow  # 1-5 s each (a checkpoint and a traced record); `make test` runs DoReFa-Net,
+# whose BatchNorm1d, binary dense layers and 2-bit inputs no other `make test` case initialises (the
+# DenseNets', MeliusNet's, Real-to-Binary's and ResNetE's blocks are initialised by the gate
+# matrix's 64x64 cases, QuickNet's code by QuickNet-Small's conversion test), the rest long
+@pytest.mark.parametrize(
+    "name", [n if n == "dorefanet" else pytest.param(n, marks=pytest.mark.long) for n in LARQ_ZOO]
+)
+def test_init_writes_a_larq_zoo_model_at_a_small_size_with_binary_kernels_and_random_batchnorm(
+    tmp_path, name
+):
+    report = init_run(name, input_shape=REDUCED[name], num_classes=10, out=tmp_path / "r")
+    assert load_checkpoint(tmp_path / "r")["model_kwargs"]["input_shape"] == list(REDUCED[name])
+    model = load_model(tmp_path / "r")
+    layers = [layer for _, layer in binary_layers(model)]
+    assert report.binary_layers == len(layers) == LARQ_ZOO_BINARY_LAYERS[name]
+    assert all(bool(((layer.weight == 1) | (layer.weight == -1)).all()) for layer in layers)
+    norms = [
+        m for m in model.modules() if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d))
+    ]
+    assert norms and all(bool((bn.running_mean != 0).all()) for bn in norms)
+
+
 def test_init_refuses_to_overwrite_without_force(tmp_path):
     args = ["init", "--model", "binarynet", "--input-shape", "3,16,16", "--out", str(tmp_path)]
     assert invoke(*args).exit_code == 0
