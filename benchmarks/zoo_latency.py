@@ -15,7 +15,7 @@ Run:
     .venv/bin/python benchmarks/zoo_latency.py                       # every zoo model
     .venv/bin/python benchmarks/zoo_latency.py --models binarynet,quicknet-small --input-size 64
     .venv/bin/python benchmarks/zoo_latency.py --rounds 20 --runs 20 --json
-    .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --json > dorefanet.json
+    .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --grid-inputs --json > dorefanet.json
 """
 
 from __future__ import annotations
@@ -46,14 +46,16 @@ def app_lce_call(flatbuffer: Path, settings: dict[str, bool], x1: np.ndarray) ->
 
 
 def measure(
-    model: str, tmp: Path, input_size: int | None, rounds: int, runs: int
+    model: str, tmp: Path, input_size: int | None, rounds: int, runs: int, grid_inputs: bool
 ) -> dict[str, Any]:
     info = model_info(model)
     shape = info.input_shape
     if input_size is not None and shape[1] > input_size:  # only ever shrinks (ImageNet models)
         shape = (shape[0], input_size, input_size)
     start = time.perf_counter()
-    made = torch_pipeline(model, tmp / model, input_shape=shape, samples=8, fmt="tflite")
+    made = torch_pipeline(
+        model, tmp / model, input_shape=shape, samples=8, fmt="tflite", grid_inputs=grid_inputs
+    )
     pipeline_s = time.perf_counter() - start
     run = RunDir(tmp / model)
     inputs, _ = load_samples(run, 1)
@@ -105,6 +107,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="cap the input's height and width (e.g. 64 for the ImageNet models)",
     )
+    p.add_argument(
+        "--grid-inputs",
+        action="store_true",
+        help="export and convert check on the run's default inputs (a 1/64 grid) instead of "
+        "uniform [-1, 1] images",
+    )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per backend per round")
     args = p.parse_args(argv)
@@ -115,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch": 1,
         "rounds": args.rounds,
         "runs_per_round": args.runs,
+        "check_inputs": "grid" if args.grid_inputs else "uniform",
         "models": {},
     }
     with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             log(f"{model}: init -> export -> convert, then timing")
             try:
                 result["models"][model] = measure(
-                    model, Path(tmp), args.input_size, args.rounds, args.runs
+                    model, Path(tmp), args.input_size, args.rounds, args.runs, args.grid_inputs
                 )
             except Exception as error:  # noqa: BLE001 - one failing model must not hide the rest
                 result["models"][model] = {"error": f"{type(error).__name__}: {error}"}
