@@ -15,11 +15,13 @@ Run:
     .venv/bin/python benchmarks/zoo_latency.py                       # every zoo model
     .venv/bin/python benchmarks/zoo_latency.py --models binarynet,quicknet-small --input-size 64
     .venv/bin/python benchmarks/zoo_latency.py --rounds 20 --runs 20 --json
-    .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --grid-inputs --json > dorefanet.json
+    .venv/bin/python benchmarks/zoo_latency.py --models birealnet18,quicknet --across-models
+    .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --grid-inputs --json
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -46,15 +48,18 @@ def app_lce_call(flatbuffer: Path, settings: dict[str, bool], x1: np.ndarray) ->
 
 
 def measure(
-    model: str, tmp: Path, input_size: int | None, rounds: int, runs: int, grid_inputs: bool
+    model: str, tmp: Path, args: argparse.Namespace, lce_calls: dict[str, Any]
 ) -> dict[str, Any]:
+    """One model: init -> export -> convert, sizes, and (unless `--across-models`) its backends
+    timed side by side. Its two LCE calls go to `lce_calls` for the across-model set."""
+    input_size, rounds, runs = args.input_size, args.rounds, args.runs
     info = model_info(model)
     shape = info.input_shape
     if input_size is not None and shape[1] > input_size:  # only ever shrinks (ImageNet models)
         shape = (shape[0], input_size, input_size)
     start = time.perf_counter()
     made = torch_pipeline(
-        model, tmp / model, input_shape=shape, samples=8, fmt="tflite", grid_inputs=grid_inputs
+        model, tmp / model, input_shape=shape, samples=8, fmt="tflite", grid_inputs=args.grid_inputs
     )
     pipeline_s = time.perf_counter() - start
     run = RunDir(tmp / model)
@@ -70,7 +75,8 @@ def measure(
             calls[name] = call
             sizes[name] = path.stat().st_size if path is not None else None
         calls["lce-app"] = app_lce_call(run.flatbuffer("arm64"), convert.lce_settings, x1)
-        times = interleaved(calls, rounds=rounds, runs=runs, warmup=3)
+        lce_calls[model], lce_calls[f"{model} (app)"] = calls["lce"], calls["lce-app"]
+        times = {} if args.across_models else interleaved(calls, rounds, runs, warmup=3)
     finally:
         torch.set_num_threads(threads)
     return {
@@ -94,6 +100,18 @@ def measure(
     }
 
 
+def across_table(across: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+    """The across-model set: each flatbuffer's median and min, and its ratio to the first's."""
+    first = next(iter(across.values()))["median"]
+    rows = [[name, t["median"], t["min"], t["median"] / first] for name, t in across.items()]
+    text = table(["flatbuffer", "lce median ms", "lce min ms", "x first"], rows)
+    return text + (
+        f"\n\nbatch 1, 1 thread, every flatbuffer in one interleaved set: medians of "
+        f"{args.rounds} rounds x {args.runs} runs; (app): LCE's default kernels plus the "
+        "flatbuffer's lce_settings"
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__)
     p.add_argument(
@@ -113,6 +131,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="export and convert check on the run's default inputs (a 1/64 grid) instead of "
         "uniform [-1, 1] images",
     )
+    p.add_argument(
+        "--across-models",
+        action="store_true",
+        help="time only the LCE flatbuffers (indirect BGEMM, and as an app opens them), every "
+        "model's in one interleaved set, so ratios between models are side by side",
+    )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per backend per round")
     args = p.parse_args(argv)
@@ -126,16 +150,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "check_inputs": "grid" if args.grid_inputs else "uniform",
         "models": {},
     }
+    lce_calls: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
         for model in models:
             log(f"{model}: init -> export -> convert, then timing")
             try:
-                result["models"][model] = measure(
-                    model, Path(tmp), args.input_size, args.rounds, args.runs, args.grid_inputs
-                )
+                result["models"][model] = measure(model, Path(tmp), args, lce_calls)
             except Exception as error:  # noqa: BLE001 - one failing model must not hide the rest
                 result["models"][model] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"{model}: FAILED: {result['models'][model]['error'][:300]}")
+        if args.across_models:
+            log(f"timing {len(lce_calls)} LCE flatbuffers side by side")
+            across = interleaved(lce_calls, args.rounds, args.runs, warmup=3)
+            result["across_models"] = across
+            result["machine_after"] = machine()
+            emit(result, across_table(across, args), args.json)
+            return result
     rows, failed = [], []
     for model, r in result["models"].items():
         if "error" in r:
