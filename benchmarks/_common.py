@@ -279,8 +279,13 @@ def torch_pipeline(
     input_shape: Sequence[int] | None = None,
     samples: int = 16,
     fmt: str = "lce",
+    grid_inputs: bool = False,
 ) -> dict[str, Any]:
-    """init -> export -> convert of an initialised `model` in `out`; reports and seconds."""
+    """init -> export -> convert of an initialised `model` in `out`; reports and seconds.
+
+    Export checks on `samples` uniform [-1, 1] images (`synthetic_dataset`), or with
+    `grid_inputs` on the run's default samples (no data set: inputs on a 1/64 grid,
+    `bnnexport.export.run_test_samples`)."""
     import time
 
     from bnnexport.convert import convert_run
@@ -290,7 +295,7 @@ def torch_pipeline(
 
     info = model_info(model)
     shape = tuple(input_shape) if input_shape else info.input_shape
-    dataset = synthetic_dataset(shape, info.num_classes, samples)
+    dataset = None if grid_inputs else synthetic_dataset(shape, info.num_classes, samples)
     start = time.perf_counter()
     init = init_run(model, input_shape=shape, out=out, force=True, dataset=dataset)
     t_init = time.perf_counter()

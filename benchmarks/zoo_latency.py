@@ -5,17 +5,23 @@ Question: each zoo model at its native input (or `--input-size`), initialised
 directory (`export`, `convert --format tflite`), then timed at batch 1 with 1 thread in
 PyTorch (float, eager), ONNX Runtime, TFLite (float, stock interpreter) and LCE (LCE's
 interpreter, indirect BGEMM). The four backends are built exactly as `bnnexport bench` builds
-them (`bnnexport.bench`); here they are timed interleaved, per model, and the medians over
-rounds are reported with each backend's speed-up over PyTorch. Sizes: ONNX, float TFLite, LCE.
+them (`bnnexport.bench`); a fifth, `lce-app`, is the flatbuffer in LCE's interpreter with the
+settings `convert.json`'s `lce_settings` names (LCE's default kernels when it is empty: what a
+user's own app runs). They are timed interleaved, per model, and the medians over rounds are
+reported with each backend's speed-up over PyTorch. Also: parameters, binary MAC share (the
+summary's), conversion seconds (`convert`, gate included), sizes (ONNX, float TFLite, LCE).
 
 Run:
     .venv/bin/python benchmarks/zoo_latency.py                       # every zoo model
     .venv/bin/python benchmarks/zoo_latency.py --models binarynet,quicknet-small --input-size 64
     .venv/bin/python benchmarks/zoo_latency.py --rounds 20 --runs 20 --json
+    .venv/bin/python benchmarks/zoo_latency.py --models birealnet18,quicknet --across-models
+    .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --grid-inputs --json
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -27,23 +33,40 @@ from _common import emit, interleaved, log, machine, parser, table, torch_pipeli
 
 from bnnexport.bench.host import host_backends
 from bnnexport.models import list_models, model_info
+from bnnexport.run.checkpoint import load_model
 from bnnexport.run.directory import RunDir
 from bnnexport.run.samples import load_samples
+from bnnexport.summary import summarize
+from converters.runtimes import LceModel, lce_interpreter
+
+
+def app_lce_call(flatbuffer: Path, settings: dict[str, bool], x1: np.ndarray) -> Any:
+    """One batch-1 call of `flatbuffer` in LCE's interpreter as an app opens it: LCE's default
+    kernels, plus `settings` (convert.json's `lce_settings`) where the flatbuffer needs them."""
+    model = LceModel(lce_interpreter(flatbuffer, 1, default_kernels=not settings))
+    return lambda: model.run_one(x1)
 
 
 def measure(
-    model: str, tmp: Path, input_size: int | None, rounds: int, runs: int
+    model: str, tmp: Path, args: argparse.Namespace, lce_calls: dict[str, Any]
 ) -> dict[str, Any]:
+    """One model: init -> export -> convert, sizes, and (unless `--across-models`) its backends
+    timed side by side. Its two LCE calls go to `lce_calls` for the across-model set."""
+    input_size, rounds, runs = args.input_size, args.rounds, args.runs
     info = model_info(model)
     shape = info.input_shape
     if input_size is not None and shape[1] > input_size:  # only ever shrinks (ImageNet models)
         shape = (shape[0], input_size, input_size)
     start = time.perf_counter()
-    made = torch_pipeline(model, tmp / model, input_shape=shape, samples=8, fmt="tflite")
+    made = torch_pipeline(
+        model, tmp / model, input_shape=shape, samples=8, fmt="tflite", grid_inputs=args.grid_inputs
+    )
     pipeline_s = time.perf_counter() - start
     run = RunDir(tmp / model)
     inputs, _ = load_samples(run, 1)
     x1 = np.ascontiguousarray(inputs[:1])
+    convert = made["convert"]
+    summary = summarize(load_model(run.root), tuple(shape))
     threads = torch.get_num_threads()
     calls, sizes = {}, {}
     try:
@@ -51,16 +74,19 @@ def measure(
             _, call = factory(x1)
             calls[name] = call
             sizes[name] = path.stat().st_size if path is not None else None
-        times = interleaved(calls, rounds=rounds, runs=runs, warmup=3)
+        calls["lce-app"] = app_lce_call(run.flatbuffer("arm64"), convert.lce_settings, x1)
+        lce_calls[model], lce_calls[f"{model} (app)"] = calls["lce"], calls["lce-app"]
+        times = {} if args.across_models else interleaved(calls, rounds, runs, warmup=3)
     finally:
         torch.set_num_threads(threads)
-    convert = made["convert"]
     return {
         "input_shape": list(shape),
         "native_input_shape": list(info.input_shape),
         "parameters": made["init"].parameters,
         "binary_layers": made["init"].binary_layers,
         "lce_bconv2d": convert.lce_bconv2d,
+        "binary_mac_share": summary.binary_mac_share,
+        "lce_settings": convert.lce_settings,
         "latency_ms": {n: t["median"] for n, t in times.items()},
         "latency_min_ms": {n: t["min"] for n, t in times.items()},
         "bytes": {
@@ -70,7 +96,20 @@ def measure(
             "checkpoint": sizes.get("pytorch"),
         },
         "pipeline_seconds": pipeline_s,
+        "seconds": made["seconds"],  # init, export, convert (the gate included)
     }
+
+
+def across_table(across: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+    """The across-model set: each flatbuffer's median and min, and its ratio to the first's."""
+    first = next(iter(across.values()))["median"]
+    rows = [[name, t["median"], t["min"], t["median"] / first] for name, t in across.items()]
+    text = table(["flatbuffer", "lce median ms", "lce min ms", "x first"], rows)
+    return text + (
+        f"\n\nbatch 1, 1 thread, every flatbuffer in one interleaved set: medians of "
+        f"{args.rounds} rounds x {args.runs} runs; (app): LCE's default kernels plus the "
+        "flatbuffer's lce_settings"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -86,6 +125,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="cap the input's height and width (e.g. 64 for the ImageNet models)",
     )
+    p.add_argument(
+        "--grid-inputs",
+        action="store_true",
+        help="export and convert check on the run's default inputs (a 1/64 grid) instead of "
+        "uniform [-1, 1] images",
+    )
+    p.add_argument(
+        "--across-models",
+        action="store_true",
+        help="time only the LCE flatbuffers (indirect BGEMM, and as an app opens them), every "
+        "model's in one interleaved set, so ratios between models are side by side",
+    )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per backend per round")
     args = p.parse_args(argv)
@@ -96,18 +147,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch": 1,
         "rounds": args.rounds,
         "runs_per_round": args.runs,
+        "check_inputs": "grid" if args.grid_inputs else "uniform",
         "models": {},
     }
+    lce_calls: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
         for model in models:
             log(f"{model}: init -> export -> convert, then timing")
             try:
-                result["models"][model] = measure(
-                    model, Path(tmp), args.input_size, args.rounds, args.runs
-                )
+                result["models"][model] = measure(model, Path(tmp), args, lce_calls)
             except Exception as error:  # noqa: BLE001 - one failing model must not hide the rest
                 result["models"][model] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"{model}: FAILED: {result['models'][model]['error'][:300]}")
+        if args.across_models:
+            log(f"timing {len(lce_calls)} LCE flatbuffers side by side")
+            across = interleaved(lce_calls, args.rounds, args.runs, warmup=3)
+            result["across_models"] = across
+            result["machine_after"] = machine()
+            emit(result, across_table(across, args), args.json)
+            return result
     rows, failed = [], []
     for model, r in result["models"].items():
         if "error" in r:
@@ -122,9 +180,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 lat["onnxruntime"],
                 lat["tflite-float"],
                 lat["lce"],
+                lat["lce-app"],
+                "+".join(k for k, on in r["lce_settings"].items() if on) or "default",
                 lat["pytorch"] / lat["lce"],
                 lat["tflite-float"] / lat["lce"],
                 f"{r['lce_bconv2d']}/{r['binary_layers']}",
+                r["parameters"] / 1e6,
+                r["binary_mac_share"],
+                r["seconds"]["convert"],
                 b["onnx"] / 1e6,
                 b["tflite_float"] / 1e6,
                 b["lce"] / 1e6,
@@ -138,9 +201,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ort ms",
             "tflite ms",
             "lce ms",
+            "lce-app ms",
+            "app settings",
             "pytorch/lce",
             "tflite/lce",
             "bconv/binary",
+            "params M",
+            "binary MACs",
+            "convert s",
             "onnx MB",
             "tflite MB",
             "lce MB",
