@@ -142,14 +142,15 @@ class WitnessModels:
     shipped flatbuffer's own. Built on first use: most conversions meet no tie.
     """
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, float_model: bool = True):
         self.model = model
+        self.float_model = float_model  # False: LCE's witness only (an int8 model's)
         self._flatbuffers: dict[str, bytes] | None = None
         self.sources: list[str] = []
 
     def _convert(self) -> dict[str, bytes]:
         if self._flatbuffers is None:
-            translated = translate(self.model, float_model=True, witness=True)
+            translated = translate(self.model, float_model=self.float_model, witness=True)
             self.sources = translated.info.witness_sources
             self._flatbuffers = {
                 "LCE": translated.flatbuffer, "float TFLite": translated.float_flatbuffer or b""
