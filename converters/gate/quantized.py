@@ -344,16 +344,17 @@ def refuse_accuracy_drop(accuracy: dict[str, Any], limit: float | None) -> None:
 
 def check_int8_io(translated: Translated, inputs: np.ndarray) -> None:
     """ConversionMismatchError unless the int8-io flatbuffer gives, on `inputs` quantized with
-    its input scale, the outputs of the checked float-io one on the same int8 inputs, bit for
-    bit: they are one int8 graph with and without QUANTIZE/DEQUANTIZE at its ends."""
+    its input scale, the int8 outputs of the checked float-io one on the same int8 inputs:
+    they are one int8 graph with and without QUANTIZE/DEQUANTIZE at its ends (compared
+    dequantized, to within float rounding of a step)."""
     model = open_model("lce", translated.int8_io_flatbuffer)
     scale = model.interpreter.input_scales[0]
     zero = model.interpreter.input_zero_points[0]
     on_grid = (np.clip(np.rint(inputs / scale) + zero, -128, 127) - zero) * scale
     on_grid = on_grid.astype(np.float32)
     theirs, mine = model.run(on_grid), run_lce(translated.flatbuffer, on_grid)
-    if not np.array_equal(theirs, mine):
-        worst = float(np.abs(theirs - mine).max())
+    worst = float(np.abs(theirs - mine).max())
+    if worst > GRID_TOL * model.interpreter.output_scales[0]:  # the same int8 outputs
         raise ConversionMismatchError(
             f"the int8-io flatbuffer differs from the checked float-io one by {worst:.3g} on "
             "the same int8 inputs",

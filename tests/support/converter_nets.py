@@ -144,9 +144,9 @@ def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples:
 
 
 class FloatStemBinaryBody(nn.Module):
-    """float 3x3 stem + BatchNorm + ReLU -> one-padded binary block with max-pool -> binary
-    block -> flatten -> float dense head: every float layer an int8 candidate, the binary
-    layers between them. Takes (N, 3, 8, 8)."""
+    """float 3x3 stem + BatchNorm -> one-padded binary block with max-pool -> binary block ->
+    flatten -> float dense head: every float layer an int8 candidate, the binary layers
+    between them. Takes (N, 3, 8, 8)."""
 
     def __init__(self):
         super().__init__()
@@ -157,7 +157,7 @@ class FloatStemBinaryBody(nn.Module):
         self.head = nn.Linear(32 * 4 * 4, 10)
 
     def forward(self, x):
-        x = torch.relu(self.bn0(self.stem(x)))
+        x = self.bn0(self.stem(x))
         return self.head(torch.flatten(self.b(self.a(x)), 1))
 
 

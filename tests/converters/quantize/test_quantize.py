@@ -43,12 +43,19 @@ def test_a_point_holds_zero_exactly_and_covers_its_range():
 
 
 def test_the_units_are_the_float_layers_with_their_batch_norm_and_relu(tmp_path):
-    plan = find_units(OnnxGraph.folded(_normalized(FloatStemBinaryBody(), tmp_path)))
-    assert [u.op_type for u in plan.units] == ["Conv", "Gemm"]  # the binary convs are not
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(8 * 6 * 6, 10))  # fmt: skip
+    plan = find_units(OnnxGraph.folded(_normalized(net, tmp_path)))
+    assert [u.op_type for u in plan.units] == ["Conv", "Gemm"]
     stem = plan.units[0]
     assert stem.batch_norm is not None and stem.relu is not None
-    assert stem.output.startswith("/Relu")
-    assert plan.kept_float == {}
+    assert stem.output.endswith("Relu_output_0") and plan.kept_float == {}
+
+
+def test_binary_layers_are_no_units(tmp_path):
+    plan = find_units(OnnxGraph.folded(_normalized(FloatStemBinaryBody(), tmp_path)))
+    assert [u.op_type for u in plan.units] == ["Conv", "Gemm"]  # not the two ±1 convs
+    assert plan.units[0].batch_norm is not None and plan.units[0].relu is None
 
 
 def test_a_grouped_float_conv_stays_float_and_says_why(tmp_path):
