@@ -51,7 +51,7 @@ from converters.gate.quantized import check_int8
 from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
-from converters.quantize import FLOAT_LAYERS, quantize
+from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
 from converters.translate import translate
 
 TARGETS = ("arm64", "arm32")
@@ -143,6 +143,9 @@ class ConvertOptions:
     # model in ONNX Runtime (`converters.quantize`, `converters.gate.quantized`)
     float_layers: str = "float32"
     calibration: np.ndarray | None = field(default=None, compare=False)
+    # int8: the activation points to use (`QuantizeReport.tensor_points` of another
+    # conversion of the same model: a batch-N copy takes the batch-1 model's)
+    int8_points: dict[str, dict] | None = field(default=None, compare=False)
     # int8: refuse a model whose top-1 on labelled samples is more than this many points
     # below the float model's (None: no limit)
     max_accuracy_drop: float | None = 1.0
@@ -290,10 +293,18 @@ def _quantized(model: onnx.ModelProto, inputs: np.ndarray, options: ConvertOptio
     """The int8 model of `model` (`converters.quantize.Quantized`), calibrated on
     `options.calibration` or else `inputs`; None for float layers in float32."""
     if options.float_layers != "int8":
+        if any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+            raise ConverterError(
+                "the model carries int8 ranges (QuantizeLinear -> DequantizeLinear, e.g. from "
+                "quantization-aware training): convert its float layers in int8 "
+                "(--float-layers int8)"
+            )
         return None
     calibration = options.calibration if options.calibration is not None else inputs
-    options.step(f"int8: quantize the float layers (ranges from {len(calibration)} samples)")
-    return quantize(model, calibration)
+    given = {t: QuantPoint(**p) for t, p in (options.int8_points or {}).items()}
+    source = "given" if given else f"from {len(calibration)} samples"
+    options.step(f"int8: quantize the float layers (ranges {source})")
+    return quantize(model, calibration, given)
 
 
 def _write_all(

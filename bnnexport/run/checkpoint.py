@@ -120,6 +120,16 @@ def _is_onnx(path: Path) -> bool:
     return model.ir_version > 0 and len(model.graph.node) > 0
 
 
+def recorded_float_layers(run_dir: str | os.PathLike) -> str:
+    """How a run trained its float layers: "int8" (quantization-aware, `train --float-layers
+    int8`: the checkpoint's `float_layers`) or "float32" (the default, and any run without a
+    checkpoint)."""
+    run = RunDir(run_dir)
+    if not run.checkpoint.is_file():
+        return "float32"
+    return str(load_checkpoint(run.checkpoint).get("float_layers", "float32"))
+
+
 def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:
     """Rebuild the model a checkpoint describes and load its binary weights (eval mode)."""
     from bnnexport.models import create_model

@@ -44,9 +44,10 @@ FLOAT_LAYERS = ("float32", "int8")
 @dataclass
 class QuantizeReport:
     """How the float layers were quantized: `ranges` "calibrated" (post-training, on
-    `calibration_samples` samples) or "trained" (the model carried them: quantization-aware
-    training), the int8 layers and the float layers kept float with why, and every activation
-    point (by the name of its dequantized tensor) with its scale and zero point.
+    `calibration_samples` samples), "trained" (the model carried them: quantization-aware
+    training) or "given" (another conversion's); the int8 layers and the float layers kept
+    float with why, and every activation point (by the name of its dequantized tensor) with
+    its scale and zero point.
     `calibrated_points` lists points a trained model had no range for (calibrated instead);
     `unused_points` trained ranges at tensors no int8 layer reads or writes."""
 
@@ -57,6 +58,8 @@ class QuantizeReport:
     points: dict[str, dict[str, float | int]] = field(default_factory=dict)
     calibrated_points: list[str] = field(default_factory=list)
     unused_points: list[str] = field(default_factory=list)
+    # the same points by the float tensor they quantize (what `quantize(given=...)` takes)
+    tensor_points: dict[str, dict[str, float | int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,13 +74,20 @@ class Quantized:
     report: QuantizeReport
 
 
-def quantize(model: onnx.ModelProto, calibration: np.ndarray | None) -> Quantized:
+def quantize(
+    model: onnx.ModelProto,
+    calibration: np.ndarray | None,
+    given: dict[str, QuantPoint] | None = None,
+) -> Quantized:
     """The quantized model of a normalised graph (module doc). Ranges the graph carries are
-    kept; the others are calibrated on `calibration` (NCHW samples of the model's input).
+    kept; `given` points (by float tensor name: another conversion's `tensor_points`, so a
+    batch-N copy is the same model) come next; the others are calibrated on `calibration`
+    (NCHW samples of the model's input).
 
     Raises ConverterError (exit 2) when a range is missing and there are no samples, or the
     model's opset is older than 13; InputShapeError for samples of another shape."""
     float_model, trained = read_qdq(model)
+    trained = {**(given or {}), **trained}
     plan = find_units(OnnxGraph.folded(float_model))
     shared = plan.shared()
     wanted = [t for t in plan.points() if t not in shared]  # chains take their start's point
@@ -88,13 +98,14 @@ def quantize(model: onnx.ModelProto, calibration: np.ndarray | None) -> Quantize
     points = {t: trained[t] if t in trained else QuantPoint.of_range(*ranges[t]) for t in wanted}
     qdq, written = write_qdq(float_model, plan, points)
     report = QuantizeReport(
-        ranges="trained" if trained else "calibrated",
+        ranges="given" if given else "trained" if trained else "calibrated",
         calibration_samples=len(calibration) if missing and calibration is not None else 0,
         int8_layers=[u.layer for u in plan.units],
         float_layers=dict(plan.kept_float),
         points={name: point.to_json() for name, point in written.items()},
         calibrated_points=missing if trained else [],
         unused_points=sorted(set(trained) - set(wanted)),
+        tensor_points={t: p.to_json() for t, p in points.items()},
     )
     return Quantized(qdq, float_model, report)
 

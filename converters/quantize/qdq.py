@@ -9,7 +9,8 @@ Runtime's static quantization writes a model:
   [-127, 127]: exactly what TFLite's converter derives itself from a float kernel between
   quantized activations (docs/LCE_NOTES.md "int8 around binary layers"), so the flatbuffer and
   the reference hold the same integers;
-- the bias becomes `DequantizeLinear(int32, input scale x kernel scale)`;
+- the bias becomes `DequantizeLinear(int32, input scale x kernel scale)`, lowered by half an
+  output step when the output is read only by binarizations (`Unit.sign_only`);
 - a MatMul becomes a Gemm (so it has a bias input), alpha and beta folded into the constants;
 - every quantization point (a unit's input and output) gets `QuantizeLinear -> DequantizeLinear`
   per tensor with its `QuantPoint` (int8, asymmetric). A unit's output keeps its name, so all
@@ -162,6 +163,8 @@ def _write_unit(graph: OnnxGraph, unit: Unit, points: dict[str, QuantPoint]) -> 
     node = _node(graph, unit.layer)
     kernel, bias, axis = _kernel_and_bias(graph, node)
     kernel, bias = _fold_batch_norm(graph, unit, kernel, bias, axis)
+    if unit.sign_only:  # the int8 output's sign then is the float output's (`Unit`)
+        bias = bias - points[unit.output].scale / 2
     scales = kernel_scales(kernel, axis)
     shape = [1] * kernel.ndim
     shape[axis] = -1

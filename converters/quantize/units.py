@@ -19,12 +19,12 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
 from converters.graph import OnnxGraph, attributes
-from converters.patterns import find_binary_layers_in
+from converters.patterns import SIGN_PRESERVING, binarizations_in, find_binary_layers_in
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
 
@@ -47,6 +47,10 @@ class Unit:
     relu: str | None = None
     source: str = ""
     chain: tuple[str, ...] = ()
+    # its output is read only as signs (by binarizations, through sign-preserving ops): its
+    # bias is lowered by half an output step, so the int8 value's sign is the float value's
+    # (rounding to the nearest step would make (-step/2, 0) zero, and zero binarizes to +1)
+    sign_only: bool = False
 
     @property
     def start(self) -> str:
@@ -156,11 +160,25 @@ def why_float(graph: OnnxGraph, node: onnx.NodeProto) -> str | None:
     return None
 
 
+def _read_as_signs(graph: OnnxGraph, tensor: str, binarizing: set[str]) -> bool:
+    """Whether every reader of `tensor` binarizes it (`binarizing`: the first node of each
+    binarization pattern) or is a sign-preserving op whose outputs are read so too."""
+    readers = graph.consumers.get(tensor, ())
+    if not readers or tensor in {o.name for o in graph.outputs}:
+        return False
+    return all(
+        _name(r) in binarizing
+        or (r.op_type in SIGN_PRESERVING and _read_as_signs(graph, r.output[0], binarizing))
+        for r in readers
+    )
+
+
 def find_units(graph: OnnxGraph) -> UnitPlan:
     """The int8 units of a folded graph (`OnnxGraph.folded`) and the float layers kept float
     (module doc). Layers whose input is binarized and whose kernel is ±1 are binary, not float:
     they are not listed."""
     binary = {m.node_name for m in find_binary_layers_in(graph) if m.binary}
+    binarizing = {found.nodes[0] for found in binarizations_in(graph)}
     plan = UnitPlan()
     for node in graph.nodes:
         if node.op_type not in LAYER_OPS or _name(node) in binary:
@@ -178,9 +196,7 @@ def find_units(graph: OnnxGraph) -> UnitPlan:
             relu, output = _name(found), found.output[0]
         source, chain, reader = _walk_back(graph, node)
         plan.first_readers.setdefault(source, set()).add(reader)
-        plan.units.append(
-            Unit(
-                _name(node), node.op_type, node.input[0], output, batch_norm, relu, source, chain
-            )  # fmt: skip
-        )
+        unit = Unit(_name(node), node.op_type, node.input[0], output, batch_norm, relu, source)
+        signs = relu is None and _read_as_signs(graph, output, binarizing)
+        plan.units.append(replace(unit, chain=chain, sign_only=signs))
     return plan
