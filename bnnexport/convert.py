@@ -59,8 +59,9 @@ class ConvertReport(Report):
 
     `argmax_agreement`/`max_abs_diff` are LCE against ONNX Runtime before any sign-tie replay
     (`torch_*` against PyTorch; for an int8 model, LCE int8 against the int8 model in ONNX
-    Runtime before the int8 replay, and no PyTorch); `checks` holds every comparison with plain and resolved
-    numbers and its ties, `twin_checks` the exact-grid twin's (no tie allowed)."""
+    Runtime before the int8 replay, and no PyTorch); `checks` holds every comparison with
+    plain and resolved numbers and its ties, `twin_checks` the exact-grid twin's (no tie
+    allowed)."""
 
     output: str
     target: str

@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.cli import invoke
 from support.converter_nets import FloatStemBinaryBody
-from support.guarantees import assert_one_line_error, assert_refused_unchanged
+from support.guarantees import assert_one_line_error, assert_refused_unchanged, snapshot
 
 from bnnexport.export import export_onnx
 from converters.flatbuffer import flatbuffer_ops
@@ -105,12 +105,13 @@ def test_a_float_tflite_copy_is_no_int8_output(exported):
 def test_an_accuracy_limit_below_the_loss_is_refused_in_one_line(exported, tmp_path):
     crushed = tmp_path / "crushed.npz"  # ranges of [0, 0]: the inputs lose their negatives
     np.savez(crushed, inputs=np.zeros((4, 1, 28, 28), np.float32))
+    kept = snapshot(exported)
     result = invoke("convert", exported, "--float-layers", "int8", "--calibration-samples",
                     crushed, "--max-accuracy-drop", "0.5")  # fmt: skip
     assert_one_line_error(result, 1, "points of top-1", "--max-accuracy-drop")
-    assert not (exported / "model-arm64-int8.tflite").exists() or json.loads(
-        (exported / "convert-int8.json").read_text()
-    )["int8"]["calibration_samples"] != 4  # a refusal keeps nothing of its own
+    after = snapshot(exported)
+    assert after.pop("gate-refusal.json") and after.pop("provenance.json")
+    assert after == {k: v for k, v in kept.items() if k != "provenance.json"}  # nothing kept
 
 
 def test_convert_module_runs_the_float_layers_of_a_module_in_int8(tmp_path):
