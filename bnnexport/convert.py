@@ -484,17 +484,19 @@ def _batched_copy(
 
 
 def convert_batched_copy(
-    run_dir: str | Path, target: str, batch: int, progress: bool | None = None
+    run_dir: str | Path, target: str, batch: int, progress: bool | None = None, int8: bool = False
 ) -> Path:
     """Convert only RUN_DIR's batch-`batch` copy (model-TARGET-bN.tflite), through the same gate
-    as `convert --batched-copy`: what `bench --device` needs for accuracy on the device. Returns
-    its path; FidelityError (exit 1) when the gate refuses it."""
+    as `convert --batched-copy`: what `bench --device` needs for accuracy on the device. With
+    `int8`, the int8 flatbuffer's (model-TARGET-int8-bN.tflite), quantized with the ranges its
+    convert-int8.json records. Returns its path; FidelityError (exit 1) when the gate refuses
+    it."""
     from converters.batch import batched_path
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions
 
     run = RunDir(run_dir)
-    onnx_path, output, _float, _run = _locate(run.root, target, 1)
+    onnx_path, output, _float, _run = _locate(run.root, target, 1, int8=int8)
     provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     copy = batched_path(output, batch)
     files.require_replaceable(copy)
@@ -504,9 +506,30 @@ def convert_batched_copy(
         gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress),
         expected_binary_layers=binary_layer_count(loaded.kernels if loaded else None),
     )  # fmt: skip
+    if int8:  # the same int8 model as the batch-1 flatbuffer
+        recorded = _int8_record(run, output)
+        options = replace(options, float_layers="int8", max_accuracy_drop=None,
+                          int8_points=recorded["tensor_points"], io=recorded["io"])  # fmt: skip
+        references = []
     _batched_copy(onnx_path, output, batch, target, inputs, options, references)
     provenance.record(run.root, copy.name, ["model.onnx"])
     return copy
+
+
+def _int8_record(run: RunDir, flatbuffer: Path) -> dict[str, Any]:
+    """The `int8` part of RUN_DIR/convert-int8.json, which made `flatbuffer`; CheckpointError
+    (one line) when it is missing or describes another conversion."""
+    import json
+
+    path = run.root / "convert-int8.json"
+    hint = f": run `bnnexport convert {run.root} --float-layers int8` again"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(f"{path} is missing or unreadable{hint}") from None
+    if Path(str(report.get("output"))).name != flatbuffer.name or not report.get("int8"):
+        raise CheckpointError(f"{path} does not describe {flatbuffer.name}{hint}")
+    return report["int8"]
 
 
 def _outputs(

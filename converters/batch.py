@@ -57,7 +57,7 @@ class BatchedResult:
     @classmethod
     def of(cls, result: ConversionResult) -> BatchedResult:
         """The summary of the copy's conversion (`convert_batched`'s result)."""
-        gate = result.gate("ONNX Runtime")
+        gate = result.gate("ONNX Runtime") or result.gate("ONNX Runtime int8", "LCE int8")
         return cls(
             output=str(result.output),
             batch=result.batch,

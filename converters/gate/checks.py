@@ -47,6 +47,7 @@ from converters.gate.predicate import (
 from converters.gate.probe import OnnxProbe
 from converters.gate.twin import exact_grid_twin, grid_inputs
 from converters.runtimes import (
+    lce_batch_predict,
     lce_interpreter,
     ort_session,
     run_lce,
@@ -177,7 +178,14 @@ def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], di
     if runtime == "LCE":
         order = signature_outputs(flatbuffer)
         interpreter = lce_interpreter(flatbuffer)
-        return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+        batch = int(interpreter.input_shapes[0][0])
+        if batch == 1:
+            return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+        # a batch-N copy (converters.batch): the one sample repeated, its first row kept
+        whole = lce_batch_predict(interpreter)
+        return lambda x: {
+            k: v[:1] for k, v in zip(order, whole([np.repeat(x, batch, axis=0)]), strict=True)
+        }
     runner = tflite_interpreter(flatbuffer).get_signature_runner()
     return lambda x: runner(input_0=x)
 
