@@ -5,22 +5,30 @@ Question: a block of two 3x3 convs with `--channels` channels on a `--size` x `-
 bit-packed), written in plain torch with groups=1, 4 and 8 by default (`--groups`; 32 and 16
 input channels per group at 128 channels), binary and float, is converted by
 `bnnexport.convert_module` (the whole gate) and the flatbuffers are timed in LCE's interpreter
-(1 thread, indirect BGEMM, as `bench` runs them), interleaved. Binary groups of 32 channels are
-one grouped LceBconv2d per conv; groups of 16 one LceBconv2d per group on a channel slice; float
-grouped convs one CONV_2D per group (`converters/translate/groups.py`, docs/LCE_NOTES.md "Grouped
-convolutions"). Ratios are against the binary groups=1 block.
+(1 thread, indirect BGEMM, as `bench` runs them), interleaved. Binary grouped convs are one
+LceBconv2d per group on a channel slice (the form LCE's default kernels run); float grouped
+convs one CONV_2D per group (`converters/translate/groups.py`, docs/LCE_NOTES.md "Grouped
+convolutions"). With `--lce-grouped`, binary blocks whose groups hold a multiple of 32 channels
+are also converted the way LCE's own converter writes them, one grouped LceBconv2d per conv
+(rows "... one op"), which only indirect BGEMM and the reference kernel run: the translator's
+group plan is replaced for that conversion, nothing else. Ratios are against the binary groups=1
+block.
 
 Run:
     .venv/bin/python benchmarks/grouped_latency.py
     .venv/bin/python benchmarks/grouped_latency.py --channels 256 --size 16 --rounds 20 --json
+    .venv/bin/python benchmarks/grouped_latency.py --groups 2,4 --lce-grouped
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -57,23 +65,42 @@ class Block(nn.Module):
         return x
 
 
+@contextlib.contextmanager
+def one_grouped_op() -> Iterator[None]:
+    """The translator writes a grouped binary conv as one conv with the grouped filter, from
+    which LCE's converter makes one grouped LceBconv2d (groups of a multiple of 32 channels)."""
+    from converters.translate import groups, tf_layers
+
+    def plan(in_channels: int, count: int) -> groups.GroupPlan:
+        return groups.GroupPlan("single", count)
+
+    with mock.patch.object(tf_layers, "plan_binary_groups", plan):
+        yield
+
+
 def measure(
-    channels: int, size: int, groups_list: list[int], rounds: int, runs: int
-) -> dict[str, Any]:
+    channels: int, size: int, groups_list: list[int], rounds: int, runs: int,
+    lce_grouped: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     from bnnexport import convert_module
     from converters.runtimes import lce_interpreter
 
-    contenders = [(binary, groups) for binary in (True, False) for groups in groups_list]
+    contenders = [(binary, groups, False) for binary in (True, False) for groups in groups_list]
+    if lce_grouped:
+        contenders += [
+            (True, g, True) for g in groups_list if g > 1 and (channels // g) % 32 == 0
+        ]  # fmt: skip
     x = np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)
     calls, rows = {}, {}
     with tempfile.TemporaryDirectory(prefix="grouped-") as tmp:
-        for binary, groups in contenders:
-            name = f"{'binary' if binary else 'float'} g={groups}"
+        for binary, groups, one_op in contenders:
+            name = f"{'binary' if binary else 'float'} g={groups}{' one op' if one_op else ''}"
             log(f"converting {name}")
             torch.manual_seed(0)
             block = Block(channels, groups, binary).eval()
             out = Path(tmp) / f"{name.replace(' ', '-').replace('=', '')}.tflite"
-            with warnings.catch_warnings():
+            form = one_grouped_op() if one_op else contextlib.nullcontext()
+            with warnings.catch_warnings(), form:
                 warnings.simplefilter("ignore")
                 report = convert_module(block, torch.from_numpy(x), out=out, samples=8)
             interpreter = lce_interpreter(out.read_bytes())
@@ -86,6 +113,7 @@ def measure(
                 "conv_2d": report.float_conv2d,
                 "lce_bytes": report.lce_bytes,
                 "agreement": report.argmax_agreement,
+                "lce_settings": report.lce_settings,
             }
         log("timing")
         times = interleaved(calls, rounds=rounds, runs=runs, warmup=5)
@@ -103,15 +131,19 @@ def main() -> None:
     p.add_argument("--groups", default="1,4,8", help="comma-separated; 1 comes first")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--lce-grouped", action="store_true",
+                   help="also time LCE's one grouped LceBconv2d (indirect BGEMM only)")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
     groups = sorted({1, *(int(g) for g in args.groups.split(","))})
-    rows = measure(args.channels, args.size, groups, args.rounds, args.runs)
+    rows = measure(args.channels, args.size, groups, args.rounds, args.runs, args.lce_grouped)
     result = {"machine": machine(), "channels": args.channels, "size": args.size, "rows": rows}
-    head = ["block", "ch/group", "LceBconv2d", "CONV_2D", "median ms", "min ms", "x binary g=1"]
+    head = ["block", "ch/group", "LceBconv2d", "CONV_2D", "median ms", "min ms", "x binary g=1",
+            "LCE settings"]  # fmt: skip
     text = table(head, [
         [name, r["channels_per_group"], r["lce_bconv2d"], r["conv_2d"], r["median"], r["min"],
-         r["ratio_vs_binary_g1"]]
+         r["ratio_vs_binary_g1"], ", ".join(f"{k}={v}" for k, v in r["lce_settings"].items())
+         or "default"]
         for name, r in rows.items()
     ])  # fmt: skip
     emit(result, f"{text}\n\nmachine: {result['machine']}", args.json)

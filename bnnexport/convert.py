@@ -101,6 +101,9 @@ class ConvertReport(Report):
     # the binary weights of the model's record (a run's, or convert_module's tracing); None
     # for an ONNX file of unknown origin
     binary_parameters: int | None = None
+    # what LCE's interpreter must be told to run the flatbuffer besides its defaults; {}: an
+    # app's default interpreter runs it (docs/LCE_NOTES.md "Grouped convolutions")
+    lce_settings: dict[str, bool] = field(default_factory=dict)
     # "int8": the float layers run in int8; `int8` then says which, how they were quantized,
     # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
     float_layers: str = "float32"
@@ -139,7 +142,7 @@ class ConvertReport(Report):
         int8 = data.pop("int8")
         checks = data.pop("checks") + data.pop("twin_checks")
         width = max(len(k) for k in data)
-        lines = [f"{k.ljust(width)}  {format_value(v)}" for k, v in data.items()]
+        lines = [f"{k.ljust(width)}  {_cell(k, v)}" for k, v in data.items()]
         lines.append("checks (argmax agreement and max |diff|: plain -> after tie replay)")
         for c in checks:
             lines.append(
@@ -181,6 +184,15 @@ def int8_lines(int8: dict | None) -> list[str]:
             "labelled samples"
         )
     return lines
+
+
+def _cell(key: str, value: Any) -> str:
+    """A field of the table; `lce_settings` says what it means for an app."""
+    if key != "lce_settings":
+        return format_value(value)
+    if not value:
+        return "{} (LCE's default interpreter settings run it)"
+    return f"{format_value(value)} (an app must set these: LCE's default kernels refuse it)"
 
 
 def _locate(

@@ -105,7 +105,7 @@ def summarize(
     example = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0))
     trace = trace_layers(model, example)
     if kernels is None:
-        kernels = find_binary_kernels(model, example)
+        kernels = find_binary_kernels(model, trace=trace)
     report = SummaryReport(
         model=config.get("name", type(model).__name__),
         input_shape=shape,

@@ -5,8 +5,9 @@ Three kinds of input, told apart by their suffix:
 - a run directory or a checkpoint (`.pt`): every binary kernel of the model's record (the one
   `bnnexport.nn.discover.BinaryKernels` training or `init` wrote, read by every stage) must hold
   only -1.0 and +1.0, with no 0, no NaN and no leftover scale; in bnnexport's own layers the
-  input must be binarized by a registered quantizer of precision 1 (a layer built with
-  `input_quantizer=None`, a first layer's real-valued input, is accepted and reported as such);
+  input must be quantized by a registered quantizer (a layer built with `input_quantizer=None`,
+  a first layer's real-valued input, is accepted and reported as such, and so is one of more
+  than 1 bit, DoReFa-Net's 2-bit activations: a binary kernel, but no binary layer for LCE);
 - a packed model (`.safetensors`, see `bnnexport.pack`): loaded with the record it carries,
   then checked like a checkpoint;
 - an ONNX model (`.onnx`): every Conv/MatMul/Gemm fed by a binarization pattern
@@ -140,8 +141,8 @@ def _input_check(layer: BinaryLayer) -> str:
     name = getattr(quantizer, "name", "")
     if name not in list_quantizers() or not isinstance(quantizer, type(get_quantizer(name))):
         return f"unsupported: quantizer {type(quantizer).__name__} is not registered"
-    if getattr(quantizer, "precision", None) != 1:
-        return f"unsupported: {name} has precision {quantizer.precision}, not 1"
+    if quantizer.precision != 1:  # a k-bit input: the kernel is binary, the layer is not
+        return f"{name} ({quantizer.precision}-bit, not binary)"
     return name
 
 

@@ -22,13 +22,29 @@ class ConverterError(Exception):
 
 
 class UnsupportedOpError(ConverterError):
-    """An ONNX node the translator cannot turn into TensorFlow exactly."""
+    """An ONNX node the translator cannot turn into TensorFlow exactly: named with the PyTorch
+    module it came from (`module`, as "PyTorch module 'blocks.1'"; empty when unknown), why
+    (`why`), what to write instead (`hint`) and the op types the translator takes (`supported`).
 
-    def __init__(self, node_name: str, op_type: str, supported: Iterable[str] = (), why: str = ""):
+    >>> print(UnsupportedOpError("/h/Abs", "Abs", module="PyTorch module 'h'", hint="write relu"))
+    unsupported ONNX node '/h/Abs' of op type Abs, from PyTorch module 'h'; instead, write relu
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        op_type: str,
+        supported: Iterable[str] = (),
+        why: str = "",
+        hint: str = "",
+        module: str = "",
+    ):
         super().__init__(node_name, op_type, why)
         self.node_name = node_name
         self.op_type = op_type
         self.why = why
+        self.hint = hint
+        self.module = module
         self.supported = sorted(set(supported))  # the translator fills it in (`listing`)
 
     def listing(self, supported: Iterable[str]) -> UnsupportedOpError:
@@ -37,9 +53,14 @@ class UnsupportedOpError(ConverterError):
         return self
 
     def __str__(self) -> str:
+        where = f", from {self.module}" if self.module else ""
         reason = f" ({self.why})" if self.why else ""
+        instead = f"; instead, {self.hint}" if self.hint else ""
         known = f"; supported op types: {', '.join(self.supported)}" if self.supported else ""
-        return f"unsupported ONNX node {self.node_name!r} of op type {self.op_type}{reason}{known}"
+        return (
+            f"unsupported ONNX node {self.node_name!r} of op type {self.op_type}{where}{reason}"
+            f"{instead}{known}"
+        )
 
 
 class InvalidModelError(ConverterError):

@@ -10,6 +10,10 @@ arm64 and arm32: they differ only in the file name), and keeps the flatbuffer on
 2. the gate's checks pass (`converters.gate.checks.check_conversion`: LCE and the float TFLite
    model against ONNX Runtime and every extra `Reference`, and the exact-grid twin).
 
+The result records what LCE's interpreter must be told to run the flatbuffer (`lce_settings`:
+empty when LCE's default kernels, an app's default, run it; the gate itself runs indirect
+BGEMM, which runs every flatbuffer LCE writes).
+
 It converts at the ONNX file's batch (a dynamic one becomes 1); `converters.batch` converts at
 batch N, through this same function.
 
@@ -52,7 +56,8 @@ from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
 from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
-from converters.translate import translate
+from converters.runtimes import lce_kernel_settings
+from converters.translate import first_unsupported, translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
@@ -85,6 +90,9 @@ class ConversionResult:
     normalized: NormalizeReport = field(default_factory=NormalizeReport)
     # with `trust_twin`: why the real-weight check was inconclusive (None: it decided)
     trusted_twin: dict | None = None
+    # what LCE's interpreter must be told to run the flatbuffer besides its defaults (empty:
+    # an app's default interpreter runs it; `converters.runtimes.lce_kernel_settings`)
+    lce_settings: dict[str, bool] = field(default_factory=dict)
     # with float_layers "int8": `converters.int8_result.Int8Result.to_json()`
     int8: dict | None = None
 
@@ -207,6 +215,9 @@ def convert_onnx(
     lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
     refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
     refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
+    unsupported = first_unsupported(graph)  # the first in graph order, before TensorFlow too
+    if unsupported is not None:
+        raise unsupported
     # the graph's folded constants and the original are each a copy of the weights: drop both
     # before the converters run (docs/LCE_NOTES.md "Conversion memory")
     del graph
@@ -227,6 +238,7 @@ def convert_onnx(
         translated.float_flatbuffer = b""
     flatbuffer, float_flatbuffer = translated.flatbuffer, translated.float_flatbuffer or b""
     histogram = op_histogram(flatbuffer)
+    kernels = lce_kernel_settings(flatbuffer)
     allowed = refuse_fallbacks(
         fallback_reasons(lookalikes, binary, translated.info.binary_emitted, histogram),
         options.allow_float,
@@ -264,6 +276,7 @@ def convert_onnx(
         float_fallbacks=allowed,
         normalized=normalized,
         trusted_twin=checked.trusted_twin,
+        lce_settings=kernels.flags,
         int8=int8,
     )
 

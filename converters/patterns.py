@@ -10,7 +10,8 @@ The torch exporter writes a binarization with sign(0) = +1 as one of (docs/LCE_N
   `Where(Less(x, 0), -1, 1)`: pattern ``"greaterorequal-where"``.
 
 A layer is binary when such a binarized tensor reaches its data input through shape-only ops
-(Identity, Reshape, Flatten, Transpose, Squeeze, Unsqueeze), max-pooling, or a constant Pad.
+(Identity, Reshape, Flatten, Transpose, Squeeze, Unsqueeze), slicing, max-pooling, or a
+constant Pad.
 Its kernel is strict when every value is ±1, scaled when it is ±1 times one positive scale per
 output channel (the exporter folds BatchNorm into kernels), and offending otherwise.
 
@@ -39,7 +40,9 @@ GREATER_OR_EQUAL_WHERE = "greaterorequal-where"
 # The one set of sign-preserving ops: each output element is an element of the first input,
 # moved or selected (MaxPool: max is monotone), so a ±1 tensor stays ±1 and sign commutes with
 # them. The sets below are it, or it with one op added or two left out, for the reason given.
-SIGN_PRESERVING = ("Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool")
+SIGN_PRESERVING = (
+    "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Slice"
+)  # fmt: skip
 # what a binarized tensor passes through and stays ±1 (a Pad too when its fill is -1, 0 or 1:
 # `trace_binarized` checks that)
 PASS_THROUGH = SIGN_PRESERVING

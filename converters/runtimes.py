@@ -16,7 +16,9 @@ times; `run_onnx`, `run_lce` and `run_tflite` are `run` on a file, its bytes or 
   ORT's kernel-scaling fusions off, see `SCALING_FUSIONS`);
 - `tflite_interpreter`: the stock TFLite interpreter, its XNNPACK line filtered;
 - `lce_interpreter`: LCE's interpreter with indirect BGEMM (docs/LCE_NOTES.md "Running
-  flatbuffers"), and `lce_batch_predict` to run it on whole batches;
+  flatbuffers") or LCE's default kernels, and `lce_batch_predict` to run it on whole batches;
+- `lce_kernel_settings`: what LCE's interpreter must be told to run a flatbuffer (nothing, or
+  indirect BGEMM for a grouped `LceBconv2d`, which LCE's default kernel refuses);
 - `check_input_shape`: a batch refused in one line unless it fits the model's input;
 - `read_flatbuffer`: a flatbuffer's bytes, refused unless it is one.
 
@@ -52,6 +54,7 @@ import tempfile
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -191,19 +194,59 @@ def tflite_interpreter(flatbuffer: str | Path | bytes, threads: int = 1) -> Tfli
     return interpreter
 
 
-def lce_interpreter(flatbuffer: str | Path | bytes, threads: int = 1) -> LceInterpreter:
+def lce_interpreter(
+    flatbuffer: str | Path | bytes, threads: int = 1, *, default_kernels: bool = False
+) -> LceInterpreter:
     """LCE's Python interpreter for a flatbuffer (indirect BGEMM, the fast x86 kernels,
     docs/LCE_NOTES.md "Running flatbuffers"). Its `predict(x)` runs `x` one sample at a time; for a
     flatbuffer converted at batch N, or to time one call without `predict`'s per-sample loop, use
-    `lce_batch_predict`."""
+    `lce_batch_predict`. With `default_kernels`, LCE's own defaults, as `Interpreter(buf)`, an
+    app's default op resolver and `lce_benchmark_model` without flags run it (their bconv kernel
+    refuses a grouped `LceBconv2d`: `lce_kernel_settings`)."""
     tf()  # first, so TensorFlow's start-up log lines are discarded
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
     data = read_flatbuffer(flatbuffer)
+    kernels = {} if default_kernels else INDIRECT_BGEMM
     try:
-        return Interpreter(data, num_threads=threads, use_indirect_bgemm=True)
+        return Interpreter(data, num_threads=threads, **kernels)
     except Exception as error:
         raise InvalidModelError(f"LCE cannot load the flatbuffer: {error}") from None
+
+
+# the interpreter setting that runs every LceBconv2d LCE 0.16 writes, grouped ones included
+INDIRECT_BGEMM = {"use_indirect_bgemm": True}
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    """The LCE interpreter settings a flatbuffer needs besides LCE's defaults (`flags`: empty
+    when the defaults run it) and, when the defaults refuse it, what their kernels said."""
+
+    flags: dict[str, bool]
+    refusal: str = ""
+
+
+def lce_kernel_settings(flatbuffer: str | Path | bytes) -> KernelSettings:
+    """What LCE's interpreter must be told to run `flatbuffer`: nothing when it prepares with
+    LCE's default kernels; `use_indirect_bgemm=True` when only that does (a grouped
+    `LceBconv2d`: docs/LCE_NOTES.md "Grouped convolutions"). InvalidModelError when neither
+    runs it. The default kernels' error lines are kept for `refusal`, not printed."""
+    data = read_flatbuffer(flatbuffer)
+    said: list[str] = []
+
+    def captured(line: str) -> bool:
+        said.append(line)
+        return True  # not written back: the CLI's errors stay one line
+
+    try:
+        with stderr_filtered(captured):
+            lce_interpreter(data, default_kernels=True)
+        return KernelSettings({})
+    except InvalidModelError:
+        errors = [line.removeprefix("ERROR: ") for line in said if line.startswith("ERROR: ")]
+    lce_interpreter(data)  # raises when indirect BGEMM cannot run it either
+    return KernelSettings(dict(INDIRECT_BGEMM), "; ".join(errors) or "it failed to prepare")
 
 
 def lce_batch_predict(

@@ -151,3 +151,19 @@ def test_readme_own_model_example_runs_to_a_bench_number(tmp_path):
     bench = json.loads((tmp_path / "mine-arm64-bench.json").read_text())
     lce = next(b for b in bench["backends"] if b["name"] == "lce")
     assert lce["top1"] > 0.5 and lce["latency_ms"]["mean"] > 0  # chance is 0.1
+
+
+def test_the_papers_to_cite_are_in_citation_cff_and_the_readme():
+    """Bop's paper is the one to cite, Bop2ndOrder's beside it for `--optimizer bop2`
+    (CITATION.cff was checked against the CFF 1.2.0 schema with cffconvert --validate)."""
+    cff = (README.parent / "CITATION.cff").read_text()
+    preferred, _, references = cff.partition("\nreferences:\n")
+    assert "cff-version: 1.2.0" in cff and "preferred-citation:" in preferred
+    assert 'value: "arXiv:1906.02107"' in preferred and "Latent Weights Do Not Exist" in preferred
+    assert 'value: "arXiv:2104.05124"' in references and "A Bop and Beyond" in references
+    cite = README.read_text().partition("\n## Cite\n")[2].partition("\n## ")[0]
+    assert "https://arxiv.org/abs/1906.02107" in cite and "bop2" in cite
+    entries = re.findall(r"@inproceedings\{(\w+),(.*?)\n\}", cite, re.S)
+    eprints = [re.search(r"eprint\s*=\s*\{([\d.]+)\}", body).group(1) for _, body in entries]
+    assert eprints == ["1906.02107", "2104.05124"]
+    assert all(body.count("{") == body.count("}") for _, body in entries)

@@ -26,10 +26,10 @@ import numpy as np
 from bnnexport.bench.device import (
     Connected,
     Scoring,
+    connect,
     device_profile,
     device_rows,
     ensure_batched_copy,
-    reach_device,
     scaling_rows,
 )
 from bnnexport.bench.host import (
@@ -153,7 +153,7 @@ def _connect(device: DeviceTarget, run: RunDir, target: str) -> Connected:
 
     flatbuffer = require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
-    return Connected(*reach_device(device), flatbuffer)
+    return connect(device, flatbuffer)
 
 
 def bench(

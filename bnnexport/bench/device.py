@@ -48,12 +48,32 @@ def copy_batch(samples: int, batch: int = DEFAULT_BATCH) -> int:
 
 @dataclasses.dataclass
 class Connected:
-    """A device reached and checked before any host work: its client, identity and runner."""
+    """A device reached and checked before any host work: its client, identity and runner, and
+    what LCE must be told to run the flatbuffer (`lce_settings`: {} for its defaults)."""
 
     client: Any
     identity: dict[str, Any]
     runner: DeviceRunner
     flatbuffer: Path
+    lce_settings: dict[str, bool] = dataclasses.field(default_factory=dict)
+
+
+def connect(device: DeviceTarget, flatbuffer: Path) -> Connected:
+    """Reach the device (`reach_device`) and read, on this host, which LCE settings the
+    flatbuffer needs: a grouped LceBconv2d (another tool's flatbuffer; bnnexport writes one
+    per group) fails to prepare with LCE's default kernels, so the runner is told to take
+    indirect BGEMM, and a note says so (docs/LCE_NOTES.md "Grouped convolutions")."""
+    from converters.runtimes import lce_kernel_settings
+
+    needed = lce_kernel_settings(flatbuffer)
+    if needed.flags:
+        flags = ", ".join(f"{k}={v}" for k, v in needed.flags.items())
+        print(
+            f"bnnexport: note: {flatbuffer.name} needs {flags} (LCE's default kernels refuse "
+            f"it: {needed.refusal}); the device runs it so",
+            file=sys.stderr,
+        )
+    return Connected(*reach_device(device), flatbuffer, dict(needed.flags))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +87,19 @@ class Scoring:
 
 
 def run_settings(
-    device: DeviceTarget, options: BenchOptions | None = None, threads: int | None = None
+    device: DeviceTarget,
+    options: BenchOptions | None = None,
+    threads: int | None = None,
+    lce: dict[str, bool] | None = None,
 ) -> RunSettings:
-    """How the runner runs the flatbuffer: `options`' runs and threads (or `threads`), and the
-    device's timeout, benchmark binary and Python."""
+    """How the runner runs the flatbuffer: `options`' runs and threads (or `threads`), the
+    device's timeout, benchmark binary and Python, and the LCE settings `lce` the flatbuffer
+    needs (`Connected.lce_settings`)."""
     from deploy.runners import RunSettings
 
-    measured = {}
+    measured: dict[str, Any] = {"use_indirect_bgemm": (lce or {}).get("use_indirect_bgemm")}
     if options is not None:
-        measured = {"threads": options.threads, "runs": options.runs, "warmup": options.warmup}
+        measured.update(threads=options.threads, runs=options.runs, warmup=options.warmup)
     if threads is not None:
         measured["threads"] = threads
     return RunSettings(
@@ -180,8 +204,9 @@ def device_rows(
     (None: nothing to keep)."""
     runner, where = connected.runner, connected.client.destination
     samples, note = _samples(runner, connected.flatbuffer, scoring, device.batch)
-    settings = run_settings(device, options)
+    settings = run_settings(device, options, lce=connected.lce_settings)
     measured = runner.measure(connected.client, connected.flatbuffer, settings, samples)
+    measured.extra["lce_settings"] = connected.lce_settings
     note = measured.note or note
     if note:
         measured.extra["note"] = note
@@ -224,8 +249,9 @@ def _latency_row(
     from deploy.runners import Samples
 
     samples = Samples(scoring.inputs, scoring.labels, int(scoring.reference.shape[1]))
-    settings = run_settings(device, options, threads)
+    settings = run_settings(device, options, threads, connected.lce_settings)
     measured = connected.runner.latency(connected.client, connected.flatbuffer, settings, samples)
+    measured.extra["lce_settings"] = connected.lce_settings
     return _scored(f"lce ({threads} threads)", connected, measured, scoring)
 
 

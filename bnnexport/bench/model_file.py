@@ -15,13 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from bnnexport.bench.bench import BenchReport, save_results
-from bnnexport.bench.device import (
-    Connected,
-    Scoring,
-    device_profile,
-    file_device_rows,
-    reach_device,
-)
+from bnnexport.bench.device import Scoring, connect, device_profile, file_device_rows
 from bnnexport.bench.host import (
     host_identity,
     lce_backend,
@@ -103,7 +97,7 @@ def bench_model_file(
     if device is not None:
         if flatbuffer is None:
             raise CheckpointError(f"{path}: a device runs the LCE flatbuffer; convert it first")
-        connected = Connected(*reach_device(device), flatbuffer)
+        connected = connect(device, flatbuffer)
     results, host_outputs = measure_host(backends, inputs, labels, options, progress, samples_file)
     reference = host_outputs[results[0].name]
     identity = profile = None

@@ -22,8 +22,9 @@ def compare_command(run_dirs: tuple[str, ...], out: str, as_json: bool) -> None:
     """Compare training runs: one figure (test accuracy and π_t over steps, one curve per
     setting) and one table (final accuracy, flips, seconds, optimizer, hyperparameters).
 
-    Runs that differ only in their seed are one setting: mean ± std in the table, error bars
-    in the figure (`bnnexport sweep --seeds N` makes such runs).
+    Runs that differ only in their seed are one setting: mean ± sample std (n - 1) in the
+    table, error bars in the figure (`bnnexport sweep --seeds N` makes such runs); a setting
+    keeps the colour its sweep gave it.
     """
     from bnnexport.training.compare import compare, format_table
 

@@ -13,7 +13,7 @@ import click
 
 from bnnexport.cli.bench import bench_command, bench_options, device_target
 from bnnexport.cli.common import emit, given_options, handle_errors
-from bnnexport.cli.train import recipe_note, train_command, train_config
+from bnnexport.cli.train import train_command, train_config
 
 _TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
 _BENCH = [
@@ -38,8 +38,6 @@ def _pipeline(**options: Any) -> None:
     ctx = click.get_current_context()
     given = {"device" if name == "train_device" else name for name in given_options(ctx)}
     config, explicit = train_config({**options, "device": options["train_device"]}, given)
-    if not as_json:
-        recipe_note(config)
     report = pipeline(
         config,
         bench_options(options),

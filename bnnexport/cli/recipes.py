@@ -17,11 +17,12 @@ def recipes_command(as_json: bool) -> None:
 
     Schedules are listed in epochs ('step:G0,FACTOR,EVERY_EPOCHS', 'linear:START,END,EPOCHS');
     train resolves them to optimizer steps for the data set and batch size it runs with, and
-    scales them when --epochs differs, keeping their shape. Each recipe names its source and
-    the number published for it.
+    scales them when --epochs differs, keeping their shape. Each recipe names its source, the
+    number published for it and where each hyperparameter comes from (the file and line of
+    the authors' code, plumerai/rethinking-bnn-optimization; `sources` in --json).
     """
     from bnnexport.datasets.imagefolder import IMAGENET
-    from bnnexport.training.recipes import RECIPES
+    from bnnexport.training.recipes import CODE, RECIPES
 
     if as_json:
         click.echo(json.dumps({"recipes": [r.to_json() for r in RECIPES.values()]}))
@@ -37,3 +38,6 @@ def recipes_command(as_json: bool) -> None:
         click.echo(f"    published: {recipe.published} ({recipe.source})")
         for assumption in recipe.assumptions:
             click.echo(f"    assumed: {assumption}")
+        for key, source in recipe.sources.items():
+            click.echo(f"    {key}: {source.replace(CODE, '')}")
+    click.echo(f"(file:line in {CODE.split()[0]}, {CODE.split()[1]})")

@@ -59,8 +59,8 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
 @count_option(
     "--seeds",
     default=1,
-    help="Runs per setting (seeds --seed, --seed+1, ...): mean ± std in the table, error bars "
-    "in the figure.",
+    help="Runs per setting (seeds --seed, --seed+1, ...): mean ± sample std (n - 1) in the "
+    "table, error bars in the figure.",
 )
 @click.option(
     "--out",
@@ -93,7 +93,7 @@ def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **
     click.echo(f"sweep of {report.model} on {report.dataset} ({report.optimizer}, "
                f"{report.epochs} epochs, {report.seeds} seed(s)) -> {report.out}")  # fmt: skip
     click.echo(f"{'optimizer':<14} {'gamma':>8} {'threshold':>9} {'test acc':>17} "
-               f"{'π (run)':>15} {'π (last)':>8}")  # fmt: skip
+               f"{'π (run)':>15} {'π (last epoch)':>14}")  # fmt: skip
     several = report.seeds > 1
     for s in report.settings:
         gamma = "-" if s.gamma is None else f"{s.gamma:g}"
@@ -102,7 +102,7 @@ def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **
         rate = f"{s.flip_rate:.3f}" + (f" ± {s.flip_rate_std:.3f}" if several else "")
         click.echo(
             f"{s.optimizer:<14} {gamma:>8} {threshold:>9} {accuracy:>17} {rate:>15} "
-            f"{s.last_epoch_flip_rate:>8.3f}"
+            f"{s.last_epoch_flip_rate:>14.3f}"
         )
     verdict = "agrees" if report.ordering["agrees"] else "does NOT agree"
     click.echo(f"flip-rate ordering (higher γ, lower τ -> more flips) {verdict} with the paper; "

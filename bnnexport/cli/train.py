@@ -73,10 +73,11 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
         out=values["out"] or default_out(values["model"], values["dataset"]),
         device=values["device"], precision="amp" if values["amp"] else values["precision"],
         log_every=values["log_every"], eval_every=values["eval_every"],
-        metrics_csv=values["metrics_csv"],
+        metrics_csv=values["metrics_csv"], sync_batchnorm=not values["per_process_batchnorm"],
     )  # fmt: skip
     explicit = {name for name in given if name in fields}
     explicit |= {"precision"} if "amp" in given else set()
+    explicit |= {"sync_batchnorm"} if "per_process_batchnorm" in given else set()
     if given & set(DATASET_OPTIONS):  # each is checked against the run's own on --resume
         explicit.add("dataset_options")
     optimizers = values.get("optimizers") or [config.optimizer]
@@ -87,15 +88,6 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
     if values.get("recipe") is not None:
         config = _from_recipe(values["recipe"], config, explicit, resume, values["out"])
     return config, explicit
-
-
-def recipe_note(config: TrainConfig) -> None:
-    """Say on stderr, in one line, when a recipe's schedules run over fewer or more epochs."""
-    from bnnexport.training.recipes import compression_note
-
-    note = compression_note(config) if config.recipe is not None else None
-    if note:
-        click.echo(f"bnnexport: note: {note}", err=True)
 
 
 def _from_recipe(
@@ -287,6 +279,14 @@ def _from_recipe(
 )
 @click.option("--amp", is_flag=True, hidden=True, help="Deprecated spelling of --precision amp.")
 @click.option(
+    "--per-process-batchnorm",
+    is_flag=True,
+    help="torch's own BatchNorm: under torchrun each process normalises over its own "
+    "--batch-size samples, so N processes no longer train as one; a little faster. [default: "
+    "statistics over the global batch, computed alike in one process and in N] Recorded in "
+    "config.json (sync_batchnorm).",
+)
+@click.option(
     "--recipe",
     default=None,
     metavar="NAME",
@@ -322,13 +322,16 @@ def train_command(
     device,
     precision,
     amp,
+    per_process_batchnorm,
     recipe,
     as_json,
 ) -> None:
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
 
     Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
-    GPUs); --batch-size is per process, so the effective batch is N times larger.
+    GPUs); --batch-size is per process, so the effective batch is N times larger, and N
+    processes at --batch-size B/N train on the batches of one process at B, with BatchNorm
+    over the whole batch.
 
     Checkpoints are written atomically after every epoch; an interrupted run continues with
     --resume, which removes what was made from the old checkpoint (ONNX model, flatbuffers,
@@ -337,8 +340,8 @@ def train_command(
     """
     ctx = click.get_current_context()
     config, explicit = train_config(ctx.params, given_options(ctx))
-    if not as_json:
-        recipe_note(config)
+    # what train chose for the user (a recipe's scaled schedules, ...) is in report.notes and,
+    # without --json, one `bnnexport: note:` line each
     report = train(
         config,
         resume=resume,

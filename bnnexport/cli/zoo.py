@@ -20,22 +20,30 @@ def zoo_command() -> None:
 @json_option
 @handle_errors
 def list_command(pattern: str, as_json: bool) -> None:
-    """Registered models (matching PATTERN): parameters, binary share, native input size."""
+    """Registered models (matching PATTERN) at their native input size: parameters, binary
+    share of the parameters and of the MACs (as `summary` counts them), binary layers, and the
+    published top-1 accuracy (with --json, where it is published). Each model is built and
+    traced once: a few seconds per ImageNet model."""
+    from bnnexport.models import list_models
+    from bnnexport.run.progress import Steps
     from bnnexport.zoo import zoo_entries
 
-    entries = zoo_entries(pattern)
-    if not entries:
-        from bnnexport.models import list_models
-
+    if not list_models(pattern):
         raise ConfigError(f"no model matches {pattern!r}; known: {', '.join(list_models())}")
+    steps = Steps("zoo list", enabled=False if as_json else None)
+    entries = zoo_entries(pattern, progress=lambda name: steps(f"summarising {name}"))
     if as_json:
         click.echo(json.dumps({"models": [e.to_json() for e in entries]}))
         return
-    header = f"{'model':16} {'input':12} {'classes':>7} {'params':>12} {'binary':>7} {'layers':>6}"
+    header = (
+        f"{'model':20} {'input':10} {'classes':>7} {'params':>11} {'binary':>7} "
+        f"{'bin MACs':>8} {'layers':>6} {'top-1':>6}"
+    )
     click.echo(header)
     for e in entries:
         shape = "x".join(str(v) for v in e.input_shape)
+        top1 = f"{e.top1:.1f}%" if e.top1 is not None else "-"
         click.echo(
-            f"{e.name:16} {shape:12} {e.num_classes:>7} {e.parameters:>12,} "
-            f"{e.binary_share:>7.2%} {e.binary_layers:>6}"
+            f"{e.name:20} {shape:10} {e.num_classes:>7} {e.parameters:>11,} "
+            f"{e.binary_share:>7.2%} {e.binary_mac_share:>8.2%} {e.binary_layers:>6} {top1:>6}"
         )

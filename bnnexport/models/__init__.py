@@ -13,8 +13,13 @@ from bnnexport.models import (  # noqa: F401  (each registers its models)
     binary_alexnet,
     binarynet,
     birealnet,
+    densenet,
+    dorefanet,
+    meliusnet,
     mnist,
     quicknet,
+    real_to_binary,
+    resnet_e,
     xnornet,
 )
 from bnnexport.models.registry import (

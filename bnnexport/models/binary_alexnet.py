@@ -81,7 +81,10 @@ class BinaryAlexNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-@register_model("binary-alexnet", num_classes=1000, input_shape=(3, 224, 224))
+@register_model(
+    "binary-alexnet", num_classes=1000, input_shape=(3, 224, 224),
+    top1=(36.30, "larq-zoo BinaryAlexNet"),
+)  # fmt: skip
 def binary_alexnet(**kwargs) -> nn.Module:
     """BinaryAlexNet (Hubara et al. 2016): 5 binary convs, 3 binary dense layers."""
     return BinaryAlexNet(**kwargs)

@@ -74,7 +74,10 @@ class BinaryNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-@register_model("binarynet", num_classes=10, input_shape=(3, 32, 32))
+@register_model(
+    "binarynet", num_classes=10, input_shape=(3, 32, 32),
+    top1=(91.3, "Helwegen et al. 2019, Section 5.2 (CIFAR-10, Bop)"),
+)  # fmt: skip
 def binarynet(**kwargs) -> nn.Module:
     """The paper's CIFAR-10 BinaryNet: 6 binary convs, 3 binary dense layers, no float layer."""
     return BinaryNet(**kwargs)

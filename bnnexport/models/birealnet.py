@@ -99,7 +99,10 @@ class BiRealNet(nn.Module):
         return self.head(self.blocks(self.stem(x)))
 
 
-@register_model("birealnet18", num_classes=1000, input_shape=(3, 224, 224))
+@register_model(
+    "birealnet18", num_classes=1000, input_shape=(3, 224, 224),
+    top1=(57.47, "larq-zoo BiRealNet"),
+)  # fmt: skip
 def birealnet18(**kwargs) -> nn.Module:
     """Bi-Real Net 18: float stem, 16 binary 3x3 convs each with a shortcut, float head."""
     return BiRealNet(**kwargs)

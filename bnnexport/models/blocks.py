@@ -9,6 +9,8 @@ Example:
     False
     >>> same_pads(224, kernel=3, stride=2)
     (0, 1)
+    >>> same_max_pool(112, 112, kernel=3, stride=2)[1]
+    (56, 56)
 """
 
 from __future__ import annotations
@@ -122,3 +124,17 @@ def same_conv(conv: nn.Conv2d, height: int, width: int) -> tuple[nn.Module, tupl
     if not (top or bottom or left or right):
         return conv, out
     return nn.Sequential(nn.ZeroPad2d((left, right, top, bottom)), conv), out
+
+
+def same_max_pool(
+    height: int, width: int, kernel: int = 3, stride: int = 2
+) -> tuple[nn.MaxPool2d, tuple[int, int]]:
+    """A max-pool with Keras' ``padding="same"`` windows, and its output (height, width).
+
+    Keras pads (before, after) with after = before or before + 1 (`same_pads`); torch's
+    `padding=before` with `ceil_mode=True` gives exactly those windows (the extra end row or
+    column counts as -inf, as Keras' padding does), whatever the sign of the values.
+    """
+    pads = (same_pads(height, kernel, stride)[0], same_pads(width, kernel, stride)[0])
+    out = (-(-height // stride), -(-width // stride))
+    return nn.MaxPool2d(kernel, stride, padding=pads, ceil_mode=True), out

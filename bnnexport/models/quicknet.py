@@ -1,5 +1,6 @@
-"""QuickNet and QuickNet-Small: Plumerai's networks designed for fast inference with Larq Compute
-Engine (larq-zoo `sota.QuickNet`, `sota.QuickNetSmall`, v1.0 layout).
+"""QuickNet, QuickNet-Small and QuickNet-Large: Plumerai's networks designed for fast inference
+with Larq Compute Engine (larq-zoo `sota.QuickNet`, `sota.QuickNetSmall`, `sota.QuickNetLarge`,
+v1.0 layout).
 
 Layout (native input 3x224x224, sizes in brackets; F = section filters):
     stem (float): conv 3x3/2 3->F0/4 + BN + ReLU [112]; depthwise 3x3/2 [56] + BN (no affine);
@@ -9,10 +10,11 @@ Layout (native input 3x224x224, sizes in brackets; F = section filters):
     blur (anti-aliased downsampling, Zhang 2019) [28, 14, 7], 1x1 float conv F(i-1)->F(i) + BN
     ReLU, global average pool, float dense F3->K
     QuickNet: F = 64, 128, 256, 512; QuickNet-Small: F = 32, 64, 256, 512.
+    QuickNet-Large: QuickNet's widths with sections of 6, 8, 12, 6 blocks (32 binary convs).
 
-Every 3x3 conv inside a section is binary (16 in all, Bop trains them) and has a shortcut around
-it; the stem, the transitions and the classifier are float (Adam). The blur kernel is a fixed
-buffer, not a parameter.
+Every 3x3 conv inside a section is binary (16 in all, 32 in QuickNet-Large; Bop trains them) and
+has a shortcut around it; the stem, the transitions and the classifier are float (Adam). The
+blur kernel is a fixed buffer, not a parameter.
 
 LCE guidance is already QuickNet's design: binary convs pad with +1 (larq's `pad_values=1`),
 binary layers have 32 to 512 input channels, all multiples of 32, and the ReLU after each binary
@@ -136,14 +138,30 @@ class QuickNet(nn.Module):
         return self.head(self.sections(self.stem(x)))
 
 
-@register_model("quicknet", num_classes=1000, input_shape=(3, 224, 224))
+@register_model(
+    "quicknet", num_classes=1000, input_shape=(3, 224, 224),
+    top1=(63.3, "larq-zoo QuickNet v1.0"),
+)  # fmt: skip
 def quicknet(**kwargs) -> nn.Module:
     """QuickNet (larq-zoo v1.0): 16 binary 3x3 convs with shortcuts, float stem/transitions."""
     return QuickNet(**kwargs)
 
 
-@register_model("quicknet-small", num_classes=1000, input_shape=(3, 224, 224))
+@register_model(
+    "quicknet-small", num_classes=1000, input_shape=(3, 224, 224),
+    top1=(59.4, "larq-zoo QuickNetSmall v1.0"),
+)  # fmt: skip
 def quicknet_small(**kwargs) -> nn.Module:
     """QuickNet-Small (larq-zoo v1.0): QuickNet with sections of 32, 64, 256, 512 filters."""
     kwargs.setdefault("section_filters", (32, 64, 256, 512))
+    return QuickNet(**kwargs)
+
+
+@register_model(
+    "quicknet-large", num_classes=1000, input_shape=(3, 224, 224),
+    top1=(66.9, "larq-zoo QuickNetLarge v1.0"),
+)  # fmt: skip
+def quicknet_large(**kwargs) -> nn.Module:
+    """QuickNet-Large (larq-zoo v1.0): QuickNet with sections of 6, 8, 12, 6 blocks (32 binary)."""
+    kwargs.setdefault("section_blocks", (6, 8, 12, 6))
     return QuickNet(**kwargs)

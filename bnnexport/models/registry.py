@@ -35,21 +35,30 @@ class ModelInfo:
     num_classes: int
     input_shape: tuple[int, int, int]
     description: str
+    top1: float | None = None  # the published top-1 accuracy (%) of the architecture
+    top1_source: str = ""  # where `top1` is published
 
 
 _MODELS: dict[str, ModelInfo] = {}
 
 
 def register_model(
-    name: str, *, num_classes: int, input_shape: tuple[int, int, int]
+    name: str,
+    *,
+    num_classes: int,
+    input_shape: tuple[int, int, int],
+    top1: tuple[float, str] | None = None,
 ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model factory with its native number of classes and input shape."""
+    """Decorator registering a model factory with its native number of classes and input shape,
+    and `top1`: (the published top-1 accuracy in %, where it is published)."""
 
     def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         doc = (factory.__doc__ or "").strip().splitlines()
+        accuracy, source = top1 if top1 is not None else (None, "")
         _MODELS[name] = ModelInfo(
-            name, factory, num_classes, tuple(input_shape), doc[0] if doc else ""
-        )
+            name, factory, num_classes, tuple(input_shape), doc[0] if doc else "",
+            accuracy, source,
+        )  # fmt: skip
         return factory
 
     return decorate

@@ -80,7 +80,10 @@ class XnorNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-@register_model("xnornet", num_classes=1000, input_shape=(3, 224, 224))
+@register_model(
+    "xnornet", num_classes=1000, input_shape=(3, 224, 224),
+    top1=(44.96, "larq-zoo XNORNet"),
+)  # fmt: skip
 def xnornet(**kwargs) -> nn.Module:
     """XNOR-Net (Rastegari et al. 2016): float first conv and last dense, 6 binary convs."""
     return XnorNet(**kwargs)

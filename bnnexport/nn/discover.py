@@ -221,21 +221,25 @@ def find_binary_kernels(
     model: nn.Module,
     example_input: torch.Tensor | None = None,
     binary: BinarySpec | None = None,
+    trace: Trace | None = None,
 ) -> BinaryKernels:
     """The record of `model`'s binary kernels: the one decision every stage reads.
 
     `binary` names them (parameter names or shell-style globs, or a predicate(name, param));
     else they are found by tracing `example_input` (a batch the model accepts; default: one
-    standard-normal input of `model.bnnexport_config["input_shape"]`). A model of unknown input
-    shape is searched for bnnexport's own binary layers by type. `model` is left unchanged.
+    standard-normal input of `model.bnnexport_config["input_shape"]`), or read from `trace`,
+    one `trace_layers` already took of this model (the summary's, which need not trace twice).
+    A model of unknown input shape is searched for bnnexport's own binary layers by type.
+    `model` is left unchanged.
 
     Raises:
         NoBinaryKernelError when none is found; ConfigError when a kernel could be either of
         two parameters; InputShapeError when the model cannot take `example_input`.
     """
-    if example_input is None:
-        example_input = default_input(model)
-    trace = trace_layers(model, example_input) if example_input is not None else None
+    if trace is None:
+        if example_input is None:
+            example_input = default_input(model)
+        trace = trace_layers(model, example_input) if example_input is not None else None
     if binary is not None:
         kernels, how = _named(model, select_binary(model, binary), trace), "named"
     elif trace is not None:

@@ -65,12 +65,13 @@ class BinaryLayer(nn.Module):
     def bf16_product(self, x: torch.Tensor) -> BinaryProduct | None:
         """The bf16 map to use for this call (`set_precision`), or None for plain float32.
 
-        Only where both operands are ±1: a binarized input (never the first layer's image),
-        no bias, not while exporting to ONNX, on a CPU or CUDA tensor.
+        Only where both operands are ±1: a binarized input (never the first layer's image, nor
+        a k-bit one), no bias, not while exporting to ONNX, on a CPU or CUDA tensor.
         """
         if (
             self.product is None
             or self.input_quantizer is None
+            or self.input_quantizer.precision != 1
             or self.bias is not None
             or x.device.type not in ("cpu", "cuda")
             or torch.onnx.is_in_onnx_export()

@@ -1,9 +1,13 @@
 """Activation and kernel quantizers, registered by name (larq's semantics).
 
-Every quantizer maps to {-1, +1} with sign(0) = +1 in the forward pass and differs only in its
-pseudo-gradient. The forward is written as `sign(sign(x) + 0.1)`, which the ONNX exporter writes as
-`Sign -> Add -> Sign`, a pattern the converter turns into LCE's `LceQuantize` (docs/LCE_NOTES.md
-"Binary ops" and "PyTorch to ONNX").
+Every binary quantizer (`precision` 1) maps to {-1, +1} with sign(0) = +1 in the forward pass and
+differs only in its pseudo-gradient. The forward is written as `sign(sign(x) + 0.1)`, which the
+ONNX exporter writes as `Sign -> Add -> Sign`, a pattern the converter turns into LCE's
+`LceQuantize` (docs/LCE_NOTES.md "Binary ops" and "PyTorch to ONNX").
+
+The one quantizer of more than one bit, ``"dorefa"`` (DoReFa-Net's k-bit activations, `precision`
+k), maps to {0, 1/n, ..., 1} with n = 2^k - 1: a layer it feeds is no binary layer (its MACs are
+not binary, and LCE runs it as a float op; docs/LCE_NOTES.md "k-bit activations").
 
 Example:
     >>> import torch
@@ -13,6 +17,8 @@ Example:
     tensor([-1.,  1.,  1.])
     >>> q.precision
     1
+    >>> get_quantizer("dorefa")(torch.tensor([-0.5, 0.2, 0.5, 0.9]))
+    tensor([0.0000, 0.3333, 0.6667, 1.0000])
 """
 
 from __future__ import annotations
@@ -131,3 +137,41 @@ class SwishSign(Quantizer):
     def pseudo_gradient(self, x: torch.Tensor) -> torch.Tensor:
         bx = self.beta * x
         return self.beta * (2.0 - bx * torch.tanh(bx / 2.0)) / (1.0 + torch.cosh(bx))
+
+
+class _RoundWithStraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, levels: int):
+        ctx.save_for_backward(x)
+        return torch.round(torch.clamp(x, 0.0, 1.0) * levels) / levels
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return grad_output * ((x >= 0) & (x <= 1)).to(grad_output.dtype), None
+
+
+@register_quantizer("dorefa")
+class DoReFa(Quantizer):
+    """DoReFa-Net's k-bit activation quantizer: forward round(n clip(x, 0, 1)) / n with
+    n = 2^k - 1 (rounding half to even, as ONNX's and TFLite's Round); backward 1 for
+    0 <= x <= 1, else 0 (the clip's gradient, straight through the rounding).
+
+    Not binary: `precision` is k (2 by default, DoReFa-Net's and larq-zoo's activations).
+    Zhou et al., "DoReFa-Net", 2016, Eq. 9 (activations); larq's `DoReFaQuantizer`.
+    """
+
+    def __init__(self, k_bit: int = 2) -> None:
+        super().__init__()
+        if k_bit < 2:
+            raise ValueError(f"dorefa: k_bit must be at least 2 (1 bit is a sign), got {k_bit}")
+        self.precision = k_bit
+        self.levels = 2**k_bit - 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.onnx.is_in_onnx_export() or not torch.is_grad_enabled():
+            return torch.round(torch.clamp(x, 0.0, 1.0) * self.levels) / self.levels
+        return _RoundWithStraightThrough.apply(x, self.levels)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, k_bit={self.precision}"

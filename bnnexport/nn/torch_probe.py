@@ -29,7 +29,7 @@ from torch import nn
 from bnnexport.errors import FidelityError
 from bnnexport.nn.quantizers import Quantizer
 from converters.gate import Witness
-from converters.gate.twin import twin_initializers
+from converters.gate.twin import grid_round, twin_initializers
 from converters.graph import OnnxGraph, load_onnx
 from converters.patterns import binarizations_in
 
@@ -44,7 +44,10 @@ class TorchProbe:
         self.calls = [b.source for b in binarizations_in(graph)]  # k-th call -> ONNX source
         self.sources = list(dict.fromkeys(self.calls))
         self.model = model.eval()
-        self.quantizers = [m for m in model.modules() if isinstance(m, Quantizer)]
+        # the binarizations: a k-bit quantizer (DoReFa's) writes no sign for ONNX to match
+        self.quantizers = [
+            m for m in model.modules() if isinstance(m, Quantizer) and m.precision == 1
+        ]
 
     def run(
         self, x: np.ndarray, imposed: list[np.ndarray] | None = None
@@ -91,20 +94,45 @@ class TorchProbe:
 
 def twin_model(model: nn.Module, twin: onnx.ModelProto) -> nn.Module:
     """A copy of `model` with the twin ONNX graph's float initializers loaded by name (the
-    exporter names them after the state dict): PyTorch's own exact-grid twin."""
+    exporter names them after the state dict): PyTorch's own exact-grid twin.
+
+    Two kinds of initializer carry no such name. A scalar one is a constant of the model's own
+    code (a Clip bound, DoReFa's 3 levels, folded by the exporter): the copy keeps its own. A
+    parameter the exporter reshaped (PReLU's slopes, unsqueezed to [C, 1, 1] and folded) is
+    found by value: it goes into every parameter of its size, not loaded by name, whose twin
+    value it is (`converters.gate.twin.grid_round`, ±1 kept). Where the twin's grid moved a
+    constant, or a value went to a parameter that is not its own, the two twins differ and
+    the twin check refuses; it cannot pass because of it.
+    """
     copy = deepcopy(model).eval()
     state = copy.state_dict()
-    loaded = twin_initializers(twin)
-    foreign = sorted(set(loaded) - set(state))
-    if foreign:
-        raise FidelityError(
-            f"the ONNX initializer {foreign[0]!r} is not a PyTorch parameter or buffer: "
-            "PyTorch's exact-grid twin cannot be built"
-        )
+    loaded = {k: v for k, v in twin_initializers(twin).items() if k in state or v.size != 1}
+    unnamed = {k: v for k, v in state.items() if k not in loaded and v.is_floating_point()}
     with torch.no_grad():
+        for name in sorted(set(loaded) - set(state)):
+            targets = _twin_targets(loaded.pop(name), unnamed)
+            if not targets:
+                raise FidelityError(
+                    f"the ONNX initializer {name!r} is not a PyTorch parameter or buffer: "
+                    "PyTorch's exact-grid twin cannot be built"
+                )
+            loaded.update(targets)
         for name, value in loaded.items():
             state[name].copy_(torch.from_numpy(value.copy()).reshape(state[name].shape))
     return copy
+
+
+def _twin_targets(value: np.ndarray, unnamed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """{parameter: `value`} for each tensor of `unnamed` that the twin maps to `value`."""
+    found = {}
+    for name, tensor in unnamed.items():
+        if tensor.numel() != value.size:
+            continue
+        own = tensor.detach().cpu().numpy().astype(np.float32).ravel()
+        twin = own if np.all(np.abs(own) == 1.0) else grid_round(own)
+        if np.array_equal(twin, value.ravel()):
+            found[name] = value
+    return found
 
 
 def twin_outputs(model: nn.Module) -> Callable[[onnx.ModelProto, np.ndarray], np.ndarray]:

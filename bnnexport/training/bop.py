@@ -37,6 +37,7 @@ from bnnexport.training.schedules import (
     Constant,
     Schedule,
     as_schedule,
+    first_step_outside,
     schedule_from_dict,
     schedule_to_dict,
 )
@@ -75,30 +76,56 @@ class _Scheduled:
         """Set the optimizer-wide schedules; returns their step-0 values (the defaults)."""
         self.schedules = {key: as_schedule(value) for key, value in values.items()}
         self.steps = 0
-        defaults = {key: schedule(0) for key, schedule in self.schedules.items()}
-        self._check_values(defaults)
-        return defaults
+        for key, schedule in self.schedules.items():
+            self._check_course(key, schedule, 0)
+        return {key: schedule(0) for key, schedule in self.schedules.items()}
 
     def _check_values(self, values: dict[str, float]) -> None:
         """Raise ValueError for a value the optimizer cannot use (subclasses override)."""
 
+    def _check_course(self, key: str, schedule: Schedule, start: int) -> None:
+        """ValueError naming the first step from `start` on, over the schedule's own course
+        (`schedules.first_step_outside`), whose value `_check_values` refuses."""
+
+        def ok(value: float) -> bool:
+            try:
+                self._check_values({key: value})
+            except ValueError:
+                return False
+            return True
+
+        step = first_step_outside(schedule, ok, start=start)
+        if step is not None:
+            try:
+                self._check_values({key: schedule(step)})
+            except ValueError as error:
+                where = f" at step {step} of {schedule_to_dict(schedule)}"
+                raise ValueError(f"{error}{where if step != start else ''}") from None
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's; a setting the group does not give itself is the optimizer-wide one as it
+        is now (after `set_schedule` too), and a group added later counts its steps from the
+        optimizer's, so the optimizer-wide schedules go on where they are."""
         group = dict(param_group)
-        steps = int(group.get("steps", 0))
+        steps = int(group.get("steps", getattr(self, "steps", 0)))
         own = {
             key: as_schedule(group[key])
             for key in self.schedules
             if key in group and not isinstance(group[key], torch.Tensor)
         }
-        values = {key: schedule(steps) for key, schedule in own.items()}
-        self._check_values(values)
+        for key, schedule in own.items():
+            self._check_course(key, schedule, steps)
+        values = {key: own.get(key, default)(steps) for key, default in self.schedules.items()}
         group.update(values, schedules=own, steps=steps)
         super().add_param_group(group)  # type: ignore[misc]
 
     def set_schedule(self, key: str, value: float | str | Schedule) -> None:
-        """Replace the optimizer-wide schedule `key`; groups with their own keep theirs."""
-        self.schedules[key] = schedule = as_schedule(value)
-        self._check_values({key: schedule(self.steps)})
+        """Replace the optimizer-wide schedule `key`; groups with their own keep theirs, and a
+        group added later takes the new one."""
+        schedule = as_schedule(value)
+        self._check_course(key, schedule, self.steps)
+        self.schedules[key] = schedule
+        self.defaults[key] = schedule(self.steps)  # type: ignore[attr-defined]
         for group in self.param_groups:  # type: ignore[attr-defined]
             if key not in group["schedules"]:
                 group[key] = schedule(group["steps"])

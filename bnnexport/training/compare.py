@@ -2,15 +2,20 @@
 table.
 
 Runs that differ only in their seed form one *group* (e.g. `bnnexport sweep --seeds 3`): the
-table gives the mean ± standard deviation over the group's runs (population std, n in
-`runs`), and the figure draws the mean with error bars (test accuracy) or a shaded ±1 std band
-(π_t). For each group:
+table gives the mean ± sample standard deviation over the group's runs (n - 1 in the
+denominator, n in `runs`), and the figure draws the mean with error bars (test accuracy) or a
+shaded ±1 std band (π_t), and says so. For each group:
 
 - test accuracy over optimizer steps (`kind: "eval"` rows from `train --eval-every`, and the
   epoch rows), and π_t over steps over all binary weights (`mean_flip_rate`,
   `bnnexport.training.metrics`);
 - the final test accuracy, the flips over the whole run (all binary layers), the training
-  seconds, the optimizer and its hyperparameters (config.json).
+  seconds (`metrics.training_seconds`, as train.json and sweep.json count them), π over the
+  last epoch (`metrics.last_epoch_flip_rate`, as sweep.json), the model, the optimizer and its
+  hyperparameters (config.json).
+
+Each setting keeps one colour in every figure: the one `bnnexport sweep` gave it (recorded in
+its sweep.json, found above the runs), else the first colour no other setting of the figure has.
 
 OUT/compare.png, OUT/compare.json (the report) and OUT/compare.csv (the table) are written
 through bnnexport's manifest, so OUT may be a folder of earlier comparisons but not a folder of
@@ -21,13 +26,14 @@ Example:
     >>> report = compare(["runs/bop", "runs/latent"], out="runs/compare")  # doctest: +SKIP
     >>> [row.optimizer for row in report.rows]  # doctest: +SKIP
     ['bop', 'adam-latent']
-    >>> mean_std([0.9, 0.92])
-    (0.91, 0.01)
+    >>> mean_std([0.9, 0.92])  # the sample standard deviation: n - 1 in the denominator
+    (0.91, 0.014142135624)
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -40,7 +46,13 @@ from bnnexport.run.directory import RunDir, lock_run
 from bnnexport.run.files import require_run_directory, write_bytes_atomic
 from bnnexport.run.records import read_jsonl
 from bnnexport.run.reports import Report, save_figure_atomic
-from bnnexport.training.metrics import accuracy_curve, mean_flip_rate, step_rows
+from bnnexport.training.metrics import (
+    accuracy_curve,
+    last_epoch_flip_rate,
+    mean_flip_rate,
+    step_rows,
+    training_seconds,
+)
 
 # config.json keys that say where and how a run was computed, not what was trained: runs that
 # differ only in these (and the seed) are repetitions of one setting
@@ -50,11 +62,25 @@ NOT_THE_SETTING = ("seed", "out", "device", "num_workers", "log_every", "eval_ev
 BOP_KEYS = ("gamma", "threshold", "sigma", "lr")
 
 
+# matplotlib's default colour cycle (tab10), a setting's colour when no sweep gave it one
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+STD_NOTE = "error bars and bands: ±1 sample standard deviation (n - 1) over the seeds"
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and population standard deviation, rounded to 12 digits (0 std for one value)."""
+    """Mean and sample standard deviation (ddof = 1: n - 1 in the denominator; 0 for one
+    value), rounded to 12 digits."""
     mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    return round(mean, 12), round(std, 12)
+    spread = sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)
+    return round(mean, 12), round(math.sqrt(spread), 12)
+
+
+def setting_id(config: dict[str, Any]) -> str:
+    """A short name for a run's setting (its config.json less NOT_THE_SETTING): the same for
+    every seed of it, in a sweep and in a comparison."""
+    kept = {k: v for k, v in config.items() if k not in NOT_THE_SETTING}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +100,8 @@ class RunCurves:
     config: dict[str, Any]
     test_accuracy: float
     flips: int
-    seconds: float
+    seconds: float  # metrics.training_seconds
+    last_flip_rate: float  # metrics.last_epoch_flip_rate
     accuracy_steps: list[int]
     accuracy: list[float]
     flip_steps: list[int]
@@ -101,7 +128,8 @@ def read_run(run_dir: str | Path) -> RunCurves:
         config=config,
         test_accuracy=float(epochs[-1]["test_accuracy"]),
         flips=sum(sum(r.get("flips", {}).values()) for r in rows),
-        seconds=sum(float(r.get("seconds", 0.0)) for r in epochs),
+        seconds=training_seconds(records),
+        last_flip_rate=last_epoch_flip_rate(records),
         accuracy_steps=accuracy_steps,
         accuracy=accuracy,
         flip_steps=[int(r["step"]) for r in rows],
@@ -116,16 +144,19 @@ class CompareRow:
     label: str
     optimizer: str
     hyperparameters: dict[str, Any]
+    model: str
     runs: list[str]
     seeds: list[int]
     test_accuracy: float  # mean over the runs
     test_accuracy_std: float
     flips: float
     flips_std: float
-    seconds: float
+    seconds: float  # training seconds (metrics.training_seconds), mean
     seconds_std: float
-    last_flip_rate: float  # π_t of the last logged row over all binary weights, mean
+    last_flip_rate: float  # π over the last epoch, all binary weights, mean
     last_flip_rate_std: float
+    color: str = ""  # its colour in the figure (and in a sweep's, for the same setting)
+    setting: str = ""  # setting_id
 
 
 @dataclass
@@ -140,39 +171,71 @@ class CompareReport(Report):
 
 
 def label(config: dict[str, Any]) -> str:
-    """'bop γ=0.001 τ=1e-06' / 'adam-latent lr=0.001': the optimizer and its settings."""
+    """'mnist-bnn bop γ=0.001 τ=1e-06' / 'mnist-bnn adam-latent lr=0.001': the model, the
+    optimizer and its settings."""
     names = {"gamma": "γ", "threshold": "τ", "sigma": "σ", "lr": "lr"}
     settings = hyperparameters(config)
     if config.get("optimizer", "bop") != "adam-latent":
         settings.pop("lr", None)  # Adam's lr beside Bop is in the table, not every label
     text = " ".join(f"{names[k]}={v:g}" if isinstance(v, float) else f"{names[k]}={v}"
                     for k, v in settings.items())  # fmt: skip
-    return f"{config.get('optimizer', 'bop')} {text}".strip()
+    model = str(config.get("model", "")).rpartition(":")[2]  # module:factory by its factory
+    return f"{model} {config.get('optimizer', 'bop')} {text}".strip()
 
 
 def group_runs(runs: list[RunCurves]) -> list[list[RunCurves]]:
     """Runs whose configurations differ only in NOT_THE_SETTING, in first-seen order."""
     groups: dict[str, list[RunCurves]] = {}
     for run in runs:
-        key = json.dumps({k: v for k, v in run.config.items() if k not in NOT_THE_SETTING},
-                         sort_keys=True)  # fmt: skip
-        groups.setdefault(key, []).append(run)
+        groups.setdefault(setting_id(run.config), []).append(run)
     return list(groups.values())
 
 
-def summarise(group: list[RunCurves], labels: dict[int, str]) -> CompareRow:
+def setting_colors(groups: list[list[RunCurves]], given: dict[str, str]) -> dict[int, str]:
+    """Each group's colour: `given` {setting_id: colour} (a sweep's) unless an earlier group
+    of the figure has that colour already, else the first palette colour no group has."""
+    colors: dict[int, str] = {}
+    for group in groups:  # a sweep's colours first, so no other setting takes them
+        color = given.get(setting_id(group[0].config))
+        if color is not None and color not in colors.values():
+            colors[id(group[0])] = color
+    for group in groups:
+        if id(group[0]) not in colors:
+            free = [c for c in PALETTE if c not in colors.values()]
+            colors[id(group[0])] = free[0] if free else PALETTE[len(colors) % len(PALETTE)]
+    return {id(group[0]): colors[id(group[0])] for group in groups}
+
+
+def sweep_colors(run_dirs: list[str | Path]) -> dict[str, str]:
+    """{setting_id: colour} from the sweep.json of every sweep the runs belong to (in the
+    folder above a run, or above its seed's folder)."""
+    found: dict[str, str] = {}
+    folders = {Path(d).resolve().parent for d in run_dirs}
+    for folder in sorted(folders | {f.parent for f in folders}):
+        try:
+            settings = json.loads((folder / "sweep.json").read_text())["settings"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for setting in settings:
+            if isinstance(setting, dict) and setting.get("setting") and setting.get("color"):
+                found.setdefault(setting["setting"], setting["color"])
+    return found
+
+
+def summarise(group: list[RunCurves], labels: dict[int, str], color: str = "") -> CompareRow:
     config = group[0].config
     acc = mean_std([r.test_accuracy for r in group])
     flips = mean_std([float(r.flips) for r in group])
     seconds = mean_std([r.seconds for r in group])
-    last = mean_std([r.flip_rate[-1] if r.flip_rate else -9.0 for r in group])
+    last = mean_std([r.last_flip_rate for r in group])
     return CompareRow(
         label=labels[id(group[0])], optimizer=config.get("optimizer", "bop"),
-        hyperparameters=hyperparameters(config), runs=[r.run_dir for r in group],
-        seeds=[int(r.config.get("seed", 0)) for r in group],
+        hyperparameters=hyperparameters(config), model=str(config.get("model", "")),
+        runs=[r.run_dir for r in group], seeds=[int(r.config.get("seed", 0)) for r in group],
         test_accuracy=acc[0], test_accuracy_std=acc[1], flips=flips[0], flips_std=flips[1],
         seconds=seconds[0], seconds_std=seconds[1],
-        last_flip_rate=last[0], last_flip_rate_std=last[1],
+        last_flip_rate=last[0], last_flip_rate_std=last[1], color=color,
+        setting=setting_id(config),
     )  # fmt: skip
 
 
@@ -196,16 +259,22 @@ def _mean_curve(
     return common, [m for m, _ in stats], [s for _, s in stats]
 
 
-def plot_compare(groups: list[list[RunCurves]], labels: dict[int, str], path: str | Path) -> Path:
+def plot_compare(
+    groups: list[list[RunCurves]],
+    labels: dict[int, str],
+    path: str | Path,
+    colors: dict[int, str] | None = None,
+) -> Path:
     """Test accuracy (error bars over seeds) and π_t over all binary weights (±1 std band)
-    over optimizer steps, one curve per setting, in one figure."""
+    over optimizer steps, one curve per setting in its colour (`setting_colors`), in one
+    figure that says what its error bars are (`STD_NOTE`)."""
     from bnnexport.run.reports import pyplot
 
     plt = pyplot()
+    colors = colors or setting_colors(groups, {})
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, group in enumerate(groups):
-        color, name = colors[index % len(colors)], labels[id(group[0])]
+    for group in groups:
+        color, name = colors[id(group[0])], labels[id(group[0])]
         name += f" (mean ± std of {len(group)} seeds)" if len(group) > 1 else ""
         steps, mean, std = _mean_curve([(r.accuracy_steps, r.accuracy) for r in group])
         left.errorbar(steps, mean, yerr=std if len(group) > 1 else None, marker="o",
@@ -223,7 +292,9 @@ def plot_compare(groups: list[list[RunCurves]], labels: dict[int, str], path: st
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    if any(len(group) > 1 for group in groups):
+        fig.text(0.5, 0.005, STD_NOTE, ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)
@@ -232,7 +303,7 @@ def plot_compare(groups: list[list[RunCurves]], labels: dict[int, str], path: st
 def table_csv(rows: list[CompareRow]) -> bytes:
     """The table as CSV: one line per setting, hyperparameters as columns."""
     keys = [k for k in BOP_KEYS if any(k in r.hyperparameters for r in rows)]
-    columns = ["label", "optimizer", *keys, "runs", "test_accuracy", "test_accuracy_std",
+    columns = ["label", "model", "optimizer", *keys, "runs", "test_accuracy", "test_accuracy_std",
                "flips", "flips_std", "seconds", "seconds_std", "last_flip_rate",
                "last_flip_rate_std"]  # fmt: skip
     text = io.StringIO()
@@ -252,11 +323,12 @@ def compare(run_dirs: list[str | Path], out: str | Path) -> CompareReport:
     runs = [read_run(d) for d in run_dirs]
     groups = group_runs(runs)
     labels = unique_labels(groups)
+    colors = setting_colors(groups, sweep_colors(run_dirs))
     out = Path(out)
     with lock_run(out, create=True):
         require_run_directory(out)
-        rows = [summarise(g, labels) for g in groups]
-        figure = plot_compare(groups, labels, out / "compare.png")
+        rows = [summarise(g, labels, colors[id(g[0])]) for g in groups]
+        figure = plot_compare(groups, labels, out / "compare.png", colors)
         table = write_bytes_atomic(out / "compare.csv", table_csv(rows))
         report = CompareReport(out=str(out), rows=rows, figure=str(figure), table=str(table))
         report.save(out / "compare.json")
@@ -264,13 +336,13 @@ def compare(run_dirs: list[str | Path], out: str | Path) -> CompareReport:
 
 
 def format_table(rows: list[CompareRow]) -> str:
-    """The table as aligned text: value ± std where a setting has several runs."""
+    """The table as aligned text: value ± sample std where a setting has several runs."""
 
     def pm(value: float, std: float, n: int, digits: int) -> str:
         return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if n > 1 else "")
 
     lines = [f"{'setting':<34} {'n':>2} {'test acc':>15} {'flips':>19} {'seconds':>13} "
-             f"{'π last':>13}"]  # fmt: skip
+             f"{'π last epoch':>13}"]  # fmt: skip
     for r in rows:
         n = len(r.runs)
         lines.append(

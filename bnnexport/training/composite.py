@@ -103,6 +103,19 @@ class CaseOptimizer(torch.optim.Optimizer):
         super().__init__(groups, {})  # adds each part's group dicts themselves, not copies
         # one state for the whole: the parts' own states, looked up in turn
         self.state = ChainMap(*(part.state for part in self.optimizers.values()))  # type: ignore[assignment]
+        self._share_adam_settings()
+
+    def _share_adam_settings(self) -> None:
+        """Adam's lr and betas as the composite's `defaults`, and betas on every group: torch's
+        schedulers read them there, and OneCycleLR (cycle_momentum, its default) cycles β1 of
+        every group. Bop's groups get Adam's betas as they carry an lr, never read; γ and τ are
+        the only settings Bop follows."""
+        adam = next((p for p in self.optimizers.values() if "betas" in p.defaults), None)
+        if adam is None:
+            return
+        self.defaults = {"lr": adam.defaults["lr"], "betas": adam.defaults["betas"]}
+        for group in self.param_groups:
+            group.setdefault("betas", adam.defaults["betas"])
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Before construction ends: a part's group. Later: a dict with a "case" key naming the
@@ -116,6 +129,8 @@ class CaseOptimizer(torch.optim.Optimizer):
             raise ValueError(f"a new group needs 'case': one of {', '.join(self.optimizers)}")
         part = self.optimizers[case]
         part.add_param_group(group)
+        if "betas" in self.defaults:
+            part.param_groups[-1].setdefault("betas", self.defaults["betas"])
         super().add_param_group(part.param_groups[-1])
 
     def _part_groups(self) -> list[dict[str, Any]]:
@@ -155,6 +170,7 @@ class CaseOptimizer(torch.optim.Optimizer):
         # torch's load_state_dict replaces a part's group dicts: share the new ones
         self.param_groups = self._part_groups()
         self.state = ChainMap(*(part.state for part in self.optimizers.values()))  # type: ignore[assignment]
+        self._share_adam_settings()
 
     def hyperparameters(self) -> dict[str, float]:
         """Current value of every scheduled hyperparameter, e.g. {'bop.gamma': 1e-4, ...};

@@ -73,17 +73,30 @@ class TrainConfig:
     # Before each evaluation and checkpoint, re-estimate BatchNorm statistics on this many
     # training batches (0 = off): flips shift pre-activations faster than running averages follow.
     bn_recalibration_batches: int = 20
+    # BatchNorm statistics over the global batch (all processes' samples under torchrun),
+    # computed alike in one process and in N (training.distributed.AllReduceBatchNorm);
+    # False: torch's own BatchNorm, each process over its own share
+    sync_batchnorm: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+# each scheduled hyperparameter: (its option, the test every value must pass, the rule in words)
+HYPERPARAMETER_RANGES = {
+    # >= 0 as torch's Adam and the Bop family take it: a warm-up or a cosine decay reaches 0
+    "lr": ("--lr", lambda v: v >= 0, "must be >= 0"),
+    "gamma": ("--gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "threshold": ("--threshold", lambda v: v >= 0, "must be >= 0"),
+    "sigma": ("--sigma", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+}
+
+
 def validate_config(config: TrainConfig) -> None:
-    """Raise ConfigError for a value no training could use, before anything is written."""
-    _check_hyperparameter("--lr", config.lr, lambda v: v > 0, "must be > 0")
-    _check_hyperparameter("--gamma", config.gamma, lambda v: 0 < v <= 1, "must be in (0, 1]")
-    _check_hyperparameter("--threshold", config.threshold, lambda v: v >= 0, "must be >= 0")
-    _check_hyperparameter("--sigma", config.sigma, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    """Raise ConfigError for a value no training could use, before anything is written.
+    Schedules are checked over their own course here (`check_schedules` checks them over the
+    run's steps once the data fix how many there are)."""
+    check_schedules(config)
     if not config.l2_first_last >= 0:
         raise ConfigError(f"l2_first_last {config.l2_first_last}: must be >= 0")
     if config.log_every < 0 or config.eval_every < 0:
@@ -120,18 +133,29 @@ def check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
         raise ConfigError(f"--val-split {split}: must be between 0 and 1 (exclusive)")
 
 
-def _check_hyperparameter(option: str, value: float | str, ok: Any, rule: str) -> None:
-    from bnnexport.training.schedules import as_schedule, schedule_to_dict
+def check_schedules(config: TrainConfig, steps: int | None = None) -> None:
+    """ConfigError, in one line naming the option and the first step whose value leaves its
+    range, when a value of `lr`, `gamma`, `threshold` or `sigma` does at any of the run's
+    `steps` optimizer steps (None: over each schedule's own course, `horizon()`)."""
+    from bnnexport.training.schedules import as_schedule, first_step_outside, schedule_to_dict
 
-    try:
-        schedule = as_schedule(value)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"{option} {value}: {error}") from None
-    numbers = [v for v in schedule_to_dict(schedule).values() if isinstance(v, (int, float))]
-    if not all(np.isfinite(numbers)):
-        raise ConfigError(f"{option} {value}: not a finite number")
-    if not ok(schedule(0)):
-        raise ConfigError(f"{option} {value}: {rule}")
+    for key, (option, ok, rule) in HYPERPARAMETER_RANGES.items():
+        value = getattr(config, key)
+        try:
+            schedule = as_schedule(value)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{option} {value}: {error}") from None
+        numbers = [v for v in schedule_to_dict(schedule).values() if isinstance(v, (int, float))]
+        if not all(np.isfinite(numbers)):
+            raise ConfigError(f"{option} {value}: not a finite number")
+        step = first_step_outside(schedule, ok, steps)
+        if step is not None:
+            where = (
+                ""
+                if step == 0
+                else f" at step {step}" + (f" of the run's {steps}" if steps is not None else "")
+            )
+            raise ConfigError(f"{option} {value}: {schedule(step):g}{where}, {rule}")
 
 
 def default_out(model: str, dataset: str) -> str:

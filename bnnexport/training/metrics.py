@@ -65,6 +65,32 @@ def mean_flip_rate(row: dict[str, Any]) -> float:
     return sum(rates) / len(rates) if rates else -9.0
 
 
+def training_seconds(records: Iterable[dict[str, Any]]) -> float:
+    """A run's training time: the sum of its epoch rows' `seconds`, each the time of that
+    epoch's optimizer steps (evaluation, checkpoints and plots excluded), over every epoch a
+    resumed run kept too. What train.json, sweep.json and compare call `seconds`."""
+    return sum(float(r.get("seconds", 0.0)) for r in records if r.get("kind") == "epoch")
+
+
+def last_epoch_flip_rate(records: Iterable[dict[str, Any]]) -> float:
+    """π over the run's last epoch, all binary weights together: its per-step flip fraction
+    in the paper's log form, the last epoch row's `mean_flip_rate`; for runs from before
+    epoch rows held it, computed from that epoch's step rows. What train.json, sweep.json and
+    compare call π (last epoch). -9.0 (no flip) for a run with no step row."""
+    records = list(records)
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    if epochs and "mean_flip_rate" in epochs[-1]:
+        return float(epochs[-1]["mean_flip_rate"])
+    rows = step_rows(records)
+    if not rows:
+        return -9.0
+    last = [r for r in rows if r["epoch"] == rows[-1]["epoch"]]
+    steps = sum(int(r["steps"]) for r in last)
+    # π is log(fraction + e^-9): undo it per row to add the flips up (weights cancel out)
+    fractions = [(math.exp(mean_flip_rate(r)) - math.exp(-9)) * int(r["steps"]) for r in last]
+    return pi(max(sum(fractions), 0.0) / max(steps, 1))
+
+
 def accuracy_curve(records: Iterable[dict[str, Any]]) -> tuple[list[int], list[float]]:
     """(steps, test accuracy): the eval rows (`--eval-every`) and the epoch rows, by step."""
     points = {
@@ -103,9 +129,14 @@ def metrics_csv(records: Iterable[dict[str, Any]]) -> bytes:
     return text.getvalue().encode()
 
 
+# what train says, once, when it cannot write TensorBoard scalars (never silently)
+NO_TENSORBOARD = ("the tensorboard package is missing (a dependency of bnnexport: pip install "
+                  "tensorboard): this run writes no TensorBoard scalars")  # fmt: skip
+
+
 def tensorboard_available() -> bool:
-    """Whether the optional `tensorboard` package (pip install bnnexport[tensorboard]) is
-    installed; torch's SummaryWriter needs it."""
+    """Whether the `tensorboard` package (a dependency; an install with --no-deps may lack it)
+    is installed; torch's SummaryWriter needs it."""
     return importlib.util.find_spec("tensorboard") is not None
 
 
@@ -141,7 +172,8 @@ def tensorboard_events(records: Iterable[dict[str, Any]]) -> bytes:
 
 def write_tensorboard(run_dir: str | Path, records: Iterable[dict[str, Any]]) -> Path | None:
     """RUN_DIR/events.out.tfevents.bnnexport from the rows (rewritten whole, so a resumed run
-    holds no duplicate points), or None when tensorboard is not installed.
+    holds no duplicate points), or None when tensorboard is not installed (train says so
+    once, `NO_TENSORBOARD`).
     `tensorboard --logdir runs/` then shows every run."""
     if not tensorboard_available():
         return None

@@ -1,8 +1,10 @@
 """The paper's training recipes by name: `bnnexport train --recipe NAME`, `bnnexport recipes`.
 
 Each recipe names its source (the section of Helwegen et al., "Latent Weights Do Not Exist",
-NeurIPS 2019, and of its authors' code) and the number published for it, and states its
-schedules in **epochs**, as the paper does. `recipe_config` resolves them to optimizer steps,
+NeurIPS 2019, and of its authors' code; for larq-zoo's models, the larq-zoo training task that
+trained its published weights), the number published for it and, per hyperparameter, the file
+and line of the authors' code it comes from (`sources`), and states its schedules in
+**epochs**, as the paper does. `recipe_config` resolves them to optimizer steps,
 the unit of `TrainConfig`, once the data set and batch size fix the steps per epoch. A run
 shorter (or longer) than the recipe's (`--epochs`) scales every schedule by the same factor,
 so the schedule keeps its shape: γ still decays x0.1 five times when the 500-epoch CIFAR-10
@@ -30,13 +32,22 @@ from typing import Any
 from bnnexport.datasets.imagefolder import IMAGENET as IMAGENET_CROPS
 from bnnexport.errors import DataError
 from bnnexport.training.config import TrainConfig
-from bnnexport.training.schedules import Constant, LinearDecay, Schedule, StepDecay, parse_schedule
+from bnnexport.training.schedules import (
+    Constant,
+    CosineDecay,
+    LinearDecay,
+    Piecewise,
+    Schedule,
+    StepDecay,
+    parse_schedule,
+)
 
 
 @dataclass(frozen=True)
 class Recipe:
     """A named training setting; `gamma`, `threshold`, `lr` in the schedule text form, counted
-    in epochs."""
+    in epochs. `sources` names, for every hyperparameter (`SOURCED`), where the value comes
+    from: a file and line of the authors' code, or a section of the paper."""
 
     name: str
     description: str
@@ -55,17 +66,66 @@ class Recipe:
     dataset_options: dict[str, Any] = field(default_factory=dict)
     l2_first_last: float = 0.0  # L2 on the first and last layers' weights (XNOR-Net)
     assumptions: tuple[str, ...] = ()  # settings the sources do not give, and what is used
+    sources: dict[str, str] = field(default_factory=dict)  # hyperparameter: where it is from
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+# the hyperparameters every recipe gives a source for (l2_first_last where it sets one)
+SOURCED = ("epochs", "batch_size", "gamma", "threshold", "lr")
 PAPER = "Helwegen et al. 2019"
+# The authors' code (docs/LCE_NOTES.md "Paper recipes"): its models' `bop*` hyperparameter sets
+CODE = "plumerai/rethinking-bnn-optimization@2823525 bnn_optimization/models/"
+NO_BOP = "unused: adam-latent has no γ or τ"
 # ImageNet's random-resized 224 crops (the data set's default is the images' own size)
 CROPS = {"image_size": IMAGENET_CROPS}
 IMAGENET = dict(dataset="imagefolder", optimizer="bop", batch_size=1024, threshold="1e-8",
                 dataset_options=CROPS)  # fmt: skip
 IMAGENET_NOTE = "γ and Adam's lr decay linearly over the whole run"
+# larq-zoo trains its models with Adam on latent weights (larq_zoo/training/*_experiments.py);
+# γ and τ are Bop's and unused by adam-latent
+LARQ_ZOO = dict(dataset="imagefolder", optimizer="adam-latent", gamma="1e-4", threshold="1e-8",
+                dataset_options=CROPS)  # fmt: skip
+BASIC = "larq-zoo, training/basic_experiments.py"
+# larq-zoo's training tasks (docs/LCE_NOTES.md "larq-zoo's models"), each file at a commit
+ZOO_BASIC = "larq/zoo@0c6c299 larq_zoo/training/basic_experiments.py:"
+ZOO_SOTA = "larq/zoo@16ae5f0 larq_zoo/training/sota_experiments.py:"
+ZOO_STAGES = "larq/zoo@511ce59 larq_zoo/training/multi_stage_experiments.py:"
+# its CosineDecayWithWarmup decays over decay_steps - warmup_steps (- 1) steps after the warm-up
+ZOO_COSINE = "larq/zoo@16ae5f0 larq_zoo/training/learning_schedules.py:62"
+
+
+def zoo_sources(epochs: str, batch_size: str, lr: str) -> dict[str, str]:
+    """A larq-zoo recipe's sources: its task's lines, and no γ or τ (Adam on latent weights)."""
+    return {"epochs": epochs, "batch_size": batch_size, "gamma": NO_BOP, "threshold": NO_BOP,
+            "lr": lr}  # fmt: skip
+
+
+DENSENET28_SOURCES = zoo_sources(f"{ZOO_BASIC}87", f"{ZOO_BASIC}88",
+                                 f"{ZOO_BASIC}90-92, x0.1 at each step (:94-100)")  # fmt: skip
+
+
+def latent_clip(theirs: str) -> str:
+    """The assumption every larq-zoo recipe makes about clipping latent weights."""
+    return f"latent weights clipped to [-1, 1] (bnnexport's adam-latent; larq-zoo: {theirs})"
+
+
+CLIP_13 = latent_clip("±1.3")
+DENSENET_LR = "piecewise:4e-3,100,4e-4,110,4e-5"  # 4e-3, x0.1 at epochs 100 and 110
+
+
+def imagenet_sources(file: str, first: int, decay: int) -> dict[str, str]:
+    """The ImageNet sets share one layout: epochs at line `first`, batch, τ, γ and lr below
+    it, both decays linear (power 1) over epochs x 1,281,167 images / batch steps."""
+    line = f"{CODE}{file}:"
+    over = f"linear over the whole run (:{decay})"
+    return {
+        "epochs": f"{line}{first}", "batch_size": f"{line}{first + 1}",
+        "threshold": f"{line}{first + 3}", "gamma": f"{line}{first + 5}-{first + 6}, {over}",
+        "lr": f"{line}{first + 8}-{first + 9}, Adam, {over}",
+    }  # fmt: skip
+
 
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
@@ -76,16 +136,31 @@ RECIPES: dict[str, Recipe] = {
             model="binarynet", dataset="cifar10", optimizer="bop", epochs=500, batch_size=50,
             gamma="step:1e-4,0.1,100", threshold="1e-8", lr="1e-2",
             source=f"{PAPER}, Section 5.2", published="91.3 % test accuracy",
+            sources={
+                "epochs": f"{CODE}binarynet.py:93", "batch_size": f"{CODE}binarynet.py:94",
+                "threshold": f"{CODE}binarynet.py:97",
+                "gamma": f"{CODE}binarynet.py:98-100,107-109: x0.1 (staircase) every "
+                         "50,000 / 50 x 100 steps = 100 epochs",
+                "lr": f"{CODE}binarynet.py:105: Adam, constant",
+            },
         ),
         Recipe(
             name="paper-cifar10-latent",
             description="BinaryNet on CIFAR-10, the latent-weight baseline: Adam on everything, "
-            "latent weights clipped to [-1, 1]",
-            model="binarynet", dataset="cifar10", optimizer="adam-latent", epochs=500,
-            batch_size=50, gamma="1e-4", threshold="1e-8", lr="1e-2",
+            "latent weights clipped to [-1, 1], with the authors' default BinaryNet settings",
+            model="binarynet", dataset="cifar10", optimizer="adam-latent", epochs=100,
+            batch_size=256, gamma="1e-4", threshold="1e-8", lr="5e-3",
             source=f"{PAPER}, Section 5.2 (the latent-weight baseline it compares with)",
             published="90.9 % test accuracy",
-            assumptions=("lr: the Bop recipe's Adam lr 1e-2 (no other is given)",),
+            sources={
+                "epochs": f"{CODE}binarynet.py:64 (`default`)",
+                "batch_size": f"{CODE}binarynet.py:68",
+                "lr": f"{CODE}binarynet.py:69: Adam, constant; clipping to [-1, 1]: :71",
+                "gamma": NO_BOP, "threshold": NO_BOP,
+            },
+            assumptions=("published: that Section 5.2's 90.9 % was trained with these "
+                         "settings is our reading (the code's only latent-weight set for "
+                         "BinaryNet); the paper does not list them",),
         ),
         Recipe(
             name="paper-cifar10-sweep",
@@ -95,7 +170,11 @@ RECIPES: dict[str, Recipe] = {
             gamma="1e-3", threshold="1e-6", lr="1e-2",
             source=f"{PAPER}, Section 5.1 (hyperparameter analysis, flip-rate curves)",
             published="no single number: accuracy and flip-rate curves per (γ, τ)",
-            assumptions=("lr: the Section 5.2 recipe's Adam lr 1e-2",),
+            sources={
+                "epochs": f"{CODE}binarynet.py:64 (`bop` takes `default`'s)",
+                "batch_size": f"{CODE}binarynet.py:76", "threshold": f"{CODE}binarynet.py:79",
+                "gamma": f"{CODE}binarynet.py:80", "lr": f"{CODE}binarynet.py:85: Adam, constant",
+            },
         ),
         Recipe(
             name="paper-imagenet-bop",
@@ -104,6 +183,7 @@ RECIPES: dict[str, Recipe] = {
             model="binary-alexnet", epochs=150, gamma="linear:1e-4,1e-6,150",
             lr="linear:2.5e-3,5e-6,150", **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="41.1 % top-1",
+            sources=imagenet_sources("binary_alexnet.py", 65, decay=78),
         ),
         Recipe(
             name="paper-imagenet-xnornet",
@@ -112,15 +192,122 @@ RECIPES: dict[str, Recipe] = {
             model="xnornet", epochs=100, gamma="linear:1e-4,1e-6,100",
             lr="linear:2.5e-3,5e-6,100", l2_first_last=5e-7, **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="45.9 % top-1",
+            sources={**imagenet_sources("xnor.py", 62, decay=81),
+                     "l2_first_last": f"{CODE}xnor.py:73, on the layers of :25 and :53"},
         ),
         Recipe(
             name="paper-imagenet-birealnet",
             description=f"Bi-Real-Net 18 on ImageNet with Bop (approx_sign activations, "
             f"BatchNorm momentum 0.8, as the model builds them); {IMAGENET_NOTE}",
-            model="birealnet18", epochs=150, gamma="linear:1e-4,1e-6,150",
-            lr="linear:2.5e-3,5e-6,150", **IMAGENET,
+            model="birealnet18", epochs=300, gamma="linear:1e-4,1e-6,300",
+            lr="linear:2.5e-3,5e-6,300", **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="56.6 % top-1",
-            assumptions=("epochs: not given in our sources; BinaryAlexNet's 150 is used",),
+            sources=imagenet_sources("birealnet.py", 74, decay=87),
+        ),
+        Recipe(
+            name="larq-zoo-binary-densenet28",
+            description="BinaryDenseNet-28 on ImageNet as larq-zoo trains it: Adam on latent "
+            "weights, lr 4e-3, x0.1 at epochs 100 and 110",
+            model="binary-densenet28", epochs=120, batch_size=256, lr=DENSENET_LR, **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet28", published="60.91 % top-1 (larq-zoo)",
+            sources=DENSENET28_SOURCES,
+            assumptions=(CLIP_13,),
+        ),
+        Recipe(
+            name="larq-zoo-binary-densenet37",
+            description="BinaryDenseNet-37 on ImageNet as larq-zoo trains it (BinaryDenseNet-28's "
+            "schedule at batch 192)",
+            model="binary-densenet37", epochs=120, batch_size=192, lr=DENSENET_LR, **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet37", published="62.89 % top-1 (larq-zoo)",
+            sources={**DENSENET28_SOURCES, "batch_size": f"{ZOO_BASIC}110"},
+            assumptions=(CLIP_13,),
+        ),
+        Recipe(
+            name="larq-zoo-binary-densenet45",
+            description="BinaryDenseNet-45 on ImageNet as larq-zoo trains it: lr 8e-3, x0.1 at "
+            "epochs 80 and 100",
+            model="binary-densenet45", epochs=125, batch_size=384,
+            lr="piecewise:8e-3,80,8e-4,100,8e-5", **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet45", published="64.59 % top-1 (larq-zoo)",
+            sources=zoo_sources(f"{ZOO_BASIC}124", f"{ZOO_BASIC}125",
+                                f"{ZOO_BASIC}126-127, x0.1 (:91) at each step"),
+            assumptions=(CLIP_13,),
+        ),
+        Recipe(
+            name="larq-zoo-meliusnet22",
+            description="MeliusNet-22 on ImageNet with BinaryDenseNet-28's larq-zoo schedule",
+            model="meliusnet22", epochs=120, batch_size=256, lr=DENSENET_LR, **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryDenseNet28 (larq-zoo has no training task for "
+            "MeliusNet-22)",
+            sources=DENSENET28_SOURCES,
+            published="62.4 % top-1 (larq-zoo's weights, trained by a setting it does not "
+            "publish)",
+            assumptions=(
+                "the whole setting: that of BinaryDenseNet-28, by the same authors and of the "
+                "same blocks",
+                CLIP_13,
+            ),
+        ),
+        Recipe(
+            name="larq-zoo-binary-resnet-e18",
+            description="BinaryResNetE-18 on ImageNet as larq-zoo trains it: lr 4e-3, x0.3 at "
+            "epochs 70, 90 and 110",
+            model="binary-resnet-e18", epochs=120, batch_size=1024,
+            lr="piecewise:4e-3,70,1.2e-3,90,3.6e-4,110,1.08e-4", **LARQ_ZOO,
+            source=f"{BASIC}, TrainBinaryResNetE18", published="58.32 % top-1 (larq-zoo)",
+            sources=zoo_sources(f"{ZOO_BASIC}63", f"{ZOO_BASIC}64",
+                                f"{ZOO_BASIC}66-68, x0.3 at each step (:70-76)"),
+            assumptions=(latent_clip("±1.25"),),
+        ),
+        Recipe(
+            name="larq-zoo-dorefanet",
+            description="DoReFa-Net on ImageNet as larq-zoo trains it: lr 2e-4, x0.2 at epochs "
+            "60 and 75, then x0.1 every 2 epochs from epoch 82",
+            model="dorefanet", epochs=90, batch_size=256,
+            lr="piecewise:2e-4,60,4e-5,75,8e-6,82,8e-7,84,8e-8,86,8e-9,88,8e-10", **LARQ_ZOO,
+            source=f"{BASIC}, TrainDoReFaNet", published="53.39 % top-1 (larq-zoo)",
+            sources=zoo_sources(f"{ZOO_BASIC}171", f"{ZOO_BASIC}172",
+                                f"{ZOO_BASIC}174-177, :179-192"),
+            assumptions=(
+                "Adam's ε: torch's 1e-8 (larq-zoo: 1e-5)",
+                "kernels: sign(w) in the forward pass, clipped STE (larq-zoo: mean|w| x sign(w) "
+                "with an identity gradient; BatchNorm follows each, so the scale cancels)",
+                latent_clip("not clipped"),
+            ),
+        ),
+        Recipe(
+            name="larq-zoo-real-to-binary-net",
+            description="Real-to-Binary Net on ImageNet with the optimizer of larq-zoo's last "
+            "training stage: Adam, lr warmed up to 2e-4 over 10 epochs, a cosine decay over 55 "
+            "epochs (larq-zoo subtracts the warm-up twice), then 0",
+            model="real-to-binary-net", epochs=75, batch_size=256, lr="cosine:2e-4,10,55",
+            **LARQ_ZOO,
+            source="larq-zoo, training/multi_stage_experiments.py, TrainR2BBNNAlternative (stage "
+            "3 of TrainR2B)",
+            sources=zoo_sources(f"{ZOO_STAGES}93 (TrainR2BBFP)", f"{ZOO_STAGES}94 (TrainR2BBFP)",
+                                f"{ZOO_STAGES}133, :151-158; {ZOO_COSINE}"),
+            published="65.01 % top-1 (larq-zoo, after all four stages)",
+            assumptions=(
+                "the three stages before it (a float ResNet-18 teacher, float and "
+                "binary-activation students) and its distillation from the binary-activation "
+                "model are not reproduced: this recipe trains from scratch",
+            ),
+        ),
+        Recipe(
+            name="larq-zoo-quicknet-large",
+            description="QuickNet-Large on ImageNet as larq-zoo trains it: Adam, lr warmed up to "
+            "1e-2 over 5 epochs, cosine decay over the other 595",
+            model="quicknet-large", epochs=600, batch_size=2048, lr="cosine:1e-2,5,595",
+            **LARQ_ZOO,
+            source="larq-zoo, training/sota_experiments.py, TrainQuickNetLarge",
+            sources=zoo_sources(f"{ZOO_SOTA}17 (TrainQuickNet)", f"{ZOO_SOTA}18",
+                                f"{ZOO_SOTA}22-27, {ZOO_COSINE}"),
+            published="66.9 % top-1 (larq-zoo v1.0)",
+            assumptions=(
+                "the float parameters: Adam with the same lr (larq-zoo: SGD, momentum 0.9, "
+                "cosine from 0.1 with the same warm-up, sota_experiments.py:29-36)",
+                latent_clip("±1.25"),
+            ),
         ),
     ]
 }  # fmt: skip
@@ -141,6 +328,13 @@ def schedule_text(schedule: Schedule) -> float | str:
         return f"step:{schedule.initial:g},{schedule.factor:g},{schedule.every}"
     if isinstance(schedule, LinearDecay):
         return f"linear:{schedule.start:g},{schedule.end:g},{schedule.steps}"
+    if isinstance(schedule, Piecewise):
+        pairs = zip(schedule.boundaries, schedule.values[1:], strict=True)
+        return "piecewise:" + ",".join(
+            [f"{schedule.values[0]:g}"] + [f"{b},{v:g}" for b, v in pairs]
+        )
+    if isinstance(schedule, CosineDecay):
+        return f"cosine:{schedule.peak:g},{schedule.warmup},{schedule.steps}"
     raise TypeError(f"not a schedule: {schedule!r}")
 
 

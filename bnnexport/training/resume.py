@@ -64,6 +64,8 @@ def resumed_config(
     saved_json = dict(saved_json)
     if "amp" in saved_json:  # runs from before --precision: --amp was the only other mode
         saved_json.setdefault("precision", "amp" if saved_json.pop("amp") else "float32")
+    # runs from before the option computed BatchNorm statistics per process under torchrun
+    saved_json.setdefault("sync_batchnorm", False)
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(saved_json) - known)
     if unknown:

@@ -2,15 +2,17 @@
 
 One training run per (γ, τ) setting, in OUT/gamma=G,threshold=T, then OUT/sweep.png (test
 accuracy and flip rate π_t over steps, one curve per setting: `bnnexport.training.compare`'s figure)
-and OUT/sweep.json (the table of final accuracies and flip rates). The flip rate of a setting
-is counted over all binary weights: π = log(flips / (weights · steps) + e^-9), as in the
-paper's Eq. 6.
+and OUT/sweep.json (the table of final accuracies and flip rates, and each setting's colour,
+which `bnnexport compare` of its runs keeps). The flip rate of a setting is counted over all
+binary weights: π = log(flips / (weights · steps) + e^-9), as in the paper's Eq. 6, over the
+whole run and over the last epoch (`metrics.last_epoch_flip_rate`, as compare and train.json);
+`seconds` is each run's training time (`metrics.training_seconds`), `wall_seconds` the sweep's.
 
 `optimizers` adds other optimizers to compare with: the latent-weight baseline
 (`adam-latent`, which has no γ or τ) runs once, in OUT/optimizer=adam-latent, and with more
 than one optimizer every Bop setting's folder starts with `optimizer=NAME,`. `seeds=N` trains
 every setting N times (seeds base.seed ... base.seed+N-1, in SETTING/seed=S): the table gives
-mean ± std and the figure error bars.
+mean ± sample standard deviation (n - 1) and the figure error bars.
 
 The paper's claim to check: a higher γ and a lower τ give more flips. `SweepReport.ordering`
 says, for every pair of settings of one optimizer that differ in one of the two, whether the
@@ -30,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from bnnexport.run.records import read_jsonl
 from bnnexport.run.reports import Report
 from bnnexport.training.composite import OPTIMIZERS
 from bnnexport.training.config import TrainConfig, validate_config
+from bnnexport.training.metrics import pi, step_rows
 from bnnexport.training.train import train
 
 
@@ -56,14 +58,18 @@ class SweepSetting:
     test_accuracy: float
     train_accuracy: float
     flip_rate: float  # π over the whole run, all binary weights
-    last_epoch_flip_rate: float  # π over the last epoch
-    seconds: float
+    last_epoch_flip_rate: float  # π over the last epoch (metrics.last_epoch_flip_rate)
+    seconds: float  # training seconds per run (metrics.training_seconds), mean over seeds
     optimizer: str = "bop"
     run_dirs: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
-    test_accuracy_std: float = 0.0
+    test_accuracy_std: float = 0.0  # sample standard deviations (n - 1) over the seeds
     flip_rate_std: float = 0.0
     last_epoch_flip_rate_std: float = 0.0
+    seconds_std: float = 0.0
+    model: str = ""
+    color: str = ""  # its colour in sweep.png, which compare gives it too
+    setting: str = ""  # compare.setting_id: how compare finds this setting's colour
 
 
 @dataclass
@@ -78,7 +84,7 @@ class SweepReport(Report):
     settings: list[SweepSetting]
     ordering: dict[str, Any]
     figure: str
-    seconds: float
+    wall_seconds: float  # the whole sweep, wall clock (each setting's `seconds`: its training)
     notes: list[str] = field(default_factory=list)
     seeds: int = 1
 
@@ -88,35 +94,12 @@ def setting_dir(out: str | Path, gamma: float, threshold: float) -> Path:
     return Path(out) / f"gamma={gamma:g},threshold={threshold:g}"
 
 
-def _pi(fraction: float) -> float:
-    return math.log(fraction + math.exp(-9))
-
-
-def _flip_curve(run: RunDir) -> tuple[list[int], list[float], float, float]:
-    """(steps, π per logged interval, π over the run, π over the last epoch)."""
+def _run_flip_rate(run: RunDir) -> float:
+    """π over the whole run, all binary weights: every flip over weights x steps."""
     weights = open_model(run.root).kernels.parameters  # every binary weight of the record
-    records = read_jsonl(run.metrics)
-    step_records = [r for r in records if r.get("kind") == "step"]
-    steps, rates, previous = [], [], 0
-    flips_total, last_epoch = 0, max(r["epoch"] for r in step_records)
-    last_flips, last_steps, last_start = 0, 0, None
-    for record in step_records:
-        flips = sum(record["flips"].values())
-        interval = record["step"] - previous
-        previous = record["step"]
-        steps.append(record["step"])
-        rates.append(_pi(flips / (weights * interval)))
-        flips_total += flips
-        if record["epoch"] == last_epoch:
-            last_start = last_start if last_start is not None else record["step"] - interval
-            last_flips += flips
-            last_steps = record["step"] - last_start
-    return (
-        steps,
-        rates,
-        _pi(flips_total / (weights * max(previous, 1))),
-        _pi(last_flips / (weights * max(last_steps, 1))),
-    )
+    rows = step_rows(read_jsonl(run.metrics))
+    flips = sum(sum(r["flips"].values()) for r in rows)
+    return pi(flips / (weights * max(sum(int(r["steps"]) for r in rows), 1)))
 
 
 def flip_ordering(settings: list[SweepSetting]) -> dict[str, Any]:
@@ -234,34 +217,40 @@ def _sweep(
         mean_std,
         plot_compare,
         read_run,
+        setting_colors,
+        setting_id,
         unique_labels,
     )
 
     start = time.perf_counter()
     settings, runs = [], []
     for (optimizer, gamma, threshold), configs in plan.items():
-        reports, curves = [], []
-        for config in configs:
-            reports.append(train(config, force=force, progress=progress))
-            curves.append(_flip_curve(RunDir(config.out)))
-            runs.append(read_run(config.out))
+        reports = [train(config, force=force, progress=progress) for config in configs]
+        curves = [read_run(config.out) for config in configs]
+        runs += curves
         accuracy = mean_std([r.test_accuracy for r in reports])
-        pi_run = mean_std([c[2] for c in curves])
-        pi_last = mean_std([c[3] for c in curves])
+        pi_run = mean_std([_run_flip_rate(RunDir(config.out)) for config in configs])
+        pi_last = mean_std([c.last_flip_rate for c in curves])
+        seconds = mean_std([c.seconds for c in curves])
         settings.append(
             SweepSetting(
                 gamma=gamma, threshold=threshold, run_dir=configs[0].out,
                 test_accuracy=accuracy[0],
                 train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
                 flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
-                seconds=sum(r.seconds for r in reports), optimizer=optimizer,
+                seconds=seconds[0], seconds_std=seconds[1], optimizer=optimizer,
                 run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
                 test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
-                last_epoch_flip_rate_std=pi_last[1],
+                last_epoch_flip_rate_std=pi_last[1], model=base.model,
+                setting=setting_id(curves[0].config),
             )
         )  # fmt: skip
     groups = group_runs(runs)
-    figure = plot_compare(groups, unique_labels(groups), out / "sweep.png")
+    colors = setting_colors(groups, {})  # in the plan's order; recorded for compare
+    by_setting = {setting_id(g[0].config): colors[id(g[0])] for g in groups}
+    for setting in settings:
+        setting.color = by_setting[setting.setting]
+    figure = plot_compare(groups, unique_labels(groups), out / "sweep.png", colors)
     report = SweepReport(
         out=str(out),
         model=base.model,
@@ -271,7 +260,7 @@ def _sweep(
         settings=settings,
         ordering=flip_ordering(settings),
         figure=str(figure),
-        seconds=time.perf_counter() - start,
+        wall_seconds=time.perf_counter() - start,
         seeds=seeds,
     )
     report.save(out / "sweep.json")

@@ -39,10 +39,18 @@ from bnnexport.training.config import (
     DEFAULT_EPOCHS,
     TrainConfig,
     check_dataset_options,
+    check_schedules,
     validate_config,
 )
 from bnnexport.training.distributed import DistributedContext, setup
-from bnnexport.training.metrics import TENSORBOARD_FILE, metrics_csv, write_tensorboard
+from bnnexport.training.metrics import (
+    NO_TENSORBOARD,
+    TENSORBOARD_FILE,
+    metrics_csv,
+    tensorboard_available,
+    training_seconds,
+    write_tensorboard,
+)
 from bnnexport.training.resume import (
     check_run,
     file_identity,
@@ -64,7 +72,7 @@ class TrainReport(Report):
     train_accuracy: float
     test_accuracy: float
     train_loss: float
-    seconds: float
+    seconds: float  # training time over all the run's epochs (metrics.training_seconds)
     seconds_per_epoch: float
     binary_parameters: int
     # π of the last epoch per binary layer: log(mean per-step flip fraction + e^-9)
@@ -81,6 +89,7 @@ class TrainReport(Report):
     bf16_calls: int = 0
     mean_flip_rate: float = -9.0  # the same over all binary weights together
     notes: list[str] = field(default_factory=list)  # choices made for the user (the data's size)
+    wall_seconds: float = 0.0  # this call, wall clock (evaluation, checkpoints, plots included)
 
 
 TRAIN_OWNED = ("config.json", "metrics.jsonl", "train.json", "accuracy.png", "flip_rate.png",
@@ -159,8 +168,11 @@ def _train(
     # Data and model are loaded before anything in the run directory changes: a bad option
     # must leave an existing run as it was, even with --force.
     trainer = Trainer(config, run, checkpoint, context, changes)
-    if trainer.data.note and context.is_main and progress is not False:
-        print(f"bnnexport: note: {trainer.data.note}", file=sys.stderr)
+    # every value the schedules take over the run's steps, now that the data fix their number
+    check_schedules(config, trainer.steps_per_epoch * int(config.epochs))
+    for note in _notes(trainer):
+        if context.is_main and progress is not False:
+            print(f"bnnexport: note: {note}", file=sys.stderr)
     context.barrier()  # every rank has checked before rank 0 changes anything
     removed: list[str] = []
     if context.is_main:
@@ -179,7 +191,8 @@ def _train(
         set_latent(trainer.model, False)
     mismatched = context.count_mismatches(list(trainer.optimizer.binary_kernels.values()))
     report = _report(trainer, run, result, test_acc, epoch_seconds, changes)
-    report.seconds = time.perf_counter() - started
+    report.wall_seconds = time.perf_counter() - started
+    report.seconds = training_seconds(read_jsonl(run.metrics)) if context.is_main else 0.0
     report.resume_removed = removed
     report.rank_mismatched_weights = mismatched
     if context.is_main:
@@ -229,7 +242,7 @@ def _report(
         train_accuracy=result.accuracy,
         test_accuracy=test_acc,
         train_loss=result.loss,
-        seconds=0.0,  # the caller's wall clock
+        seconds=0.0,  # the caller's: every epoch's, from metrics.jsonl
         seconds_per_epoch=sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0,
         binary_parameters=trainer.kernels.parameters,
         flip_rate=result.flip_rate,
@@ -238,9 +251,19 @@ def _report(
         world_size=context.world_size,
         resume_changes=changes,
         precision=trainer.precision,
-        notes=[trainer.data.note] if trainer.data.note else [],
+        notes=_notes(trainer),
         **bf16_counts(trainer.model),
     )
+
+
+def _notes(trainer: Trainer) -> list[str]:
+    """Choices made for the user (the data's size, a recipe's schedules scaled to fewer
+    epochs) and what this run will not write: one line each, in train.json's `notes`."""
+    from bnnexport.training.recipes import compression_note
+
+    notes = [trainer.data.note] if trainer.data.note else []
+    notes += [n for n in [compression_note(trainer.config)] if n]
+    return notes + ([] if tensorboard_available() else [NO_TENSORBOARD])
 
 
 def _prepare_run(
@@ -288,7 +311,8 @@ def _run_epochs(
         result = trainer.train_epoch(epoch, show)
         epoch_seconds.append(time.perf_counter() - epoch_start)
         if config.bn_recalibration_batches:
-            # Every rank does it on its own shard, then DDP's buffer broadcast keeps rank 0's.
+            # Every rank does it on its share of the same global batches: with sync_batchnorm
+            # the statistics are the global ones everywhere (else DDP broadcasts rank 0's).
             batches = itertools.islice(trainer.loader(epoch), config.bn_recalibration_batches)
             recalibrate_batchnorm(trainer.model, batches, device=context.device)
         if context.is_main:
@@ -325,8 +349,8 @@ def _run_epochs(
 
 
 def _export_metrics(run: RunDir, config: TrainConfig) -> None:
-    """metrics.csv (with `metrics_csv`) and TensorBoard scalars (when tensorboard is
-    installed), each rewritten whole from metrics.jsonl."""
+    """metrics.csv (with `metrics_csv`) and TensorBoard scalars (unless the tensorboard
+    package is missing, which train has said), each rewritten whole from metrics.jsonl."""
     records = read_jsonl(run.metrics)
     if config.metrics_csv:
         write_bytes_atomic(run.root / "metrics.csv", metrics_csv(records))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from bnnexport.datasets import load_dataset
@@ -39,7 +39,7 @@ from bnnexport.run.directory import RunDir
 from bnnexport.run.records import append_jsonl
 from bnnexport.training.composite import OPTIMIZERS, CaseOptimizer
 from bnnexport.training.config import TrainConfig
-from bnnexport.training.distributed import DistributedContext
+from bnnexport.training.distributed import DistributedContext, GlobalBatches, global_batchnorm
 from bnnexport.training.flips import FlipCounter
 from bnnexport.training.metrics import pi
 from bnnexport.training.resume import apply_schedules
@@ -225,45 +225,42 @@ class Trainer:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             apply_schedules(self.optimizer, config, resume_changes)
             self.start_epoch, self.step = int(checkpoint["epoch"]), int(checkpoint["step"])
-        # DDP all-reduces gradients before the step, so every rank's Bop flips the same weights.
+        # The same experiment as one process at the global batch: BatchNorm over the global
+        # batch, computed alike in one process and in N (distributed.global_batchnorm, in a
+        # single process too); DDP all-reduces gradients before the step, so every rank's Bop
+        # flips the same weights.
+        self.synced_batchnorm = context.enabled and config.sync_batchnorm
+        if config.sync_batchnorm:
+            global_batchnorm(self.model)
         self.forward: nn.Module = (
             nn.parallel.DistributedDataParallel(self.model) if context.enabled else self.model
         )
         self.counter = FlipCounter(self.model, self.optimizer.binary_kernels)
         self.l2_weights = first_and_last_weights(self.model) if config.l2_first_last else []
-        per_rank = -(-len(self.data.train) // context.world_size)
-        # a last batch of one sample is dropped: BatchNorm cannot train on one value a channel
-        full, rest = divmod(per_rank, config.batch_size)
-        self.drop_last = rest == 1 and full > 0
-        self.steps_per_epoch = max(1, full + (rest > 0 and not self.drop_last))
+        self.steps_per_epoch = max(1, len(self.batches(0)))
         self.log_every = config.log_every or max(1, self.steps_per_epoch // 100)
 
+    def batches(self, epoch: int) -> GlobalBatches:
+        """This process's batches of `epoch`: its shares of the global batches every process
+        draws alike (`bnnexport.training.distributed.GlobalBatches`), seeded per epoch, so a
+        resumed run sees the batches of an uninterrupted one. A short last global batch is
+        dropped where a process's BatchNorm would see one value per channel."""
+        world = self.context.world_size
+        smallest = max(2, world) if self.synced_batchnorm else 2 * world
+        return GlobalBatches(
+            len(self.data.train), self.config.batch_size, self.config.seed, epoch,
+            self.context.rank, world, smallest_last=smallest,
+        )  # fmt: skip
+
     def loader(self, epoch: int) -> DataLoader:
-        # Seeded per epoch, so a resumed run sees the same batches as an uninterrupted one.
+        # augmentation draws from numpy's generator: its own stream per process
         np.random.seed(self.config.seed + epoch + 1000 * self.context.rank)
-        if self.context.enabled:
-            sampler = DistributedSampler(
-                self.data.train,
-                num_replicas=self.context.world_size,
-                rank=self.context.rank,
-                shuffle=True,
-                seed=self.config.seed,
-            )
-            sampler.set_epoch(epoch)
-            return DataLoader(
-                self.data.train,
-                batch_size=self.config.batch_size,
-                sampler=sampler,
-                num_workers=self.config.num_workers,
-                drop_last=self.drop_last,
-            )
         return DataLoader(
             self.data.train,
-            batch_size=self.config.batch_size,
-            shuffle=True,
+            batch_sampler=self.batches(epoch),
             num_workers=self.config.num_workers,
+            # seeds the workers (not the order); leaves torch's global generator alone
             generator=torch.Generator().manual_seed(self.config.seed + epoch),
-            drop_last=self.drop_last,
         )
 
     def train_epoch(self, epoch: int, show: bool) -> EpochResult:
@@ -276,6 +273,7 @@ class Trainer:
         interval_steps = epoch_steps = 0
         loader = self.loader(epoch)
         last_batch = len(loader) - 1
+        batches: GlobalBatches = loader.batch_sampler  # type: ignore[assignment]
         bar, status = progress_bars(loader, epoch, config.epochs, show)
         for index, (inputs, labels) in enumerate(bar):
             inputs = inputs.to(device, memory_format=self.memory_format)
@@ -285,8 +283,9 @@ class Trainer:
                 loss = F.cross_entropy(logits.float(), labels)
                 for weight in self.l2_weights:
                     loss = loss + config.l2_first_last * weight.float().pow(2).sum()
+            share = batches.shares(index)  # 1.0 unless a short last batch is shared unevenly
             self.optimizer.zero_grad()
-            loss.backward()
+            (loss * share if share != 1.0 else loss).backward()
             self.counter.before_step()
             self.optimizer.step()
             self.step += 1

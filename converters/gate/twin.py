@@ -8,7 +8,9 @@ exactly 4096 and sqrt(var + eps) exactly 64 in float32, for PyTorch's eps 1e-5 a
 alike), a gamma of 64 x a power of two (so its scale is that power of two, negated in
 every fourth channel so both signs occur) and a mean that puts its zero crossing on an integer,
 and on 0 in every other channel (so a binary conv's integer accumulator lands exactly on it, and
-exact +0.0 and -0.0 both reach the next sign); the inputs lie on the 1/8 grid in [-1, 1]. Every
+exact +0.0 and -0.0 both reach the next sign). A BatchNorm whose gamma is a constant of the
+graph (torch's `affine=False`) gets the variance whose root makes its scale a power of two near
+its own instead (`_fixed_gamma`). The inputs lie on the 1/8 grid in [-1, 1]. Every
 sum a runtime computes is then exact in float32 whatever its order, as long as its terms span
 fewer than float32's 24 bits, and the converted twin must agree with ONNX Runtime with no sign
 tie at all: a translation bug shows no matter how the real weights round. (A float conv summing
@@ -33,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -48,6 +50,7 @@ EXACT_AT_ZERO = ("Sigmoid", "Tanh", "Exp", "Erf")
 # a zero input gives a zero output (Mul and Div by a constant too; Add/Sub's constant is zeroed)
 ZERO_PRESERVING = ("Relu", "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze")
 LINEAR = ("MatMul", "Gemm", "Conv")
+LAYOUT = ("Transpose", "Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze")
 BN_VARIANCE = 4096.0  # var + eps of every twin BatchNorm: its square root is exactly 64
 INPUT_STEP = 1 / 8
 
@@ -75,7 +78,7 @@ def grid_inputs(inputs: np.ndarray) -> np.ndarray:
     return (np.round(x / INPUT_STEP) * INPUT_STEP).astype(np.float32)
 
 
-def bn_variance(eps: float) -> np.float32:
+def bn_variance(eps: float, target: float = BN_VARIANCE) -> np.float32:
     """The float32 variance v for which v + eps is exactly `BN_VARIANCE` in float32 (and the
     float64 square root of v + eps rounds to exactly 64 in float32, for runtimes that fold in
     float64). A plain 4096 works only for eps below half of float32's spacing at 4096
@@ -87,25 +90,33 @@ def bn_variance(eps: float) -> np.float32:
     (4096.0, 4096.0)
     """
     eps32 = np.float32(eps)
-    start = np.float32(BN_VARIANCE - eps)
+    start = np.float32(target - eps)
+    root = np.float32(np.sqrt(target))
     for v in (start, np.nextafter(start, np.float32(0)), np.nextafter(start, np.float32(1e9))):
-        exact32 = np.float32(v + eps32) == np.float32(BN_VARIANCE)
-        exact64 = np.float32(np.sqrt(np.float64(v) + np.float64(eps))) == np.float32(64.0)
+        exact32 = np.float32(v + eps32) == np.float32(target)
+        exact64 = np.float32(np.sqrt(np.float64(v) + np.float64(eps))) == root
         if exact32 and exact64:
             return np.float32(v)
-    raise ValueError(f"no float32 BatchNorm variance makes var + {eps} exactly {BN_VARIANCE}")
+    raise ValueError(f"no float32 BatchNorm variance makes var + {eps} exactly {target}")
 
 
-def _batch_norm_params(graph: OnnxGraph, node: onnx.NodeProto) -> dict[str, np.ndarray]:
+def _batch_norm_params(
+    graph: OnnxGraph, node: onnx.NodeProto, stored: set[str]
+) -> dict[str, np.ndarray]:
     gamma, beta, mean, var = (graph.const(n) for n in node.input[1:5])
     if any(c is None for c in (gamma, beta, mean, var)):
         return {}
     eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
     scale = power_of_two(gamma / np.sqrt(var.astype(np.float64) + eps))
     scale = np.where(scale == 0, np.float32(2.0**-5), scale)
+    names = node.input[1:5]
+    if names[0] not in stored:
+        # gamma is a constant of the graph (torch's affine=False): the variance alone sets the
+        # scale, so it is the one whose root is gamma / scale; a fixed 4096 would shrink every
+        # value 64-fold and push the next sums past float32's 24 bits (QuickNet's stem)
+        return _fixed_gamma(names, gamma, beta, mean, scale, eps)
     channel = np.arange(scale.size)
     scale = np.where(channel % 4 == 1, -scale, scale)  # both signs of scale, whatever gamma was
-    names = node.input[1:5]
     beta = grid_round(beta)
     shift = beta / scale  # exact: a power of two
     # (x - mean) * scale + beta is zero at x = mean - beta / scale. Put that on an integer, so a
@@ -120,6 +131,27 @@ def _batch_norm_params(graph: OnnxGraph, node: onnx.NodeProto) -> dict[str, np.n
         names[2]: mean.astype(np.float32),
         names[3]: np.full_like(var, bn_variance(eps), dtype=np.float32),
     }
+
+
+def _fixed_gamma(
+    names: Sequence[str],
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    mean: np.ndarray,
+    scale: np.ndarray,
+    eps: float,
+) -> dict[str, np.ndarray]:
+    """A BatchNorm whose gamma and beta the twin cannot set: the variance makes its scale the
+    power of two `scale` (gamma a power of two too, else it is left as it is), the mean puts its
+    zero crossing on an integer."""
+    gamma = np.broadcast_to(np.asarray(gamma, np.float64), scale.shape)
+    if not np.array_equal(power_of_two(gamma), gamma.astype(np.float32)):
+        return {}
+    targets = (gamma / scale) ** 2
+    var = np.array([bn_variance(eps, float(t)) for t in targets.ravel()], np.float32)
+    shift = np.broadcast_to(np.asarray(beta, np.float64), scale.shape) / scale
+    crossing = np.round(grid_round(mean) - shift)
+    return {names[2]: (crossing + shift).astype(np.float32), names[3]: var.reshape(scale.shape)}
 
 
 def _binary_kernels(layers: list[BinaryLayerMatch]) -> dict[str, np.ndarray]:
@@ -156,8 +188,13 @@ def _zero_feed(graph: OnnxGraph, name: str, zeroable: set[str]) -> dict[str, np.
     zeros: dict[str, np.ndarray] = {}
 
     def zero(constant: str) -> bool:
-        value = graph.const(constant)
-        owned = constant in zeroable and len(graph.consumers.get(constant, [])) == 1
+        stored = _stored(graph, constant)
+        if stored != constant:  # a layout of an initializer only it reads: zero the initializer
+            value, owned = graph.const(stored), stored in zeroable
+            constant = stored
+        else:
+            value = graph.const(constant)
+            owned = constant in zeroable and len(graph.consumers.get(constant, [])) == 1
         if value is None or not owned:
             return False
         zeros[constant] = np.zeros_like(value, dtype=np.float32)
@@ -172,6 +209,24 @@ def _zero_feed(graph: OnnxGraph, name: str, zeroable: set[str]) -> dict[str, np.
         if name is None:
             return None
     return None
+
+
+def _stored(graph: OnnxGraph, constant: str) -> str:
+    """The initializer a folded constant is a layout of: torch exports a Linear without bias
+    as a MatMul of `Transpose(weight)`, which the folded graph reads as one constant, so the
+    weight to zero is the Transpose's input (zeros in any layout are zeros). Followed in the
+    model's own nodes, where the layout ops still are, while each reads a tensor only it reads."""
+    nodes = graph.model.graph.node
+    producers = {out: node for node in nodes for out in node.output}
+
+    def readers(name: str) -> int:
+        return sum(name in n.input for n in nodes)
+
+    while (node := producers.get(constant)) is not None and node.op_type in LAYOUT:
+        if readers(constant) != 1 or readers(node.input[0]) != 1:
+            break
+        constant = node.input[0]
+    return constant
 
 
 def _through_zero(
@@ -219,9 +274,10 @@ def exact_grid_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = OnnxGraph.folded(twin)
     layers = find_binary_layers_in(graph)
     fixed: dict[str, np.ndarray] = _binary_kernels(layers)
+    stored = {init.name for init in twin.graph.initializer}
     for node in graph.nodes:
         if node.op_type == "BatchNormalization":
-            fixed.update(_batch_norm_params(graph, node))
+            fixed.update(_batch_norm_params(graph, node, stored))
     fixed.update(zeroed_feeds(graph, layers))
     for k, init in enumerate(twin.graph.initializer):
         if init.data_type != onnx.TensorProto.FLOAT:

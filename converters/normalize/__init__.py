@@ -12,6 +12,8 @@ cannot convert). The passes, by family:
   each);
 - `sign_idioms`: bitorch-sign, cast-compare, where-compare, plain-sign (any function of x that
   reads x only through its sign, proven on one value of each sign class), and clamp-sign;
+- `slicing`: scatter-concat, split-slices, concat-slices (channel slicing as static `Slice`
+  and `Concat`: `torch.split`, MeliusNet's in-place `x[:, -64:] += y`);
 - `layout`: pad-transpose, reshape-transpose, transpose-binarized, transpose-sink (layout ops
   moved out of the way between a binarization and its layer, NHWC <-> NCHW pairs cancelled).
 

@@ -11,7 +11,13 @@ from converters.errors import InvalidModelError
 from converters.graph import NormalizeReport, OnnxGraph
 
 # the pass modules register their passes when imported
-from converters.normalize import exporter_idioms, folding, layout, sign_idioms  # noqa: F401
+from converters.normalize import (  # noqa: F401
+    exporter_idioms,
+    folding,
+    layout,
+    sign_idioms,
+    slicing,
+)
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, registered, step
 from converters.runtimes import ort_session
 
@@ -25,6 +31,9 @@ PIPELINE = (
     "fold-constants",
     "qonnx-bipolar",
     "index-put",
+    "scatter-concat",  # after fold-constants: the scatter's indices are a folded shape chain
+    "split-slices",
+    "concat-slices",
     "ste-detach",
     "keras-prelu",
     "drop-dead-code",  # the classifier and the passes after it count only live readers

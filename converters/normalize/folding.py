@@ -2,8 +2,9 @@
 
 - ``fix-batch``: a dynamic batch dimension becomes 1, so shape chains fold (another batch is
   fixed in the ONNX file before normalising, `converters.batch`, the one way to convert at N);
-- ``drop-noise``: `Identity`, `CastLike` to a known type, no-op `Cast` and reshapes to the shape
-  a tensor already has removed (dynamo, bitorch's `view_as`);
+- ``drop-noise``: `Identity`, `CastLike` to a known type, no-op `Cast` and reshapes (and
+  `Expand`s) to the shape a tensor already has removed (dynamo, bitorch's `view_as`, the legacy
+  exporter's in-place slice updates);
 - ``fold-constants``: every node whose inputs are all constant (weights binarized in forward,
   shape chains, Brevitas' clamp + sign) evaluated by ONNX Runtime (the reference evaluator for
   what it lacks), so a folded weight is what ONNX Runtime computes from the original: the one
@@ -49,7 +50,8 @@ def fix_batch(graph: OnnxGraph) -> int:
 @rewrite("drop-noise")
 def drop_noise(graph: OnnxGraph) -> int:
     """Identity nodes, CastLike to a known type, Casts to the type a tensor already has and
-    reshapes to the shape it already has (bitorch's view_as)."""
+    reshapes or expands to the shape it already has (bitorch's view_as; the legacy exporter's
+    `Expand` of an in-place slice update)."""
     outputs = {o.name for o in graph.outputs}
     initializers = {i.name for i in graph.model.graph.initializer}
     changed = 0
@@ -66,7 +68,13 @@ def drop_noise(graph: OnnxGraph) -> int:
             graph.elem_type(node.input[0]) is not None
             and graph.elem_type(node.input[0]) == helper.get_attribute_value(node.attribute[0])
         )
-        noop_reshape = node.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and (
+        noop_reshape = node.op_type in (
+            "Reshape",
+            "Squeeze",
+            "Unsqueeze",
+            "Flatten",
+            "Expand",
+        ) and (
             is_static(graph.shape(node.input[0]))
             and graph.shape(node.input[0]) == graph.shape(node.output[0])
         )

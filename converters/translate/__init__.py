@@ -9,7 +9,10 @@ but a temporary SavedModel; checking the result is the gate's (`converters.gate`
 - `onnx_to_tflite`: `translate`, the whole room in one call, TensorFlow's memory released
   between its steps (`releasing`, `release_memory`);
 - `onnx_to_tf`: ONNX -> a `tf.Module` in NHWC, saved as a SavedModel (`save_saved_model`,
-  `build_module`, `SUPPORTED`: the ops it takes);
+  `build_module`);
+- `coverage`: the ops it takes (`SUPPORTED`), and for a graph with one it does not, the first
+  such node with its PyTorch module and the nearest spelling that converts
+  (`first_unsupported`);
 - `tf_layers`, `tf_elementwise`: the op handlers (`HANDLERS`), layers and the rest;
 - `tf_quantized`: the int8 handlers (QuantizeLinear/DequantizeLinear as fake quantization,
   dense layers on int8 inputs as 1x1 convs), for the QDQ models of `converters.quantize`;
@@ -33,13 +36,9 @@ Example:
 
 from __future__ import annotations
 
+from converters.translate.coverage import SUPPORTED, first_unsupported
 from converters.translate.groups import GroupPlan, plan_binary_groups
-from converters.translate.onnx_to_tf import (
-    SUPPORTED,
-    TranslationInfo,
-    build_module,
-    save_saved_model,
-)
+from converters.translate.onnx_to_tf import TranslationInfo, build_module, save_saved_model
 from converters.translate.onnx_to_tflite import Translated, release_memory, releasing, translate
 
 __all__ = [
@@ -48,6 +47,7 @@ __all__ = [
     "Translated",
     "TranslationInfo",
     "build_module",
+    "first_unsupported",
     "plan_binary_groups",
     "release_memory",
     "releasing",

@@ -31,14 +31,10 @@ from converters.patterns import (
     find_binary_layers_in,
     match_binarization,
 )
-from converters.translate import tf_elementwise, tf_layers, tf_quantized
+from converters.translate import tf_layers
+from converters.translate.coverage import HANDLERS, described, first_unsupported
 from converters.translate.tf_ops import binarize, binarizing_in, tf
 from converters.translate.values import Layout, Value
-
-HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS, **tf_quantized.HANDLERS}
-# op types that are only supported as part of a binarization pattern
-PATTERN_OPS = ("Sign -> Add -> Sign", "GreaterOrEqual -> Where")
-SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])
 
 
 class _TranslateFirst(Exception):  # noqa: N818 (control flow, not an error)
@@ -155,7 +151,7 @@ class Translator:
             src = self.binarized_source(found)
             return Value(binarize(src.tensor), src.layout, src.perm)
         handler = HANDLERS.get(node.op_type)
-        if handler is None:
+        if handler is None:  # e.g. a node a binarization pattern reads, read by another node too
             raise UnsupportedOpError(name, node.op_type)
         inputs = self.inputs(node)
         try:
@@ -242,8 +238,11 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     model for `converters.gate`, whose extra outputs may stop LCE fusing a bconv with the
     binarization after it.
     """
-    tensorflow = tf()
     graph = OnnxGraph.folded(model)
+    unsupported = first_unsupported(graph)
+    if unsupported is not None:  # the first in graph order, before TensorFlow traces anything
+        raise unsupported
+    tensorflow = tf()
     layers = find_binary_layers_in(graph)
     shapes = [_static_shape(graph, i) for i in graph.inputs]
     names = [i.name for i in graph.inputs]
@@ -273,7 +272,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
                 witnessed[:] = translator.witnessed
         except Exception as error:  # tf.function may wrap it; keep ours to re-raise as is
             if isinstance(error, UnsupportedOpError):
-                error.listing(SUPPORTED)  # handlers name the node; the list is added once here
+                described(graph, error)  # handlers name the node; module, hint, list added here
             errors.append(error)
             raise
         emitted[:] = translator.binary_emitted

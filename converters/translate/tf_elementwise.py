@@ -90,6 +90,8 @@ def unary(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
         "Tanh": tf().tanh,
         "Neg": lambda t: -t,
         "Sign": tf().sign,
+        # half to even, as ONNX's Round (and torch.round): DoReFa-Net's k-bit activations
+        "Round": tf().round,
         "LeakyRelu": lambda t: tf().nn.leaky_relu(t, alpha=attrs.get("alpha", 0.01)),
         "Identity": lambda t: t,
         "Dropout": lambda t: t,
@@ -270,6 +272,67 @@ def concat(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> V
     return Value(tf().concat([v.logical() for v in values], axis=axis), Layout.LOGICAL)
 
 
+# logical axis -> stored axis of a 4-D NHWC value (and of a [N, C] one stored [N, 1, 1, C])
+_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
+_FLAT_AXIS = {0: 0, 1: 3}
+
+
+def slice_(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """Slice with constant starts, ends, axes and steps (`x[:, a:b]`, `x[:, :-64]`,
+    `x.narrow`, and `torch.split` / `chunk` once the normaliser wrote them as Slices), taken
+    in the stored layout, so an NHWC tensor stays NHWC (the channel axis is stored last)."""
+    x = inputs[0]
+    shape = x.shape()
+    ranges = _slice_ranges(tr, node, shape)
+    if any(len(r) == 0 for r in ranges.values()):
+        raise unsupported(node, "an empty slice")
+    stored, layout = _slice_axes(x, len(shape))
+    keys = [slice(None)] * len(x.tensor.shape)
+    for axis, r in ranges.items():
+        keys[stored[axis]] = slice(r.start, r.stop if r.stop >= 0 else None, r.step)
+    if x.is_affine and layout is x.layout:
+        # a binary conv's accumulator under a pending per-channel map: slice both, so a
+        # BatchNorm after the slice still folds into the map and a binarization of it still
+        # breaks exact ties as torch does (`Value.nudged`)
+        channels = keys[-1]
+        return Value(None, layout, accumulator=x.accumulator[tuple(keys)],
+                     scale=x.scale[channels], shift=x.shift[channels], origin=x.origin,
+                     fan_in=x.fan_in)  # fmt: skip
+    t = x.logical() if layout is Layout.LOGICAL else x.tensor
+    return Value(t[tuple(keys)], layout, None)
+
+
+def _slice_ranges(tr: TranslatorView, node: NodeProto, shape: list[int]) -> dict[int, range]:
+    """{logical axis: the indices it keeps} of an ONNX Slice (opset 10+: inputs; before:
+    attributes), out-of-range starts and ends clamped as ONNX (and Python) clamp them."""
+    if len(node.input) > 1:  # opset 10 and later
+        names = list(node.input[1:5])
+        values = [tr.const(n) if n else None for n in names]
+        if any(n and v is None for n, v in zip(names, values, strict=True)):
+            raise unsupported(node, "starts, ends, axes and steps must be constants")
+        starts, ends, axes, steps = values + [None] * (4 - len(values))
+    else:
+        attrs = attributes(node)
+        starts, ends, axes, steps = attrs.get("starts"), attrs.get("ends"), attrs.get("axes"), None
+    starts, ends = np.asarray(starts).reshape(-1), np.asarray(ends).reshape(-1)
+    axes = range(len(starts)) if axes is None else np.asarray(axes).reshape(-1)
+    steps = [1] * len(starts) if steps is None else np.asarray(steps).reshape(-1)
+    rank = len(shape)
+    return {
+        int(a) % rank: range(*slice(int(b), int(e), int(s)).indices(shape[int(a) % rank]))
+        for a, b, e, s in zip(axes, starts, ends, steps, strict=True)
+    }
+
+
+def _slice_axes(x: Value, rank: int) -> tuple[dict[int, int], Layout]:
+    """Logical axis -> stored axis, and the layout the slice keeps."""
+    if x.layout == Layout.NHWC and rank == 4:
+        return _NHWC_AXIS, Layout.NHWC
+    if x.layout == Layout.FLAT_IN_NHWC:
+        return _FLAT_AXIS, Layout.FLAT_IN_NHWC
+    return {k: k for k in range(rank)}, Layout.LOGICAL
+
+
 def pad(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
     x = inputs[0]
     attrs = attributes(node)
@@ -318,6 +381,7 @@ HANDLERS = {
             "Tanh",
             "Neg",
             "Sign",
+            "Round",
             "LeakyRelu",
             "Identity",
             "Dropout",
@@ -335,5 +399,6 @@ HANDLERS = {
     "Transpose": transpose,
     "Concat": concat,
     "Pad": pad,
+    "Slice": slice_,
     "ReduceMean": reduce_mean,
 }

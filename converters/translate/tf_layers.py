@@ -192,7 +192,7 @@ def _binary_conv(tr, node, match, chain, src: Value) -> Value | None:
     k_hwio = np.transpose(signs, (2, 3, 1, 0))
     x = src.tensor
     plan = plan_binary_padding(_hw(x), ksize, strides, dilations, inner, inner_value, outer)
-    if groups.kind == "single":  # LCE infers the groups from the kernel's input channels
+    if groups.kind == "single":
         y, correction = _EMITTERS[plan.strategy](x, plan, _BinaryConv(k_hwio, strides, dilations))
     else:
         y, correction = _emit_split(x, plan, k_hwio, strides, dilations, group)
@@ -224,7 +224,9 @@ def _emit_split(x, plan: PaddingPlan, k_hwio: np.ndarray, strides, dilations, gr
 
 def _inner_padding(tr, chain, src: Value) -> tuple[list[int], float, Value] | None:
     """(pads, value, source) of the one Pad between a binarization and its conv, with the
-    max-pools before it replayed on the source; None for any other chain."""
+    max-pools and slices before it replayed on the float source (a slice of the binarized
+    tensor is the binarization of the slice, and LCE wants the binarization right before the
+    conv); None for any other chain."""
     inner = [0, 0, 0, 0]
     inner_value = 0.0
     for step in chain:
@@ -233,7 +235,7 @@ def _inner_padding(tr, chain, src: Value) -> tuple[list[int], float, Value] | No
             if found is None:
                 return None
             inner, inner_value = found
-        elif step.op_type in ("MaxPool", "Identity") and not any(inner):
+        elif step.op_type in ("MaxPool", "Identity", "Slice") and not any(inner):
             src = tr.replay(step, src)
         else:
             return None
@@ -324,7 +326,7 @@ def _apply_correction(y, bias: np.ndarray, correction: np.ndarray | None, scale:
 
 def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
     for step in chain:
-        if step.op_type not in ("Flatten", "Reshape", "Identity", "Squeeze"):
+        if step.op_type not in ("Flatten", "Reshape", "Identity", "Squeeze", "Slice"):
             return None
         src = tr.replay(step, src)
     if len(src.shape()) != 2:

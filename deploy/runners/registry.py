@@ -44,6 +44,10 @@ class RunSettings:
     timeout: float = 600.0  # seconds one command on the device may run
     benchmark_binary: str | None = None  # a local lce_benchmark_model to upload
     remote_python: str = "python3"  # the device's Python, for bnnexport's own runner
+    # LCE's indirect BGEMM bconv kernels: True for a flatbuffer LCE's default kernel refuses (a
+    # grouped LceBconv2d); None leaves each runner's own choice (the tool's default kernels;
+    # the python runner always takes indirect BGEMM, which runs every LCE flatbuffer)
+    use_indirect_bgemm: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

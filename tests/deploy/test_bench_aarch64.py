@@ -1,5 +1,6 @@
 """`bnnexport bench --device` end to end on the emulated aarch64 device
-(tests/support/aarch64_device.py).
+(tests/support/aarch64_device.py); and grouped binary convs there, where the stand-in refuses a
+grouped LceBconv2d under the tool's default kernels, as the real tool does.
 
 A trained, exported and converted run with its batch-32 copy; bench runs the LCE flatbuffer on
 the device with `lce_benchmark_model`: the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn as nn
 from support.cli import invoke
+from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
 from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
 from bnnexport.run.checkpoint import load_model
@@ -160,4 +165,85 @@ def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
     assert {r["layer"] for r in change["layers"]} >= {"features.0", "classifier.3"}
     report = (int8_run / "report.md").read_text()
     assert "## What int8 changed, by PyTorch layer" in report
+    assert arm_device.leftovers() == []
+
+
+# --- grouped binary convs: what LCE's default kernels run ------------------------------------
+
+
+class _GroupedBinary(nn.Module):
+    """float stem -> binarize -> 3x3 ±1 conv in 2 groups of 32 channels -> BatchNorm -> head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 3, padding=1)
+        self.conv = binary_conv(64, 64, 3, padding=1, groups=2)
+        self.bn = trained_bn(nn.BatchNorm2d(64))
+        self.head = nn.Linear(64 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.bn(self.conv(sign(self.stem(x)))), 1))
+
+
+def _bench_file(flatbuffer, arm_device, binary):
+    result = _bench(flatbuffer, arm_device, binary)
+    assert result.exit_code == 0, result.output
+    rows = [b for b in json.loads(result.stdout)["backends"] if b["where"] != "host"]
+    return result, rows[0]
+
+
+@pytest.fixture
+def logged_stand_in(arm_device, tmp_path):
+    """(stand-in, log): the stand-in logging each argv to a file the host reads."""
+    log = arm_device.host_tmp.parent / "grouped-stand-in.log"
+    log.unlink(missing_ok=True)
+    remote_log = f"{Path(arm_device.remote_tmp).parent}/{log.name}"
+    return write_stand_in(tmp_path / "lce_benchmark_model", remote_log), log
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_a_grouped_model_benches_on_the_device_with_the_tools_default_kernels(
+    arm_device, logged_stand_in, tmp_path, seeded
+):
+    """bnnexport writes a grouped binary conv as one LceBconv2d per group: the stand-in, which
+    refuses a grouped LceBconv2d under the default kernels as the real tool does, runs it with
+    no kernel flag at all."""
+    from bnnexport import convert_module
+
+    binary, log = logged_stand_in
+    report = convert_module(_GroupedBinary(), torch.randn(1, 3, 8, 8), out=tmp_path / "g.tflite")
+    assert report.lce_bconv2d == 2 and report.lce_settings == {}
+    _, row = _bench_file(tmp_path / "g.tflite", arm_device, binary)
+    assert row["name"] == "lce" and row["latency_ms"]["mean"] > 0
+    assert row["extra"]["lce_settings"] == {}
+    argvs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert argvs and not any("use_indirect_bgemm" in arg for argv in argvs for arg in argv)
+    assert arm_device.leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_grouped_lce_bconv2d_runs_on_the_device_only_with_indirect_bgemm(
+    arm_device, logged_stand_in, tmp_path
+):
+    """A flatbuffer holding LCE's own grouped LceBconv2d (another tool's): the tool's default
+    kernels refuse it on the device, so bench tells the runner `--use_indirect_bgemm=true` and
+    says why in a note."""
+    binary, log = logged_stand_in
+    theirs = lce_grouped_flatbuffer(tmp_path / "theirs.tflite")
+    client = arm_device.client()
+    with client.workdir() as work:
+        client.put(binary, f"{work}/tool")
+        client.put(theirs, f"{work}/theirs.tflite")
+        refused = client.run(["python3", f"{work}/tool", f"--graph={work}/theirs.tflite",
+                              "--num_runs=1"], check=False, merge_stderr=True)  # fmt: skip
+    assert refused.returncode == 1
+    assert "Grouped binary convolutions are not supported with this kernel." in refused.stdout
+    assert "Benchmarking failed." in refused.stdout
+
+    result, row = _bench_file(theirs, arm_device, binary)
+    assert row["extra"]["lce_settings"] == {"use_indirect_bgemm": True}
+    assert "theirs.tflite needs use_indirect_bgemm=True" in result.stderr
+    argvs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all("--use_indirect_bgemm=true" in argv for argv in argvs[1:])  # [0]: the refusal
     assert arm_device.leftovers() == []

@@ -107,9 +107,12 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_checkpoint(trained
     [(["--lr", "nan"], "--lr"), (["--lr", "-0.1"], "--lr"), (["--gamma", "2"], "--gamma"),
      (["--gamma", "nan"], "--gamma"), (["--threshold", "-1"], "--threshold"),
      (["--torch-device", "tpu0"], "tpu0"), (["--dataset", "cifar10"], "--data-dir"),
-     (["--model", "binary-alexnet"], "input too small")],
+     (["--model", "binary-alexnet"], "input too small"),
+     (["--gamma", "linear:1e-2,0,10"], "0 at step 10, must be in (0, 1]"),
+     (["--gamma", "step:0.1,2,50"], "1.6 at step 200 of the run's 400, must be in (0, 1]")],
     ids=["lr-nan", "lr-negative", "gamma-2", "gamma-nan", "threshold-negative", "device-tpu0",
-         "cifar10-without-data-dir", "model-too-large-for-mnist"],
+         "cifar10-without-data-dir", "model-too-large-for-mnist", "gamma-schedule-reaching-0",
+         "gamma-schedule-leaving-its-range-within-the-run"],
 )  # fmt: skip
 def test_force_with_a_bad_option_leaves_the_run_byte_identical(trained_run, options, fragment):
     assert_refused_unchanged(trained_run, ("train", "--force", "--out", trained_run, *options),

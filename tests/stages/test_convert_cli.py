@@ -52,6 +52,7 @@ def test_report_is_written_to_convert_json_with_file_sizes(converted):
     assert saved["lce_bytes"] == (run / "model-arm64.tflite").stat().st_size
     assert saved["tflite_float_bytes"] == (run / "model-float.tflite").stat().st_size
     assert saved["lce_bytes"] * 10 < saved["tflite_float_bytes"]
+    assert saved["lce_settings"] == {}  # an app's default LCE interpreter runs it
 
 
 def test_float_tflite_runs_in_the_stock_interpreter(converted):
@@ -126,6 +127,7 @@ def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "op type Erf" in lines[0] and "/Erf" in lines[0]
+    assert "from the PyTorch model's own forward()" in lines[0]  # the module it came from
     assert "Conv" in lines[0]  # it lists what is supported
     assert not (tmp_path / "erf-arm64.tflite").exists()
 

@@ -42,6 +42,7 @@ TRAIN_OPTIONS = {
     "eval_every": ("3", "eval_every", 3),
     "metrics_csv": (None, "metrics_csv", True),
     "precision": ("float32", "precision", "float32"),
+    "per_process_batchnorm": (None, "sync_batchnorm", False),
     "recipe": ("paper-cifar10-sweep", "recipe", "paper-cifar10-sweep"),
 }
 # options that are how a command runs or where it writes, not what it trains

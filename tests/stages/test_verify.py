@@ -144,6 +144,15 @@ def test_first_layer_with_real_input_is_reported_as_such():
     assert [layer.input for layer in report.layers] == ["real (first layer)", "ste_sign"]
 
 
+def test_a_k_bit_input_is_accepted_and_reported_as_not_binary():
+    """DoReFa-Net's 2-bit activations: its kernels are binary kernels (strictly ±1), its
+    layers are no binary layers."""
+    model = nn.Sequential(BinaryConv2d(8, 8, 3, input_quantizer="dorefa"))
+    report = verify_model(model)
+    assert report.strict
+    assert report.layers[0].input == "dorefa (2-bit, not binary)"
+
+
 def test_unregistered_input_quantizer_is_not_supported():
     class Halve(Quantizer):  # not registered: nobody can tell what it exports to
         def forward(self, x):

@@ -98,6 +98,36 @@ class StemAndBinaryConv(nn.Module):
         return self.conv(sign(self.first(x))).flatten(1)
 
 
+def lce_grouped_flatbuffer(path: Path, channels: int = 64, groups: int = 2, size: int = 8) -> Path:
+    """A flatbuffer holding one grouped `LceBconv2d`, as LCE's own converter writes it from a
+    grouped ±1 filter with 32 input channels per group: what another tool's flatbuffer may hold
+    (bnnexport writes one LceBconv2d per group). Input NCHW [1, channels, size, size]."""
+    import tempfile
+
+    import larq_compute_engine as lce
+
+    from converters.runtimes import tf
+
+    tensorflow = tf()
+    rng = np.random.default_rng(0)
+    kernel = np.where(rng.standard_normal((3, 3, channels // groups, channels)) >= 0, 1.0, -1.0)
+    spec = tensorflow.TensorSpec([1, channels, size, size], tensorflow.float32)
+
+    class Grouped(tensorflow.Module):
+        @tensorflow.function(input_signature=[spec])
+        def serve(self, x):
+            x = tensorflow.transpose(x, [0, 2, 3, 1])
+            binary = tensorflow.sign(tensorflow.sign(x) + 0.1)
+            y = tensorflow.nn.conv2d(binary, kernel.astype(np.float32), 1, "VALID")
+            return tensorflow.reshape(y, [1, -1])
+
+    module = Grouped()
+    with tempfile.TemporaryDirectory() as saved:
+        tensorflow.saved_model.save(module, saved, signatures=module.serve)
+        path.write_bytes(lce.convert_saved_model(saved, target="arm"))
+    return path
+
+
 def export(net: nn.Module, shape: tuple[int, ...], path: Path, **kwargs) -> Path:
     net.eval()
     torch.onnx.export(net, torch.randn(*shape), str(path), dynamo=False, **kwargs)

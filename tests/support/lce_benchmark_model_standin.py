@@ -8,7 +8,12 @@ deploy/runners/lce_benchmark_model/chunked_accuracy.py):
 real tool does); `--output_filepath` gets the raw little-endian float32 outputs. Its "model":
 out[i, j] = sum_k x[i, k] * cos(0.01 * (k + 1) * (j + 1)), with j < C, C from a JSON graph file
 ({"classes": C}) and 10 for any other file (a real flatbuffer). It prints timing lines in the
-tool's format. Runs under the device's python3 with numpy; imports nothing from the project.
+tool's format. Like the real tool with LCE's default kernels, it refuses a flatbuffer holding a
+grouped `LceBconv2d` (its packed filter depth below its packed input depth) unless
+`--use_indirect_bgemm=true` (or `--use_reference_bconv=true`) is given: the bconv kernel's two
+error lines (as LCE 0.16's kernel prints them), TFLite's benchmark's "Failed to allocate
+tensors!" and "Benchmarking failed.", exit 1, no timing line (docs/LCE_NOTES.md "Grouped
+convolutions"). Runs under the device's python3 with numpy; imports nothing from the project.
 Tests set LOG (each invocation's argv as a JSON line) and WRITES_OUTPUTS (False: an LCE <= 0.7
 binary, which lacks --output_filepath) in a copy.
 """
@@ -38,6 +43,8 @@ Flags:
 	--input_layer_value_files=	string
 	--output_filepath=	string
 	--use_xnnpack=	bool
+	--use_reference_bconv=	bool
+	--use_indirect_bgemm=	bool
 """
 # --- op profiling: the real tool's tables, for the ops of the --graph flatbuffer -------------
 # What the real tool prints with --enable_op_profiling=true (shared/data/lce_benchmark_model/):
@@ -115,6 +122,35 @@ def graph_ops(path):
     return ops
 
 
+def grouped_bconvs(path):
+    """Execution-plan indices of the LceBconv2d ops whose filter is grouped: its last (packed
+    input channel) dimension is smaller than the packed input's, as LCE's kernel decides."""
+    buf = open(path, "rb").read()
+    if buf[4:8] != b"TFL3":
+        return []
+    model = _ref(buf, 0)
+    codes = []
+    for at in _items(buf, _get(buf, model, 1)):
+        custom = _get(buf, _ref(buf, at), 1)
+        codes.append(_text(buf, custom) if custom else None)
+    subgraph = _ref(buf, _items(buf, _get(buf, model, 2))[0])
+    tensors = [_ref(buf, at) for at in _items(buf, _get(buf, subgraph, 0))]
+
+    def depth(tensor):
+        return _u(buf, "<i", _items(buf, _get(buf, tensors[tensor], 0))[-1])
+
+    found = []
+    for n, at in enumerate(_items(buf, _get(buf, subgraph, 3))):
+        op = _ref(buf, at)
+        index = _get(buf, op, 0)
+        if codes[_u(buf, "<I", index) if index else 0] != "LceBconv2d":
+            continue
+        data, kernel = (_u(buf, "<i", i) for i in _items(buf, _get(buf, op, 1))[:2])
+        if depth(kernel) < depth(data):
+            found.append(n)
+    return found
+
+
 def _table(rows, total):
     cdf, lines = 0.0, [HEAD]
     for node_type, avg, name in rows:
@@ -172,6 +208,16 @@ if LOG:
         log.write(json.dumps(sys.argv[1:]) + "\n")
 if not os.path.isfile(flags.get("graph", "")):
     sys.exit(f"ERROR: Could not open '{flags.get('graph')}'.")
+default_kernels = "true" not in (flags.get("use_indirect_bgemm"), flags.get("use_reference_bconv"))
+grouped = grouped_bconvs(flags["graph"])
+if default_kernels and grouped:
+    sys.stderr.write(
+        "ERROR: larq_compute_engine/tflite/kernels/bconv2d.cc Grouped binary convolutions are "
+        "not supported with this kernel.\n"
+        f"ERROR: Node number {grouped[0]} (LceBconv2d) failed to prepare.\n"
+        "ERROR: Failed to allocate tensors!\nERROR: Benchmarking failed.\n"
+    )
+    sys.exit(1)
 if "input_layer_value_files" in flags:
     name, path = flags["input_layer_value_files"].split(":", 1)
     shape = [int(d) for d in flags["input_layer_shape"].split(",")]

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from support.handwritten_bnn import SignSTE
+
 
 def sign(x: torch.Tensor) -> torch.Tensor:
     """+1 where x >= 0, else -1 (torch.sign would map 0 to 0)."""
@@ -79,20 +81,6 @@ class LatentDetachBNN(nn.Module):
 
 def latent_detach_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
     return LatentDetachBNN(num_classes, tuple(input_shape))
-
-
-class SignSTE(torch.autograd.Function):
-    """+1 where x >= 0, else -1; backward: the gradient where |x| <= 1 (the clipped STE)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.where(x >= 0, 1.0, -1.0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * (x.abs() <= 1).to(grad.dtype)
 
 
 class PlusMinusOneBNN(nn.Module):

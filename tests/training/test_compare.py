@@ -14,7 +14,7 @@ import pytest
 from support.cli import run_in_process
 
 from bnnexport.run.files import write_bytes_atomic
-from bnnexport.training.compare import compare, mean_std
+from bnnexport.training.compare import PALETTE, STD_NOTE, compare, mean_std, setting_id
 from bnnexport.training.config import TrainConfig
 from bnnexport.training.sweep import plan_runs
 
@@ -46,11 +46,13 @@ def test_seeds_of_one_setting_are_one_row_with_mean_and_std(tmp_path):
     report = compare(runs, tmp_path / "cmp")
     bop, latent = report.rows
     assert (bop.optimizer, bop.seeds, latent.optimizer) == ("bop", [0, 1], "adam-latent")
-    assert (bop.test_accuracy, bop.test_accuracy_std) == pytest.approx((0.92, 0.02))
-    assert (bop.flips, bop.flips_std) == (80.0, 40.0)  # 4 rows of 10 and of 30 flips
-    assert bop.seconds == 3.0 and bop.last_flip_rate_std == 0.5
+    # sample standard deviations (n - 1) over the two seeds
+    assert (bop.test_accuracy, bop.test_accuracy_std) == pytest.approx((0.92, 0.02 * 2**0.5))
+    assert (bop.flips, bop.flips_std) == pytest.approx((80.0, 40.0 * 2**0.5))  # 4 x 10, 4 x 30
+    assert bop.seconds == 3.0 and bop.last_flip_rate_std == pytest.approx(0.5 * 2**0.5)
     assert bop.hyperparameters == {"gamma": 1e-3, "threshold": 1e-6, "lr": 1e-3}
-    assert latent.hyperparameters == {"lr": 1e-3} and latent.label == "adam-latent lr=0.001"
+    assert latent.hyperparameters == {"lr": 1e-3}
+    assert latent.label == "mnist-bnn adam-latent lr=0.001"  # the model and the optimizer
     table = list(csv.DictReader(io.StringIO((tmp_path / "cmp" / "compare.csv").read_text())))
     assert [(r["optimizer"], r["runs"], r["gamma"]) for r in table] == [
         ("bop", "2", "0.001"), ("adam-latent", "1", ""),
@@ -59,16 +61,48 @@ def test_seeds_of_one_setting_are_one_row_with_mean_and_std(tmp_path):
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
 
 
-def test_mean_std_is_the_population_spread():
-    assert mean_std([1.0, 3.0]) == (2.0, 1.0) and mean_std([0.5]) == (0.5, 0.0)
-    assert mean_std([0.9, 0.91, 0.95])[1] == pytest.approx(np.std([0.9, 0.91, 0.95]))  # ddof 0
+def test_mean_std_is_the_sample_spread():
+    assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(2**0.5)) and mean_std([0.5]) == (0.5, 0.0)
+    values = [0.9, 0.91, 0.95]
+    assert mean_std(values)[1] == pytest.approx(np.std(values, ddof=1))
+
+
+def test_the_figure_says_its_error_bars_are_the_sample_std(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    said = []
+    monkeypatch.setattr(Figure, "text", lambda self, x, y, text, **kw: said.append(text))
+    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
+    compare(runs, tmp_path / "cmp")
+    assert said == [STD_NOTE] and "sample standard deviation (n - 1)" in STD_NOTE
+
+
+def test_a_setting_keeps_the_colour_its_sweep_gave_it(tmp_path):
+    """compare of some of a sweep's runs, in another order, draws each as the sweep did."""
+    sweep = tmp_path / "sweep"
+    runs = [fake_run(sweep / f"gamma={g:g}", gamma=g) for g in (1e-2, 1e-3, 1e-4)]
+    colors = ["#d62728", "#9467bd", "#8c564b"]  # what the sweep recorded
+    settings = [{"setting": setting_id(json.loads((r / "config.json").read_text())),
+                 "color": c} for r, c in zip(runs, colors, strict=True)]  # fmt: skip
+    write_bytes_atomic(sweep / "sweep.json", json.dumps({"settings": settings}).encode())
+    report = compare([runs[2], runs[0], fake_run(tmp_path / "other", gamma=0.5)], tmp_path / "c")
+    assert [row.color for row in report.rows] == [colors[2], colors[0], PALETTE[0]]
+
+
+def test_two_models_with_one_optimizer_setting_are_told_apart_in_the_legend(tmp_path):
+    runs = [fake_run(tmp_path / "a"), fake_run(tmp_path / "b")]
+    config = json.loads((runs[1] / "config.json").read_text())
+    config["model"] = "mynets:small_bnn"
+    write_bytes_atomic(runs[1] / "config.json", json.dumps(config).encode())
+    labels = [row.label for row in compare(runs, tmp_path / "cmp").rows]
+    assert labels == ["mnist-bnn bop γ=0.001 τ=1e-06", "small_bnn bop γ=0.001 τ=1e-06"]
 
 
 def test_compare_cli_prints_the_table_and_refuses_a_non_run_in_one_line(tmp_path):
     run = fake_run(tmp_path / "a")
     result = run_in_process("compare", str(run), "--out", str(tmp_path / "cmp"))
     assert result.returncode == 0, result.stderr
-    assert "bop γ=0.001 τ=1e-06" in result.stdout and "0.9000" in result.stdout
+    assert "mnist-bnn bop γ=0.001 τ=1e-06" in result.stdout and "0.9000" in result.stdout
     (tmp_path / "empty").mkdir()
     result = run_in_process("compare", str(run), str(tmp_path / "empty"), "--out",
                             str(tmp_path / "cmp2"))  # fmt: skip

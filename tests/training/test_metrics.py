@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from pathlib import Path
 
@@ -16,7 +17,13 @@ from support.guarantees import snapshot
 
 from bnnexport.run.records import read_jsonl
 from bnnexport.training.config import TrainConfig
-from bnnexport.training.metrics import metrics_csv, pi, tensorboard_available
+from bnnexport.training.metrics import (
+    NO_TENSORBOARD,
+    TENSORBOARD_FILE,
+    metrics_csv,
+    pi,
+    tensorboard_available,
+)
 from bnnexport.training.train import train
 
 
@@ -89,10 +96,26 @@ def test_metrics_csv_holds_every_row_with_one_column_per_layer_value(logged_run)
     assert (out / "metrics.csv").read_bytes() == metrics_csv(records)
 
 
+def test_tensorboard_comes_with_the_default_install():
+    assert tensorboard_available()  # a dependency in pyproject.toml, not an extra
+
+
 @pytest.mark.slow
-def test_tensorboard_scalars_are_written_when_tensorboard_is_installed(logged_run):
-    if not tensorboard_available():
-        pytest.skip("the optional tensorboard package is not installed")
+def test_a_run_without_tensorboard_says_so_in_one_line_and_in_its_notes(tmp_path, monkeypatch):
+    import bnnexport.training.train as train_module
+
+    monkeypatch.setattr(train_module, "tensorboard_available", lambda: False)
+    monkeypatch.setattr("bnnexport.training.metrics.tensorboard_available", lambda: False)
+    out = tmp_path / "run"
+    result = run_in_process("train", "--epochs", "1", "--batch-size", "500", "--out", out)
+    notes = [line for line in result.stderr.splitlines() if "tensorboard" in line]
+    assert result.returncode == 0 and notes == [f"bnnexport: note: {NO_TENSORBOARD}"]
+    assert json.loads((out / "train.json").read_text())["notes"] == [NO_TENSORBOARD]
+    assert not (out / TENSORBOARD_FILE).exists()
+
+
+@pytest.mark.slow
+def test_tensorboard_scalars_are_written(logged_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out, _ = logged_run

@@ -8,7 +8,7 @@ from torch import nn
 
 from bnnexport.nn.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
 from bnnexport.nn.quantizers import SteSign
-from bnnexport.training.bop import Bop
+from bnnexport.training.bop import Bop, Bop2ndOrder
 from bnnexport.training.composite import CaseOptimizer, bop_with_adam
 from bnnexport.training.flips import FlipCounter, flip_rate
 from bnnexport.training.schedules import LinearDecay, StepDecay, as_schedule
@@ -334,3 +334,61 @@ def test_set_schedule_reaches_groups_without_their_own_only():
     optimizer.set_schedule("lr", 5e-3)
     values = optimizer.hyperparameters()
     assert (values["bop.gamma"], values["bop.1.gamma"], values["adam.lr"]) == (0.1, 1e-2, 5e-3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: Bop(ps, gamma=1e-3),
+    lambda ps: Bop2ndOrder(ps, gamma=1e-3, sigma=1e-2),
+])  # fmt: skip
+def test_a_group_added_later_takes_the_optimizers_current_settings(make):
+    first, later = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    optimizer = make([first])
+    optimizer.set_schedule("gamma", 1e-1)
+    optimizer.add_param_group({"params": [later]})
+    assert [group["gamma"] for group in optimizer.param_groups] == [1e-1, 1e-1]
+
+
+def test_a_group_the_composite_adds_later_takes_its_parts_current_settings():
+    model = _model()
+    optimizer = bop_with_adam(model, gamma=1e-3, lr=1e-2)
+    optimizer.set_schedule("gamma", 1e-1)
+    optimizer.set_schedule("lr", 5e-3)
+    optimizer.add_param_group({"case": "bop", "params": [torch.ones(3, requires_grad=True)]})
+    optimizer.add_param_group({"case": "adam", "params": [torch.zeros(3, requires_grad=True)]})
+    assert optimizer.optimizers["bop"].param_groups[-1]["gamma"] == 1e-1
+    assert optimizer.optimizers["adam"].param_groups[-1]["lr"] == 5e-3
+
+
+def test_a_group_added_later_goes_on_with_the_optimizer_wide_schedule_where_it_is():
+    first, later = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    optimizer = Bop([first], gamma="step:1e-1,0.1,2")
+    for _ in range(2):
+        first.grad = torch.zeros(3)
+        optimizer.step()
+    optimizer.add_param_group({"params": [later]})
+    first.grad, later.grad = torch.zeros(3), torch.zeros(3)
+    optimizer.step()
+    assert [group["gamma"] for group in optimizer.param_groups] == [pytest.approx(1e-2)] * 2
+
+
+@pytest.mark.parametrize("gamma,step", [("linear:1e-2,0,10", 10), ("step:0.5,3,4", 4)])
+def test_a_schedule_that_leaves_its_range_is_refused_naming_the_step(gamma, step):
+    with pytest.raises(ValueError, match=f"gamma must be in \\(0, 1\\].* at step {step} "):
+        Bop([torch.ones(3, requires_grad=True)], gamma=gamma)
+    optimizer = Bop([torch.ones(3, requires_grad=True)])
+    with pytest.raises(ValueError, match=f"at step {step} "):
+        optimizer.set_schedule("gamma", gamma)
+    assert optimizer.param_groups[0]["gamma"] == 1e-3  # refused: nothing changed
+
+
+def test_one_cycle_lr_with_its_defaults_cycles_adam_and_leaves_bop_alone():
+    model = _model()
+    optimizer = bop_with_adam(model, gamma=1e-3, threshold=1e-6, lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=10)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    adam = optimizer.optimizers["adam"].param_groups[0]
+    assert 4e-4 < adam["lr"] < 1e-2 and 0.85 <= adam["betas"][0] < 0.95  # both cycling
+    assert optimizer.hyperparameters()["bop.gamma"] == 1e-3

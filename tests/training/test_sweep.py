@@ -4,10 +4,12 @@ ordering the paper predicts (higher γ, lower τ -> more flips)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support.cli import invoke
 
+from bnnexport.training.compare import compare
 from bnnexport.training.sweep import SweepSetting, flip_ordering
 
 
@@ -46,3 +48,17 @@ def test_sweep_on_mnist5k_writes_runs_figure_and_table(tmp_path):
     rates = {(s["gamma"], s["threshold"]): s["flip_rate"] for s in report["settings"]}
     # the paper's claim on γ holds by a wide margin even after one epoch
     assert rates[(1e-2, 0.0)] > rates[(1e-4, 0.0)]
+    # compare of two of its runs: the sweep's colours, and one π (last epoch) and one
+    # `seconds` in sweep.json, compare.json and train.json
+    picked = report["settings"][2:0:-1]
+    rows = compare([s["run_dir"] for s in picked], tmp_path / "cmp").rows
+    assert [r.color for r in rows] == [s["color"] for s in picked]
+    assert len({s["color"] for s in report["settings"]}) == 4
+    for row, setting in zip(rows, picked, strict=True):
+        trained = json.loads((Path(setting["run_dir"]) / "train.json").read_text())
+        assert (
+            row.last_flip_rate
+            == setting["last_epoch_flip_rate"]
+            == pytest.approx(trained["mean_flip_rate"])
+        )
+        assert row.seconds == setting["seconds"] == pytest.approx(trained["seconds"])

@@ -71,13 +71,15 @@ class LceBenchmarkModel:
 
 
 def tool_options(settings: RunSettings) -> DeviceOptions:
-    """How `lce_benchmark_model` runs on the device."""
+    """How `lce_benchmark_model` runs on the device: its default kernels unless the settings
+    ask for indirect BGEMM (`--use_indirect_bgemm=true`, which a grouped LceBconv2d needs)."""
     return DeviceOptions(
         threads=settings.threads,
         runs=settings.runs,
         warmup_runs=settings.warmup,
         binary=settings.benchmark_binary,
         timeout=settings.timeout,
+        use_indirect_bgemm=settings.use_indirect_bgemm,
     )
 
 

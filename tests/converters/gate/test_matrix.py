@@ -4,9 +4,16 @@ goes through `export` and `convert` with both gates passing, every sample agreei
 replay and every binary layer an LceBconv2d. A correct conversion is never refused
 (docs/ARCHITECTURE.md, "Conversion gate").
 
+larq-zoo's models (issue 37: the BinaryDenseNets, MeliusNet-22, Real-to-Binary Net,
+BinaryResNetE-18, DoReFa-Net, QuickNet-Large) run with seed 0 at each size. DoReFa-Net's layers
+meet 2-bit activations, so it has no binary layer for LCE: its case requires none, and no
+`LceBconv2d` (docs/LCE_NOTES.md "k-bit activations").
+
 `make test` runs Bi-Real-Net-18 at 64x64, seed 0 (the case the old sure-prediction floor
-refused); the rest is in the long tier, with the small models after one epoch of Bop (mnist-bnn
-on mnist5k; BinaryNet, Bi-Real-Net-18 and QuickNet-Small on a small synthetic image folder).
+refused), and BinaryDenseNet-28, MeliusNet-22, Real-to-Binary Net and BinaryResNetE-18 at 64x64
+on 20 samples (a dense, an improvement, a gated and an "E" block: one of each larq-zoo block);
+the rest is in the long tier, with the small models after one epoch of Bop (mnist-bnn on
+mnist5k; BinaryNet, Bi-Real-Net-18 and QuickNet-Small on a small synthetic image folder).
 Each case prints one JSON row, and appends it to the file named by BNNEXPORT_MATRIX_LOG when set
 (docs/BENCHMARKS.md records them).
 """
@@ -23,29 +30,44 @@ from bnnexport.convert import convert_run
 from bnnexport.export import export_onnx
 from bnnexport.init import init_run
 from bnnexport.models import model_info
+from bnnexport.nn.layers import binary_layers
+from bnnexport.run.checkpoint import load_model
 from bnnexport.training.config import TrainConfig
 from bnnexport.training.train import train
 
 pytestmark = pytest.mark.slow
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small"]
+LARQ_ZOO = ["binary-densenet28", "binary-densenet37", "binary-densenet45", "meliusnet22",
+            "real-to-binary-net", "binary-resnet-e18", "dorefanet", "quicknet-large"]  # fmt: skip
 SEEDS = (0, 1, 2)
 ODD = 65
-FAST = {("birealnet18", 64, 0)}
+LARQ_FAST = ("binary-densenet28", "meliusnet22", "real-to-binary-net", "binary-resnet-e18")
+FAST = {("birealnet18", 64, 0), *((name, 64, 0) for name in LARQ_FAST)}
 SAMPLES = 200  # at 224x224: 50 (a 224x224 sample through four runtimes costs seconds)
-FAST_SAMPLES = 100  # the `make test` case: under a minute on an idle machine
+FAST_SAMPLES = 100  # Bi-Real-Net's `make test` case: under a minute on an idle machine
+LARQ_FAST_SAMPLES = 20  # larq-zoo's `make test` cases: the conversion, not the samples, is the test
 
 
 def _cases() -> list:
     cases = []
-    for name in ZOO:
+    for name in ZOO + LARQ_ZOO:
         native = model_info(name).input_shape[1]
+        seeds = SEEDS if name in ZOO else (0,)
         for size in sorted({native, 64, ODD}):
-            for seed in SEEDS:
+            for seed in seeds:
                 marks = [] if (name, size, seed) in FAST else [pytest.mark.long]
                 cases.append(
                     pytest.param(name, size, seed, marks=marks, id=f"{name}-{size}-s{seed}")
                 )
     return cases
+
+
+def lce_binary_layers(run) -> int:
+    """The model's binary layers whose input is 1-bit: what must become LceBconv2d."""
+    return sum(
+        layer.input_quantizer is not None and layer.input_quantizer.precision == 1
+        for _, layer in binary_layers(load_model(run))
+    )
 
 
 def _record(row: dict) -> None:
@@ -62,7 +84,8 @@ def converts_through_both_gates(run, samples: int) -> dict:
     start = time.perf_counter()
     exported = export_onnx(run, samples=samples, progress=False)
     converted = convert_run(run, target="arm64", progress=False)
-    assert converted.lce_bconv2d == converted.binary_layers > 0, converted.op_histogram
+    expected = lce_binary_layers(run)
+    assert converted.lce_bconv2d == converted.binary_layers == expected, converted.op_histogram
     assert exported.resolved_argmax_agreement == 1.0
     for check in converted.checks:  # after the replay, every sample agrees
         assert check["argmax_agreement"] == 1.0, check
@@ -89,7 +112,9 @@ def converts_through_both_gates(run, samples: int) -> dict:
 def test_an_initialised_zoo_model_converts_through_both_gates(tmp_path, name, size, seed):
     channels = model_info(name).input_shape[0]
     init_run(name, input_shape=(channels, size, size), out=tmp_path / "run", seed=seed)
-    samples = FAST_SAMPLES if (name, size, seed) in FAST else SAMPLES if size < 224 else 50
+    samples = SAMPLES if size < 224 else 50
+    if (name, size, seed) in FAST:
+        samples = LARQ_FAST_SAMPLES if name in LARQ_FAST else FAST_SAMPLES
     row = converts_through_both_gates(tmp_path / "run", samples)
     _record({"model": name, "size": size, "seed": seed, **row})
 

@@ -13,7 +13,9 @@ from converters.graph import OnnxGraph
 from converters.runtimes import ort_session
 
 
-def _batch_norm_model(eps: float, channels: int = 8) -> onnx.ModelProto:
+def _batch_norm_model(eps: float, channels: int = 8, affine: bool = True) -> onnx.ModelProto:
+    """x -> BatchNormalization; `affine=False`: gamma 1 and beta 0 as Constant nodes, as torch
+    exports `BatchNorm2d(affine=False)` (no initializer the twin could set)."""
     rng = np.random.default_rng(0)
     params = {
         "gamma": rng.uniform(0.5, 2, channels),
@@ -21,11 +23,20 @@ def _batch_norm_model(eps: float, channels: int = 8) -> onnx.ModelProto:
         "mean": rng.normal(size=channels),
         "var": rng.uniform(0.5, 2, channels),
     }
-    node = helper.make_node(
-        "BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], epsilon=eps
-    )
+    nodes = [
+        helper.make_node(
+            "BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], epsilon=eps
+        )
+    ]
+    if not affine:
+        fixed = {"gamma": np.ones(channels, np.float32), "beta": np.zeros(channels, np.float32)}
+        nodes[:0] = [
+            helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v, k))
+            for k, v in fixed.items()
+        ]
+        params = {k: v for k, v in params.items() if k not in fixed}
     graph = helper.make_graph(
-        [node],
+        nodes,
         "bn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 4, 4])],
@@ -51,9 +62,26 @@ def test_twin_batch_norm_hits_exact_zero_at_its_crossing(eps):
     np.testing.assert_array_equal(got, expected + values["beta"][None, :, None, None])
 
 
-def _gated_model(shared_bias: bool = False, feed: str = "matmul") -> onnx.ModelProto:
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_twin_batch_norm_without_affine_keeps_its_scale_and_is_exact(eps):
+    """torch's BatchNorm2d(affine=False): gamma is a constant the twin cannot set, so the
+    variance sets the power-of-two scale (here 1), not the 1/64 a variance of 4096 gives,
+    which shrank QuickNet's stem 64-fold and pushed the next sums past float32's 24 bits."""
+    twin = exact_grid_twin(_batch_norm_model(eps, affine=False))
+    values = {i.name: numpy_helper.to_array(i) for i in twin.graph.initializer}
+    assert np.all(values["var"] + np.float32(eps) == np.float32(1.0))
+    ones = np.ones((1, 8, 4, 4), np.float32)
+    got = ort_session(twin.SerializeToString()).run(None, {"x": ones})[0]
+    np.testing.assert_array_equal(got, ones - values["mean"][None, :, None, None])
+    assert np.array_equal(values["mean"], np.round(values["mean"]))  # crossings on integers
+
+
+def _gated_model(
+    shared_bias: bool = False, feed: str = "matmul", transposed: bool = False
+) -> onnx.ModelProto:
     """x -> Conv -> y * Sigmoid(MatMul(Relu(MatMul(mean(x), w1)), w2) + b): a Real-to-Binary
-    Net style gate (`feed="input"`: the Sigmoid reads the graph input itself)."""
+    Net style gate (`feed="input"`: the Sigmoid reads the graph input itself; `transposed`:
+    w2 stored as torch's Linear stores it, read through a Transpose as torch exports it)."""
     rng = np.random.default_rng(1)
     inits = {
         "k": rng.normal(size=(4, 4, 3, 3)),
@@ -68,7 +96,7 @@ def _gated_model(shared_bias: bool = False, feed: str = "matmul") -> onnx.ModelP
         helper.make_node("Flatten", ["pooled"], ["flat"]),
         helper.make_node("MatMul", ["flat", "w1"], ["h"]),
         helper.make_node("Relu", ["h"], ["hr"]),
-        helper.make_node("MatMul", ["hr", "w2"], ["z"]),
+        helper.make_node("MatMul", ["hr", "w2t" if transposed else "w2"], ["z"]),
         helper.make_node("Add", ["z", "b"], ["zb"]),
         helper.make_node("Sigmoid", ["zb" if feed == "matmul" else "x"], ["gate"]),
         helper.make_node("Reshape", ["gate", "shape"], ["g4"])
@@ -76,6 +104,9 @@ def _gated_model(shared_bias: bool = False, feed: str = "matmul") -> onnx.ModelP
         else helper.make_node("Identity", ["gate"], ["g4"]),
         helper.make_node("Mul", ["y", "g4"], ["out"]),
     ]
+    if transposed:
+        inits["w2"] = inits["w2"].T.copy()
+        nodes.insert(0, helper.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0]))
     if shared_bias:  # a second node reads the gate's bias
         nodes.append(helper.make_node("Mul", ["flat", "b"], ["also_b"]))
     graph = helper.make_graph(
@@ -108,6 +139,16 @@ def test_twin_feeds_a_sigmoid_gate_an_exact_zero():
     }
     assert not values["w2"].any() and not values["b"].any()
     assert values["w1"].any() and values["k"].any()
+
+
+def test_twin_zeroes_a_gate_weight_torch_exports_through_a_transpose():
+    """nn.Linear(bias=False) exports as MatMul(x, Transpose(weight)): the weight itself is
+    zeroed, and the gate is exactly 0.5 again (it was not, and Real-to-Binary Net's twin
+    disagreed between runtimes at 224x224)."""
+    x = np.random.default_rng(2).normal(size=(1, 4, 5, 5)).astype(np.float32)
+    model = _gated_model(transposed=True)
+    assert set(zeroed_feeds(OnnxGraph.folded(model))) == {"w2", "b"}
+    assert np.array_equal(_twin_values(model, "zb", x), np.zeros((1, 4), np.float32))
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
 """Grouped convolutions convert exactly, and binary ones stay binary where LCE can run them.
 
-- a multiple of 32 input channels per group: one grouped `LceBconv2d` per layer (LCE infers the
-  groups from the kernel), with every padding strategy, stride and dilation;
-- 16 to 31 channels per group (not a multiple of 32): one `LceBconv2d` per group on its channel
-  slice, concatenated (`converters.translate.groups`);
+- at least 16 input channels per group: one `LceBconv2d` per group on its channel slice,
+  concatenated (`converters.translate.groups`), with every padding strategy, stride and
+  dilation; LCE's default kernels, which an app's interpreter uses, run it, where they refuse
+  the one grouped `LceBconv2d` LCE's own converter writes for 32 channels per group;
 - fewer (binary depthwise): refused in one line naming LCE's rule, before TensorFlow runs, and
   exact as a float layer with `--allow-float`;
 - float grouped convs (ShuffleNet's two grouped convs around a channel shuffle): one conv per
@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from support.converter_nets import binary_conv, sign, trained_bn
+from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
 
 from converters.translate.groups import plan_binary_groups
 
@@ -103,17 +103,17 @@ def _assert_exact(report, bconv2d, binary_layers=2):
     assert report.torch_max_abs_diff <= 1e-4 * 100, report.torch_max_abs_diff
     assert report.twin_checks, "the exact-grid twin ran"
     assert all(check["plain_argmax_agreement"] == 1.0 for check in report.twin_checks)
+    assert report.lce_settings == {}  # LCE's default interpreter settings run it
 
 
-def test_the_group_plan_follows_lces_32_channel_rule():
-    assert [plan_binary_groups(c, g).kind for c, g in [(64, 1), (64, 2), (128, 4), (256, 4)]] == [
-        "single"
-    ] * 4
-    assert plan_binary_groups(64, 4).kind == plan_binary_groups(48, 3).kind == "split"
+def test_the_group_plan_splits_every_grouped_binary_conv_and_refuses_under_16_per_group():
+    assert plan_binary_groups(64, 1).kind == "single"
+    assert {plan_binary_groups(c, g).kind for c, g in [(64, 2), (128, 4), (64, 4), (48, 3)]} == {
+        "split"
+    }
     refused = plan_binary_groups(32, 32)
-    assert (
-        refused.kind == "refuse" and "depthwise" in refused.why and "multiple of 32" in refused.why
-    )
+    assert refused.kind == "refuse" and "depthwise" in refused.why
+    assert "at least 16 input channels per group" in refused.why
 
 
 # groups of 32 input channels: stride 2 with zero padding on an even size (the corrected
@@ -124,10 +124,42 @@ def test_the_group_plan_follows_lces_32_channel_rule():
 @pytest.mark.parametrize(
     "groups, padding, stride", [(2, "zero", 2), (4, "one", 1)], ids=["g2-zero-s2", "g4-one"]
 )
-def test_groups_of_32_channels_are_one_lce_bconv2d_each(tmp_path, exporter, groups, padding,
-                                                         stride):  # fmt: skip
+def test_groups_of_32_channels_are_one_lce_bconv2d_per_group(tmp_path, exporter, groups,
+                                                             padding, stride):  # fmt: skip
     net = GroupedBinary(32 * groups, groups, stride=stride, padding=padding, shuffled=True)
-    _assert_exact(_convert(net, tmp_path, exporter), bconv2d=2)
+    _assert_exact(_convert(net, tmp_path, exporter), bconv2d=2 * groups)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_a_grouped_flatbuffer_runs_in_an_interpreter_made_the_way_an_app_makes_it(tmp_path):
+    """`Interpreter(buf, num_threads=1)`, LCE's defaults: bnnexport's grouped flatbuffer runs
+    there as in the gate's interpreter (indirect BGEMM); the one grouped LceBconv2d LCE's own
+    converter writes fails to prepare there, and runs only with indirect BGEMM."""
+    import numpy as np
+    from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+    from converters.runtimes import lce_kernel_settings, stderr_filtered
+
+    _convert(GroupedBinary(64, 2, padding="one"), tmp_path, "legacy")
+    ours = (tmp_path / "n.tflite").read_bytes()
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    by_default = Interpreter(ours, num_threads=1).predict(x)
+    indirect = Interpreter(ours, num_threads=1, use_indirect_bgemm=True).predict(x)
+    np.testing.assert_array_equal(by_default, indirect)
+    assert lce_kernel_settings(ours).flags == {}
+
+    theirs = lce_grouped_flatbuffer(tmp_path / "lce-grouped.tflite").read_bytes()
+    said: list[str] = []
+    with pytest.raises(RuntimeError), stderr_filtered(lambda line: said.append(line) or True):
+        Interpreter(theirs, num_threads=1)
+    assert any("Grouped binary convolutions are not supported with this kernel" in s for s in said)
+    assert any("(LceBconv2d) failed to prepare" in s for s in said)
+    Interpreter(theirs, num_threads=1, use_indirect_bgemm=True).predict(
+        np.zeros((1, 64, 8, 8), np.float32)
+    )
+    needed = lce_kernel_settings(theirs)
+    assert needed.flags == {"use_indirect_bgemm": True} and "Grouped binary" in needed.refusal
 
 
 @pytest.mark.slow
@@ -156,7 +188,7 @@ def test_a_binary_depthwise_conv_is_refused_in_one_line_before_tensorflow(tmp_pa
     message = str(error.value)
     assert "\n" not in message
     assert "depthwise binary convolution with 32 groups of 1 input channel(s)" in message
-    assert "multiple of 32" in message and "--allow-float" in message
+    assert "at least 16 input channels per group" in message and "--allow-float" in message
     assert not (tmp_path / "n.tflite").exists()
 
 
@@ -177,17 +209,16 @@ def test_a_binary_depthwise_conv_allowed_float_is_exact(tmp_path):
 @pytest.mark.parametrize(
     "width, groups, padding, stride, dilation",
     [
-        (128, 2, "zero", 1, 1),  # 64 channels per group, LCE's SAME zero padding
+        (128, 2, "zero", 1, 1),  # 64 channels per group, LCE's SAME zero padding per group
         (128, 2, "one", 2, 1),
         (256, 4, "zero", 2, 1),
         (64, 2, "zero", 1, 2),
         (64, 2, "minus", 1, 1),
-        (96, 6, "one", 2, 1),  # 16 per group, split
-        (48, 2, "minus", 1, 2),  # 24 per group, split
+        (96, 6, "one", 2, 1),  # 16 per group
+        (48, 2, "minus", 1, 2),  # 24 per group
     ],
 )
 def test_grouped_binary_geometries(tmp_path, exporter, width, groups, padding, stride, dilation):
     net = GroupedBinary(width, groups, stride=stride, padding=padding, dilation=dilation,
                         size=9)  # fmt: skip
-    per_layer = 1 if (width // groups) % 32 == 0 else groups
-    _assert_exact(_convert(net, tmp_path, exporter, size=9), bconv2d=2 * per_layer)
+    _assert_exact(_convert(net, tmp_path, exporter, size=9), bconv2d=2 * groups)

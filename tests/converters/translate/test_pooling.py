@@ -46,6 +46,7 @@ GEOMETRIES = [  # size, kernel, stride, pad
 @pytest.mark.parametrize("ceil", [True, False])
 @pytest.mark.parametrize("include", [True, False])
 def test_pool_windows_are_torchs_for_average_pooling(ceil, include):
+    torch.manual_seed(0)
     x = torch.randn(1, 1, 14, 15, dtype=torch.float64)
     for size, k, s, p in GEOMETRIES:
         xs = x[..., :size, : size + 1]
@@ -53,11 +54,14 @@ def test_pool_windows_are_torchs_for_average_pooling(ceil, include):
         windows = [pool_windows(n, k, s, p, p, ceil, include and p > 0) for n in (size, size + 1)]
         got = _pooled(xs[0, 0].numpy(), *windows, np.mean)
         assert got.shape == tuple(expected.shape), (size, k, s, p)
-        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-12, err_msg=str((size, k, s, p)))
+        # atol: a window's mean near 0 differs from torch's in its last bits only (summing order)
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-12, atol=1e-14,
+                                   err_msg=str((size, k, s, p)))  # fmt: skip
 
 
 @pytest.mark.parametrize("ceil", [True, False])
 def test_pool_windows_are_torchs_for_max_pooling(ceil):
+    torch.manual_seed(0)
     x = torch.randn(1, 1, 14, 15, dtype=torch.float64)
     for size, k, s, p in GEOMETRIES:
         if 2 * p > k:  # torch's own limit for max pooling

@@ -1,16 +1,20 @@
-"""The translator itself: graph depth, and errors that name the node and the supported ops."""
+"""The translator itself: graph depth, and errors that name the first unsupported node (in graph
+order), its PyTorch module, the spelling that converts, and the supported ops."""
 
 from __future__ import annotations
 
+import io
 import sys
 
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper
 
 from converters.errors import UnsupportedOpError
-from converters.translate.onnx_to_tf import SUPPORTED, build_module
+from converters.translate import SUPPORTED
+from converters.translate.onnx_to_tf import build_module
 
 
 def _chain(op_types: list[str]) -> onnx.ModelProto:
@@ -54,3 +58,60 @@ def test_a_handler_refusal_is_named_with_its_reason_and_the_supported_op_types()
         build_module(model)
     assert "(only casts to float32)" in str(caught.value)
     assert str(caught.value).endswith(", ".join(SUPPORTED))
+
+
+def test_the_first_unsupported_node_in_graph_order_is_named_before_tensorflow_runs(monkeypatch):
+    """The translator walks back from the outputs and would meet the last Abs first; the scan
+    before tracing names the first (a graph no torch exporter named: no PyTorch module)."""
+    import converters.translate.onnx_to_tf as onnx_to_tf
+
+    monkeypatch.setattr(onnx_to_tf, "tf", lambda: pytest.fail("TensorFlow was reached"))
+    with pytest.raises(UnsupportedOpError) as caught:
+        build_module(_chain(["Relu", "Abs", "Relu", "Abs", "Erf"]))
+    message = str(caught.value)
+    assert "'n1' of op type Abs" in message and "from PyTorch" not in message
+    assert "instead, write it as torch.relu(x) + torch.relu(-x)" in message
+
+
+class _Blocks(torch.nn.Module):
+    """blocks.0 writes every other channel in place (a ScatterND no slice can express), then
+    blocks.1 takes an Abs: two unsupported nodes, the scatter first."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(_EveryOther(), _Abs())
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+class _EveryOther(torch.nn.Module):
+    def forward(self, x):
+        x = x * 2.0
+        x[:, ::2] += 1.0
+        return x
+
+
+class _Abs(torch.nn.Module):
+    def forward(self, x):
+        return torch.abs(x)
+
+
+@pytest.mark.parametrize("exporter", ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)])
+def test_an_unsupported_node_is_named_with_its_module_and_the_spelling_that_converts(exporter):
+    from converters.graph import OnnxGraph
+    from converters.normalize import normalize
+    from converters.translate import first_unsupported
+
+    x = torch.randn(1, 4, 3, 3)
+    if exporter == "dynamo":
+        model = torch.onnx.export(_Blocks(), (x,), dynamo=True).model_proto
+    else:
+        buffer = io.BytesIO()
+        torch.onnx.export(_Blocks(), x, buffer, dynamo=False)
+        model = onnx.load_from_string(buffer.getvalue())
+    error = first_unsupported(OnnxGraph.folded(normalize(model)[0]))
+    message = str(error)
+    assert error.op_type == "ScatterND" and "from PyTorch module 'blocks.0'" in message
+    assert "instead, write the in-place update as a concat of slices" in message
+    assert "x = torch.cat([x[:, :a], x[:, a:b] + y, x[:, b:]], dim=1)" in message

@@ -4,6 +4,7 @@ architecture check, the argv."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from support.recorded_outputs import TAB_OUTPUT
 from support.stand_in import elf_header
@@ -133,3 +134,20 @@ def test_benchmark_command_runs_exactly_n_times_with_profiling():
         "--report_peak_memory_footprint=true",
     ):
         assert flag in argv
+
+
+def test_the_tool_runs_its_default_kernels_unless_the_settings_ask_for_indirect_bgemm():
+    """A flatbuffer LCE's default bconv kernel refuses (a grouped LceBconv2d) is benchmarked
+    and run for accuracy with `--use_indirect_bgemm=true`; any other with no kernel flag."""
+    from deploy.runners import RunSettings
+    from deploy.runners.lce_benchmark_model.benchmark_runner import tool_options
+    from deploy.runners.lce_benchmark_model.chunked_accuracy import AccuracyJob, accuracy_command
+
+    job = AccuracyJob(None, np.zeros((4, 3, 2, 2), np.float32), 4, 10)
+    for asked, flags in ((None, []), (True, ["--use_indirect_bgemm=true"])):
+        options = tool_options(RunSettings(use_indirect_bgemm=asked))
+        argvs = [
+            benchmark_command("t", "m.tflite", use_indirect_bgemm=options.use_indirect_bgemm),
+            accuracy_command("t", "m.tflite", "chunk", job, options),
+        ]
+        assert all([a for a in argv if "bgemm" in a] == flags for argv in argvs)
