@@ -147,11 +147,13 @@ def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
         )
 
 
-def _connect(device: DeviceTarget, run: RunDir, target: str) -> Connected:
-    """The flatbuffer checked current and the device reached, before any host benchmark."""
+def _connect(device: DeviceTarget, run: RunDir, target: str, int8_only: bool) -> Connected:
+    """The flatbuffer checked current and the device reached, before any host benchmark: the
+    float one, or the int8 one of a run that has no other (trained with int8 float layers)."""
     from bnnexport.run.provenance import require_current
 
-    flatbuffer = require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
+    hint = CONVERT_HINT.format(run=run.root, target=target)
+    flatbuffer = require(run.flatbuffer(target, int8=int8_only), hint)
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
     return connect(device, flatbuffer)
 
@@ -183,11 +185,13 @@ def bench(
     target, threads = options.target, options.threads
     inputs, labels = load_samples(run, options.samples)
     _require_input_shape(run, inputs)
-    connected = _connect(device, run, target) if device is not None else None
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     int8 = run.flatbuffer(target, int8=True) if any(b[0] == INT8 for b in backends) else None
+    int8_only = int8 is not None and not run.flatbuffer(target).is_file()
+    connected = _connect(device, run, target, int8_only) if device is not None else None
     if device is not None and connected is not None and connected.runner.batched_copy:
-        ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
+        if not int8_only:
+            ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
         if int8 is not None:
             ensure_batched_copy(run.root, target, len(inputs), device.batch, progress, int8=True)
     # PyTorch comes first: the reference for every other backend
@@ -196,7 +200,9 @@ def bench(
     identity = raw = None
     if device is not None and connected is not None:
         scoring = Scoring(inputs, labels, reference, host_outputs.get("lce"))
-        rows, raw = device_rows(connected, device, options, scoring)
+        rows, raw = [], None
+        if not int8_only:
+            rows, raw = device_rows(connected, device, options, scoring)
         results.extend(rows)
         if int8 is not None:  # the int8 flatbuffer beside the float one
             on_int8 = dataclasses.replace(connected, flatbuffer=int8)
@@ -208,8 +214,9 @@ def bench(
         identity = connected.identity
     profile = int8_profile = None
     if device is not None and device.profile and connected is not None:
-        profile = device_profile(results, connected.flatbuffer, run.onnx)
-        if int8 is not None:
+        name = INT8 if int8_only else "lce"
+        profile = device_profile(results, connected.flatbuffer, run.onnx, name)
+        if int8 is not None and not int8_only:
             int8_profile = device_profile(results, int8, run.onnx, INT8)
             int8_profile["change"] = profile_change(profile, int8_profile)
     report = BenchReport(

@@ -20,11 +20,18 @@ class OnnxProbe:
     For each binarization input `x` (non-constant source of a binarization pattern) the graph
     gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
     `x` itself becomes an output. It runs in `converters.runtimes.ort_session`, as `run_onnx` does.
+    `extra` names tensors the witness also gives (by name): a QDQ model's int8 activations, for a
+    reference that imposes them (`bnnexport.nn.torch_probe.TorchProbe`).
     """
 
-    def __init__(self, onnx_path: str | Path | onnx.ModelProto):
+    def __init__(self, onnx_path: str | Path | onnx.ModelProto, extra: Sequence[str] = ()):
         model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
+        own = {o.name for o in model.graph.output}  # an extra tensor among them: the logits
         model, self.sources = _rewired(model)
+        self.logits = [t for t in extra if t in own]
+        self.extra = [t for t in extra if t not in own and t not in self.sources]
+        make_info = onnx.helper.make_tensor_value_info
+        model.graph.output.extend(make_info(t, onnx.TensorProto.FLOAT, None) for t in self.extra)
         self.session = ort_session(model.SerializeToString())
         self.input = self.session.get_inputs()[0]
 
@@ -44,11 +51,13 @@ class OnnxProbe:
         return outputs[0][0], [o[0] for o in outputs[1:]]
 
     def witness(self) -> Witness:
-        """ONNX Runtime as a candidate: its logits and binarization inputs, sign(0) = +1."""
+        """ONNX Runtime as a candidate: its logits and binarization inputs, sign(0) = +1 (and
+        the `extra` tensors)."""
 
         def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
             logits, values = self.run(x)
-            return logits, dict(zip(self.sources, values, strict=True))
+            found = dict(zip([*self.sources, *self.extra], values, strict=True))
+            return logits, {**found, **dict.fromkeys(self.logits, logits)}
 
         return Witness(run=run)
 

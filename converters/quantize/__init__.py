@@ -86,9 +86,12 @@ def quantize(
 
     Raises ConverterError (exit 2) when a range is missing and there are no samples, or the
     model's opset is older than 13; InputShapeError for samples of another shape."""
-    float_model, trained = read_qdq(model)
-    trained = {**(given or {}), **trained}
+    float_model, carried = read_qdq(model)
     plan = find_units(OnnxGraph.folded(float_model))
+    for unit in plan.units:  # a trained range after a pool or reshape holds before it too
+        if unit.chain and unit.start not in carried and unit.input in carried:
+            carried[unit.start] = carried[unit.input]
+    trained = {**(given or {}), **carried}
     shared = plan.shared()
     wanted = [t for t in plan.points() if t not in shared]  # chains take their start's point
     missing = [t for t in wanted if t not in trained]
@@ -96,14 +99,17 @@ def quantize(
         raise ConverterError(f"no calibration samples for the int8 activation {missing[0]!r}")
     ranges = activation_ranges(float_model, missing, calibration) if missing else {}
     points = {t: trained[t] if t in trained else QuantPoint.of_range(*ranges[t]) for t in wanted}
-    qdq, written = write_qdq(float_model, plan, points)
+    # a range the model carries was trained with plain rounding: its signs stay as trained;
+    # a calibrated one (now, or given by the conversion that calibrated it) gets exact signs
+    exact = {t for t in wanted if t not in carried}
+    qdq, written = write_qdq(float_model, plan, points, exact_signs=exact)
     report = QuantizeReport(
-        ranges="given" if given else "trained" if trained else "calibrated",
+        ranges="given" if given else "trained" if carried else "calibrated",
         calibration_samples=len(calibration) if missing and calibration is not None else 0,
         int8_layers=[u.layer for u in plan.units],
         float_layers=dict(plan.kept_float),
         points={name: point.to_json() for name, point in written.items()},
-        calibrated_points=missing if trained else [],
+        calibrated_points=missing if carried else [],
         unused_points=sorted(set(trained) - set(wanted)),
         tensor_points={t: p.to_json() for t, p in points.items()},
     )

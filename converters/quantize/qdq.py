@@ -158,12 +158,15 @@ def _dequantized(graph: OnnxGraph, base: str, values, scale, zero, axis: int) ->
     return out
 
 
-def _write_unit(graph: OnnxGraph, unit: Unit, points: dict[str, QuantPoint]) -> None:
-    """Replace a unit's layer (and its BatchNorm) by the layer on int8 kernel and int32 bias."""
+def _write_unit(
+    graph: OnnxGraph, unit: Unit, points: dict[str, QuantPoint], exact_signs: set[str]
+) -> None:
+    """Replace a unit's layer (and its BatchNorm) by the layer on int8 kernel and int32 bias,
+    its bias lowered by half an output step when its output is in `exact_signs`."""
     node = _node(graph, unit.layer)
     kernel, bias, axis = _kernel_and_bias(graph, node)
     kernel, bias = _fold_batch_norm(graph, unit, kernel, bias, axis)
-    if unit.sign_only:  # the int8 output's sign then is the float output's (`Unit`)
+    if unit.sign_only and unit.output in exact_signs:  # its int8 sign is the float sign
         bias = bias - points[unit.output].scale / 2
     scales = kernel_scales(kernel, axis)
     shape = [1] * kernel.ndim
@@ -217,18 +220,26 @@ def _write_point(
 
 
 def write_qdq(
-    model: onnx.ModelProto, plan: UnitPlan, points: dict[str, QuantPoint]
+    model: onnx.ModelProto,
+    plan: UnitPlan,
+    points: dict[str, QuantPoint],
+    exact_signs: set[str] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, QuantPoint]]:
     """The QDQ model of `model` (module doc) with `points` (by float tensor name, one for each
-    of `plan.points()`); and the points by the name of their dequantized tensor."""
+    of `plan.points()`); and the points by the name of their dequantized tensor. The units
+    whose output is read only as signs (`Unit.sign_only`) and in `exact_signs` (default: all)
+    get half an output step off their bias. A model trained with its ranges learnt the plain
+    rounding, so `converters.quantize.quantize` shifts calibrated points only."""
     graph = OnnxGraph.folded(_copy(model))  # the rewrite edits nodes in place
     _check_opset(graph)
     points = {**points, **{t: points[s] for t, s in plan.shared().items() if s in points}}
     missing = [t for t in plan.points() if t not in points]
     if missing:
         raise ConverterError(f"no range for the int8 activation {missing[0]!r}")
+    if exact_signs is None:
+        exact_signs = {unit.output for unit in plan.units}
     for unit in plan.units:
-        _write_unit(graph, unit, points)
+        _write_unit(graph, unit, points, exact_signs)
     outputs = plan.outputs()
     written = {}
     for tensor in plan.points():
@@ -282,13 +293,22 @@ def read_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, QuantPo
         if found is None:
             continue
         source, point = found
-        points[source] = point
         q = graph.producer[dq.input[0]]
-        if dq.output[0] in outputs:  # keep the output's name: it becomes an Identity
+        producer = graph.producer.get(source)
+        if dq.output[0] in outputs and producer is not None and source not in outputs:
+            # the output keeps its name, given to the tensor it quantized: the float graph is
+            # then the one a float export writes (an Identity there would stand between a
+            # unit and the output, and the translator's witness lose the output's name)
+            graph.rename_uses(source, dq.output[0])
+            producer.output[list(producer.output).index(source)] = dq.output[0]
+            graph.remove(dq)
+            source = dq.output[0]
+        elif dq.output[0] in outputs:  # a graph input or output: an Identity keeps the name
             graph.replace(dq, [helper.make_node("Identity", [source], [dq.output[0]])])
         else:
             graph.rename_uses(dq.output[0], source)
             graph.remove(dq)
+        points[source] = point
         if not graph.consumers.get(q.output[0]):
             graph.remove(q)
     return (graph.build() if points else model), points
