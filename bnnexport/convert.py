@@ -175,7 +175,8 @@ def int8_lines(int8: dict | None) -> list[str]:
         f"  int8 replay: {check['replayed_samples']} samples, {check['int8_tensors']} int8 "
         f"tensors, {check['one_step_positions']} of {check['positions']} positions one step "
         "apart (rounding)",
-        f"  against the float model: argmax agreement {accuracy['float_argmax_agreement']:.4g}",
+        f"  against the {accuracy.get('against', 'float model')}: argmax agreement "
+        f"{accuracy['float_argmax_agreement']:.4g}",
     ]
     if accuracy["float_top1"] is not None:
         lines[-1] += (

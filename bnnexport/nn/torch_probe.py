@@ -138,11 +138,26 @@ class Int8Imposer:
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             name = names[len(calls) % len(names)]  # the k-th call is the k-th pair
             calls.append(name)
+            self._check_grid(name, module)
             value = np.asarray(theirs[name], np.float32).reshape(output.shape[1:])
             self._check(name, value, output.detach()[0].numpy())
             return torch.from_numpy(np.ascontiguousarray(value))[None].to(output.dtype)
 
         return [q.register_forward_hook(hook) for q in self.quantizers]
+
+    def _check_grid(self, name: str, quantizer: nn.Module) -> None:
+        """ConversionMismatchError unless the pair `name` quantizes with the quantizer's own
+        scale and zero point (a coarser grid would pass the one-step rule in its own steps)."""
+        from converters.errors import ConversionMismatchError
+
+        scale, zero = self.points[name][:2]
+        mine = float(quantizer.scale.reshape(-1)[0]), int(quantizer.zero_point.reshape(-1)[0])
+        if not (np.isclose(scale, mine[0], rtol=1e-6, atol=0.0) and zero == mine[1]):
+            raise ConversionMismatchError(
+                f"int8 activation {name!r} has scale {scale:.6g} and zero point {zero} in the "
+                f"ONNX model, {mine[0]:.6g} and {mine[1]} in PyTorch",
+                {"int8_tensor": name, "onnx": [scale, zero], "pytorch": list(mine)},
+            )
 
     def _check(self, name: str, theirs: np.ndarray, mine: np.ndarray) -> None:
         from converters.errors import ConversionMismatchError

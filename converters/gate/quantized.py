@@ -192,10 +192,14 @@ class QuantProbe:
         """The candidate's int8 value of a point it quantizes from a float tensor (a QUANTIZE
         op): its witness outputs the float tensor itself (TFLite drops a fake quantization
         whose int8 tensor is read only by an output), so the op's rule is applied here:
-        round(value / scale) half away from zero, in float32, plus the zero point."""
+        value x (1 / scale) in float32, rounded half to even, plus the zero point. That is what
+        TFLite's vectorised QUANTIZE computes (on x86 and ARM alike); its scalar loop for the
+        last few elements of a tensor rounds half away from zero, which matters only for values
+        exactly half a step between two integers (docs/LCE_NOTES.md "int8 around binary
+        layers": every MNIST pixel is one at a range of [-1, 1])."""
         scale, zero, lowest, highest = self.points[point]
-        ratio = np.asarray(value, np.float32) / np.float32(scale)
-        q = np.clip(np.sign(ratio) * np.floor(np.abs(ratio) + 0.5) + zero, lowest, highest)
+        ratio = np.asarray(value, np.float32) * (np.float32(1.0) / np.float32(scale))
+        q = np.clip(np.rint(ratio) + zero, lowest, highest)
         return ((q - zero) * np.float32(scale)).astype(np.float32)
 
     def _check(self, point: str, theirs: np.ndarray, mine: np.ndarray) -> None:
@@ -335,7 +339,8 @@ def refuse_accuracy_drop(accuracy: dict[str, Any], limit: float | None) -> None:
         return
     raise AccuracyDropError(
         f"int8 loses {drop:.2f} points of top-1 on {accuracy['labelled']} labelled samples "
-        f"(float {100 * accuracy['float_top1']:.2f} %, int8 {100 * accuracy['int8_top1']:.2f} "
+        f"({accuracy.get('against', 'float model')} {100 * accuracy['float_top1']:.2f} %, "
+        f"int8 {100 * accuracy['int8_top1']:.2f} "
         f"%), more than the {limit:g} allowed (--max-accuracy-drop): calibrate on more samples, "
         "train with --float-layers int8, or allow more",
         {"why": "accuracy drop", **accuracy, "max_accuracy_drop": limit},
@@ -367,7 +372,8 @@ def check_int8(
 ) -> tuple[Checked, dict[str, Any]]:
     """Every check of an int8 conversion, in order: its float layers int8 ops
     (`int8_census`), the gate against the quantized reference (`check_quantized`), the
-    int8-io copy (`check_int8_io`), and the accuracy against the float model
+    int8-io copy (`check_int8_io`), and the accuracy against the float model (a model that
+    carried trained ranges: against itself as trained, `Quantized.accuracy_reference`)
     (`refuse_accuracy_drop`). Returns the checks and the report's `int8` part:
     `quantized.report` (a `converters.quantize.Quantized`'s) with the op census, the replay's
     numbers and the accuracy."""
@@ -379,7 +385,9 @@ def check_int8(
     )  # fmt: skip
     if translated.int8_io_flatbuffer is not None:
         check_int8_io(translated, inputs)
-    accuracy = float_agreement(quantized.float_model, stats.outputs, inputs, labels)
+    reference = quantized.accuracy_reference or quantized.float_model
+    accuracy = float_agreement(reference, stats.outputs, inputs, labels)
+    accuracy["against"] = quantized.reference_name
     refuse_accuracy_drop(accuracy, options.max_accuracy_drop)
     io = "int8" if translated.int8_io_flatbuffer is not None else "float32"
     return checked, {

@@ -67,11 +67,21 @@ class QuantizeReport:
 
 @dataclass
 class Quantized:
-    """The QDQ model, the float graph it was made from, and the report."""
+    """The QDQ model, the float graph it was made from, and the report. `accuracy_reference`
+    is what the int8 model's accuracy is measured against: the float graph when its ranges
+    were calibrated; the model as trained, its own QuantizeLinear/DequantizeLinear pairs
+    included, when it carried them (quantization-aware training: the float graph without
+    them is no model anyone trained)."""
 
     model: onnx.ModelProto
     float_model: onnx.ModelProto
     report: QuantizeReport
+    accuracy_reference: onnx.ModelProto | None = None
+
+    @property
+    def reference_name(self) -> str:
+        """What `accuracy_reference` is, for the report."""
+        return "trained model" if self.report.ranges == "trained" else "float model"
 
 
 def quantize(
@@ -113,7 +123,7 @@ def quantize(
         unused_points=sorted(set(trained) - set(wanted)),
         tensor_points={t: p.to_json() for t, p in points.items()},
     )
-    return Quantized(qdq, float_model, report)
+    return Quantized(qdq, float_model, report, model if carried else float_model)
 
 
 __all__ = [
