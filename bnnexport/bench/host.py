@@ -137,6 +137,12 @@ def usable_backends(
                                                                               ""),
              INT8: CONVERT_HINT.format(run=run.root, target=target).replace(
                  " --format tflite", " --float-layers int8")}  # fmt: skip
+    from bnnexport.run.checkpoint import recorded_float_layers
+
+    if recorded_float_layers(run.root) == "int8":  # a QDQ model converts to int8 alone
+        hints["lce"] = hints["tflite-float"] = (
+            "a run trained with --float-layers int8 has its int8 flatbuffer (lce-int8) only"
+        )
     usable, skipped = [], {}
     for name, path, factory in backends:
         if name != "pytorch" and path is not None:

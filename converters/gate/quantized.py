@@ -198,8 +198,7 @@ class QuantProbe:
         exactly half a step between two integers (docs/LCE_NOTES.md "int8 around binary
         layers": every MNIST pixel is one at a range of [-1, 1])."""
         scale, zero, lowest, highest = self.points[point]
-        ratio = np.asarray(value, np.float32) * (np.float32(1.0) / np.float32(scale))
-        q = np.clip(np.rint(ratio) + zero, lowest, highest)
+        q = tflite_quantize(value, scale, zero, lowest, highest)
         return ((q - zero) * np.float32(scale)).astype(np.float32)
 
     def _check(self, point: str, theirs: np.ndarray, mine: np.ndarray) -> None:
@@ -228,6 +227,15 @@ class QuantProbe:
                 {"int8_tensor": point, "position": at, "steps": float(apart.reshape(-1)[at])},
             )
         self.stats.count(point, int((apart > GRID_TOL).sum()), int(apart.size))
+
+
+def tflite_quantize(
+    value: np.ndarray, scale: float, zero: int, lowest: int = -128, highest: int = 127
+) -> np.ndarray:
+    """The integers TFLite's vectorised QUANTIZE gives a float tensor: value x (1 / scale) in
+    float32, rounded half to even, plus the zero point, clipped (`QuantProbe._quantized`)."""
+    ratio = np.asarray(value, np.float32) * (np.float32(1.0) / np.float32(scale))
+    return np.clip(np.rint(ratio) + zero, lowest, highest)
 
 
 def _outputs_read(model: onnx.ModelProto, points: dict[str, Any]) -> dict[str, str]:
@@ -402,5 +410,6 @@ __all__ = [
     "QuantizedCheck",
     "activation_points",
     "check_int8",
+    "tflite_quantize",
     "check_quantized",
 ]

@@ -160,6 +160,18 @@ def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
     else:  # the stand-in computes from the inputs alone: the same outputs, whichever model
         assert device["top1"] == rows[("lce", False)]["top1"]
         assert versus_host["top1"] == device["top1"]
+        # what the device row is compared with is the host's int8 flatbuffer, sample by sample
+        from converters.runtimes import run_lce
+
+        with np.load(int8_run / "samples.npz") as samples:
+            inputs = samples["inputs"][:SAMPLES]
+        expected = stand_in_outputs(inputs, 10)
+        host_int8 = run_lce(int8_run / "model-arm64-int8.tflite", inputs)
+        agree = float(np.mean(expected.argmax(1) == host_int8.argmax(1)))
+        assert versus_host["argmax_agreement"] == pytest.approx(agree)
+        assert versus_host["max_abs_diff"] == pytest.approx(
+            np.abs(expected - host_int8).max(), rel=1e-4
+        )
     change = data["int8_profile"]["change"]
     assert change["summary"].startswith("int8 device profile: float layers")
     assert {r["layer"] for r in change["layers"]} >= {"features.0", "classifier.3"}

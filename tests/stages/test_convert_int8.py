@@ -126,3 +126,32 @@ def test_convert_module_runs_the_float_layers_of_a_module_in_int8(tmp_path):
     assert report.float_layers == "int8" and report.int8["int8_ops"] == 2
     assert report.lce_bconv2d == report.binary_layers == 2
     assert report.torch_argmax_agreement >= 0.9  # against the float module
+
+
+def test_bench_puts_the_int8_flatbuffer_beside_the_float_one_on_the_host(converted, tmp_path):
+    """Latency, size, top-1 and agreement with PyTorch for both flatbuffers, side by side."""
+    import shutil
+
+    from converters.runtimes import run_lce
+
+    run = tmp_path / "run"
+    shutil.copytree(converted[0], run)
+    assert invoke("convert", run).exit_code == 0  # the float flatbuffer beside the int8 one
+    result = invoke("bench", run, "--runs", "2", "--warmup", "0", "--samples", "50", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {b["name"]: b for b in json.loads(result.stdout)["backends"]}
+    lce, int8 = rows["lce"], rows["lce-int8"]
+    assert int8["size_bytes"] == (run / "model-arm64-int8.tflite").stat().st_size
+    assert int8["size_bytes"] < lce["size_bytes"] and int8["latency_ms"]["mean"] > 0
+    with np.load(run / "samples.npz") as samples:
+        inputs, labels = samples["inputs"][:50], samples["labels"][:50]
+    mine = run_lce(run / "model-arm64-int8.tflite", inputs)
+    assert int8["top1"] == pytest.approx(float(np.mean(mine.argmax(1) == labels)))
+    from bnnexport.export import torch_outputs
+    from bnnexport.run.checkpoint import load_model
+
+    reference = torch_outputs(load_model(run), inputs)
+    agreement = np.mean(mine.argmax(1) == reference.argmax(1))
+    assert int8["argmax_agreement"] == pytest.approx(agreement)
+    table = invoke("bench", run, "--runs", "2", "--warmup", "0", "--samples", "50").stdout
+    assert "lce-int8" in table and "lce " in table

@@ -140,3 +140,18 @@ def test_an_unknown_float_layer_precision_for_training_is_one_line(tmp_path):
     assert not (tmp_path / "r").exists()
     with pytest.raises(ConfigError, match="--float-layers 'int4' is not one of float32, int8"):
         validate_config(TrainConfig(float_layers="int4"))
+
+
+def test_bench_runs_a_quantization_aware_run_s_int8_flatbuffer(qat_run, converted):
+    """A QAT run has no float flatbuffer: bench scores its int8 one against PyTorch (the model
+    as trained, fake quantization included) and says why the float rows are missing."""
+    result = invoke("bench", qat_run, "--runs", "2", "--warmup", "0", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    rows = {b["name"]: b for b in data["backends"]}
+    assert {"pytorch", "lce-int8"} <= set(rows) and "lce" not in rows
+    assert rows["lce-int8"]["top1"] is not None
+    assert data["skipped"]["lce"] == (
+        "model-arm64.tflite not found: a run trained with --float-layers int8 has its int8 "
+        "flatbuffer (lce-int8) only"
+    )

@@ -248,3 +248,33 @@ def test_an_int8_model_losing_accuracy_is_refused_in_one_line(tmp_path):
         convert_onnx(path, tmp_path / "net.tflite", inputs=x, labels=labels, options=options)
     assert "\n" not in str(refused.value) and "points of top-1" in str(refused.value)
     assert not (tmp_path / "net.tflite").exists()
+
+
+@pytest.mark.slow
+def test_the_gate_quantizes_a_float_input_exactly_as_lce_s_interpreter_does(tmp_path):
+    """Pixels k / 255 scaled to [-1, 1] at scale 2 / 255 lie exactly half a step between two
+    integers (every MNIST pixel does); the int8 the reference is given for a QUANTIZE op must be
+    the interpreter's own rounding of them (half to even), not half away from zero
+    (docs/LCE_NOTES.md "int8 around binary layers")."""
+    import tensorflow as tf
+
+    from converters.gate.quantized import tflite_quantize
+    from converters.runtimes import lce_interpreter
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 256], tf.float32)])
+    def quantized(x):
+        return tf.quantization.fake_quant_with_min_max_vars(x, -1.0, 1.0) * 1.0
+
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [quantized.get_concrete_function()], quantized
+    )
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.inference_output_type = tf.int8
+    flatbuffer = converter.convert()
+    interpreter = lce_interpreter(flatbuffer)
+    scale, zero = interpreter.output_scales[0], interpreter.output_zero_points[0]
+    x = (np.arange(256, dtype=np.float32) / 127.5 - 1.0)[None]
+    theirs = interpreter.predict(x).astype(np.int64)
+    ties = np.abs(np.abs(x * np.float32(1 / scale)) % 1 - 0.5) < 1e-4
+    assert ties.sum() > 100  # most inputs are exactly half a step between two integers
+    assert np.array_equal(tflite_quantize(x, scale, zero), theirs)

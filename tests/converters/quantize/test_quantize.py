@@ -144,3 +144,16 @@ def test_an_opset_before_13_is_refused_in_one_line(tmp_path):
     model = _normalized(Net(), tmp_path, opset_version=11)
     with pytest.raises(ConverterError, match="opset 13"):
         quantize(model, _samples())
+
+
+def test_points_given_by_a_calibrated_conversion_make_the_same_model(tmp_path):
+    """A batched copy is quantized with the points its batch-1 conversion calibrated: the
+    same QDQ model, the half-step sign shift of a binarized unit's bias included."""
+    model = _normalized(FloatStemBinaryBody(), tmp_path)
+    first = quantize(model, _samples())
+    given = {t: QuantPoint(p["scale"], p["zero_point"]) for t, p in
+             first.report.tensor_points.items()}  # fmt: skip
+    again = quantize(model, None, given=given)
+    x = _samples(8)
+    assert np.array_equal(run_onnx(again.model.SerializeToString(), x),
+                          run_onnx(first.model.SerializeToString(), x))  # fmt: skip
