@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,6 +32,7 @@ def test_retime_of_a_missing_folder_is_refused_in_one_error_line(tmp_path):
     assert result.stdout == "" and sorted(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # the script imports torch and TensorFlow's neighbours before parsing
 def test_int8_latency_retime_of_a_folder_without_its_preparation_is_one_error_line(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "int8_latency.py"), "--retime", str(tmp_path)],
