@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +58,10 @@ class ConvertReport(Report):
     """What `bnnexport convert` prints and writes to RUN_DIR/convert.json.
 
     `argmax_agreement`/`max_abs_diff` are LCE against ONNX Runtime before any sign-tie replay
-    (`torch_*` against PyTorch); `checks` holds every comparison with plain and resolved
-    numbers and its ties, `twin_checks` the exact-grid twin's (no tie allowed)."""
+    (`torch_*` against PyTorch; for an int8 model, LCE int8 against the int8 model in ONNX
+    Runtime before the int8 replay, and no PyTorch); `checks` holds every comparison with
+    plain and resolved numbers and its ties, `twin_checks` the exact-grid twin's (no tie
+    allowed)."""
 
     output: str
     target: str
@@ -102,6 +104,10 @@ class ConvertReport(Report):
     # what LCE's interpreter must be told to run the flatbuffer besides its defaults; {}: an
     # app's default interpreter runs it (docs/LCE_NOTES.md "Grouped convolutions")
     lce_settings: dict[str, bool] = field(default_factory=dict)
+    # "int8": the float layers run in int8; `int8` then says which, how they were quantized,
+    # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
+    float_layers: str = "float32"
+    int8: dict | None = None
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -111,6 +117,7 @@ class ConvertReport(Report):
         same = {name: getattr(result, name) for name in shared}
         same.update({k: str(v) for k, v in same.items() if isinstance(v, Path)})
         onnx_gate, torch_gate = result.gate("ONNX Runtime"), result.gate("PyTorch")
+        onnx_gate = onnx_gate or result.gate("ONNX Runtime int8", "LCE int8")  # an int8 model
         return cls(
             **same, format=fmt, seconds=seconds,
             argmax_agreement=onnx_gate.plain_argmax_agreement if onnx_gate else None,
@@ -132,6 +139,7 @@ class ConvertReport(Report):
         """The fields, one line per check (plain -> resolved), the op histogram one per line."""
         data = self.to_json()
         histogram = data.pop("op_histogram")
+        int8 = data.pop("int8")
         checks = data.pop("checks") + data.pop("twin_checks")
         width = max(len(k) for k in data)
         lines = [f"{k.ljust(width)}  {_cell(k, v)}" for k, v in data.items()]
@@ -144,10 +152,39 @@ class ConvertReport(Report):
                 f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
             )
+        lines += int8_lines(int8)
         lines.append("op_histogram")  # (rewrites and zero_free_signs print with the fields)
         op_width = max((len(op) for op in histogram), default=0)
         lines += [f"  {op.ljust(op_width)}  {count}" for op, count in histogram.items()]
         return "\n".join(lines)
+
+
+def int8_lines(int8: dict | None) -> list[str]:
+    """The int8 part of `ConvertReport.to_table`: which layers, how quantized, the replay,
+    the accuracy against the float model."""
+    if not int8:
+        return []
+    source = int8["ranges"]
+    if source == "calibrated":
+        source = f"calibrated on {int8['calibration_samples']} samples"
+    check, accuracy = int8["check"], int8["accuracy"]
+    lines = [
+        f"int8 ({source}, io {int8['io']}): {len(int8['int8_layers'])} layers in int8, "
+        f"{int8['int8_ops']} int8 ops, {int8['float_ops']} float conv/dense ops",
+        *(f"  float: {layer} ({why})" for layer, why in int8["float_layers"].items()),
+        f"  int8 replay: {check['replayed_samples']} samples, {check['int8_tensors']} int8 "
+        f"tensors, {check['one_step_positions']} of {check['positions']} positions one step "
+        "apart (rounding)",
+        f"  against the {accuracy.get('against', 'float model')}: argmax agreement "
+        f"{accuracy['float_argmax_agreement']:.4g}",
+    ]
+    if accuracy["float_top1"] is not None:
+        lines[-1] += (
+            f", top-1 {100 * accuracy['float_top1']:.2f} % -> {100 * accuracy['int8_top1']:.2f} "
+            f"% ({accuracy['top1_drop_points']:+.2f} points lost) on {accuracy['labelled']} "
+            "labelled samples"
+        )
+    return lines
 
 
 def _cell(key: str, value: Any) -> str:
@@ -160,11 +197,12 @@ def _cell(key: str, value: Any) -> str:
 
 
 def _locate(
-    path: Path, target: str, batch: int, out: Path | None = None
+    path: Path, target: str, batch: int, out: Path | None = None, int8: bool = False
 ) -> tuple[Path, Path, Path, RunDir | None]:
     """(onnx, flatbuffer, float tflite, run dir or None) for a run directory or an .onnx file.
 
-    A raw MODEL.onnx goes to `out`, by default MODEL-TARGET.tflite beside it; its float model
+    A raw MODEL.onnx goes to `out`, by default MODEL-TARGET.tflite beside it (with `int8`,
+    MODEL-TARGET-int8.tflite, a run's model-TARGET-int8.tflite); its float model
     to OUT-STEM-float.tflite (MODEL-float.tflite by default). A flatbuffer converted at a batch
     other than 1 carries it in its default name (model-arm64-b8.tflite, the name
     `--batched-copy 8` gives the same model), so two batches never share one file."""
@@ -179,11 +217,11 @@ def _locate(
             )
         run = _require_run(path)
         onnx_path, output, float_output = (
-            run.onnx, run.flatbuffer(target), run.root / "model-float.tflite"
+            run.onnx, run.flatbuffer(target, int8), run.root / "model-float.tflite"
         )  # fmt: skip
     elif path.is_file():
         run, stem = None, path.with_suffix("")
-        onnx_path, output = path, Path(f"{stem}-{target}.tflite")
+        onnx_path, output = path, Path(f"{stem}-{target}{'-int8' if int8 else ''}.tflite")
         float_output = Path(f"{stem}-float.tflite")
         if out is not None:
             output = _require_tflite_name(out)
@@ -267,6 +305,10 @@ def convert_run(
     progress: bool | None = None,
     trust_twin: bool = False,
     out: str | Path | None = None,
+    float_layers: str | None = None,
+    calibration_samples: str | Path | None = None,
+    io: str = "float32",
+    max_accuracy_drop: float | None = 1.0,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -291,6 +333,17 @@ def convert_run(
             also gets provenance.json, with `fmt` "tflite" OUT-STEM-float.tflite
             (MODEL-float.tflite by default), with `batched_copy` OUT-STEM-bN.tflite, and on a
             refusal OUT-STEM-gate-refusal.json; not for a run directory (ConfigError).
+        float_layers: "float32", or "int8": the float layers (conv, depthwise, dense) run in
+            int8, binary layers stay `LceBconv2d` (`converters.quantize`); written to
+            model-TARGET-int8.tflite (MODEL-TARGET-int8.tflite beside an ONNX file) and
+            RUN_DIR/convert-int8.json, beside the float32 ones. None: the run's own (int8 for
+            a run trained with `--float-layers int8`), else float32.
+        calibration_samples: int8: a samples file (.npz with `inputs`) to calibrate the
+            activation ranges on; default the run's samples (the check samples of an ONNX
+            file). A model trained with int8 carries its ranges and needs none.
+        io: int8: "int8" for int8 input and output (no QUANTIZE / DEQUANTIZE at the ends).
+        max_accuracy_drop: int8: refuse (exit 1) a model whose top-1 on the run's labelled
+            samples is more than this many points below the float model's; None: no limit.
 
     Raises:
         FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch
@@ -304,18 +357,24 @@ def convert_run(
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     start = time.perf_counter()
+    float_layers = float_layers or _recorded_float_layers(Path(path))
+    int8 = float_layers == "int8"
     onnx_path, output, float_output, run = _locate(
-        Path(path), target, batch, None if out is None else Path(out)
+        Path(path), target, batch, None if out is None else Path(out), int8
     )
     if run is not None:
         provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     outputs = _outputs(output, float_output if fmt == "tflite" else None, batched_copy, run)
+    report_name = "convert-int8.json" if int8 else "convert.json"
+    outputs = [o.with_name(report_name) if o.name == "convert.json" else o for o in outputs]
     refusal = refusal_path(output, run)
     for written in [*outputs, refusal]:  # before any work: a file of the user's is never replaced
         files.require_replaceable(written)
     loaded = _model_of(run)
-    inputs, references = _checks_of(run, onnx_path, samples, loaded)
+    inputs, labels, references = _checks_of(run, onnx_path, samples, loaded)
     kernels = loaded.kernels if loaded is not None else None
+    if int8:  # the int8 model is checked against its own quantized reference, not PyTorch's
+        references = []
 
     from converters.batch import convert_batched
     from converters.errors import ConversionMismatchError
@@ -326,12 +385,15 @@ def convert_run(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float),
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
         trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
+        float_layers=float_layers, calibration=_calibration(calibration_samples), io=io,
+        max_accuracy_drop=max_accuracy_drop,
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
     try:
         result = convert(
             onnx_path, output, target=target, inputs=inputs, options=options,
             write_float_tflite=float_output if fmt == "tflite" else None, references=references,
+            labels=labels,
         )  # fmt: skip
     except ConversionMismatchError as error:
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
@@ -339,8 +401,11 @@ def convert_run(
         files.remove([refusal])
     copy = None
     if batched_copy is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
+        if int8:  # the same int8 model: the batch-1 conversion's ranges, not calibrated again
+            options = replace(options, int8_points=result.int8["tensor_points"])
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
+    report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
     if report.trusted_twin is not None:  # never silent, whatever the output format
@@ -352,7 +417,7 @@ def convert_run(
             source = os.path.relpath(onnx_path, written.parent)
             provenance.record(written.parent, written.name, [source])
     if run is not None:
-        report.save(run.root / "convert.json")
+        report.save(run.root / report_name)
     return report
 
 
@@ -368,15 +433,36 @@ def _model_of(run: RunDir | None) -> LoadedModel | None:
 
 def _checks_of(
     run: RunDir | None, onnx_path: Path, samples: int | None, loaded: LoadedModel | None
-) -> tuple[np.ndarray | None, list[Reference]]:
-    """The gate's inputs (a run's samples; None for an ONNX file: the converter draws random
-    ones) and the references besides ONNX Runtime (PyTorch, for a run)."""
+) -> tuple[np.ndarray | None, np.ndarray | None, list[Reference]]:
+    """The gate's inputs and their labels (a run's samples; None for an ONNX file: the
+    converter draws random inputs) and the references besides ONNX Runtime (PyTorch, for a
+    run)."""
     if run is None:
-        return None, []
-    inputs, _labels = load_samples(run, samples)
+        return None, None, []
+    inputs, labels = load_samples(run, samples)
     if loaded is None:
-        return inputs, []
-    return inputs, [torch_reference(loaded.model, onnx_path)]
+        return inputs, labels, []
+    return inputs, labels, [torch_reference(loaded.model, onnx_path)]
+
+
+def _calibration(path: str | Path | None) -> np.ndarray | None:
+    """The inputs of a calibration samples file (`--calibration-samples`), None without one;
+    CheckpointError (one line) for a file that is not a samples archive."""
+    if path is None:
+        return None
+    from bnnexport.run.samples import read_samples_file
+
+    inputs, _labels = read_samples_file(path, hint="--calibration-samples takes an .npz "
+                                        "with an `inputs` array (NCHW float32)")  # fmt: skip
+    return inputs
+
+
+def _recorded_float_layers(path: Path) -> str:
+    """How the run at `path` trained its float layers ("int8": quantization-aware, its
+    model.onnx carries the ranges), else "float32" (an ONNX file, an older run)."""
+    from bnnexport.run.checkpoint import recorded_float_layers
+
+    return recorded_float_layers(path) if path.is_dir() else "float32"
 
 
 def binary_layer_count(kernels: BinaryKernels | None) -> int:
@@ -411,29 +497,52 @@ def _batched_copy(
 
 
 def convert_batched_copy(
-    run_dir: str | Path, target: str, batch: int, progress: bool | None = None
+    run_dir: str | Path, target: str, batch: int, progress: bool | None = None, int8: bool = False
 ) -> Path:
     """Convert only RUN_DIR's batch-`batch` copy (model-TARGET-bN.tflite), through the same gate
-    as `convert --batched-copy`: what `bench --device` needs for accuracy on the device. Returns
-    its path; FidelityError (exit 1) when the gate refuses it."""
+    as `convert --batched-copy`: what `bench --device` needs for accuracy on the device. With
+    `int8`, the int8 flatbuffer's (model-TARGET-int8-bN.tflite), quantized with the ranges its
+    convert-int8.json records. Returns its path; FidelityError (exit 1) when the gate refuses
+    it."""
     from converters.batch import batched_path
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions
 
     run = RunDir(run_dir)
-    onnx_path, output, _float, _run = _locate(run.root, target, 1)
+    onnx_path, output, _float, _run = _locate(run.root, target, 1, int8=int8)
     provenance.require_current(run.root, "model.onnx", f": run `bnnexport export {run.root}`")
     copy = batched_path(output, batch)
     files.require_replaceable(copy)
     loaded = _model_of(run)
-    inputs, references = _checks_of(run, onnx_path, None, loaded)
+    inputs, _labels, references = _checks_of(run, onnx_path, None, loaded)
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress),
         expected_binary_layers=binary_layer_count(loaded.kernels if loaded else None),
     )  # fmt: skip
+    if int8:  # the same int8 model as the batch-1 flatbuffer
+        recorded = _int8_record(run, output)
+        options = replace(options, float_layers="int8", max_accuracy_drop=None,
+                          int8_points=recorded["tensor_points"], io=recorded["io"])  # fmt: skip
+        references = []
     _batched_copy(onnx_path, output, batch, target, inputs, options, references)
     provenance.record(run.root, copy.name, ["model.onnx"])
     return copy
+
+
+def _int8_record(run: RunDir, flatbuffer: Path) -> dict[str, Any]:
+    """The `int8` part of RUN_DIR/convert-int8.json, which made `flatbuffer`; CheckpointError
+    (one line) when it is missing or describes another conversion."""
+    import json
+
+    path = run.root / "convert-int8.json"
+    hint = f": run `bnnexport convert {run.root} --float-layers int8` again"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(f"{path} is missing or unreadable{hint}") from None
+    if Path(str(report.get("output"))).name != flatbuffer.name or not report.get("int8"):
+        raise CheckpointError(f"{path} does not describe {flatbuffer.name}{hint}")
+    return report["int8"]
 
 
 def _outputs(

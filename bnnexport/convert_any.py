@@ -48,6 +48,9 @@ def convert_module(
     allow_float: tuple[str, ...] = (),
     progress: bool | None = None,
     trust_twin: bool = False,
+    float_layers: str = "float32",
+    calibration: Any = None,
+    io: str = "float32",
 ) -> ConvertReport:
     """Convert any PyTorch BNN (`nn.Module`) to an LCE flatbuffer at `out`.
 
@@ -64,6 +67,12 @@ def convert_module(
     its default statistics) cannot be checked on real weights: the error says so, and
     `trust_twin=True` converts it on the strength of the exact-grid twin (`trusted_twin` in
     the report). On any refusal the gate's diagnostics go to OUT-STEM-gate-refusal.json.
+
+    With `float_layers="int8"` the float layers run in int8 (`bnnexport convert --float-layers
+    int8`): calibrated on `calibration` (inputs of `example_input`'s shape, any batch), else on
+    `samples`; the flatbuffer is checked against the same int8 model in ONNX Runtime, and
+    `torch_argmax_agreement` is its agreement with the float module. `io="int8"` gives it int8
+    input and output.
 
     Example:
         >>> import torch, torch.nn as nn
@@ -115,9 +124,12 @@ def convert_module(
             raise gate_refusal(error, refusal, "no flatbuffer written") from None
         trusted = {**error.diagnostics, "inconclusive": str(error)}
     start = time.perf_counter()
+    shape = tuple(example_input.shape)
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps,
         trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
+        float_layers=float_layers, io=io, max_accuracy_drop=None,
+        calibration=None if calibration is None else _module_inputs(calibration, shape),
     )  # fmt: skip
     try:
         result = convert_onnx(onnx_path, out, target=target, inputs=inputs, options=options)
@@ -125,6 +137,7 @@ def convert_module(
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     provenance.record(out.parent, out.name, [onnx_path.name])
     report = ConvertReport.from_result(result, "lce", time.perf_counter() - start)
+    report.float_layers = float_layers
     lce_vs_torch = compare(expected, run_lce(result.output, inputs), RTOL)
     report.torch_argmax_agreement = lce_vs_torch.argmax_agreement
     report.torch_max_abs_diff = lce_vs_torch.max_abs_diff

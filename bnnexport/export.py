@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from bnnexport.errors import ConfigError, ExporterError
+from bnnexport.nn.int8 import for_export
 from bnnexport.run import files, provenance
 from bnnexport.run.checkpoint import open_model
 from bnnexport.run.directory import RunDir
@@ -157,18 +158,27 @@ def onnx_gate(
 ) -> tuple[np.ndarray, GateReport]:
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
     (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
-    from bnnexport.nn.torch_probe import TorchProbe
+    from bnnexport.nn.torch_probe import TorchProbe, activation_quantizers
     from converters.gate import GateOptions, OnnxProbe, Replay, validate
+    from converters.gate.quantized import CachedWitness, activation_points
+    from converters.graph import load_onnx
 
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
     # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
     # land on the other side of a tie than its own witness (QuickNet-Small at 224 did).
-    probe = OnnxProbe(path)
-    candidate = np.stack([probe.run(x)[0] for x in np.asarray(inputs, np.float32)])
+    # A model trained with int8 float layers: the witness also gives its int8 activations, which
+    # the replay imposes in PyTorch (`bnnexport.nn.torch_probe`)
+    int8 = list(activation_points(load_onnx(path))) if activation_quantizers(model) else []
+    probe = OnnxProbe(path, int8)
+    witness = CachedWitness(probe.witness())
+    candidate = np.stack([witness.run(x)[0] for x in np.asarray(inputs, np.float32)])
 
     # the candidate is a reference runtime on the unmodified export: a value PyTorch and ONNX
     # Runtime split on, however often it recurs, is a split between references
-    replay = Replay(lambda: TorchProbe(model, path), probe.witness(), judged=frozenset())
+    imposer = witness.run if int8 else None
+    replay = Replay(
+        lambda: TorchProbe(model, path, imposer), witness.as_witness(), judged=frozenset()
+    )
     names = ("PyTorch", "ONNX Runtime")
     gate = validate(reference, candidate, inputs, GateOptions(rtol=RTOL), names, replay)
     return candidate, gate
@@ -229,7 +239,8 @@ def export_onnx(
     run = RunDir(run_dir).require()
     destination, refusal = _destination(run, out)
     loaded = open_model(run.root)
-    checkpoint, model = loaded.checkpoint, loaded.model
+    # a model trained with int8 float layers: its kernels as constants on their int8 grid
+    checkpoint, model = loaded.checkpoint, for_export(loaded.model)
     _check_binary(run)
     inputs, labels = run_test_samples(checkpoint, samples)
 

@@ -123,9 +123,9 @@ def pipeline(
         if device is not None and needs_batched_copy(device):
             copy = copy_batch(samples, device.batch)
         target = options.target
-        stage(
-            "convert", lambda: convert_run(run_dir, target=target, fmt="tflite", batched_copy=copy)
-        )
+        # a run trained with int8 float layers converts to its int8 flatbuffer alone
+        fmt = "lce" if config.float_layers == "int8" else "tflite"
+        stage("convert", lambda: convert_run(run_dir, target=target, fmt=fmt, batched_copy=copy))
         result = stage("bench", lambda: bench(run_dir, options, device=device))
     return PipelineReport(
         run_dir=str(run_dir),

@@ -2,7 +2,8 @@
 
 Works on any ONNX BNN whose binarization the normalising front end (`converters.normalize`)
 maps to one of the patterns in `converters.patterns` and whose binary kernels are ±1 (or ±1
-times a per-channel scale) once constants are folded. Never imports bnnexport;
+times a per-channel scale) once constants are folded; with `ConvertOptions(float_layers=
+"int8")` its float layers run in int8 (`converters.quantize`). Never imports bnnexport;
 TensorFlow and LCE are imported only inside the functions that need them.
 
 Example:

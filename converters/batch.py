@@ -57,7 +57,7 @@ class BatchedResult:
     @classmethod
     def of(cls, result: ConversionResult) -> BatchedResult:
         """The summary of the copy's conversion (`convert_batched`'s result)."""
-        gate = result.gate("ONNX Runtime")
+        gate = result.gate("ONNX Runtime") or result.gate("ONNX Runtime int8", "LCE int8")
         return cls(
             output=str(result.output),
             batch=result.batch,
@@ -224,6 +224,7 @@ def convert_batched(
     options: ConvertOptions | None = None,
     references: Sequence[Reference] = (),
     write_float_tflite: str | Path | None = None,
+    labels: np.ndarray | None = None,
 ) -> ConversionResult:
     """Convert `onnx_path` at batch `batch` into the flatbuffer `output`: its copy at batch N
     (`rebatch_onnx`, checked with ONNX Runtime) through the whole gate, options and references
@@ -240,4 +241,5 @@ def convert_batched(
             options=options or ConvertOptions(),
             references=references,
             write_float_tflite=write_float_tflite,
+            labels=labels,
         )

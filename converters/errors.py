@@ -104,3 +104,8 @@ class ZeroSignError(ConverterError):
     the flatbuffer could differ from the model there."""
 
     exit_code = 1
+
+
+class AccuracyDropError(ConversionMismatchError):
+    """An int8 model that loses more top-1 accuracy against its float model than allowed
+    (`ConvertOptions.max_accuracy_drop`): a check on the model, like the gate's."""

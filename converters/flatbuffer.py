@@ -1,7 +1,7 @@
 """A minimal TFLite flatbuffer reader: the operators a model holds, and its signature's outputs.
 
-Enough of the schema to list operators (LCE's custom ops by name, e.g. `LceBconv2d`), without
-importing TensorFlow.
+Enough of the schema to list operators (LCE's custom ops by name, e.g. `LceBconv2d`) with their
+tensors' names, shapes and element types, without importing TensorFlow.
 
 Example:
     >>> from converters.flatbuffer import op_histogram
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import struct
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from converters.errors import InvalidModelError
@@ -84,6 +84,11 @@ def _op_codes(buf: bytes, model: tuple[int, list[int]]) -> list[str]:
     return codes
 
 
+# TFLite's TensorType enum (schema.fbs), the values a tensor's `type` field holds
+TENSOR_TYPES = {0: "FLOAT32", 1: "FLOAT16", 2: "INT32", 3: "UINT8", 4: "INT64", 5: "STRING",
+                6: "BOOL", 7: "INT16", 8: "COMPLEX64", 9: "INT8", 10: "FLOAT64"}  # fmt: skip
+
+
 @dataclass
 class FlatOp:
     """One operator of a flatbuffer's main subgraph: its index in the execution plan (the
@@ -95,6 +100,9 @@ class FlatOp:
     outputs: list[str]
     input_shapes: list[list[int]]
     output_shapes: list[list[int]]
+    # each tensor's element type by schema name (FLOAT32, INT8, INT32, ...; "" when left out)
+    input_types: list[str] = field(default_factory=list)
+    output_types: list[str] = field(default_factory=list)
 
 
 def _int_vector(buf: bytes, at: int | None) -> tuple[int, ...]:
@@ -122,6 +130,12 @@ def flatbuffer_ops(flatbuffer_bytes: bytes | str | Path) -> list[FlatOp]:
         def shape(index: int) -> list[int]:
             return list(_int_vector(buf, _field(buf, tensors[index], 0))) if index >= 0 else []
 
+        def dtype(index: int) -> str:
+            if index < 0:
+                return ""
+            at = _field(buf, tensors[index], 1)  # absent: the schema's default, FLOAT32
+            return TENSOR_TYPES.get(struct.unpack_from("<b", buf, at)[0] if at else 0, "?")
+
         ops = []
         operators = _field(buf, subgraph, 3)
         for k, op_at in enumerate(_vector(buf, operators) if operators else []):
@@ -137,6 +151,8 @@ def flatbuffer_ops(flatbuffer_bytes: bytes | str | Path) -> list[FlatOp]:
                     [name(i) for i in outs],
                     [shape(i) for i in ins],
                     [shape(i) for i in outs],
+                    [dtype(i) for i in ins],
+                    [dtype(i) for i in outs],
                 )  # fmt: skip
             )
     except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:

@@ -50,12 +50,13 @@ LARGE_CONSTANT = 4096
 # what a reader folds (`OnnxGraph.folded`): the ops of the constant subgraphs exporters leave
 # (shape chains, layouts of stored weights, constant masks and fills), by the same folder as
 # the normaliser's `fold-constants`. Other computations on weights (XNOR-Net's ReduceMean of
-# |w|) are that pass's to fold: with it disabled, the translator names them.
+# |w|) are that pass's to fold: with it disabled, the translator names them. A
+# DequantizeLinear of a constant is an int8 model's kernel or bias (`converters.quantize`).
 READER_FOLDS = (
     "Constant", "Shape", "Identity", "Cast", "ConstantOfShape", "Concat", "Reshape", "Transpose",
     "Slice", "Unsqueeze", "Squeeze", "Gather", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sign",
     "Equal", "Less", "Greater", "GreaterOrEqual", "LessOrEqual", "Not", "Where", "Expand",
-    "Range",
+    "Range", "DequantizeLinear",
 )  # fmt: skip
 # ops whose value is not a function of their inputs: never folded
 NEVER_FOLD = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from converters.errors import ConverterError
 from converters.flatbuffer import op_histogram
@@ -50,9 +51,11 @@ from converters.gate.fallbacks import (
     refuse_unknown_layers,
     unrecognised_layers,
 )
+from converters.gate.quantized import check_int8
 from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
+from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
 from converters.runtimes import lce_kernel_settings
 from converters.translate import first_unsupported, translate
 
@@ -90,6 +93,8 @@ class ConversionResult:
     # what LCE's interpreter must be told to run the flatbuffer besides its defaults (empty:
     # an app's default interpreter runs it; `converters.runtimes.lce_kernel_settings`)
     lce_settings: dict[str, bool] = field(default_factory=dict)
+    # with float_layers "int8": `converters.int8_result.Int8Result.to_json()`
+    int8: dict | None = None
 
     def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
         """The gate report comparing `candidate` with `reference`, if that check ran."""
@@ -141,6 +146,19 @@ class ConvertOptions:
     expected_binary_layers: int = 0
     # called with a short line as each step starts (a progress display); None: silent
     on_step: Callable[[str], None] | None = None
+    # "int8": the float layers run in int8, calibrated on `calibration` (default: the check
+    # samples) unless the model carries its own ranges; the gate then compares with the int8
+    # model in ONNX Runtime (`converters.quantize`, `converters.gate.quantized`)
+    float_layers: str = "float32"
+    calibration: np.ndarray | None = field(default=None, compare=False)
+    # int8: the activation points to use (`QuantizeReport.tensor_points` of another
+    # conversion of the same model: a batch-N copy takes the batch-1 model's)
+    int8_points: dict[str, dict] | None = field(default=None, compare=False)
+    # int8: refuse a model whose top-1 on labelled samples is more than this many points
+    # below the float model's (None: no limit)
+    max_accuracy_drop: float | None = 1.0
+    # int8: the flatbuffer's input and output types ("int8": no QUANTIZE / DEQUANTIZE at the ends)
+    io: str = "float32"
 
     def step(self, line: str) -> None:
         """Report that the step `line` starts (to `on_step`, when there is one)."""
@@ -156,6 +174,7 @@ def convert_onnx(
     inputs: np.ndarray | None = None,
     options: ConvertOptions = ConvertOptions(),
     references: Sequence[Reference] = (),
+    labels: np.ndarray | None = None,
 ) -> ConversionResult:
     """Convert an ONNX BNN to an LCE flatbuffer, kept only when the gate passes (module doc).
 
@@ -167,8 +186,12 @@ def convert_onnx(
             check it; it is always built in memory, for its size.
         inputs: NCHW float32 samples for the gate; random normal ones when None. The float
             TFLite model, a side product, is checked on the first 100 of them.
-        options: the gate's thresholds, allowed float layers, the twin check.
-        references: models besides ONNX Runtime the flatbuffer must match (PyTorch).
+        options: the gate's thresholds, allowed float layers, the twin check; with
+            `float_layers` "int8" the int8 conversion (`_int8_check`).
+        references: models besides ONNX Runtime the flatbuffer must match (PyTorch; with
+            int8, none: the int8 model is checked against its own quantized reference).
+        labels: class indices of `inputs` (-1 for none), for an int8 model's top-1 against
+            the float model's.
 
     Raises:
         InvalidModelError, UnsupportedOpError (exit 2); ConversionMismatchError,
@@ -176,6 +199,7 @@ def convert_onnx(
     """
     if target not in TARGETS:
         raise ConverterError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    _check_int8_options(options, write_float_tflite)
     start = time.perf_counter()
     onnx_path, output_path = Path(onnx_path), Path(output_path)
     options.step(f"normalise {onnx_path.name}")
@@ -200,8 +224,15 @@ def convert_onnx(
     reference = runnable_reference(original)
     del original
     reference_path = onnx_path if reference is None else reference.SerializeToString()
+    is_random = inputs is None
+    if inputs is None:
+        inputs = random_inputs(_input_shape(model))
+    quantized = _quantized(model, inputs, options)
     options.step("translate to TensorFlow, run the LCE and TFLite converters")
-    translated = translate(model, float_model=True)
+    if quantized is not None:
+        translated = translate(quantized.model, float_model=False, int8_io=options.io == "int8")
+    else:
+        translated = translate(model, float_model=True)
     float_bytes = len(translated.float_flatbuffer or b"")
     if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
         translated.float_flatbuffer = b""
@@ -212,14 +243,16 @@ def convert_onnx(
         fallback_reasons(lookalikes, binary, translated.info.binary_emitted, histogram),
         options.allow_float,
     )
-    is_random = inputs is None
-    if inputs is None:
-        inputs = random_inputs(translated.info.input_shapes[0])
-    checked = check_conversion(
-        onnx_path=reference_path, model=model, translated=translated, inputs=inputs,
-        references=references, options=options, zero_sensitive=normalized.zero_sensitive,
-        check_float=write_float_tflite is not None,
-    )  # fmt: skip
+    int8 = None
+    if quantized is None:
+        checked = check_conversion(
+            onnx_path=reference_path, model=model, translated=translated, inputs=inputs,
+            references=references, options=options, zero_sensitive=normalized.zero_sensitive,
+            check_float=write_float_tflite is not None,
+        )  # fmt: skip
+    else:
+        checked, int8 = check_int8(quantized, translated, inputs, labels, options)
+        flatbuffer = translated.int8_io_flatbuffer or flatbuffer
     gates = checked.gates
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
@@ -244,7 +277,47 @@ def convert_onnx(
         normalized=normalized,
         trusted_twin=checked.trusted_twin,
         lce_settings=kernels.flags,
+        int8=int8,
     )
+
+
+def _check_int8_options(options: ConvertOptions, write_float_tflite: object) -> None:
+    """ConverterError (exit 2) for int8 settings that cannot apply."""
+    if options.float_layers not in FLOAT_LAYERS:
+        raise ConverterError(
+            f"unknown float layer precision {options.float_layers!r}; choose one of "
+            f"{', '.join(FLOAT_LAYERS)}"
+        )
+    if options.io not in FLOAT_LAYERS:
+        raise ConverterError(f"unknown io type {options.io!r}; choose one of float32, int8")
+    if options.float_layers == "float32" and options.io == "int8":
+        raise ConverterError("int8 input and output need the float layers in int8")
+    if options.float_layers == "int8" and write_float_tflite is not None:
+        raise ConverterError("the float TFLite model is not written for an int8 conversion")
+
+
+def _input_shape(model: onnx.ModelProto) -> list[int]:
+    """The static shape of a normalised model's first input (its batch fixed)."""
+    first = OnnxGraph(model).inputs[0]
+    return [max(d.dim_value, 1) for d in first.type.tensor_type.shape.dim]
+
+
+def _quantized(model: onnx.ModelProto, inputs: np.ndarray, options: ConvertOptions):  # noqa: ANN202
+    """The int8 model of `model` (`converters.quantize.Quantized`), calibrated on
+    `options.calibration` or else `inputs`; None for float layers in float32."""
+    if options.float_layers != "int8":
+        if any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+            raise ConverterError(
+                "the model carries int8 ranges (QuantizeLinear -> DequantizeLinear, e.g. from "
+                "quantization-aware training): convert its float layers in int8 "
+                "(--float-layers int8)"
+            )
+        return None
+    calibration = options.calibration if options.calibration is not None else inputs
+    given = {t: QuantPoint(**p) for t, p in (options.int8_points or {}).items()}
+    source = "given" if given else f"from {len(calibration)} samples"
+    options.step(f"int8: quantize the float layers (ranges {source})")
+    return quantize(model, calibration, given)
 
 
 def _write_all(

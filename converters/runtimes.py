@@ -360,17 +360,27 @@ class LceModel(RuntimeModel):
     def __init__(self, interpreter: LceInterpreter) -> None:
         self.interpreter = interpreter
         self.predict = lce_batch_predict(interpreter)  # one call, without predict()'s loop
+        # a flatbuffer converted with int8 input and output (`convert --io int8`) takes and
+        # gives int8: `run` and `run_one` quantize float inputs and dequantize outputs with
+        # its own scales and zero points (docs/LCE_NOTES.md "int8 around binary layers")
+        self.int8_io = np.dtype(interpreter.input_types[0]) == np.int8
         super().__init__(list(interpreter.input_shapes[0]), "the LCE flatbuffer")
 
     def run(self, inputs: np.ndarray) -> np.ndarray:
         check_input_shape(self.input_shape, np.asarray(inputs), self.label)
-        if self.batch == 1:  # LCE's own predict: one sample at a time (docs/LCE_NOTES.md)
+        if self.batch == 1 and not self.int8_io:  # LCE's predict: a sample at a time
             x = np.ascontiguousarray(inputs, dtype=np.float32)
             return np.asarray(self.interpreter.predict(x))
         return _batched(self.run_one, inputs, self.batch)
 
     def run_one(self, x: np.ndarray) -> np.ndarray:
-        return self.predict([x])[0]
+        if not self.int8_io:
+            return self.predict([x])[0]
+        scale, zero = self.interpreter.input_scales[0], self.interpreter.input_zero_points[0]
+        q = np.clip(np.rint(np.asarray(x, np.float64) / scale) + zero, -128, 127)
+        y = self.predict([q.astype(np.int8)])[0]
+        scale, zero = self.interpreter.output_scales[0], self.interpreter.output_zero_points[0]
+        return ((y.astype(np.float32) - np.float32(zero)) * np.float32(scale)).astype(np.float32)
 
 
 RUNTIMES = ("onnxruntime", "tflite", "lce")

@@ -2,7 +2,8 @@
 
 On the host, on the same test samples (`RUN_DIR/samples.npz`) and in one call: PyTorch, ONNX
 Runtime, the float TFLite model and the LCE flatbuffer (LCE's interpreter with indirect BGEMM,
-docs/LCE_NOTES.md "Running flatbuffers"), timed by `bnnexport.bench.host`. With a `DeviceTarget`
+docs/LCE_NOTES.md "Running flatbuffers"), and beside it the int8 one when the run has it
+(`lce-int8`, `convert --float-layers int8`), timed by `bnnexport.bench.host`. With a `DeviceTarget`
 the LCE flatbuffer also runs on that device over SSH, through a device runner picked by name from
 `deploy.runners`; `bnnexport.bench.device` makes its rows. Latency is batch 1 after warm-up; all
 times are milliseconds.
@@ -33,6 +34,7 @@ from bnnexport.bench.device import (
 )
 from bnnexport.bench.host import (
     CONVERT_HINT,
+    INT8,
     host_backends,
     host_identity,
     measure_host,
@@ -40,6 +42,7 @@ from bnnexport.bench.host import (
     usable_backends,
 )
 from bnnexport.bench.options import BenchOptions, DeviceTarget
+from bnnexport.bench.profile import profile_change
 from bnnexport.bench.scoring import BackendResult
 from bnnexport.errors import DataError
 from bnnexport.run import files, provenance
@@ -69,6 +72,9 @@ class BenchReport(Report):
     profile: dict[str, Any] | None = None
     # the binary weights of the run's record (None: a model file benched on its own)
     binary_parameters: int | None = None
+    # with `DeviceTarget.profile` and an int8 flatbuffer: its profile, and per layer the change
+    # from the float flatbuffer's (`change`, bnnexport.bench.profile.profile_change)
+    int8_profile: dict[str, Any] | None = None
 
     def to_table(self) -> str:
         """One line per backend: accuracy, agreement, latency, size."""
@@ -120,6 +126,8 @@ class BenchReport(Report):
             footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
         if self.profile is not None:
             footer.append(self.profile["summary"])
+        if self.int8_profile is not None:
+            footer.append(self.int8_profile["change"]["summary"])
         for name, why in self.skipped.items():
             footer.append(f"skipped {name}: {why}")
         if self.report_md:
@@ -139,11 +147,13 @@ def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
         )
 
 
-def _connect(device: DeviceTarget, run: RunDir, target: str) -> Connected:
-    """The flatbuffer checked current and the device reached, before any host benchmark."""
+def _connect(device: DeviceTarget, run: RunDir, target: str, int8_only: bool) -> Connected:
+    """The flatbuffer checked current and the device reached, before any host benchmark: the
+    float one, or the int8 one of a run that has no other (trained with int8 float layers)."""
     from bnnexport.run.provenance import require_current
 
-    flatbuffer = require(run.flatbuffer(target), CONVERT_HINT.format(run=run.root, target=target))
+    hint = CONVERT_HINT.format(run=run.root, target=target)
+    flatbuffer = require(run.flatbuffer(target, int8=int8_only), hint)
     require_current(run.root, flatbuffer.name, f": run `bnnexport convert {run.root}` again")
     return connect(device, flatbuffer)
 
@@ -175,23 +185,40 @@ def bench(
     target, threads = options.target, options.threads
     inputs, labels = load_samples(run, options.samples)
     _require_input_shape(run, inputs)
-    connected = _connect(device, run, target) if device is not None else None
-    if device is not None and connected is not None and connected.runner.batched_copy:
-        ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
+    int8 = run.flatbuffer(target, int8=True) if any(b[0] == INT8 for b in backends) else None
+    int8_only = int8 is not None and not run.flatbuffer(target).is_file()
+    connected = _connect(device, run, target, int8_only) if device is not None else None
+    if device is not None and connected is not None and connected.runner.batched_copy:
+        if not int8_only:
+            ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
+        if int8 is not None:
+            ensure_batched_copy(run.root, target, len(inputs), device.batch, progress, int8=True)
     # PyTorch comes first: the reference for every other backend
     results, host_outputs = measure_host(backends, inputs, labels, options, progress, run.samples)
     reference = host_outputs[results[0].name]
     identity = raw = None
     if device is not None and connected is not None:
         scoring = Scoring(inputs, labels, reference, host_outputs.get("lce"))
-        rows, raw = device_rows(connected, device, options, scoring, run.root)
+        rows, raw = [], None
+        if not int8_only:
+            rows, raw = device_rows(connected, device, options, scoring)
         results.extend(rows)
+        if int8 is not None:  # the int8 flatbuffer beside the float one
+            on_int8 = dataclasses.replace(connected, flatbuffer=int8)
+            scoring = dataclasses.replace(scoring, host_lce=host_outputs.get(INT8))
+            rows, more = device_rows(on_int8, device, options, scoring, INT8)
+            results.extend(rows)
+            raw = "\n".join(log for log in (raw, more) if log) or None
         results.extend(scaling_rows(connected, device, options, scoring))
         identity = connected.identity
-    profile = None
+    profile = int8_profile = None
     if device is not None and device.profile and connected is not None:
-        profile = device_profile(results, connected.flatbuffer, run.onnx)
+        name = INT8 if int8_only else "lce"
+        profile = device_profile(results, connected.flatbuffer, run.onnx, name)
+        if int8 is not None and not int8_only:
+            int8_profile = device_profile(results, int8, run.onnx, INT8)
+            int8_profile["change"] = profile_change(profile, int8_profile)
     report = BenchReport(
         run_dir=str(run.root),
         samples=len(inputs),
@@ -204,6 +231,7 @@ def bench(
         files=_file_sizes(run, target),
         skipped=skipped,
         profile=profile,
+        int8_profile=int8_profile,
         binary_parameters=open_model(run.root).kernels.parameters,
     )
     logs = []
@@ -244,5 +272,6 @@ def _file_sizes(run: RunDir, target: str) -> dict[str, int]:
         "model.onnx",
         "model-float.tflite",
         run.flatbuffer(target).name,
+        run.flatbuffer(target, int8=True).name,
     ]
     return {n: (run.root / n).stat().st_size for n in names if (run.root / n).is_file()}

@@ -7,7 +7,9 @@ A runner whose outputs need a batched copy (`lce_benchmark_model`) gets the batc
 (`model-arm64-bN.tflite`, written by `bnnexport convert RUN_DIR --batched-copy N`) and runs all
 samples in N-sample chunks; N is `min(batch, samples)`, 64 by default. The device's outputs are
 scored against PyTorch (row `lce`) and, when they came from the batched copy, against the host's
-LCE interpreter on the same flatbuffer family (row `lce vs host lce`). Without the copy, or with
+LCE interpreter on the same flatbuffer family (row `lce vs host lce`); a run's int8 flatbuffer
+(`model-arm64-int8.tflite`, with its own batched copy) gets the rows `lce-int8` and
+`lce-int8 vs host lce-int8` the same way. Without the copy, or with
 a binary that has no `--output_filepath`, the device row has latency only and a one-line note
 says why.
 
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
     from deploy.runners import DeviceRunner, Measurement, RunSettings, Samples
 
 DEFAULT_BATCH = 64
-VERSUS_HOST = "lce vs host lce"
 FILE_NOTE = "latency only: accuracy on the device needs a run's batched copy (batch N)"
 
 
@@ -139,18 +140,19 @@ def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], DeviceRunne
 
 
 def ensure_batched_copy(
-    run_dir: Path, target: str, samples: int, batch: int, progress: bool
+    run_dir: Path, target: str, samples: int, batch: int, progress: bool, int8: bool = False
 ) -> None:
     """Convert the batched copy (batch N) that accuracy on the device runs, when it is missing
-    or was made from another model.onnx (as `convert --batched-copy N` does)."""
+    or was made from another model.onnx (as `convert --batched-copy N` does); with `int8`, the
+    int8 flatbuffer's (the same int8 model: its conversion's ranges)."""
     from bnnexport.convert import convert_batched_copy
     from bnnexport.run.provenance import stale_reason
 
     batch = copy_batch(samples, batch)
-    copy = batched_path(RunDir(run_dir).flatbuffer(target), batch)
+    copy = batched_path(RunDir(run_dir).flatbuffer(target, int8), batch)
     if copy.is_file() and stale_reason(run_dir, copy.name) is None:
         return
-    convert_batched_copy(run_dir, target, batch, progress=progress)
+    convert_batched_copy(run_dir, target, batch, progress=progress, int8=int8)
 
 
 def _check_copy(copy: Path, inputs: np.ndarray, batch: int) -> None:
@@ -167,7 +169,7 @@ def _check_copy(copy: Path, inputs: np.ndarray, batch: int) -> None:
 
 
 def _samples(
-    runner: DeviceRunner, run_dir: Path, target: str, scoring: Scoring, batch: int
+    runner: DeviceRunner, flatbuffer: Path, scoring: Scoring, batch: int
 ) -> tuple[Samples, str | None]:
     """The samples for the runner, with the batched copy where its outputs need one, and a
     note when that copy is missing."""
@@ -177,11 +179,13 @@ def _samples(
     if not runner.batched_copy:
         return Samples(scoring.inputs, scoring.labels, per_sample), None
     batch = copy_batch(len(scoring.inputs), batch)
-    copy = batched_path(RunDir(run_dir).flatbuffer(target), batch)
+    copy = batched_path(flatbuffer, batch)
     if not copy.is_file():
+        int8 = " --float-layers int8" if flatbuffer.stem.endswith("-int8") else ""
         note = (
             f"no batch-{batch} copy {copy.name}: accuracy not measured on the device, latency "
-            f"only (`bnnexport convert {run_dir} --batched-copy {batch}` writes it)"
+            f"only (`bnnexport convert {flatbuffer.parent} --batched-copy {batch}{int8}` writes "
+            "it)"
         )
         return Samples(scoring.inputs, scoring.labels, per_sample, None, batch), note
     _check_copy(copy, scoring.inputs, batch)
@@ -193,13 +197,13 @@ def device_rows(
     device: DeviceTarget,
     options: BenchOptions,
     scoring: Scoring,
-    run_dir: Path,
+    name: str = "lce",
 ) -> tuple[list[BackendResult], str | None]:
-    """Run the LCE flatbuffer of `run_dir` on the device: its `lce` row (and `lce vs host lce`
-    when the outputs came from the batched copy), and what the device printed (None: nothing
-    to keep)."""
+    """Run `connected.flatbuffer` on the device: its row `name` (and `NAME vs host NAME` when
+    the outputs came from the batched copy, which sits beside it), and what the device printed
+    (None: nothing to keep)."""
     runner, where = connected.runner, connected.client.destination
-    samples, note = _samples(runner, run_dir, options.target, scoring, device.batch)
+    samples, note = _samples(runner, connected.flatbuffer, scoring, device.batch)
     settings = run_settings(device, options, lce=connected.lce_settings)
     measured = runner.measure(connected.client, connected.flatbuffer, settings, samples)
     measured.extra["lce_settings"] = connected.lce_settings
@@ -208,13 +212,13 @@ def device_rows(
         measured.extra["note"] = note
     labels, outputs = scoring.labels, measured.outputs
     rows = [
-        score("lce", where, connected.flatbuffer, outputs, labels, scoring.reference,
+        score(name, where, connected.flatbuffer, outputs, labels, scoring.reference,
               measured.latency, measured.extra)
     ]  # fmt: skip
     if outputs is not None and scoring.host_lce is not None and samples.copy is not None:
-        versus = {"reference": "host lce"}
-        rows.append(score(VERSUS_HOST, where, samples.copy, outputs, labels, scoring.host_lce,
-                          {}, versus))  # fmt: skip
+        versus = {"reference": f"host {name}"}
+        rows.append(score(f"{name} vs host {name}", where, samples.copy, outputs, labels,
+                          scoring.host_lce, {}, versus))  # fmt: skip
     if note:
         print(f"bnnexport: note: {note}", file=sys.stderr)
     return rows, measured.raw
@@ -278,15 +282,15 @@ def file_device_rows(
 
 
 def device_profile(
-    rows: list[BackendResult], flatbuffer: Path, onnx_path: Path | None
+    rows: list[BackendResult], flatbuffer: Path, onnx_path: Path | None, name: str = "lce"
 ) -> dict[str, Any]:
-    """The op profile of the device's batch-1 latency run (the `lce` row: same runs and
+    """The op profile of the device's batch-1 latency run (the row `name`: same runs and
     threads), by PyTorch layer (`bnnexport.bench.profile`), as JSON. A missing or unreadable profile
     is a note in it (and on stderr), never an error: the latency rows stand without it."""
     from bnnexport.bench.profile import DeviceProfile, profile_by_layer
     from converters.errors import ConverterError
 
-    row = next((r for r in rows if r.name == "lce" and r.where != "host"), None)
+    row = next((r for r in rows if r.name == name and r.where != "host"), None)
     ops = row.extra.get("ops") if row is not None else None
     threads = row.extra.get("threads") if row is not None else None
     profile = DeviceProfile([], 0.0, threads)

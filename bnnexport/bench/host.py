@@ -58,12 +58,19 @@ def host_backends(run: RunDir, target: str, threads: int) -> list[tuple[str, Pat
     """
     run.require()
     float_path, lce_path = run.root / "model-float.tflite", run.flatbuffer(target)
-    return [
+    backends = [
         ("pytorch", run.checkpoint, functools.partial(pytorch_backend, run, threads)),
         ("onnxruntime", run.onnx, functools.partial(onnxruntime_backend, run.onnx, threads)),
         ("tflite-float", float_path, functools.partial(tflite_float_backend, float_path, threads)),
         ("lce", lce_path, functools.partial(lce_backend, lce_path, threads)),
     ]
+    int8_path = run.flatbuffer(target, int8=True)
+    if int8_path.is_file():  # `convert --float-layers int8`: beside the float row
+        backends.append((INT8, int8_path, functools.partial(lce_backend, int8_path, threads)))
+    return backends
+
+
+INT8 = "lce-int8"  # the flatbuffer whose float layers run in int8
 
 
 Factory = tuple[Callable[[np.ndarray], np.ndarray], Callable[[], Any]]
@@ -127,7 +134,15 @@ def usable_backends(
     hints = {"onnxruntime": EXPORT_HINT.format(run=run.root),
              "tflite-float": CONVERT_HINT.format(run=run.root, target=target),
              "lce": CONVERT_HINT.format(run=run.root, target=target).replace(" --format tflite",
-                                                                              "")}  # fmt: skip
+                                                                              ""),
+             INT8: CONVERT_HINT.format(run=run.root, target=target).replace(
+                 " --format tflite", " --float-layers int8")}  # fmt: skip
+    from bnnexport.run.checkpoint import recorded_float_layers
+
+    if recorded_float_layers(run.root) == "int8":  # a QDQ model converts to int8 alone
+        hints["lce"] = hints["tflite-float"] = (
+            "a run trained with --float-layers int8 has its int8 flatbuffer (lce-int8) only"
+        )
     usable, skipped = [], {}
     for name, path, factory in backends:
         if name != "pytorch" and path is not None:

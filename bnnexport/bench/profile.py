@@ -8,6 +8,9 @@ run of consecutive delegated ops). The tensor names are cut, so rows are matched
 `[...]:N` is op N; the delegate rows between two interpreter rows are the delegated ops
 between those two ops, in order. Each op's layer comes from `converters.layer_map`.
 
+`profile_change` sets two profiles side by side, layer by layer: what running the float layers
+in int8 (`convert --float-layers int8`) changed where.
+
 Example:
     >>> from bnnexport.bench.profile import row_node
     >>> row_node("[add_6;mul_3;Conv2D_3;Sign_5;Sign_4;add_5;Const_9;C]:9")
@@ -137,3 +140,30 @@ def profile_by_layer(
         entry.share = entry.ms / total if total > 0 else 0.0
     layers = sorted(by_layer.values(), key=lambda t: t.ms, reverse=True)
     return DeviceProfile(layers, total, notes=notes)
+
+
+def profile_change(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Per source layer, the device's ms in two profiles (`DeviceProfile.to_json()`: the float
+    flatbuffer's `before`, the int8 one's `after`) and their ratio, slowest before first, with
+    a one-line summary: what int8 changed where."""
+    old = {t["layer"]: t for t in before.get("layers", [])}
+    new = {t["layer"]: t for t in after.get("layers", [])}
+    rows = []
+    for layer in sorted(old.keys() | new.keys(), key=lambda n: -old.get(n, {}).get("ms", 0.0)):
+        was, now = old.get(layer, {}).get("ms", 0.0), new.get(layer, {}).get("ms", 0.0)
+        binary = old.get(layer, new.get(layer, {})).get("binary", False)
+        ratio = now / was if was > 0 else None
+        rows.append({"layer": layer, "float_ms": was, "int8_ms": now, "ratio": ratio,
+                     "binary": binary})  # fmt: skip
+    float_before = sum(r["float_ms"] for r in rows if not r["binary"])
+    float_after = sum(r["int8_ms"] for r in rows if not r["binary"])
+    total_before, total_after = before.get("total_ms", 0.0), after.get("total_ms", 0.0)
+    summary = "int8 device profile: no op rows to compare"
+    if total_before > 0 and total_after > 0:
+        summary = (
+            f"int8 device profile: float layers {float_before:.3f} -> {float_after:.3f} ms, "
+            f"binary layers {total_before - float_before:.3f} -> "
+            f"{total_after - float_after:.3f} ms, total {total_before:.3f} -> "
+            f"{total_after:.3f} ms ({total_after / total_before:.2f}x)"
+        )
+    return {"layers": rows, "summary": summary}

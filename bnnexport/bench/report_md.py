@@ -163,6 +163,27 @@ def _profile_section(profile: dict[str, Any] | None, device: dict[str, Any] | No
     return lines
 
 
+def _int8_change_section(int8_profile: dict[str, Any] | None) -> list[str]:
+    """Per PyTorch layer, the device's ms in the float and in the int8 flatbuffer."""
+    if int8_profile is None:
+        return []
+    change = int8_profile["change"]
+    lines = ["", "## What int8 changed, by PyTorch layer", "", change["summary"] + "."]
+    if change["layers"]:
+        lines += [
+            "",
+            "| layer | kind | float ms | int8 ms | int8 / float |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['layer']} | {'binary' if r['binary'] else 'float'} | {r['float_ms']:.3f} | "
+            f"{r['int8_ms']:.3f} | {'-' if r['ratio'] is None else format(r['ratio'], '.2f')} |"
+            for r in change["layers"]
+        ]
+    lines += [f"\nNote: {note}." for note in int8_profile["notes"]]
+    return lines
+
+
 def _latency_bars(timed: list[Any]) -> tuple[list[float], list[list[float]]]:
     """Bar = median (mean where the tool gives no median); whiskers down to min, up to p90."""
     centre = [b.latency_ms.get("median") or b.latency_ms["mean"] for b in timed]
@@ -193,6 +214,7 @@ def render_markdown(report: Any, plots: list[Path], out: Path, curves: bool = Tr
     for backend in report.backends:
         lines += _device_sections(backend)
     lines += _profile_section(getattr(report, "profile", None), report.device)
+    lines += _int8_change_section(getattr(report, "int8_profile", None))
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     found = [n for n in ("accuracy.png", "flip_rate.png") if curves and (out / n).is_file()]

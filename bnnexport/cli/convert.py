@@ -91,6 +91,43 @@ from bnnexport.cli.common import (
     "BatchNorm), convert on the strength of the exact-grid twin alone; the report's "
     "trusted_twin says so. Any other refusal still exits 1.",
 )
+@choice_option(
+    "--float-layers",
+    "float_layers",
+    choices=["float32", "int8"],
+    default=None,
+    help="int8: run the float layers (conv, depthwise, dense) in int8, per output channel for "
+    "kernels and per tensor for activations, every binary layer still an LceBconv2d; written "
+    "to model-TARGET-int8.tflite and convert-int8.json beside the float ones (MODEL-TARGET-"
+    "int8.tflite for an ONNX file), checked against the same int8 model in ONNX Runtime. "
+    "[default: the run's own (int8 after train --float-layers int8), else float32]",
+)
+@click.option(
+    "--calibration-samples",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.npz",
+    help="int8: calibrate the activation ranges on these inputs (an .npz with `inputs`, NCHW "
+    "float32, the model's shape). [default: the run's samples.npz; random inputs for an ONNX "
+    "file; none for a model trained with --float-layers int8, which carries its ranges]",
+)
+@choice_option(
+    "--io",
+    choices=["float32", "int8"],
+    default="float32",
+    help="int8: the flatbuffer's input and output types (int8: no QUANTIZE / DEQUANTIZE at the "
+    "ends; feed it inputs quantized with its input scale and zero point).",
+)
+@click.option(
+    "--max-accuracy-drop",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    metavar="POINTS",
+    help="int8: refuse (exit 1, no flatbuffer kept) a model whose top-1 on the run's labelled "
+    "samples is more than this many percentage points below the float model's; a large value "
+    "(e.g. 100) allows any loss.",
+)
 @json_option
 @handle_errors
 @locks_run("source")
@@ -105,6 +142,10 @@ def convert_command(
     disabled: tuple[str, ...],
     trust_twin: bool,
     out: str | None,
+    float_layers: str | None,
+    calibration_samples: str | None,
+    io: str,
+    max_accuracy_drop: float,
     as_json: bool,
 ) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
@@ -126,6 +167,12 @@ def convert_command(
     tie_samples; an exact 0 in both runtimes never counts, nor does the same value decided
     differently twice); the error line names gate-refusal.json, which says why. An unsupported
     ONNX op exits 2, naming the node and its op type.
+
+    With --float-layers int8 the float layers (stem, shortcut convs, head) run in int8: their
+    activation ranges calibrated on the run's samples (or --calibration-samples), BatchNorm
+    folded, kernels per output channel. The flatbuffer is then checked against the same int8
+    model in ONNX Runtime (each int8 tensor within one quantization step, given the flatbuffer's
+    own int8 tensors before it), and its top-1 against the float model's (--max-accuracy-drop).
 
     Any ONNX file is first normalised: bitorch's, Brevitas' (QONNX BipolarQuant and plain),
     ReActNet/Bi-Real/IR-Net's and tf2onnx's binarizations become one canonical form, weights
@@ -154,5 +201,9 @@ def convert_command(
         trust_twin=trust_twin,
         progress=False if as_json else None,
         out=out,
+        float_layers=float_layers,
+        calibration_samples=calibration_samples,
+        io=io,
+        max_accuracy_drop=max_accuracy_drop,
     )
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

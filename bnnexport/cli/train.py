@@ -24,6 +24,7 @@ from bnnexport.cli.common import (
 from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
+from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.training.composite import OPTIMIZERS
 from bnnexport.training.config import DEFAULT_EPOCHS, TrainConfig, default_out
@@ -74,6 +75,7 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
         device=values["device"], precision="amp" if values["amp"] else values["precision"],
         log_every=values["log_every"], eval_every=values["eval_every"],
         metrics_csv=values["metrics_csv"], sync_batchnorm=not values["per_process_batchnorm"],
+        float_layers=values["float_layers"],
     )  # fmt: skip
     explicit = {name for name in given if name in fields}
     explicit |= {"precision"} if "amp" in given else set()
@@ -278,6 +280,16 @@ def _from_recipe(
     "Bop's state always stay float32.",
 )
 @click.option("--amp", is_flag=True, hidden=True, help="Deprecated spelling of --precision amp.")
+@choice_option(
+    "--float-layers",
+    choices=FLOAT_LAYERS,
+    default=DEFAULTS.float_layers,
+    help="int8: quantization-aware training of the float layers (stem, shortcut convs, head): "
+    "PyTorch's fake quantization on their inputs, outputs and kernels (per output channel), "
+    "the ranges learnt while training; the binary kernels train with Bop as always. export "
+    "writes the ranges into model.onnx and convert runs these layers in int8 "
+    "(model-TARGET-int8.tflite) without calibrating.",
+)
 @click.option(
     "--per-process-batchnorm",
     is_flag=True,
@@ -323,6 +335,7 @@ def train_command(
     precision,
     amp,
     per_process_batchnorm,
+    float_layers,
     recipe,
     as_json,
 ) -> None:

@@ -5,7 +5,10 @@
 - `precision.py`: bf16 arithmetic that is exact on ±1 operands;
 - `discover.py`: which parameters of any `nn.Module` are binary kernels, decided once from one
   forward pass, and the record (`BinaryKernels`) every stage reads;
-- `torch_probe.py`: PyTorch as the conversion gate's sign probe (read and impose binarizations).
+- `int8.py`: quantization-aware training of the float layers (PyTorch's fake quantization on
+  every float conv and dense layer) and the model `export` writes from it;
+- `torch_probe.py`: PyTorch as the conversion gate's sign probe (read and impose binarizations,
+  and a quantization-aware model's int8 activations).
 
 In: an `nn.Module` (bnnexport's or yours). Out: its binary kernels, layers that compute them.
 It may import torch, numpy and `converters.gate` (the probe); never the rest of bnnexport.

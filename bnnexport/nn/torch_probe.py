@@ -7,6 +7,14 @@ activation binarization PyTorch computes is the k-th binarization pattern of the
 graph (the exporter writes nodes in the order the forward pass runs them); calls on a parameter
 (the kernel quantizer of a latent-weight layer) are constants in ONNX and are skipped.
 
+A model trained with int8 float layers (`bnnexport.nn.int8`) also has activation fake
+quantizers: the k-th one PyTorch calls is the k-th `QuantizeLinear -> DequantizeLinear` pair of
+the graph. Given ONNX Runtime's values at those pairs (`int8`, its witness), each run imposes
+them all, after checking each lies within one step of what PyTorch computes from the same
+values before it: two runtimes part there only by rounding (PyTorch multiplies by 1 / scale,
+ONNX Runtime divides, and a conv's float sum lands on either side of a half step), as
+`converters.gate.quantized` rules for an int8 flatbuffer.
+
 Example:
     >>> from bnnexport.nn.torch_probe import TorchProbe
     >>> probe = TorchProbe(model, "runs/demo/model.onnx")              # doctest: +SKIP
@@ -37,9 +45,15 @@ from converters.patterns import binarizations_in
 class TorchProbe:
     """A bnnexport model whose binarizations can be read and imposed (see module doc)."""
 
-    def __init__(self, model: nn.Module, onnx_model: str | Path | onnx.ModelProto):
+    def __init__(
+        self,
+        model: nn.Module,
+        onnx_model: str | Path | onnx.ModelProto,
+        int8: Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]] | None = None,
+    ):
         if not isinstance(onnx_model, onnx.ModelProto):
             onnx_model = load_onnx(onnx_model)
+        self.int8 = Int8Imposer(model, onnx_model, int8) if int8 is not None else None
         graph = OnnxGraph.folded(onnx_model)
         self.calls = [b.source for b in binarizations_in(graph)]  # k-th call -> ONNX source
         self.sources = list(dict.fromkeys(self.calls))
@@ -66,6 +80,8 @@ class TorchProbe:
             return torch.from_numpy(np.ascontiguousarray(signs))[None].to(output.dtype)
 
         handles = [q.register_forward_hook(hook) for q in self.quantizers]
+        if self.int8 is not None:
+            handles += self.int8.hooks(x)
         try:
             with torch.no_grad():
                 logits = self.model(torch.from_numpy(np.asarray(x, np.float32)[None]))
@@ -90,6 +106,78 @@ class TorchProbe:
             return logits, dict(zip(self.sources, values, strict=True))
 
         return Witness(run=run)
+
+
+class Int8Imposer:
+    """Hooks that impose ONNX Runtime's int8 activations on a model's fake quantizers (module
+    doc); FidelityError when the two do not line up, ConversionMismatchError when a value is
+    more than one step from PyTorch's."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        onnx_model: onnx.ModelProto,
+        witness: Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]],
+    ):
+        from converters.gate.quantized import activation_points
+
+        self.points = activation_points(onnx_model)  # graph order: the forward pass's order
+        self.quantizers = activation_quantizers(model)
+        self.witness = witness
+        if len(self.quantizers) != len(self.points):
+            raise FidelityError(
+                f"PyTorch has {len(self.quantizers)} activation fake quantizers where the ONNX "
+                f"model has {len(self.points)} int8 activations: they cannot be matched up"
+            )
+
+    def hooks(self, x: np.ndarray) -> list[torch.utils.hooks.RemovableHandle]:
+        """The hooks imposing ONNX Runtime's values on sample `x`, one call of each quantizer."""
+        theirs = self.witness(x)[1]
+        names, calls = list(self.points), []
+
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            name = names[len(calls) % len(names)]  # the k-th call is the k-th pair
+            calls.append(name)
+            self._check_grid(name, module)
+            value = np.asarray(theirs[name], np.float32).reshape(output.shape[1:])
+            self._check(name, value, output.detach()[0].numpy())
+            return torch.from_numpy(np.ascontiguousarray(value))[None].to(output.dtype)
+
+        return [q.register_forward_hook(hook) for q in self.quantizers]
+
+    def _check_grid(self, name: str, quantizer: nn.Module) -> None:
+        """ConversionMismatchError unless the pair `name` quantizes with the quantizer's own
+        scale and zero point (a coarser grid would pass the one-step rule in its own steps)."""
+        from converters.errors import ConversionMismatchError
+
+        scale, zero = self.points[name][:2]
+        mine = float(quantizer.scale.reshape(-1)[0]), int(quantizer.zero_point.reshape(-1)[0])
+        if not (np.isclose(scale, mine[0], rtol=1e-6, atol=0.0) and zero == mine[1]):
+            raise ConversionMismatchError(
+                f"int8 activation {name!r} has scale {scale:.6g} and zero point {zero} in the "
+                f"ONNX model, {mine[0]:.6g} and {mine[1]} in PyTorch",
+                {"int8_tensor": name, "onnx": [scale, zero], "pytorch": list(mine)},
+            )
+
+    def _check(self, name: str, theirs: np.ndarray, mine: np.ndarray) -> None:
+        from converters.errors import ConversionMismatchError
+        from converters.gate.quantized import STEP_TOL
+
+        scale = self.points[name][0]
+        apart = np.abs(theirs.astype(np.float64) - mine) / scale
+        if apart.max(initial=0.0) > STEP_TOL:
+            at = int(np.argmax(apart))
+            raise ConversionMismatchError(
+                f"int8 activation {name!r} of ONNX Runtime is {apart.reshape(-1)[at]:.3g} steps "
+                f"from PyTorch's at position {at} given the same values before it (at most one "
+                "step is rounding)",
+                {"int8_tensor": name, "position": at, "steps": float(apart.reshape(-1)[at])},
+            )
+
+
+def activation_quantizers(model: nn.Module) -> list[nn.Module]:
+    """The activation fake quantizers of `model` (torch.ao's FakeQuantize), in module order."""
+    return [m for m in model.modules() if hasattr(m, "fake_quant_enabled")]
 
 
 def twin_model(model: nn.Module, twin: onnx.ModelProto) -> nn.Module:

@@ -120,6 +120,16 @@ def _is_onnx(path: Path) -> bool:
     return model.ir_version > 0 and len(model.graph.node) > 0
 
 
+def recorded_float_layers(run_dir: str | os.PathLike) -> str:
+    """How a run trained its float layers: "int8" (quantization-aware, `train --float-layers
+    int8`: the checkpoint's `float_layers`) or "float32" (the default, and any run without a
+    checkpoint)."""
+    run = RunDir(run_dir)
+    if not run.checkpoint.is_file():
+        return "float32"
+    return str(load_checkpoint(run.checkpoint).get("float_layers", "float32"))
+
+
 def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:
     """Rebuild the model a checkpoint describes and load its binary weights (eval mode)."""
     from bnnexport.models import create_model
@@ -129,6 +139,8 @@ def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpo
         model = create_model(checkpoint["model_name"], **kwargs)
     except ValueError as error:
         raise CheckpointError(f"{source}: {error}") from None
+    if checkpoint.get("float_layers", "float32") == "int8":  # trained with fake quantization
+        _prepare_int8(model, checkpoint, source)
     try:
         model.load_state_dict(checkpoint["model"])
     except RuntimeError as error:
@@ -138,6 +150,23 @@ def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpo
             f"{source} does not match model {checkpoint['model_name']!r}: {detail}"
         ) from None
     return model.eval()
+
+
+def _prepare_int8(model: nn.Module, checkpoint: dict[str, Any], source: str | os.PathLike) -> None:
+    """The fake quantization training added to the float layers (`bnnexport.nn.int8`), placed
+    as training placed it: the recorded binary kernels left alone, traced at the input shape."""
+    from bnnexport.nn.int8 import prepare_int8
+
+    shape = checkpoint["model_kwargs"].get("input_shape") or getattr(
+        model, "bnnexport_config", {}
+    ).get("input_shape")
+    record = checkpoint.get("binary_kernels") or {}
+    kernels = record.get("kernels", []) if isinstance(record, dict) else record
+    names = [k["name"] if isinstance(k, dict) else str(k) for k in kernels]
+    if not shape:
+        raise CheckpointError(f"{source}: a model trained with int8 float layers needs its "
+                              "input shape to be rebuilt (model_kwargs input_shape)")  # fmt: skip
+    prepare_int8(model, torch.zeros(1, *[int(v) for v in shape]), names)
 
 
 def binary_record(

@@ -49,9 +49,10 @@ class RunDir:
     samples = property(lambda self: self.root / "samples.npz")
     onnx = property(lambda self: self.root / "model.onnx")
 
-    def flatbuffer(self, target: str = "arm64") -> Path:
-        """The LCE flatbuffer for `target` (arm64 or arm32)."""
-        return self.root / f"model-{target}.tflite"
+    def flatbuffer(self, target: str = "arm64", int8: bool = False) -> Path:
+        """The LCE flatbuffer for `target` (arm64 or arm32); with `int8`, the one whose float
+        layers run in int8 (`convert --float-layers int8`), which sits beside it."""
+        return self.root / f"model-{target}{'-int8' if int8 else ''}.tflite"
 
     def require(self) -> RunDir:
         """Raise CheckpointError unless this is a run directory with a checkpoint."""

@@ -156,11 +156,14 @@ def load_packed_state(path: str | os.PathLike) -> dict[str, Any]:
             if packed.dtype != np.uint8 or packed.size * 8 < int(np.prod(shape)):
                 raise ValueError(f"packed kernel {key} does not hold {shape} bits")
             state[key] = unpack_bits(packed, shape)
+        config = json.loads(metadata.get("config", "{}"))
         return {
             "model_name": metadata["model_name"],
             "model_kwargs": json.loads(metadata["model_kwargs"]),
-            "config": json.loads(metadata.get("config", "{}")),
+            "config": config,
             "model": state,
+            # a run trained with int8 float layers: its model has their fake quantization
+            "float_layers": config.get("float_layers", "float32"),
             **_record(metadata),
         }
     except (KeyError, ValueError) as error:

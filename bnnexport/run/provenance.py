@@ -34,10 +34,13 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "checkpoint.pt": ("verify.json", "model.safetensors", "pack.json", "samples.npz",
                       "model.onnx", "export.json", "bench.json"),
     "model.onnx": ("model-arm64.tflite", "model-arm32.tflite", "model-float.tflite",
-                   "convert.json", "bench.json"),
+                   "model-arm64-int8.tflite", "model-arm32-int8.tflite", "convert.json",
+                   "convert-int8.json", "bench.json"),
     "model-arm64.tflite": ("bench.json",),
     "model-arm32.tflite": ("bench.json",),
     "model-float.tflite": ("bench.json",),
+    "model-arm64-int8.tflite": ("bench.json",),
+    "model-arm32-int8.tflite": ("bench.json",),
 }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import torch
 
 from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
+from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.training.bop import GAMMA, LR, THRESHOLD
 
@@ -77,6 +78,9 @@ class TrainConfig:
     # computed alike in one process and in N (training.distributed.AllReduceBatchNorm);
     # False: torch's own BatchNorm, each process over its own share
     sync_batchnorm: bool = True
+    # "int8": quantization-aware training of the float layers (bnnexport.nn.int8: fake
+    # quantization around every float conv and dense layer), for `convert --float-layers int8`
+    float_layers: str = "float32"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,6 +107,10 @@ def validate_config(config: TrainConfig) -> None:
         raise ConfigError("--log-every and --eval-every must be >= 0 (0: the default)")
     if config.precision not in PRECISIONS:
         raise ConfigError(f"--precision {config.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if config.float_layers not in FLOAT_LAYERS:
+        raise ConfigError(
+            f"--float-layers {config.float_layers!r} is not one of {', '.join(FLOAT_LAYERS)}"
+        )
     if config.batch_size < 1 or (config.epochs is not None and config.epochs < 1):
         raise ConfigError("--batch-size and --epochs must be at least 1")
     try:

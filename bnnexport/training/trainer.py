@@ -28,6 +28,7 @@ from bnnexport.datasets import load_dataset
 from bnnexport.errors import ConfigError, DataError
 from bnnexport.models import create_model
 from bnnexport.nn.discover import BinaryKernels, find_binary_kernels
+from bnnexport.nn.int8 import prepare_int8
 from bnnexport.nn.layers import (
     batch_norms,
     init_latent_weights,
@@ -210,6 +211,9 @@ class Trainer:
             if checkpoint is not None
             else decide_kernels(model, config, tuple(self.data.input_shape))
         )
+        if config.float_layers == "int8" and checkpoint is None:  # (a checkpoint's model has it)
+            example = torch.zeros(1, *self.data.input_shape)
+            prepare_int8(model, example, self.kernels.names)
         self.model = model.to(context.device, memory_format=self.memory_format)
         self.precision = resolve_precision(config.precision, context.device)
         set_precision(self.model, self.precision)
@@ -365,5 +369,8 @@ class Trainer:
                 "epoch": epoch,
                 "step": self.step,
                 "config": config.to_json(),
+                # how the float layers trained: "int8" rebuilds the model with its fake
+                # quantization before the state loads (bnnexport.run.checkpoint.build_model)
+                "float_layers": config.float_layers,
             },
         )

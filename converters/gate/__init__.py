@@ -9,7 +9,10 @@
 - `fallbacks`: no silent float, every layer meant to be binary an `LceBconv2d` or named with
   its reason (`lookalike_layers`, `grouped_refusals`, `unrecognised_layers`, `float_fallbacks`,
   `refuse_fallbacks`);
-- `checks`: the checks a conversion must pass, in order (`check_conversion`).
+- `checks`: the checks a conversion must pass, in order (`check_conversion`);
+- `quantized`: the checks of an int8 conversion (`check_int8`): its float layers int8 ops, the
+  same quantized model as its QDQ reference within one step per int8 tensor (`QuantProbe`),
+  the int8-io copy, the accuracy against the float model.
 
 In: the ONNX model (the original file as the reference, the normalised graph for the witnesses
 and the twin), the translator's flatbuffers (`converters.translate.Translated`), the samples and

@@ -47,6 +47,7 @@ from converters.gate.predicate import (
 from converters.gate.probe import OnnxProbe
 from converters.gate.twin import exact_grid_twin, grid_inputs
 from converters.runtimes import (
+    lce_batch_predict,
     lce_interpreter,
     ort_session,
     run_lce,
@@ -142,14 +143,15 @@ class WitnessModels:
     shipped flatbuffer's own. Built on first use: most conversions meet no tie.
     """
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, float_model: bool = True):
         self.model = model
+        self.float_model = float_model  # False: LCE's witness only (an int8 model's)
         self._flatbuffers: dict[str, bytes] | None = None
         self.sources: list[str] = []
 
     def _convert(self) -> dict[str, bytes]:
         if self._flatbuffers is None:
-            translated = translate(self.model, float_model=True, witness=True)
+            translated = translate(self.model, float_model=self.float_model, witness=True)
             self.sources = translated.info.witness_sources
             self._flatbuffers = {
                 "LCE": translated.flatbuffer, "float TFLite": translated.float_flatbuffer or b""
@@ -176,7 +178,14 @@ def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], di
     if runtime == "LCE":
         order = signature_outputs(flatbuffer)
         interpreter = lce_interpreter(flatbuffer)
-        return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+        batch = int(interpreter.input_shapes[0][0])
+        if batch == 1:
+            return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+        # a batch-N copy (converters.batch): the one sample repeated, its first row kept
+        whole = lce_batch_predict(interpreter)
+        return lambda x: {
+            k: v[:1] for k, v in zip(order, whole([np.repeat(x, batch, axis=0)]), strict=True)
+        }
     runner = tflite_interpreter(flatbuffer).get_signature_runner()
     return lambda x: runner(input_0=x)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,18 @@ class OnnxProbe:
     For each binarization input `x` (non-constant source of a binarization pattern) the graph
     gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
     `x` itself becomes an output. It runs in `converters.runtimes.ort_session`, as `run_onnx` does.
+    `extra` names tensors the witness also gives (by name): a QDQ model's int8 activations, for a
+    reference that imposes them (`bnnexport.nn.torch_probe.TorchProbe`).
     """
 
-    def __init__(self, onnx_path: str | Path | onnx.ModelProto):
+    def __init__(self, onnx_path: str | Path | onnx.ModelProto, extra: Sequence[str] = ()):
         model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
+        own = {o.name for o in model.graph.output}  # an extra tensor among them: the logits
         model, self.sources = _rewired(model)
+        self.logits = [t for t in extra if t in own]
+        self.extra = [t for t in extra if t not in own and t not in self.sources]
+        make_info = onnx.helper.make_tensor_value_info
+        model.graph.output.extend(make_info(t, onnx.TensorProto.FLOAT, None) for t in self.extra)
         self.session = ort_session(model.SerializeToString())
         self.input = self.session.get_inputs()[0]
 
@@ -43,11 +51,13 @@ class OnnxProbe:
         return outputs[0][0], [o[0] for o in outputs[1:]]
 
     def witness(self) -> Witness:
-        """ONNX Runtime as a candidate: its logits and binarization inputs, sign(0) = +1."""
+        """ONNX Runtime as a candidate: its logits and binarization inputs, sign(0) = +1 (and
+        the `extra` tensors)."""
 
         def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
             logits, values = self.run(x)
-            return logits, dict(zip(self.sources, values, strict=True))
+            found = dict(zip([*self.sources, *self.extra], values, strict=True))
+            return logits, {**found, **dict.fromkeys(self.logits, logits)}
 
         return Witness(run=run)
 
@@ -61,31 +71,44 @@ def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     consumers: dict[str, list[str]] = {}
     for found in binarizations_in(graph):
         consumers.setdefault(found.source, []).append(found.nodes[0])
-    sources = list(consumers)  # binarizations_in lists them in graph order
+    return imposable(model, consumers, "tie"), list(consumers)
+
+
+def imposable(
+    model: onnx.ModelProto, readers: Mapping[str, Sequence[str]], prefix: str
+) -> onnx.ModelProto:
+    """A copy of `model` in which, for the k-th tensor `t` of `readers`, the nodes named in
+    `readers[t]` read `Where(PREFIX_mask_k, PREFIX_value_k, t)` (named `t__PREFIX_chosen`)
+    instead of `t`, and `t` is an extra output (after the model's own, in `readers`' order):
+    the probe's way to impose chosen values at chosen tensors. Nodes must be named."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
     position = {node.name: k for k, node in enumerate(model.graph.node)}
     nodes = list(model.graph.node)
     make_info = onnx.helper.make_tensor_value_info
-    for k, source in enumerate(sources):
-        chosen = f"{source}__tie_chosen"
+    for k, (source, names) in enumerate(readers.items()):
+        chosen = f"{source}__{prefix}_chosen"
         for node in nodes:
-            if node.name in consumers[source]:
+            if node.name in names:
                 node.input[:] = [chosen if v == source else v for v in node.input]
         model.graph.input.extend(
             [
-                make_info(f"tie_mask_{k}", onnx.TensorProto.BOOL, None),
-                make_info(f"tie_value_{k}", onnx.TensorProto.FLOAT, None),
+                make_info(f"{prefix}_mask_{k}", onnx.TensorProto.BOOL, None),
+                make_info(f"{prefix}_value_{k}", onnx.TensorProto.FLOAT, None),
             ]
         )
         model.graph.output.append(make_info(source, onnx.TensorProto.FLOAT, None))
     inserts = sorted(
-        ((min(position[n] for n in consumers[s]), k, s) for k, s in enumerate(sources)),
+        ((min(position[n] for n in names), k, s) for k, (s, names) in enumerate(readers.items())),
         reverse=True,
     )
-    for at, k, source in inserts:  # right before the first consumer, so the order stays valid
+    for at, k, source in inserts:  # right before the first reader, so the order stays valid
         where = onnx.helper.make_node(
-            "Where", [f"tie_mask_{k}", f"tie_value_{k}", source], [f"{source}__tie_chosen"]
+            "Where",
+            [f"{prefix}_mask_{k}", f"{prefix}_value_{k}", source],
+            [f"{source}__{prefix}_chosen"],
+            name=f"{source}__{prefix}_chosen",
         )
         nodes.insert(at, where)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    return model, sources
+    return model

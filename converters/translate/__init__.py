@@ -14,6 +14,8 @@ but a temporary SavedModel; checking the result is the gate's (`converters.gate`
   such node with its PyTorch module and the nearest spelling that converts
   (`first_unsupported`);
 - `tf_layers`, `tf_elementwise`: the op handlers (`HANDLERS`), layers and the rest;
+- `tf_quantized`: the int8 handlers (QuantizeLinear/DequantizeLinear as fake quantization,
+  dense layers on int8 inputs as 1x1 convs), for the QDQ models of `converters.quantize`;
 - `tf_ops`: the TensorFlow forms LCE recognises, and what a handler may use of the translator;
 - `values`: a translated tensor (`Value`, its `Layout`) and the affine maps over a binary
   conv's accumulator;

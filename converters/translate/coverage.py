@@ -18,9 +18,9 @@ from converters.errors import UnsupportedOpError
 from converters.graph import OnnxGraph
 from converters.layer_map import TOP, module_path, nearest_module
 from converters.patterns import binarizations_in
-from converters.translate import tf_elementwise, tf_layers
+from converters.translate import tf_elementwise, tf_layers, tf_quantized
 
-HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS}
+HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS, **tf_quantized.HANDLERS}
 # op types that are only supported as part of a binarization pattern
 PATTERN_OPS = ("Sign -> Add -> Sign", "GreaterOrEqual -> Where")
 SUPPORTED = sorted([*HANDLERS, *PATTERN_OPS])

@@ -53,8 +53,9 @@ class Translator:
         self.layers = {m.node_name: m for m in layers if m.binary}
         self.values: dict[str, Value] = {}
         self.binary_emitted: list[str] = []
-        # ONNX source -> the Value its binarizations read (what `build_module(witness=True)`
-        # also outputs, so a runtime's signs can be replayed in ONNX Runtime)
+        # ONNX source -> the Value its binarizations read, and each int8 activation (what
+        # `build_module(witness=True)` also outputs, so a runtime's signs and int8 tensors can
+        # be replayed in ONNX Runtime)
         self.witnessed: dict[str, Value] = {}
         # binarization sources decided by the tie-broken accumulator (`binarized_source`)
         self.exact_sources: dict[str, None] = {}
@@ -208,7 +209,8 @@ class TranslationInfo:
     input_names: list[str]
     input_shapes: list[list[int]]
     output_names: list[str]
-    # with `witness`: the ONNX binarization sources behind outputs witness_000, witness_001, ...
+    # with `witness`: the ONNX binarization sources and int8 activations behind outputs
+    # witness_000, witness_001, ...
     witness_sources: list[str] = field(default_factory=list)
     # the name scope of each translated node, in translation order (converters.layer_map)
     scopes: list[ScopeEntry] = field(default_factory=list)

@@ -64,12 +64,18 @@ class Translated:
     flatbuffer: bytes
     float_flatbuffer: bytes | None
     info: TranslationInfo
+    # with `int8_io`: the same conversion with int8 input and output (no QUANTIZE at the
+    # start, no DEQUANTIZE at the end), for a model whose float layers run in int8
+    int8_io_flatbuffer: bytes | None = None
 
 
-def translate(model: onnx.ModelProto, float_model: bool, witness: bool = False) -> Translated:
+def translate(
+    model: onnx.ModelProto, float_model: bool, witness: bool = False, int8_io: bool = False
+) -> Translated:
     """Translate `model` to a SavedModel (`converters.translate.onnx_to_tf`, with every
-    binarization's input as an extra output when `witness`) and convert it with LCE (target
-    "arm") and, with `float_model`, the stock TFLite converter."""
+    binarization's input and int8 activation as an extra output when `witness`) and convert it
+    with LCE (target "arm"), with `int8_io` also with int8 input and output types, and, with
+    `float_model`, the stock TFLite converter."""
     from converters.translate.onnx_to_tf import save_saved_model
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
@@ -82,8 +88,14 @@ def translate(model: onnx.ModelProto, float_model: bool, witness: bool = False) 
             info = save_saved_model(model, saved, witness=witness)
         with releasing(size):
             flatbuffer = lce.convert_saved_model(saved, target="arm")
+        int8_flatbuffer = None
+        if int8_io:
+            int8 = tf().int8
+            int8_flatbuffer = lce.convert_saved_model(
+                saved, target="arm", inference_input_type=int8, inference_output_type=int8
+            )
         float_flatbuffer = _float_tflite(saved, size) if float_model else None
-    return Translated(flatbuffer, float_flatbuffer, info)
+    return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer)
 
 
 def _float_tflite(saved: str, model_bytes: int) -> bytes:

@@ -130,6 +130,9 @@ class TranslatorView(Protocol):
     """What a handler (`HANDLERS[op](tr, node, inputs) -> Value`) may use of the translator."""
 
     graph: OnnxGraph
+    # ONNX tensor -> its translated Value, output by a witness model (`build_module(witness=
+    # True)`): every binarization's input, and every int8 activation (converters.gate)
+    witnessed: dict[str, Value]
 
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""

@@ -131,6 +131,55 @@ def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, t
     assert arm_device.leftovers() == []
 
 
+@pytest.fixture(scope="module")
+def int8_run(copied_run, tmp_path_factory):
+    """The same run, also converted with its float layers in int8 (with its batch-32 copy)."""
+    from bnnexport.convert import convert_run
+
+    run = tmp_path_factory.mktemp("bench-arm-int8") / "run"
+    shutil.copytree(copied_run, run)
+    convert_run(run, target="arm64", float_layers="int8", batched_copy=BATCH)
+    return run
+
+
+@pytest.mark.slow
+def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
+    int8_run, arm_device, tmp_path
+):
+    binary = _binary(arm_device, tmp_path)
+    result = _bench(int8_run, arm_device, binary, "--device-batch", str(BATCH), "--profile")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    rows = {(b["name"], b["where"] == "host"): b for b in data["backends"]}
+    host, device = rows[("lce-int8", True)], rows[("lce-int8", False)]
+    versus_host = rows[("lce-int8 vs host lce-int8", False)]
+    assert device["extra"]["accuracy_model"] == f"model-arm64-int8-b{BATCH}.tflite"
+    assert device["size_bytes"] < rows[("lce", False)]["size_bytes"]
+    if REAL_BINARY:  # the device computes what the host's LCE computes, int8 included
+        assert device["top1"] == host["top1"] and versus_host["argmax_agreement"] == 1.0
+    else:  # the stand-in computes from the inputs alone: the same outputs, whichever model
+        assert device["top1"] == rows[("lce", False)]["top1"]
+        assert versus_host["top1"] == device["top1"]
+        # what the device row is compared with is the host's int8 flatbuffer, sample by sample
+        from converters.runtimes import run_lce
+
+        with np.load(int8_run / "samples.npz") as samples:
+            inputs = samples["inputs"][:SAMPLES]
+        expected = stand_in_outputs(inputs, 10)
+        host_int8 = run_lce(int8_run / "model-arm64-int8.tflite", inputs)
+        agree = float(np.mean(expected.argmax(1) == host_int8.argmax(1)))
+        assert versus_host["argmax_agreement"] == pytest.approx(agree)
+        assert versus_host["max_abs_diff"] == pytest.approx(
+            np.abs(expected - host_int8).max(), rel=1e-4
+        )
+    change = data["int8_profile"]["change"]
+    assert change["summary"].startswith("int8 device profile: float layers")
+    assert {r["layer"] for r in change["layers"]} >= {"features.0", "classifier.3"}
+    report = (int8_run / "report.md").read_text()
+    assert "## What int8 changed, by PyTorch layer" in report
+    assert arm_device.leftovers() == []
+
+
 # --- grouped binary convs: what LCE's default kernels run ------------------------------------
 
 

@@ -43,6 +43,7 @@ TRAIN_OPTIONS = {
     "metrics_csv": (None, "metrics_csv", True),
     "precision": ("float32", "precision", "float32"),
     "per_process_batchnorm": (None, "sync_batchnorm", False),
+    "float_layers": ("int8", "float_layers", "int8"),
     "recipe": ("paper-cifar10-sweep", "recipe", "paper-cifar10-sweep"),
 }
 # options that are how a command runs or where it writes, not what it trains

@@ -171,3 +171,45 @@ def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples:
         expected = net(torch.from_numpy(x)).numpy()
     versus_torch = compare(expected, run_lce(result.output, x))
     return result, versus_torch
+
+
+class FloatStemBinaryBody(nn.Module):
+    """float 3x3 stem + BatchNorm -> one-padded binary block with max-pool -> binary block ->
+    flatten -> float dense head: every float layer an int8 candidate, the binary layers
+    between them. Takes (N, 3, 8, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.bn0 = trained_bn(nn.BatchNorm2d(32), seed=1)
+        self.a = BinaryBlock(32, 32, padding="one", pool=True)
+        self.b = BinaryBlock(32, 32, padding="one")
+        self.head = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = self.bn0(self.stem(x))
+        return self.head(torch.flatten(self.b(self.a(x)), 1))
+
+
+class BiRealDownsample(nn.Module):
+    """A float stem, a Bi-Real block with an identity shortcut (x + BN(binary conv(sign(x)))),
+    then Bi-Real's downsampling block: BN(binary 3x3/2 conv(sign(x))) plus the float shortcut
+    avg-pool 2x2 -> 1x1 conv -> BN, a global average and a float dense head. The shortcut
+    conv reads the residual stream, which no float layer writes. Takes (N, 3, 8, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.bn0 = trained_bn(nn.BatchNorm2d(32), seed=1)
+        self.same = BinaryBlock(32, 32, padding="one")
+        self.down = binary_conv(32, 64, 3, stride=2, padding=1)
+        self.bn1 = trained_bn(nn.BatchNorm2d(64), seed=2)
+        self.shortcut = nn.Conv2d(32, 64, 1, bias=False)
+        self.bn2 = trained_bn(nn.BatchNorm2d(64), seed=3)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.bn0(self.stem(x))
+        x = x + self.same(x)
+        x = self.bn1(self.down(sign(x))) + self.bn2(self.shortcut(F.avg_pool2d(x, 2)))
+        return self.head(x.mean((2, 3)))

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 from support.converter_nets import (
     BinaryBlock,
+    FloatStemBinaryBody,
     binary_conv,
     binary_linear,
     export,
@@ -30,6 +31,7 @@ from support.converter_nets import (
 import converters.translate.onnx_to_tf as onnx_to_tf
 import converters.translate.tf_elementwise as tf_elementwise
 import converters.translate.tf_layers as tf_layers
+import converters.translate.tf_quantized as tf_quantized
 from converters.errors import ConversionMismatchError
 from converters.translate.values import Layout, Value
 
@@ -236,3 +238,72 @@ def test_the_unmutated_models_convert_exactly(tmp_path, net):
     result = convert_onnx(path, tmp_path / "net.tflite", inputs=grid_inputs(8, SHAPE))
     assert result.lce_bconv2d == result.binary_layers >= 2, result.op_histogram
     assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0
+
+
+# -- the int8 path (converters.quantize, translate.tf_quantized, gate.quantized) ------------
+
+
+def _zero_point_negated(real: Callable) -> Callable:
+    return lambda scale, zero: real(scale, -np.asarray(zero))
+
+
+def _range_a_step_wider(real: Callable) -> Callable:
+    def wider(scale, zero):
+        low, high = real(scale, zero)
+        return low - scale, high  # 257 steps squeezed into 256: another scale
+
+    return wider
+
+
+def _dense_in_stored_column_order(real: Callable) -> Callable:
+    def dense(tr, node, inputs):
+        x = inputs[0]
+        if x is not None and x.layout == Layout.PERMUTED_COLUMNS:
+            x = Value(x.stored, Layout.LOGICAL)
+        return real(tr, node, [x, *inputs[1:]])
+
+    return dense
+
+
+INT8_MUTANTS = {
+    "int8 zero point negated": (tf_quantized, "quantized_range", _zero_point_negated),
+    "int8 range a step wider": (tf_quantized, "quantized_range", _range_a_step_wider),
+    "int8 dense reads stored columns": (onnx_to_tf.HANDLERS, "Gemm", _dense_in_stored_column_order),
+}
+INT8_SHAPE = (1, 3, 8, 8)
+
+
+def _int8_outputs(path: Path, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the QDQ reference in ONNX Runtime, the flatbuffer the translator writes now) on `x`."""
+    from converters.graph import load_onnx
+    from converters.normalize import normalize
+    from converters.quantize import quantize
+    from converters.runtimes import run_lce, run_onnx
+    from converters.translate import translate
+
+    model, _ = normalize(load_onnx(path))
+    quantized = quantize(model, x).model
+    flatbuffer = translate(quantized, float_model=False).flatbuffer
+    return run_onnx(quantized.SerializeToString(), x), run_lce(flatbuffer, x)
+
+
+@pytest.mark.parametrize("mutant", list(INT8_MUTANTS))
+def test_an_int8_translator_mutant_changes_the_flatbuffer_and_is_refused(
+    tmp_path, monkeypatch, mutant
+):
+    from converters.lce import ConvertOptions, convert_onnx
+
+    where, name, mutation = INT8_MUTANTS[mutant]
+    torch.manual_seed(0)
+    path = export(FloatStemBinaryBody(), INT8_SHAPE, tmp_path / "net.onnx",
+                  do_constant_folding=False)  # fmt: skip
+    x = np.random.default_rng(0).uniform(-1, 1, (16, *INT8_SHAPE[1:])).astype(np.float32)
+    _install(monkeypatch, where, name, mutation)
+    expected, mutated = _int8_outputs(path, x)
+    wrong = np.abs(mutated - expected).max()
+    assert wrong > 0.01 * (expected.max() - expected.min()), "the mutant changes nothing here"
+    options = ConvertOptions(float_layers="int8", twin=False)
+    with pytest.raises(ConversionMismatchError) as refused:
+        convert_onnx(path, tmp_path / "net.tflite", inputs=x, options=options)
+    assert not (tmp_path / "net.tflite").exists()
+    print(f"\n{mutant} (max |diff| {wrong:.3g}): {refused.value}")

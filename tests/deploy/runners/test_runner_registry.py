@@ -157,7 +157,7 @@ def test_bench_rows_come_from_the_protocol_of_a_runner_of_ones_own(own_runner, t
     device = DeviceTarget("me@fake", runner="fake")
     options = BenchOptions(threads=2, scaling_threads=(1, 4))
     connected = Connected(FakeClient(), {}, own_runner, Path(tmp_path / "model-arm64.tflite"))
-    rows, raw = device_rows(connected, device, options, _scoring(), tmp_path)
+    rows, raw = device_rows(connected, device, options, _scoring())
     # outputs from the flatbuffer itself: scored against PyTorch, no `lce vs host lce` row
     assert [(r.name, r.where, r.top1, r.argmax_agreement) for r in rows] == [
         ("lce", "me@fake", 1.0, 1.0)

@@ -1,0 +1,141 @@
+"""int8 for the float layers: a normalised ONNX BNN -> its quantized model in QDQ form.
+
+In: the normalised float graph (`converters.normalize`), possibly carrying its own activation
+ranges as QuantizeLinear/DequantizeLinear pairs (quantization-aware training), and calibration
+samples for the ranges it lacks. Out: `Quantized`, the QDQ model (ONNX Runtime's int8 reference
+and the translator's input), the float graph it came from, and a `QuantizeReport` (which layers
+are int8, which stay float and why, every activation's scale and zero point, and whether the
+ranges were calibrated or trained). Binary layers are left as they are.
+
+- `units`: which float layers become int8 ops (`find_units`) and where activations are
+  quantized;
+- `qdq`: the QDQ rewrite (`write_qdq`: BatchNorm folded, kernels per output channel, biases
+  int32, activations per tensor) and its inverse for trained ranges (`read_qdq`),
+  `QuantPoint`;
+- `calibrate`: min-max ranges from samples in ONNX Runtime (`activation_ranges`).
+
+May import: `converters.errors`, `converters.graph`, `converters.patterns`,
+`converters.runtimes`, and onnx, numpy. Never the translator, the gate or `converters.lce`.
+
+Example:
+    >>> from converters.quantize import quantize
+    >>> quantized = quantize(model, calibration=samples)                # doctest: +SKIP
+    >>> quantized.report.int8_layers                                    # doctest: +SKIP
+    ['/features/0/Conv', '/classifier/3/Gemm']
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from converters.errors import ConverterError
+from converters.graph import OnnxGraph
+from converters.quantize.calibrate import activation_ranges
+from converters.quantize.qdq import QuantPoint, read_qdq, write_qdq
+from converters.quantize.units import Unit, UnitPlan, find_units
+
+FLOAT_LAYERS = ("float32", "int8")
+
+
+@dataclass
+class QuantizeReport:
+    """How the float layers were quantized: `ranges` "calibrated" (post-training, on
+    `calibration_samples` samples), "trained" (the model carried them: quantization-aware
+    training) or "given" (another conversion's); the int8 layers and the float layers kept
+    float with why, and every activation point (by the name of its dequantized tensor) with
+    its scale and zero point.
+    `calibrated_points` lists points a trained model had no range for (calibrated instead);
+    `unused_points` trained ranges at tensors no int8 layer reads or writes."""
+
+    ranges: str
+    calibration_samples: int
+    int8_layers: list[str] = field(default_factory=list)
+    float_layers: dict[str, str] = field(default_factory=dict)
+    points: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    calibrated_points: list[str] = field(default_factory=list)
+    unused_points: list[str] = field(default_factory=list)
+    # the same points by the float tensor they quantize (what `quantize(given=...)` takes)
+    tensor_points: dict[str, dict[str, float | int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Quantized:
+    """The QDQ model, the float graph it was made from, and the report. `accuracy_reference`
+    is what the int8 model's accuracy is measured against: the float graph when its ranges
+    were calibrated; the model as trained, its own QuantizeLinear/DequantizeLinear pairs
+    included, when it carried them (quantization-aware training: the float graph without
+    them is no model anyone trained)."""
+
+    model: onnx.ModelProto
+    float_model: onnx.ModelProto
+    report: QuantizeReport
+    accuracy_reference: onnx.ModelProto | None = None
+
+    @property
+    def reference_name(self) -> str:
+        """What `accuracy_reference` is, for the report."""
+        return "trained model" if self.report.ranges == "trained" else "float model"
+
+
+def quantize(
+    model: onnx.ModelProto,
+    calibration: np.ndarray | None,
+    given: dict[str, QuantPoint] | None = None,
+) -> Quantized:
+    """The quantized model of a normalised graph (module doc). Ranges the graph carries are
+    kept; `given` points (by float tensor name: another conversion's `tensor_points`, so a
+    batch-N copy is the same model) come next; the others are calibrated on `calibration`
+    (NCHW samples of the model's input).
+
+    Raises ConverterError (exit 2) when a range is missing and there are no samples, or the
+    model's opset is older than 13; InputShapeError for samples of another shape."""
+    float_model, carried = read_qdq(model)
+    plan = find_units(OnnxGraph.folded(float_model))
+    for unit in plan.units:  # a trained range after a pool or reshape holds before it too
+        if unit.chain and unit.start not in carried and unit.input in carried:
+            carried[unit.start] = carried[unit.input]
+    trained = {**(given or {}), **carried}
+    shared = plan.shared()
+    wanted = [t for t in plan.points() if t not in shared]  # chains take their start's point
+    missing = [t for t in wanted if t not in trained]
+    if missing and calibration is None:
+        raise ConverterError(f"no calibration samples for the int8 activation {missing[0]!r}")
+    ranges = activation_ranges(float_model, missing, calibration) if missing else {}
+    points = {t: trained[t] if t in trained else QuantPoint.of_range(*ranges[t]) for t in wanted}
+    # a range the model carries was trained with plain rounding: its signs stay as trained;
+    # a calibrated one (now, or given by the conversion that calibrated it) gets exact signs
+    exact = {t for t in wanted if t not in carried}
+    qdq, written = write_qdq(float_model, plan, points, exact_signs=exact)
+    report = QuantizeReport(
+        ranges="given" if given else "trained" if carried else "calibrated",
+        calibration_samples=len(calibration) if missing and calibration is not None else 0,
+        int8_layers=[u.layer for u in plan.units],
+        float_layers=dict(plan.kept_float),
+        points={name: point.to_json() for name, point in written.items()},
+        calibrated_points=missing if carried else [],
+        unused_points=sorted(set(trained) - set(wanted)),
+        tensor_points={t: p.to_json() for t, p in points.items()},
+    )
+    return Quantized(qdq, float_model, report, model if carried else float_model)
+
+
+__all__ = [
+    "FLOAT_LAYERS",
+    "QuantPoint",
+    "QuantizeReport",
+    "Quantized",
+    "Unit",
+    "UnitPlan",
+    "activation_ranges",
+    "find_units",
+    "quantize",
+    "read_qdq",
+    "write_qdq",
+]

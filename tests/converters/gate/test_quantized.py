@@ -1,0 +1,280 @@
+"""The int8 conversion and its gate (converters.gate.quantized): float layers become int8 ops
+around unchanged `LceBconv2d`s, the flatbuffer is the QDQ reference's model within one step per
+int8 tensor, and what breaks that is refused.
+
+The rules of the replay are tested on ONNX Runtime alone (a witness built from the reference's
+own tensors, then moved off its grid or by steps); the conversions (slow, ~8 s each) assert
+the flatbuffer's op list and tensor types."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from support.converter_nets import BiRealDownsample, FloatStemBinaryBody, export
+
+import converters.translate.onnx_to_tf as onnx_to_tf
+import converters.translate.tf_quantized as tf_quantized
+from converters.errors import (
+    AccuracyDropError,
+    ConversionMismatchError,
+    FloatFallbackError,
+)
+from converters.flatbuffer import flatbuffer_ops
+from converters.gate.predicate import Witness
+from converters.gate.quantized import (
+    CachedWitness,
+    QuantizedCheck,
+    QuantProbe,
+    activation_points,
+    refuse_accuracy_drop,
+)
+from converters.normalize import normalize
+from converters.quantize import quantize
+from converters.runtimes import ort_session
+
+SHAPE = (1, 3, 8, 8)
+INT8_LAYERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
+
+def _samples(count: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (count, *SHAPE[1:])).astype(np.float32)
+
+
+def _exported(net, tmp_path):
+    torch.manual_seed(0)
+    return export(net, SHAPE, tmp_path / "net.onnx", do_constant_folding=False)
+
+
+def _convert(net, tmp_path, **options):
+    from converters.lce import ConvertOptions, convert_onnx
+
+    options = ConvertOptions(float_layers="int8", **options)
+    path = _exported(net, tmp_path)
+    return convert_onnx(path, tmp_path / "net.tflite", inputs=_samples(), options=options)
+
+
+# -- the replay's rules, on ONNX Runtime alone ---------------------------------------------
+
+
+def _qdq(tmp_path) -> onnx.ModelProto:
+    model, _ = normalize(onnx.load(str(_exported(FloatStemBinaryBody(), tmp_path))))
+    return quantize(model, _samples()).model
+
+
+def _own_tensors(model: onnx.ModelProto, x: np.ndarray) -> tuple[np.ndarray, dict]:
+    """ONNX Runtime's logits and int8 activations of `model` on one sample."""
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    points = list(activation_points(model))
+    outputs = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(
+        onnx.helper.make_empty_tensor_value_info(p) for p in points if p not in outputs
+    )
+    session = ort_session(probe.SerializeToString())
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, {
+        session.get_inputs()[0].name: x[None]}), strict=True))  # fmt: skip
+    first = model.graph.output[0].name
+    return values[first][0], {p: values[p][0] for p in points if p != first}
+
+
+def _probe_with(model, moved) -> tuple[QuantProbe, QuantizedCheck]:
+    """A probe whose witness is ONNX Runtime itself, its int8 tensors changed by `moved`."""
+
+    def run(x):
+        logits, tensors = _own_tensors(model, x)
+        return logits, moved(dict(tensors))
+
+    stats = QuantizedCheck()
+    return QuantProbe(model, CachedWitness(Witness(run=run)), stats), stats
+
+
+def _the_stem_output(model) -> str:
+    return next(p for p in activation_points(model) if p.startswith("/bn0/"))
+
+
+def test_the_reference_s_own_int8_tensors_pass_the_replay(tmp_path):
+    model = _qdq(tmp_path)
+    probe, stats = _probe_with(model, lambda tensors: tensors)
+    logits, _ = probe.run(_samples(1)[0])
+    assert np.isfinite(logits).all() and stats.one_step_positions == 0
+    assert stats.int8_tensors == len(activation_points(model))
+
+
+def test_a_tensor_one_step_off_passes_and_is_counted(tmp_path):
+    model = _qdq(tmp_path)
+    point = _the_stem_output(model)
+    scale = activation_points(model)[point][0]
+
+    def moved(tensors):
+        tensors[point] = tensors[point].copy()
+        tensors[point].reshape(-1)[7] += scale  # one step: rounding
+        return tensors
+
+    probe, stats = _probe_with(model, moved)
+    probe.run(_samples(1)[0])
+    assert stats.one_step_positions == 1 and stats.most_steps_in == point
+
+
+def test_a_tensor_two_steps_off_is_refused(tmp_path):
+    model = _qdq(tmp_path)
+    point = _the_stem_output(model)
+    scale = activation_points(model)[point][0]
+
+    def moved(tensors):
+        tensors[point] = tensors[point].copy()
+        tensors[point].reshape(-1)[7] += 2 * scale
+        return tensors
+
+    probe, _ = _probe_with(model, moved)
+    with pytest.raises(ConversionMismatchError, match="2 steps from the reference"):
+        probe.run(_samples(1)[0])
+
+
+def test_a_tensor_off_the_reference_s_grid_is_refused(tmp_path):
+    model = _qdq(tmp_path)
+    point = _the_stem_output(model)
+    scale = activation_points(model)[point][0]
+    probe, _ = _probe_with(model, lambda t: {**t, point: t[point] + 0.4 * scale})
+    with pytest.raises(ConversionMismatchError, match="not on the reference's grid"):
+        probe.run(_samples(1)[0])
+
+
+def test_an_accuracy_drop_beyond_the_limit_is_one_line():
+    accuracy = {"labelled": 100, "float_top1": 0.95, "int8_top1": 0.92, "top1_drop_points": 3.0}
+    refuse_accuracy_drop(accuracy, 3.0)  # at the limit: kept
+    refuse_accuracy_drop(accuracy, None)  # no limit
+    refuse_accuracy_drop({"top1_drop_points": None}, 0.0)  # no label: nothing to judge
+    with pytest.raises(AccuracyDropError) as refused:
+        refuse_accuracy_drop(accuracy, 1.0)
+    assert "\n" not in str(refused.value) and "3.00 points" in str(refused.value)
+
+
+# -- conversions -----------------------------------------------------------------------------
+
+
+def _typed(path) -> list[tuple[str, list[str], list[str]]]:
+    return [(op.op_type, op.input_types, op.output_types) for op in flatbuffer_ops(path)]
+
+
+@pytest.mark.slow
+def test_a_float_stem_binary_body_and_float_head_become_int8_ops_around_lce_bconv2d(tmp_path):
+    result = _convert(FloatStemBinaryBody(), tmp_path)
+    ops = _typed(result.output)
+    layers = [op for op in ops if op[0] in INT8_LAYERS]
+    assert len(layers) == 2  # the stem and the head (a 1x1 conv: its kernel per channel)
+    for _, inputs, outputs in layers:
+        assert inputs[:3] == ["INT8", "INT8", "INT32"] and outputs == ["INT8"]
+    assert result.lce_bconv2d == result.binary_layers == 2
+    # the stem's int8 output is binarized as it is: no DEQUANTIZE between them
+    assert next(op for op in ops if op[0] == "LceQuantize")[1] == ["INT8"]
+    assert ops[0][1] == ["FLOAT32"] and ops[-1][2] == ["FLOAT32"]  # float io by default
+    gate = result.gates[0]
+    assert (gate.reference, gate.candidate, gate.argmax_agreement) == (
+        "ONNX Runtime int8", "LCE int8", 1.0
+    )  # fmt: skip
+    assert result.int8["int8_ops"] == 2 and result.int8["ranges"] == "calibrated"
+    assert result.twin and result.twin[0].max_abs_diff == 0.0  # the float graph's twin
+
+
+@pytest.mark.slow
+def test_a_bireal_block_s_float_shortcut_conv_runs_in_int8_from_the_stream(tmp_path):
+    result = _convert(BiRealDownsample(), tmp_path, twin=False)
+    ops = _typed(result.output)
+    layers = [op for op in ops if op[0] in INT8_LAYERS]
+    assert len(layers) == 3 and all(op[1][0] == "INT8" for op in layers)
+    assert result.lce_bconv2d == result.binary_layers == 2
+    assert ("AVERAGE_POOL_2D", ["INT8"], ["INT8"]) in ops  # quantized before the pool
+    assert result.gates[0].argmax_agreement == 1.0
+
+
+@pytest.mark.slow
+def test_int8_io_takes_and_gives_int8(tmp_path):
+    from converters.runtimes import open_model
+
+    result = _convert(FloatStemBinaryBody(), tmp_path, io="int8", twin=False)
+    ops = _typed(result.output)
+    assert ops[0][0] != "QUANTIZE" and ops[0][1][0] == "INT8"
+    assert ops[-1][0] != "DEQUANTIZE" and ops[-1][2] == ["INT8"]
+    model = open_model("lce", result.output)
+    assert model.int8_io and model.run(_samples(2)).dtype == np.float32
+    assert result.int8["io"] == "int8"
+
+
+@pytest.mark.slow
+def test_a_zero_point_negated_in_the_translator_is_refused(tmp_path, monkeypatch):
+    """A translator mistake in the quantized path: the fake quantization's range computed
+    with the zero point's sign flipped. The flatbuffer still has every int8 op."""
+    real = tf_quantized.quantized_range
+    monkeypatch.setattr(tf_quantized, "quantized_range", lambda s, z: real(s, -np.asarray(z)))
+    with pytest.raises(ConversionMismatchError) as refused:
+        _convert(FloatStemBinaryBody(), tmp_path, twin=False)
+    assert not (tmp_path / "net.tflite").exists()
+    assert "int8 tensor" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_float_layer_left_float_in_the_flatbuffer_is_refused(tmp_path, monkeypatch):
+    """The translator forgetting a quantization point: the stem conv stays a float op."""
+    real = tf_quantized.dequantize
+    first = []
+
+    def forgetting(tr, node, inputs):
+        if not first:
+            first.append(node.output[0])
+            return inputs[0]
+        return real(tr, node, inputs)
+
+    monkeypatch.setitem(onnx_to_tf.HANDLERS, "DequantizeLinear", forgetting)
+    with pytest.raises(FloatFallbackError, match="stayed float ops"):
+        _convert(FloatStemBinaryBody(), tmp_path, twin=False)
+    assert not (tmp_path / "net.tflite").exists()
+
+
+@pytest.mark.slow
+def test_an_int8_model_losing_accuracy_is_refused_in_one_line(tmp_path):
+    from converters.lce import ConvertOptions, convert_onnx
+    from converters.runtimes import run_onnx
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(16 * 6 * 6, 10))  # fmt: skip
+    path = _exported(net, tmp_path)
+    x = _samples(64)
+    labels = run_onnx(path, x).argmax(1)  # the float model's own answers: 100 % top-1
+    assert len(set(labels)) > 3
+    crushed = np.zeros((4, *SHAPE[1:]), np.float32)  # ranges [0, 0]: inputs clipped to >= 0
+    options = ConvertOptions(float_layers="int8", calibration=crushed, twin=False)
+    with pytest.raises(AccuracyDropError) as refused:
+        convert_onnx(path, tmp_path / "net.tflite", inputs=x, labels=labels, options=options)
+    assert "\n" not in str(refused.value) and "points of top-1" in str(refused.value)
+    assert not (tmp_path / "net.tflite").exists()
+
+
+@pytest.mark.slow
+def test_the_gate_quantizes_a_float_input_exactly_as_lce_s_interpreter_does(tmp_path):
+    """Pixels k / 255 scaled to [-1, 1] at scale 2 / 255 lie exactly half a step between two
+    integers (every MNIST pixel does); the int8 the reference is given for a QUANTIZE op must be
+    the interpreter's own rounding of them (half to even), not half away from zero
+    (docs/LCE_NOTES.md "int8 around binary layers")."""
+    import tensorflow as tf
+
+    from converters.gate.quantized import tflite_quantize
+    from converters.runtimes import lce_interpreter
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 256], tf.float32)])
+    def quantized(x):
+        return tf.quantization.fake_quant_with_min_max_vars(x, -1.0, 1.0) * 1.0
+
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [quantized.get_concrete_function()], quantized
+    )
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.inference_output_type = tf.int8
+    flatbuffer = converter.convert()
+    interpreter = lce_interpreter(flatbuffer)
+    scale, zero = interpreter.output_scales[0], interpreter.output_zero_points[0]
+    x = (np.arange(256, dtype=np.float32) / 127.5 - 1.0)[None]
+    theirs = interpreter.predict(x).astype(np.int64)
+    ties = np.abs(np.abs(x * np.float32(1 / scale)) % 1 - 0.5) < 1e-4
+    assert ties.sum() > 100  # most inputs are exactly half a step between two integers
+    assert np.array_equal(tflite_quantize(x, scale, zero), theirs)
