@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.models.blocks import same_conv
+from bnnexport.models.blocks import same_conv, shortcut
 from bnnexport.models.registry import register_model
 from bnnexport.nn.layers import BinaryConv2d
 
@@ -54,14 +54,7 @@ class BiRealBlock(nn.Module):
             input_quantizer=input_quantizer,
         )  # fmt: skip
         self.bn = nn.BatchNorm2d(cout, momentum=BN_MOMENTUM)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1:
-            # ceil_mode keeps odd sizes in step with the stride-2 conv (both give ceil(n / 2))
-            self.shortcut = nn.Sequential(
-                nn.AvgPool2d(2, 2, ceil_mode=True),
-                nn.Conv2d(cin, cout, 1, bias=False),
-                nn.BatchNorm2d(cout, momentum=BN_MOMENTUM),
-            )
+        self.shortcut = shortcut(cin, cout, stride, momentum=BN_MOMENTUM)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(self.conv(x)) + self.shortcut(x)

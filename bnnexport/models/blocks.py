@@ -83,6 +83,26 @@ class FeatureSize:
         return nn.MaxPool2d(kernel, stride)
 
 
+def shortcut(cin: int, cout: int, stride: int, **bn: float) -> nn.Module:
+    """Bi-Real Net's shortcut around a binary conv: the identity, or where the conv has stride
+    2, a 2x2 average pool, a float 1x1 conv and a BatchNorm (`bn`: its eps and momentum).
+
+    `ceil_mode` keeps odd sizes in step with the stride-2 conv (both give ceil(n / 2)).
+
+    Example:
+        >>> import torch
+        >>> shortcut(8, 16, 2)(torch.zeros(1, 8, 7, 7)).shape
+        torch.Size([1, 16, 4, 4])
+    """
+    if stride == 1:
+        return nn.Identity()
+    return nn.Sequential(
+        nn.AvgPool2d(2, 2, ceil_mode=True),
+        nn.Conv2d(cin, cout, 1, bias=False),
+        nn.BatchNorm2d(cout, **bn),
+    )
+
+
 def conv_out(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
     """Spatial output size of a conv or pool (floor mode, symmetric padding)."""
     return (size + 2 * padding - kernel) // stride + 1

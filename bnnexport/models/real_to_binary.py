@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.models.blocks import same_conv, same_max_pool
+from bnnexport.models.blocks import same_conv, same_max_pool, shortcut
 from bnnexport.models.registry import register_model
 from bnnexport.nn.layers import BinaryConv2d
 
@@ -72,13 +72,7 @@ class HalfBlock(nn.Module):
         )
         self.gate = Gate(cin, cout)
         self.prelu = nn.PReLU(cout, init=0.0)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1:
-            self.shortcut = nn.Sequential(
-                nn.AvgPool2d(2, 2, ceil_mode=True),
-                nn.Conv2d(cin, cout, 1, bias=False),
-                nn.BatchNorm2d(cout, **BN),
-            )
+        self.shortcut = shortcut(cin, cout, stride, **BN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.bn(x)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.models.blocks import same_conv, same_max_pool
+from bnnexport.models.blocks import same_conv, same_max_pool, shortcut
 from bnnexport.models.registry import register_model
 from bnnexport.nn.layers import BinaryConv2d
 from bnnexport.nn.quantizers import SteSign
@@ -53,13 +53,7 @@ class ResidualBlock(nn.Module):
             input_quantizer=SteSign(clip_value),
         )  # fmt: skip
         self.bn = nn.BatchNorm2d(cout, **BN)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1:
-            self.shortcut = nn.Sequential(
-                nn.AvgPool2d(2, 2, ceil_mode=True),
-                nn.Conv2d(cin, cout, 1, bias=False),
-                nn.BatchNorm2d(cout, **BN),
-            )
+        self.shortcut = shortcut(cin, cout, stride, **BN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(self.conv(x)) + self.shortcut(x)
