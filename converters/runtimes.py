@@ -64,6 +64,7 @@ import numpy as np
 from converters.errors import InputShapeError, InvalidModelError
 
 if TYPE_CHECKING:
+    import onnx
     import onnxruntime
     from larq_compute_engine.tflite.python.interpreter import Interpreter as LceInterpreter
     from tensorflow.lite import Interpreter as TfliteInterpreter
@@ -164,6 +165,24 @@ def ort_session(
         )  # fmt: skip
     except Exception as error:
         raise InvalidModelError(f"ONNX Runtime cannot load {label}: {error}") from None
+
+
+def probe_session(
+    model: onnx.ModelProto, tensors: Sequence[str]
+) -> tuple[onnxruntime.InferenceSession, int]:
+    """An ONNX Runtime session of a copy of `model` whose outputs include `tensors` (values
+    inside the graph: a calibration's ranges, the gate's binarization inputs), and the batch
+    the model's input was fixed to (1 when it is free)."""
+    import onnx
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {o.name for o in probe.graph.output}
+    for name in tensors:
+        if name not in known:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort_session(probe.SerializeToString())
+    first = session.get_inputs()[0].shape[0]
+    return session, first if isinstance(first, int) and first > 0 else 1
 
 
 def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:

@@ -49,7 +49,7 @@ from converters.gate.twin import exact_grid_twin, grid_inputs
 from converters.runtimes import (
     lce_batch_predict,
     lce_interpreter,
-    ort_session,
+    probe_session,
     run_lce,
     run_onnx,
     run_tflite,
@@ -195,14 +195,8 @@ def binarization_inputs(
 ) -> dict[str, np.ndarray]:
     """ONNX Runtime's values of tensors `sources` of `model` on `inputs` (one sample at a
     time, so a model whose batch was fixed to 1 takes any number of samples)."""
-    probe = onnx.ModelProto.FromString(model.SerializeToString())
-    known = {o.name for o in probe.graph.output}
-    for name in sources:
-        if name not in known:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    session = ort_session(probe.SerializeToString())
+    session, batch = probe_session(model, sources)
     first = session.get_inputs()[0]
-    batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
     names = list(sources)
     found: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for x in np.asarray(inputs, np.float32):  # a fixed batch gets the sample repeated

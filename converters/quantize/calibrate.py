@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from converters.errors import InputShapeError
-from converters.runtimes import ort_session
+from converters.runtimes import probe_session
 
 
 def activation_ranges(
@@ -28,14 +28,8 @@ def activation_ranges(
     """(min, max) of each of `tensors` over `inputs` (NCHW samples of the model's input), run
     at the model's batch (a fixed batch takes the samples in chunks, the last one padded with
     its first sample)."""
-    probe = onnx.ModelProto.FromString(model.SerializeToString())
-    known = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in known:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    session = ort_session(probe.SerializeToString())
+    session, batch = probe_session(model, tensors)
     first = session.get_inputs()[0]
-    batch = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else 1
     inputs = np.asarray(inputs, np.float32)
     expected = [d if isinstance(d, int) else None for d in first.shape[1:]]
     if inputs.ndim != len(first.shape) or any(
