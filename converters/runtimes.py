@@ -119,7 +119,7 @@ def _harmless(line: str) -> bool:
 
 
 def tf() -> ModuleType:
-    """The tensorflow module, imported on first use (training never pays for it).
+    """The tensorflow module, imported on first use (training only for its TensorBoard writer).
 
     Call it before importing larq_compute_engine: TF's native libraries print start-up log lines
     straight to file descriptor 2 (TF_CPP_MIN_LOG_LEVEL no longer silences them), which would

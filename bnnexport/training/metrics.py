@@ -143,6 +143,12 @@ def tensorboard_available() -> bool:
 def tensorboard_events(records: Iterable[dict[str, Any]]) -> bytes:
     """The rows as TensorBoard scalars (one event file's bytes), by optimizer step: loss,
     accuracy, π_t per layer and over all weights, hyperparameters; train and test accuracy."""
+    from converters.runtimes import tf
+
+    # torch's writer imports TensorFlow when it is installed (it is: the converter's), whose
+    # native start-up lines would land on stderr beside train's own lines; `tf` imports it
+    # with them discarded
+    tf()
     from torch.utils.tensorboard import SummaryWriter
 
     records = list(records)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli import run_in_process
+from support.cli import run_in_process, run_process
 from support.guarantees import snapshot
 from support.image_folders import tiny_training, write_image_folder
 
@@ -123,6 +123,18 @@ def test_a_run_without_tensorboard_says_so_in_one_line_and_in_its_notes(tmp_path
     assert result.returncode == 0 and notes == [f"bnnexport: note: {NO_TENSORBOARD}"]
     assert json.loads((out / "train.json").read_text())["notes"] == [NO_TENSORBOARD]
     assert not (out / TENSORBOARD_FILE).exists()
+
+
+@pytest.mark.slow
+def test_writing_tensorboard_scalars_adds_nothing_to_stderr(tmp_path):
+    """torch's TensorBoard writer imports TensorFlow, whose native start-up lines (absl, oneDNN)
+    went to stderr in a fresh process; a train's stderr is its own lines only."""
+    out = tmp_path / "run"
+    result = run_process("train", *tiny_training(tmp_path / "data"), "--epochs", "1",
+                         "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert (out / TENSORBOARD_FILE).exists()
+    assert [line for line in result.stderr.splitlines() if not line.startswith("epoch ")] == []
 
 
 @pytest.mark.slow
