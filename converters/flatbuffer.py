@@ -1,7 +1,9 @@
-"""A minimal TFLite flatbuffer reader: the operators a model holds, and its signature's outputs.
+"""A minimal TFLite flatbuffer reader: the operators a model holds, its signature's outputs, and
+its constant tensors of one element type.
 
 Enough of the schema to list operators (LCE's custom ops by name, e.g. `LceBconv2d`) with their
-tensors' names, shapes and element types, without importing TensorFlow.
+tensors' names, shapes and element types, and to read a constant's values, without importing
+TensorFlow.
 
 Example:
     >>> from converters.flatbuffer import op_histogram
@@ -16,6 +18,8 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from converters.errors import InvalidModelError
 from converters.runtimes import read_flatbuffer
@@ -212,3 +216,35 @@ def signature_outputs(flatbuffer_bytes: bytes | str | Path) -> list[str]:
         return [names[k] for k in order]
     except (struct.error, IndexError, KeyError, UnicodeDecodeError, TypeError) as error:
         raise InvalidModelError(f"flatbuffer without a readable signature ({error})") from None
+
+
+NUMPY_TYPES = {"FLOAT32": "<f4", "INT32": "<i4", "INT8": "i1", "UINT8": "u1", "INT64": "<i8"}
+
+
+def constant_tensors(flatbuffer_bytes: bytes | str | Path, tensor_type: str) -> list[np.ndarray]:
+    """The constant tensors of the main subgraph whose element type is `tensor_type` (a
+    `TENSOR_TYPES` name in `NUMPY_TYPES`), with their shapes: those whose buffer holds data."""
+    buf = read_flatbuffer(flatbuffer_bytes)
+    wanted = next(k for k, v in TENSOR_TYPES.items() if v == tensor_type)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        buffers = [_table(buf, _deref(buf, at)) for at in _vector(buf, _field(buf, model, 4))]
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        found = []
+        for at in _vector(buf, _field(buf, subgraph, 0)):
+            tensor = _table(buf, _deref(buf, at))
+            kind, index = _field(buf, tensor, 1), _field(buf, tensor, 2)
+            if (struct.unpack_from("<b", buf, kind)[0] if kind else 0) != wanted or not index:
+                continue
+            data = _field(buf, buffers[struct.unpack_from("<I", buf, index)[0]], 0)
+            if data is None:
+                continue  # an activation: no data of its own
+            start = _deref(buf, data)
+            size = struct.unpack_from("<I", buf, start)[0]
+            dtype = np.dtype(NUMPY_TYPES[tensor_type])
+            values = np.frombuffer(buf, dtype, size // dtype.itemsize, offset=start + 4)
+            shape = _int_vector(buf, _field(buf, tensor, 0))
+            found.append(values.reshape(shape).copy())
+    except (struct.error, IndexError, ValueError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return found

@@ -22,6 +22,12 @@ only if
 
 How many positions were one step apart is reported (`QuantizedCheck`).
 
+One step per tensor would also pass a kernel whose integers are a step off at a few taps, yet
+such a tap moves a conv's answer to a flat region and flips the binarization after it over
+a whole background (docs/LCE_NOTES.md "int8 around binary layers"). So, before any sample,
+every int8 kernel of the reference must be one of the flatbuffer's int8 constants exactly, in
+TFLite's layout (`check_int8_kernels`).
+
 Example:
     >>> checked = check_quantized(qdq_model=qdq, float_model=flt, translated=translated,
     ...     inputs=x, options=options)                                 # doctest: +SKIP
@@ -40,7 +46,7 @@ import numpy as np
 import onnx
 
 from converters.errors import AccuracyDropError, ConversionMismatchError, FloatFallbackError
-from converters.flatbuffer import flatbuffer_ops
+from converters.flatbuffer import constant_tensors, flatbuffer_ops
 from converters.gate.checks import Checked, Checking, WitnessModels, check_twin
 from converters.gate.predicate import GateOptions, Replay, Witness, validate
 from converters.gate.probe import imposable
@@ -316,6 +322,56 @@ def int8_census(flatbuffer: bytes, int8_layers: list[str]) -> dict[str, int]:
     return {"int8_ops": int8, "float_ops": len(ops) - int8}
 
 
+def int8_kernels(qdq_model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The int8 kernel of each conv and dense node of a QDQ model, by node name: the int8
+    constant its weight's DequantizeLinear reads."""
+    graph = qdq_model.graph
+    constants = {i.name: i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8}
+    made_by = {out: node for node in graph.node for out in node.output}
+    kernels = {}
+    for node in graph.node:
+        maker = made_by.get(node.input[1]) if node.op_type in KERNEL_OPS else None
+        if maker is not None and maker.op_type == "DequantizeLinear":
+            if maker.input[0] in constants:
+                kernels[node.name] = onnx.numpy_helper.to_array(constants[maker.input[0]])
+    return kernels
+
+
+KERNEL_OPS = ("Conv", "Gemm", "MatMul")
+
+
+def _rows(kernel: np.ndarray) -> list[np.ndarray]:
+    """A kernel as its output channels' sorted integers, for each axis its output channels may
+    lie on (the first: ONNX's conv and Gemm, TFLite's conv and dense; the last: TFLite's
+    depthwise conv, a Gemm with transB=0). Sorted because the translator may order a
+    channel's taps otherwise (a dense layer after a flatten reads NHWC, not NCHW); a tap
+    another integer changes its channel's sorted integers."""
+    return [np.sort(np.moveaxis(kernel, axis, 0).reshape(kernel.shape[axis], -1), axis=1)
+            for axis in (0, kernel.ndim - 1)]  # fmt: skip
+
+
+def check_int8_kernels(qdq_model: onnx.ModelProto, flatbuffer: bytes) -> int:
+    """How many int8 kernels the flatbuffer holds as the reference holds them (module doc):
+    the same output channels, each with the same integers; ConversionMismatchError naming
+    the first layer whose kernel it does not hold, with how many integers of the nearest
+    kernel of its size differ."""
+    stored = [rows for k in constant_tensors(flatbuffer, "INT8") for rows in _rows(k)]
+    kernels = int8_kernels(qdq_model)
+    for layer, kernel in kernels.items():
+        mine = _rows(kernel)
+        if any(a.shape == b.shape and np.array_equal(a, b) for a in mine for b in stored):
+            continue
+        apart = [int((a != b).sum()) for a in mine for b in stored if a.shape == b.shape]
+        nearest = (f"the nearest of its size differs at {min(apart)} of {kernel.size} integers"
+                   if apart else "none has its size")  # fmt: skip
+        raise ConversionMismatchError(
+            f"the int8 kernel of {layer!r} is not in the flatbuffer as the reference quantized "
+            f"it: {nearest} (a kernel's integers must be the reference's exactly)",
+            {"why": "int8 kernel", "layer": layer, "integers_apart": min(apart, default=None)},
+        )
+    return len(kernels)
+
+
 def float_agreement(
     float_model: onnx.ModelProto, outputs: np.ndarray, inputs: np.ndarray, labels: Any
 ) -> dict[str, Any]:
@@ -379,13 +435,14 @@ def check_int8(
     quantized: Any, translated: Translated, inputs: np.ndarray, labels: Any, options: Any
 ) -> tuple[Checked, dict[str, Any]]:
     """Every check of an int8 conversion, in order: its float layers int8 ops
-    (`int8_census`), the gate against the quantized reference (`check_quantized`), the
-    int8-io copy (`check_int8_io`), and the accuracy against the float model (a model that
-    carried trained ranges: against itself as trained, `Quantized.accuracy_reference`)
-    (`refuse_accuracy_drop`). Returns the checks and the report's `int8` part:
-    `quantized.report` (a `converters.quantize.Quantized`'s) with the op census, the replay's
-    numbers and the accuracy."""
+    (`int8_census`), their kernels the reference's integers (`check_int8_kernels`), the gate
+    against the quantized reference (`check_quantized`), the int8-io copy (`check_int8_io`),
+    and the accuracy against the float model (a model that carried trained ranges: against
+    itself as trained, `Quantized.accuracy_reference`) (`refuse_accuracy_drop`). Returns the
+    checks and the report's `int8` part: `quantized.report` (a `converters.quantize.Quantized`'s)
+    with the op census, the replay's numbers and the accuracy."""
     census = int8_census(translated.flatbuffer, quantized.report.int8_layers)
+    census["int8_kernels_checked"] = check_int8_kernels(quantized.model, translated.flatbuffer)
     stats = QuantizedCheck()
     checked = check_quantized(
         qdq_model=quantized.model, float_model=quantized.float_model, translated=translated,
@@ -410,6 +467,7 @@ __all__ = [
     "QuantizedCheck",
     "activation_points",
     "check_int8",
+    "check_int8_kernels",
     "tflite_quantize",
     "check_quantized",
 ]

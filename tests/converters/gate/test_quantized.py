@@ -257,6 +257,30 @@ def test_a_zero_point_negated_in_the_translator_is_refused(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
+def test_a_kernel_integer_one_step_off_in_the_translator_is_refused(tmp_path, monkeypatch):
+    """One tap of the stem's kernel a step off (its scale, set by the largest tap, unchanged):
+    every int8 tensor stays within one step of the reference's, so only the kernel check
+    sees it."""
+    real = onnx_to_tf.Translator.const
+
+    def nudged(self, name):
+        kernel = real(self, name)
+        if kernel is None or kernel.shape != (32, 3, 3, 3):
+            return kernel
+        kernel = kernel.copy()
+        row = kernel[0].reshape(-1)
+        tap = int(np.abs(row).argmin())  # the smallest tap: the scale does not move
+        row[tap] += np.abs(row).max() / 127  # one step of channel 0
+        kernel[0] = row.reshape(kernel[0].shape)
+        return kernel
+
+    monkeypatch.setattr(onnx_to_tf.Translator, "const", nudged)
+    with pytest.raises(ConversionMismatchError, match="int8 kernel of '/stem/Conv'.* at 1 of"):
+        _convert(FloatStemBinaryBody(), tmp_path, twin=False)
+    assert not (tmp_path / "net.tflite").exists()
+
+
+@pytest.mark.slow
 def test_a_float_layer_left_float_in_the_flatbuffer_is_refused(tmp_path, monkeypatch):
     """The translator forgetting a quantization point: the stem conv stays a float op."""
     real = tf_quantized.dequantize
