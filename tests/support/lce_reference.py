@@ -112,6 +112,8 @@ def flex_map(buf):
 # --- the model -------------------------------------------------------------------------------
 
 TYPES = {0: np.float32, 2: np.int32, 3: np.uint8, 4: np.int64, 6: np.bool_, 9: np.int8}
+TYPE_NAMES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool",
+              7: "int16", 9: "int8"}  # fmt: skip
 BUILTIN = {
     0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D", 4: "DEPTHWISE_CONV_2D",
     6: "DEQUANTIZE", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL", 19: "RELU", 21: "RELU6",
@@ -144,10 +146,10 @@ class Tensor:
 
 
 class Op:
-    """One operator: its name (builtin or custom), tensor indices and options table/map."""
+    """One operator: its builtin code (None: custom) and name, tensor indices, options."""
 
     def __init__(self, buf, table, codes):
-        self.name = codes[_scalar(buf, table, 0, "<I")]
+        self.code, self.name = codes[_scalar(buf, table, 0, "<I")]
         self.inputs = [int(i) for i in _array(buf, _get(buf, table, 1), "<i4")]
         self.outputs = [int(i) for i in _array(buf, _get(buf, table, 2), "<i4")]
         options = _get(buf, table, 4)
@@ -166,10 +168,12 @@ class Model:
             code = _ref(buf, at)
             custom = _get(buf, code, 1)
             builtin = max(_scalar(buf, code, 3, "<i"), _scalar(buf, code, 0, "<b"))
-            codes.append(_text(buf, custom) if custom else BUILTIN.get(builtin, f"BUILTIN_{builtin}"))
+            name = _text(buf, custom) if custom else BUILTIN.get(builtin, f"BUILTIN_{builtin}")
+            codes.append((None if custom else builtin, name))
         buffers = [_ref(buf, at) for at in _items(buf, _get(buf, model, 4))]
         graph = _ref(buf, _items(buf, _get(buf, model, 2))[0])
-        self.tensors = [Tensor(buf, _ref(buf, at), buffers) for at in _items(buf, _get(buf, graph, 0))]
+        tensors = _items(buf, _get(buf, graph, 0))
+        self.tensors = [Tensor(buf, _ref(buf, at), buffers) for at in tensors]
         self.inputs = [int(i) for i in _array(buf, _get(buf, graph, 1), "<i4")]
         self.outputs = [int(i) for i in _array(buf, _get(buf, graph, 2), "<i4")]
         self.ops = [Op(buf, _ref(buf, at), codes) for at in _items(buf, _get(buf, graph, 3))]
@@ -183,7 +187,7 @@ class Model:
         for op in self.ops:
             types = [self.tensors[i].type for i in op.inputs + op.outputs if i >= 0]
             if op.name not in KERNELS or any(t not in (0, 2, 9) for t in types):
-                kinds = "/".join(sorted({str(TYPES.get(t, t)) for t in types}))
+                kinds = "/".join(sorted({TYPE_NAMES.get(t, f"type {t}") for t in types}))
                 raise UnsupportedOp(f"op {op.name} ({kinds}) is not implemented")
 
     def run(self, inputs):
@@ -303,7 +307,7 @@ def _offset(m, op, x):
 # --- builtin ops -----------------------------------------------------------------------------
 
 
-def conv_2d(m, op, args):
+def op_conv_2d(m, op, args):
     x, w, b = args
     stride, dilation, padding = _conv_geometry(m, op)
     activation = m.option(op, 3)
@@ -318,7 +322,7 @@ def conv_2d(m, op, args):
     return _activate(m, m.tensor(op, -1), y + (0.0 if b is None else b), activation)
 
 
-def depthwise_conv_2d(m, op, args):
+def op_depthwise_conv_2d(m, op, args):
     x, w, b = args  # w: (1, kh, kw, C * multiplier)
     if m.tensor(op, 0).dtype == np.int8:
         raise UnsupportedOp("op DEPTHWISE_CONV_2D (int8) is not implemented")
@@ -330,7 +334,7 @@ def depthwise_conv_2d(m, op, args):
     return _activate(m, m.tensor(op, -1), y + (0.0 if b is None else b), m.option(op, 4))
 
 
-def fully_connected(m, op, args):
+def op_fully_connected(m, op, args):
     x, w, b = args
     activation, keep = m.option(op, 0), m.option(op, 2)
     rows = x.reshape(-1, w.shape[1])
@@ -350,13 +354,13 @@ def _pool(m, op, x, reduce, pad_value):
     return reduce(_patches(x, kernel, stride, (1, 1), m.option(op, 0), pad_value), axis=3)
 
 
-def max_pool_2d(m, op, args):
+def op_max_pool_2d(m, op, args):
     (x,) = args
     low = -np.inf if x.dtype == np.float32 else np.iinfo(x.dtype).min
     return _activate(m, m.tensor(op, -1), _pool(m, op, x, np.max, low), m.option(op, 5))
 
 
-def average_pool_2d(m, op, args):
+def op_average_pool_2d(m, op, args):
     (x,) = args
     if x.dtype != np.float32:
         raise UnsupportedOp("op AVERAGE_POOL_2D (int8) is not implemented")
@@ -365,14 +369,14 @@ def average_pool_2d(m, op, args):
     return _activate(m, m.tensor(op, -1), total / count, m.option(op, 5))
 
 
-def reshape(m, op, args):
+def op_reshape(m, op, args):
     shape = m.tensor(op, -1).shape
     if int(np.prod(shape)) != args[0].size:  # another batch size than the flatbuffer's
         shape = (-1,) + shape[1:]
     return args[0].reshape(shape)
 
 
-def quantize(m, op, args):
+def op_quantize(m, op, args):
     (x,) = args
     out = m.tensor(op, -1)
     if x.dtype != np.float32:
@@ -381,33 +385,33 @@ def quantize(m, op, args):
     return np.clip(q, -128, 127).astype(np.int8)
 
 
-def dequantize(m, op, args):
+def op_dequantize(m, op, args):
     tensor = m.tensor(op, 0)
     q = args[0].astype(np.int32) - int(tensor.zero_point[0])
     return (q.astype(np.float32) * np.float32(tensor.scale[0])).astype(np.float32)
 
 
-def add(m, op, args):
+def op_add(m, op, args):
     a, b = args
     if a.dtype != np.float32:
         raise UnsupportedOp("op ADD (int8) is not implemented")
     return _activate(m, m.tensor(op, -1), a + b, m.option(op, 0))
 
 
-def mul(m, op, args):
+def op_mul(m, op, args):
     a, b = args
     if a.dtype != np.float32:
         raise UnsupportedOp("op MUL (int8) is not implemented")
     return _activate(m, m.tensor(op, -1), a * b, m.option(op, 0))
 
 
-def pad(m, op, args):
+def op_pad(m, op, args):
     x, paddings = args[:2]
     value = 0 if x.dtype == np.float32 else int(m.tensor(op, 0).zero_point[0])
     return np.pad(x, [tuple(p) for p in paddings], constant_values=value)
 
 
-def mean(m, op, args):
+def op_mean(m, op, args):
     x, axes = args
     if x.dtype != np.float32:
         raise UnsupportedOp("op MEAN (int8) is not implemented")
@@ -415,7 +419,7 @@ def mean(m, op, args):
     return y.astype(np.float32).reshape((len(x),) + m.tensor(op, -1).shape[1:])
 
 
-def concatenation(m, op, args):
+def op_concatenation(m, op, args):
     if args[0].dtype != np.float32:
         raise UnsupportedOp("op CONCATENATION (int8) is not implemented")
     y = np.concatenate(args, axis=m.option(op, 0, "<i"))
@@ -440,13 +444,13 @@ def _unpack(words, channels):
     return 1.0 - 2.0 * bits.reshape(words.shape[:-1] + (-1,))[..., :channels].astype(np.float32)
 
 
-def lce_quantize(m, op, args):
+def op_lce_quantize(m, op, args):
     (x,) = args
     zero = int(m.tensor(op, 0).zero_point[0]) if x.dtype == np.int8 else 0
     return _pack(x < zero)
 
 
-def lce_dequantize(m, op, args):
+def op_lce_dequantize(m, op, args):
     out = m.tensor(op, -1)
     signs = _unpack(args[0], out.shape[-1])
     if out.dtype == np.float32:
@@ -455,15 +459,16 @@ def lce_dequantize(m, op, args):
     return np.clip(q, -128, 127).astype(np.int8)
 
 
-def lce_bmaxpool2d(m, op, args):
+def op_lce_bmaxpool2d(m, op, args):
     """Max of ±1 values = AND of their sign bits; cells beyond the edges do not count."""
     o = op.custom
-    kernel, stride = (o["filter_height"], o["filter_width"]), (o["stride_height"], o["stride_width"])
+    kernel = (o["filter_height"], o["filter_width"])
+    stride = (o["stride_height"], o["stride_width"])
     cells = _patches(args[0], kernel, stride, (1, 1), o["padding"], -1)
     return np.bitwise_and.reduce(cells, axis=3)
 
 
-def lce_bconv2d(m, op, args):
+def op_lce_bconv2d(m, op, args):
     """±1 dot products over the window (padding +1 or 0), then LCE's output transform: compare
     the XOR-popcount with thresholds (bitpacked output), or clamp it and apply the multiplier and
     bias folded as LCE's kernel folds them (float, or int8 with its scale and zero point)."""
@@ -502,9 +507,11 @@ def lce_bconv2d(m, op, args):
 
 
 KERNELS = {
-    "CONV_2D": conv_2d, "DEPTHWISE_CONV_2D": depthwise_conv_2d, "FULLY_CONNECTED": fully_connected,
-    "MAX_POOL_2D": max_pool_2d, "AVERAGE_POOL_2D": average_pool_2d, "RESHAPE": reshape,
-    "QUANTIZE": quantize, "DEQUANTIZE": dequantize, "ADD": add, "MUL": mul, "PAD": pad,
-    "MEAN": mean, "CONCATENATION": concatenation, "LceQuantize": lce_quantize,
-    "LceDequantize": lce_dequantize, "LceBMaxPool2d": lce_bmaxpool2d, "LceBconv2d": lce_bconv2d,
+    "CONV_2D": op_conv_2d, "DEPTHWISE_CONV_2D": op_depthwise_conv_2d,
+    "FULLY_CONNECTED": op_fully_connected, "MAX_POOL_2D": op_max_pool_2d,
+    "AVERAGE_POOL_2D": op_average_pool_2d, "RESHAPE": op_reshape, "QUANTIZE": op_quantize,
+    "DEQUANTIZE": op_dequantize, "ADD": op_add, "MUL": op_mul, "PAD": op_pad, "MEAN": op_mean,
+    "CONCATENATION": op_concatenation, "LceQuantize": op_lce_quantize,
+    "LceDequantize": op_lce_dequantize, "LceBMaxPool2d": op_lce_bmaxpool2d,
+    "LceBconv2d": op_lce_bconv2d,
 }  # fmt: skip
