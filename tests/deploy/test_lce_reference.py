@@ -2,7 +2,7 @@
 (tests/support/lce_reference.py): on bnnexport's own flatbuffers it computes what LCE's host
 interpreter computes, sample by sample, and it refuses an op it does not know in one line.
 
-Tolerances (docs/LCE_NOTES.md "A reference interpreter for the emulated device"): float
+Tolerances (docs/LCE_NOTES.md "Reference interpreter"): float
 flatbuffers within 1e-4 (float32 summation order); int8 flatbuffers within one step of the int8
 output's scale (the requantization is ruy's, found by experiment: observed exact).
 """
@@ -41,14 +41,6 @@ def converted(_trained_run_template, tmp_path_factory):
         return run, samples["inputs"][:SAMPLES], samples["labels"][:SAMPLES]
 
 
-def _output_step(flatbuffer) -> float:
-    """The scale of the int8 tensor a flatbuffer's float output is dequantized from."""
-    model = lce_reference.load(flatbuffer)
-    last = model.ops[-1]
-    assert last.name == "DEQUANTIZE"
-    return float(model.tensors[last.inputs[0]].scale[0])
-
-
 def test_the_float_flatbuffer_computes_what_lces_interpreter_computes(converted):
     run, inputs, labels = converted
     ours = lce_reference.load(run / "model-arm64.tflite").run(inputs)
@@ -64,7 +56,8 @@ def test_the_int8_flatbuffer_computes_what_lces_interpreter_computes(converted):
     ours = lce_reference.load(flatbuffer).run(inputs)
     theirs = run_lce(flatbuffer, inputs)
     assert np.array_equal(ours.argmax(1), theirs.argmax(1))
-    assert np.abs(ours - theirs).max() <= _output_step(flatbuffer) * 1.001  # one int8 step
+    step = lce_reference.int8_output_step(flatbuffer)
+    assert np.abs(ours - theirs).max() <= step * 1.001  # one step of the int8 output
 
 
 def test_the_interpreter_runs_any_batch_size_of_a_batch_one_flatbuffer(converted):

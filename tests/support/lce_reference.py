@@ -4,7 +4,7 @@ The stand-in for `lce_benchmark_model` (lce_benchmark_model_standin.py) runs it 
 a real flatbuffer, so the device's outputs are the model's, not a made-up formula. It reads the
 flatbuffer with its own small table reader and LCE's custom options with a small flexbuffer map
 reader, and runs the ops of bnnexport's converted models with LCE 0.16's semantics (docs/
-LCE_NOTES.md "A reference interpreter for the emulated device"): binary convolutions as ±1 dot
+LCE_NOTES.md "Reference interpreter"): binary convolutions as ±1 dot
 products with one- or zero-padding and LCE's output transforms (float, int8, bitpacked by
 thresholds), int8 ops with TFLite's fixed-point requantization. An op it does not know raises
 `UnsupportedOp` naming it: it never guesses. Runs under the device's Debian python3 + numpy
@@ -117,7 +117,7 @@ TYPE_NAMES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6:
 BUILTIN = {
     0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D", 4: "DEPTHWISE_CONV_2D",
     6: "DEQUANTIZE", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL", 19: "RELU", 21: "RELU6",
-    22: "RESHAPE", 34: "PAD", 40: "MEAN", 43: "SQUEEZE", 114: "QUANTIZE",
+    22: "RESHAPE", 34: "PAD", 39: "TRANSPOSE", 40: "MEAN", 43: "SQUEEZE", 114: "QUANTIZE",
 }  # fmt: skip
 
 
@@ -211,6 +211,16 @@ def load(path):
     """The model of a flatbuffer file."""
     with open(path, "rb") as file:
         return Model(file.read())
+
+
+def int8_output_step(path):
+    """The scale of the int8 tensor a flatbuffer's float output is dequantized from: what one
+    int8 step of its output is worth."""
+    model = load(path)
+    last = model.ops[-1]
+    if last.name != "DEQUANTIZE":
+        raise ValueError(f"{path}: its last op is {last.name}, not DEQUANTIZE")
+    return float(model.tensors[last.inputs[0]].scale[0])
 
 
 # --- geometry shared by convolutions and pools (TFLite's SAME = 0, VALID = 1) ----------------
@@ -323,15 +333,20 @@ def op_conv_2d(m, op, args):
 
 
 def op_depthwise_conv_2d(m, op, args):
-    x, w, b = args  # w: (1, kh, kw, C * multiplier)
-    if m.tensor(op, 0).dtype == np.int8:
-        raise UnsupportedOp("op DEPTHWISE_CONV_2D (int8) is not implemented")
+    x, w, b = args  # w: (1, kh, kw, C * multiplier); output channel c reads input c // multiplier
     stride, dilation, padding = _conv_geometry(m, op)
-    multiplier = w.shape[3] // x.shape[3]
+    multiplier, activation = w.shape[3] // x.shape[3], m.option(op, 4)
+    weights = w.reshape(-1, w.shape[3])
+    if m.tensor(op, 0).dtype == np.int8:
+        x, scale = _offset(m, op, x)
+        cols = np.repeat(_patches(x, w.shape[1:3], stride, dilation, padding, 0), multiplier, 4)
+        acc = np.einsum("nhwkc,kc->nhwc", cols, weights.astype(np.int64))
+        acc = acc + (0 if b is None else b.astype(np.int64))
+        return _int8_output(m, op, acc, scale, m.tensor(op, 1).scale, activation)
     cols = _patches(x.astype(np.float64), w.shape[1:3], stride, dilation, padding, 0.0)
-    cols = np.repeat(cols, multiplier, axis=4)  # output channel c reads input c // multiplier
-    y = np.einsum("nhwkc,kc->nhwc", cols, w.reshape(-1, w.shape[3]).astype(np.float64))
-    return _activate(m, m.tensor(op, -1), y + (0.0 if b is None else b), m.option(op, 4))
+    cols = np.repeat(cols, multiplier, axis=4)
+    y = np.einsum("nhwkc,kc->nhwc", cols, weights.astype(np.float64))
+    return _activate(m, m.tensor(op, -1), y + (0.0 if b is None else b), activation)
 
 
 def op_fully_connected(m, op, args):
@@ -361,11 +376,16 @@ def op_max_pool_2d(m, op, args):
 
 
 def op_average_pool_2d(m, op, args):
+    """The mean of the in-bounds cells; int8: their int sum divided by their count, rounded
+    half away from zero in integers, as TFLite's int8 kernel does (in and out share a scale)."""
     (x,) = args
-    if x.dtype != np.float32:
-        raise UnsupportedOp("op AVERAGE_POOL_2D (int8) is not implemented")
+    count = _pool(m, op, np.ones(x.shape[:3] + (1,), np.int64), np.sum, 0)
+    if x.dtype == np.int8:
+        total = _pool(m, op, x.astype(np.int64), np.sum, 0)
+        half = np.where(total > 0, count // 2, -(count // 2))
+        y = np.sign(total + half) * (np.abs(total + half) // count)  # C++ truncation
+        return _activate(m, m.tensor(op, -1), y, m.option(op, 5))
     total = _pool(m, op, x.astype(np.float64), np.sum, 0.0)
-    count = _pool(m, op, np.ones(x.shape[:3] + (1,)), np.sum, 0.0)  # only in-bounds cells count
     return _activate(m, m.tensor(op, -1), total / count, m.option(op, 5))
 
 
@@ -420,10 +440,26 @@ def op_mean(m, op, args):
 
 
 def op_concatenation(m, op, args):
-    if args[0].dtype != np.float32:
-        raise UnsupportedOp("op CONCATENATION (int8) is not implemented")
+    """Float: joined. int8: each input rescaled to the output's grid in float32,
+    round(q * s_in / s_out - z_in * s_in / s_out) + z_out (ties away), as TFLite's kernel does."""
+    out = m.tensor(op, -1)
+    if out.dtype == np.int8:
+        parts = []
+        for k, q in enumerate(args):
+            tensor = m.tensor(op, k)
+            scale = np.float32(tensor.scale[0]) * (np.float32(1) / np.float32(out.scale[0]))
+            offset = np.float32(-int(tensor.zero_point[0])) * scale
+            y = _round_away(q.astype(np.float32) * scale + offset) + int(out.zero_point[0])
+            parts.append(np.clip(y, -128, 127))
+        args = parts
+    batch = max(len(a) for a in args)  # a constant (batch 1) joins a batch of N
+    args = [np.broadcast_to(a, (batch,) + a.shape[1:]) for a in args]
     y = np.concatenate(args, axis=m.option(op, 0, "<i"))
-    return _activate(m, m.tensor(op, -1), y, m.option(op, 1))
+    return _activate(m, out, y, m.option(op, 1))
+
+
+def op_transpose(m, op, args):
+    return np.transpose(args[0], [int(a) for a in args[1]])
 
 
 # --- LCE's custom ops ------------------------------------------------------------------------
@@ -513,5 +549,5 @@ KERNELS = {
     "DEQUANTIZE": op_dequantize, "ADD": op_add, "MUL": op_mul, "PAD": op_pad, "MEAN": op_mean,
     "CONCATENATION": op_concatenation, "LceQuantize": op_lce_quantize,
     "LceDequantize": op_lce_dequantize, "LceBMaxPool2d": op_lce_bmaxpool2d,
-    "LceBconv2d": op_lce_bconv2d,
+    "LceBconv2d": op_lce_bconv2d, "TRANSPOSE": op_transpose,
 }  # fmt: skip
