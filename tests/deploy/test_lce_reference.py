@@ -100,3 +100,27 @@ def test_an_op_the_interpreter_lacks_is_one_error_line_from_the_stand_in(convert
         "op BUILTIN_28 (float32) is not implemented"
     ]
     assert not (tmp_path / "out.bin").exists()
+
+
+@pytest.mark.long  # three initialised zoo models, each converted float and int8: minutes
+@pytest.mark.parametrize("model, size", [("binarynet", 32), ("birealnet18", 64),
+                                         ("quicknet-small", 64)])  # fmt: skip
+def test_the_zoo_models_compute_what_lces_interpreter_computes(model, size, tmp_path):
+    """BinaryNet, Bi-Real-Net-18 and QuickNet-Small (initialised, as `bnnexport init` makes
+    them), float and int8: argmax equal, outputs within 1e-5 relative (float32 order)."""
+    from bnnexport.convert import convert_run
+    from bnnexport.export import export_onnx
+    from bnnexport.init import init_run
+
+    run = tmp_path / model
+    init_run(model, input_shape=(3, size, size), out=run)
+    export_onnx(run, samples=16)
+    convert_run(run, target="arm64", fmt="tflite")
+    convert_run(run, target="arm64", float_layers="int8", max_accuracy_drop=None)
+    with np.load(run / "samples.npz") as samples:
+        inputs = samples["inputs"][:16]
+    for name in ("model-arm64.tflite", "model-arm64-int8.tflite"):
+        ours = lce_reference.load(run / name).run(inputs)
+        theirs = run_lce(run / name, inputs)
+        assert np.array_equal(ours.argmax(1), theirs.argmax(1)), name
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=FLOAT_TOLERANCE, err_msg=name)
