@@ -15,6 +15,14 @@ values before it: two runtimes part there only by rounding (PyTorch multiplies b
 ONNX Runtime divides, and a conv's float sum lands on either side of a half step), as
 `converters.gate.quantized` rules for an int8 flatbuffer.
 
+A model of your own binarizes in its own code (`torch.sign`, an STE of its own, the detach
+trick), with no `Quantizer` module to hook. Trained with int8 float layers, its probe reads and
+imposes no signs (`sources` is empty: discovery's record names its kernels, not its
+activations' binarizations) but still imposes its int8 activations, so the replay of its int8
+export compares PyTorch's logits with ONNX Runtime's given the same int8 values; without int8
+layers a sample that needs a replay is refused (FidelityError). Either way a sign tie in such a
+model is refused, never replayed.
+
 Example:
     >>> from bnnexport.nn.torch_probe import TorchProbe
     >>> probe = TorchProbe(model, "runs/demo/model.onnx")              # doctest: +SKIP
@@ -55,13 +63,13 @@ class TorchProbe:
             onnx_model = load_onnx(onnx_model)
         self.int8 = Int8Imposer(model, onnx_model, int8) if int8 is not None else None
         graph = OnnxGraph.folded(onnx_model)
-        self.calls = [b.source for b in binarizations_in(graph)]  # k-th call -> ONNX source
-        self.sources = list(dict.fromkeys(self.calls))
         self.model = model.eval()
         # the binarizations: a k-bit quantizer (DoReFa's) writes no sign for ONNX to match
-        self.quantizers = [
-            m for m in model.modules() if isinstance(m, Quantizer) and m.precision == 1
-        ]
+        self.quantizers = binarizing_quantizers(model)
+        # k-th call -> ONNX source; none for a model of your own (module doc)
+        own = not self.quantizers and self.int8 is not None
+        self.calls = [] if own else [b.source for b in binarizations_in(graph)]
+        self.sources = list(dict.fromkeys(self.calls))
 
     def run(
         self, x: np.ndarray, imposed: list[np.ndarray] | None = None
@@ -173,6 +181,11 @@ class Int8Imposer:
                 "step is rounding)",
                 {"int8_tensor": name, "position": at, "steps": float(apart.reshape(-1)[at])},
             )
+
+
+def binarizing_quantizers(model: nn.Module) -> list[Quantizer]:
+    """The `Quantizer` modules of `model` that binarize (precision 1), in module order."""
+    return [m for m in model.modules() if isinstance(m, Quantizer) and m.precision == 1]
 
 
 def activation_quantizers(model: nn.Module) -> list[nn.Module]:

@@ -9,9 +9,9 @@ ranges were calibrated or trained). Binary layers are left as they are.
 
 - `units`: which float layers become int8 ops (`find_units`) and where activations are
   quantized;
-- `qdq`: the QDQ rewrite (`write_qdq`: BatchNorm folded, kernels per output channel, biases
-  int32, activations per tensor) and its inverse for trained ranges (`read_qdq`),
-  `QuantPoint`;
+- `qdq`: the QDQ rewrite (`write_qdq`: BatchNorm folded, kernels per output channel with each
+  spatial window's sum kept (`kernel_integers`), biases int32, activations per tensor) and its
+  inverse for trained ranges (`read_qdq`), `QuantPoint`;
 - `calibrate`: min-max ranges from samples in ONNX Runtime (`activation_ranges`).
 
 May import: `converters.errors`, `converters.graph`, `converters.patterns`,
@@ -112,7 +112,10 @@ def quantize(
     # a range the model carries was trained with plain rounding: its signs stay as trained;
     # a calibrated one (now, or given by the conversion that calibrated it) gets exact signs
     exact = {t for t in wanted if t not in carried}
-    qdq, written = write_qdq(float_model, plan, points, exact_signs=exact)
+    # a model that carries its ranges was trained on plainly rounded kernels (`bnnexport.nn.int8`
+    # fake-quantizes them so): they stay so; the others keep their windows' sums
+    sums = set() if carried else {unit.layer for unit in plan.units}
+    qdq, written = write_qdq(float_model, plan, points, exact_signs=exact, window_sums=sums)
     report = QuantizeReport(
         ranges="given" if given else "trained" if carried else "calibrated",
         calibration_samples=len(calibration) if missing and calibration is not None else 0,

@@ -6,9 +6,12 @@ Runtime's static quantization writes a model:
 
 - the kernel, BatchNorm folded in, becomes `DequantizeLinear(int8, scale per output channel,
   zero point 0)` with scale = max |kernel row| / 127 and the integers round(kernel / scale) in
-  [-127, 127]: exactly what TFLite's converter derives itself from a float kernel between
-  quantized activations (docs/LCE_NOTES.md "int8 around binary layers"), so the flatbuffer and
-  the reference hold the same integers;
+  [-127, 127], a few of a conv's taps rounded the other way so each spatial window keeps its
+  sum (`kernel_integers`; not for a model trained with its ranges, whose kernels trained
+  plainly rounded). TFLite's converter derives the same scale and integers itself from the
+  float kernel they make (a tap at +-127 never moves), between quantized activations
+  (docs/LCE_NOTES.md "int8 around binary layers"), so the flatbuffer and the reference hold the
+  same integers;
 - the bias becomes `DequantizeLinear(int32, input scale x kernel scale)`, lowered by half an
   output step when the output is read only by binarizations (`Unit.sign_only`);
 - a MatMul becomes a Gemm (so it has a bias input), alpha and beta folded into the constants;
@@ -145,6 +148,41 @@ def kernel_scales(kernel: np.ndarray, axis: int) -> np.ndarray:
     return np.where(top > 0, top / np.float32(KERNEL_LIMIT), np.float32(1.0)).astype(np.float32)
 
 
+def kernel_integers(steps: np.ndarray, keep_window_sums: bool = True) -> np.ndarray:
+    """The int8 integers of a kernel given in steps of its scale (`steps`, max |row| 127): each
+    rounded to the nearest, then, with `keep_window_sums`, in every spatial window of a conv
+    kernel (one output channel, one input channel: its kh x kw taps) the fewest moved by one
+    step the other way so the window's sum is its float sum rounded.
+
+    Why: a conv's answer to a flat region (a background of one value, the most common input
+    of an image model) is the value times the window's sum; rounding each tap alone lets that
+    sum drift by up to half a step per tap, which moves a channel's flat-region output across 0
+    and flips its binarization over the whole background (docs/LCE_NOTES.md "int8 around binary
+    layers": 1.4 points of mnist-bnn's top-1). The taps moved are those rounded farthest (their
+    error at most one step); a tap at +-127 (the one that sets the scale) never moves, and a
+    dense or 1x1 kernel has one tap per window: nothing moves.
+
+    >>> kernel_integers(np.array([[[[0.4, 0.4], [0.4, 127.0]]]])).tolist()
+    [[[[1.0, 0.0], [0.0, 127.0]]]]
+    >>> kernel_integers(np.array([[[[0.4, 0.4], [0.4, 127.0]]]]), False).tolist()
+    [[[[0.0, 0.0], [0.0, 127.0]]]]
+    """
+    ints = np.clip(np.rint(steps), -KERNEL_LIMIT, KERNEL_LIMIT)
+    if not keep_window_sums or steps.ndim != 4 or steps.shape[2] * steps.shape[3] == 1:
+        return ints
+    windows = steps.reshape(-1, steps.shape[2] * steps.shape[3]).astype(np.float64)
+    rounded = ints.reshape(windows.shape)
+    missing = np.rint(windows.sum(1)) - rounded.sum(1)  # whole steps the window's sum lacks
+    direction = np.sign(missing)[:, None]
+    # the taps that moving by `direction` brings nearest their float value come first; the
+    # taps at the limit cannot move
+    urgency = (windows - rounded) * direction
+    urgency[np.abs(rounded) >= KERNEL_LIMIT] = -np.inf
+    rank = np.argsort(np.argsort(-urgency, axis=1, kind="stable"), axis=1)
+    moved = (rank < np.abs(missing)[:, None]) & np.isfinite(urgency)
+    return (rounded + moved * direction).reshape(steps.shape)
+
+
 def _dequantized(graph: OnnxGraph, base: str, values, scale, zero, axis: int) -> str:
     """A DequantizeLinear of constant `values`; the name of its output."""
     names = [
@@ -159,10 +197,15 @@ def _dequantized(graph: OnnxGraph, base: str, values, scale, zero, axis: int) ->
 
 
 def _write_unit(
-    graph: OnnxGraph, unit: Unit, points: dict[str, QuantPoint], exact_signs: set[str]
+    graph: OnnxGraph,
+    unit: Unit,
+    points: dict[str, QuantPoint],
+    exact_signs: set[str],
+    window_sums: set[str],
 ) -> None:
-    """Replace a unit's layer (and its BatchNorm) by the layer on int8 kernel and int32 bias,
-    its bias lowered by half an output step when its output is in `exact_signs`."""
+    """Replace a unit's layer (and its BatchNorm) by the layer on int8 kernel (its windows' sums
+    kept when it is in `window_sums`) and int32 bias, lowered by half an output step when its
+    output is in `exact_signs`."""
     node = _node(graph, unit.layer)
     kernel, bias, axis = _kernel_and_bias(graph, node)
     kernel, bias = _fold_batch_norm(graph, unit, kernel, bias, axis)
@@ -171,7 +214,8 @@ def _write_unit(
     scales = kernel_scales(kernel, axis)
     shape = [1] * kernel.ndim
     shape[axis] = -1
-    ints = np.clip(np.rint(kernel.astype(np.float32) / scales.reshape(shape)), -127, 127)
+    steps = kernel.astype(np.float32) / scales.reshape(shape)
+    ints = kernel_integers(steps, keep_window_sums=unit.layer in window_sums)
     bias_scale = (np.float32(points[unit.input].scale) * scales).astype(np.float32)
     limit = np.iinfo(np.int32)
     bias_ints = np.clip(np.rint(bias / bias_scale.astype(np.float64)), limit.min, limit.max)
@@ -224,12 +268,14 @@ def write_qdq(
     plan: UnitPlan,
     points: dict[str, QuantPoint],
     exact_signs: set[str] | None = None,
+    window_sums: set[str] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, QuantPoint]]:
     """The QDQ model of `model` (module doc) with `points` (by float tensor name, one for each
     of `plan.points()`); and the points by the name of their dequantized tensor. The units
     whose output is read only as signs (`Unit.sign_only`) and in `exact_signs` (default: all)
-    get half an output step off their bias. A model trained with its ranges learnt the plain
-    rounding, so `converters.quantize.quantize` shifts calibrated points only."""
+    get half an output step off their bias; the layers in `window_sums` (default: all) keep
+    each kernel window's sum (`kernel_integers`). A model trained with its ranges learnt the
+    plain rounding, so `converters.quantize.quantize` does both for calibrated models only."""
     graph = OnnxGraph.folded(_copy(model))  # the rewrite edits nodes in place
     _check_opset(graph)
     points = {**points, **{t: points[s] for t, s in plan.shared().items() if s in points}}
@@ -238,8 +284,10 @@ def write_qdq(
         raise ConverterError(f"no range for the int8 activation {missing[0]!r}")
     if exact_signs is None:
         exact_signs = {unit.output for unit in plan.units}
+    if window_sums is None:
+        window_sums = {unit.layer for unit in plan.units}
     for unit in plan.units:
-        _write_unit(graph, unit, points, exact_signs)
+        _write_unit(graph, unit, points, exact_signs, window_sums)
     outputs = plan.outputs()
     written = {}
     for tensor in plan.points():

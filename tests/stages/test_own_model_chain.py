@@ -12,6 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from support import own_models
@@ -66,21 +67,72 @@ def test_a_hand_written_bnn_command_by_command_counts_the_same_binary_parameters
     assert packed["strict"] and packed["binary_parameters"] == expected
 
 
+def pipeline_counts(factory: str, run: Path, *options: str) -> tuple[dict, dict]:
+    """(the pipeline's report, each stage's count of binary parameters, summary's included)."""
+    model = f"support.own_models:{factory}"
+    report = cli_json("pipeline", "--model", model, *FAST, *options, *BENCH, "--out", run)
+    counts = {name: stage.get("binary_parameters") for name, stage in report["stages"].items()}
+    counts["summary"] = cli_json("summary", run)["binary_parameters"]
+    return report, counts
+
+
+STAGES = ["train", "verify", "pack", "export", "convert", "bench", "summary"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", ["latent_detach_bnn", "plus_minus_one_bnn"])
 def test_pipeline_takes_a_papers_style_bnn_all_the_way_with_one_count(factory, tmp_path):
-    run = tmp_path / factory
-    expected = recorded(getattr(own_models, factory))
-    model = f"support.own_models:{factory}"
-    report = cli_json("pipeline", "--model", model, *FAST, *BENCH, "--out", run)
-    counts = {name: stage.get("binary_parameters") for name, stage in report["stages"].items()}
-    counts["summary"] = cli_json("summary", run)["binary_parameters"]
-    assert counts == dict.fromkeys(
-        ["train", "verify", "pack", "export", "convert", "bench", "summary"], expected
-    )
+    report, counts = pipeline_counts(factory, tmp_path / factory)
+    assert counts == dict.fromkeys(STAGES, recorded(getattr(own_models, factory)))
     convert = report["stages"]["convert"]
     assert convert["lce_bconv2d"] == len(own_models.KERNELS[factory])
     assert convert["argmax_agreement"] == 1.0 and convert["torch_argmax_agreement"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def own_int8_run(tmp_path_factory) -> tuple[Path, dict, dict]:
+    """A papers-style BNN (its own STE, no Quantizer module) through `pipeline` with its float
+    layers trained in int8."""
+    run = tmp_path_factory.mktemp("own-int8") / "run"
+    return (run, *pipeline_counts("latent_detach_bnn", run, "--float-layers", "int8"))
+
+
+@pytest.mark.slow
+def test_pipeline_takes_a_papers_style_bnn_with_int8_float_layers_with_one_count(own_int8_run):
+    run, report, counts = own_int8_run
+    assert counts == dict.fromkeys(STAGES, recorded(own_models.latent_detach_bnn))
+    convert = report["stages"]["convert"]
+    assert convert["lce_bconv2d"] == len(own_models.KERNELS["latent_detach_bnn"])
+    assert convert["float_layers"] == "int8" and convert["int8"]["ranges"] == "trained"
+    assert convert["int8"]["int8_ops"] > 0 and convert["int8"]["float_ops"] == 0
+    assert json.loads((run / "config.json").read_text())["float_layers"] == "int8"
+
+
+@pytest.mark.slow
+def test_the_int8_export_gate_of_your_own_model_refuses_a_flipped_binary_kernel(own_int8_run):
+    """No signs to replay in a model of your own: the gate still imposes ONNX Runtime's int8
+    activations and refuses at the first one a wrong binary kernel changed."""
+    import onnx
+    from onnx import numpy_helper
+
+    from bnnexport.export import onnx_gate, torch_outputs
+    from bnnexport.run.checkpoint import open_model
+    from converters.errors import ConversionMismatchError
+
+    run = own_int8_run[0]
+    exported = onnx.load(run / "model.onnx")
+    kernel = next(i for i in exported.graph.initializer if i.name == "blocks.1.weight")
+    flipped = numpy_helper.to_array(kernel).copy()
+    flipped[0] = -flipped[0]  # one output channel's signs: what a translator slip would do
+    kernel.CopyFrom(numpy_helper.from_array(flipped, kernel.name))
+    onnx.save(exported, run.parent / "flipped.onnx")
+    model = open_model(run).model.eval()
+    with np.load(run / "samples.npz") as samples:
+        inputs = samples["inputs"][:20]
+    reference = torch_outputs(model, inputs)
+    onnx_gate(model, run / "model.onnx", inputs, reference)  # the real export passes
+    with pytest.raises(ConversionMismatchError, match="int8 activation '/int8_input/"):
+        onnx_gate(model, run.parent / "flipped.onnx", inputs, reference)
 
 
 @pytest.mark.slow

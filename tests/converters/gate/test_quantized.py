@@ -30,8 +30,10 @@ from converters.gate.quantized import (
     activation_points,
     refuse_accuracy_drop,
 )
+from converters.graph import OnnxGraph
 from converters.normalize import normalize
-from converters.quantize import quantize
+from converters.quantize import QuantPoint, find_units, quantize
+from converters.quantize.qdq import write_qdq
 from converters.runtimes import ort_session
 
 SHAPE = (1, 3, 8, 8)
@@ -157,9 +159,15 @@ def _typed(path) -> list[tuple[str, list[str], list[str]]]:
     return [(op.op_type, op.input_types, op.output_types) for op in flatbuffer_ops(path)]
 
 
+@pytest.fixture(scope="module")
+def stem_body(tmp_path_factory):
+    """FloatStemBinaryBody converted with its float layers in int8 (one conversion, ~8 s)."""
+    return _convert(FloatStemBinaryBody(), tmp_path_factory.mktemp("stem-body"))
+
+
 @pytest.mark.slow
-def test_a_float_stem_binary_body_and_float_head_become_int8_ops_around_lce_bconv2d(tmp_path):
-    result = _convert(FloatStemBinaryBody(), tmp_path)
+def test_a_float_stem_binary_body_and_float_head_become_int8_ops_around_lce_bconv2d(stem_body):
+    result = stem_body
     ops = _typed(result.output)
     layers = [op for op in ops if op[0] in INT8_LAYERS]
     assert len(layers) == 2  # the stem and the head (a 1x1 conv: its kernel per channel)
@@ -175,6 +183,41 @@ def test_a_float_stem_binary_body_and_float_head_become_int8_ops_around_lce_bcon
     )  # fmt: skip
     assert result.int8["int8_ops"] == 2 and result.int8["ranges"] == "calibrated"
     assert result.twin and result.twin[0].max_abs_diff == 0.0  # the float graph's twin
+
+
+def _int8_conv_kernels(path) -> list[np.ndarray]:
+    """The int8 constant 4-D tensors (conv kernels, OHWI) a flatbuffer stores."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.Model.GetRootAsModel(bytearray(path.read_bytes()), 0)
+    graph, found = model.Subgraphs(0), []
+    for k in range(graph.TensorsLength()):
+        tensor = graph.Tensors(k)
+        data = model.Buffers(tensor.Buffer())
+        if tensor.Type() == schema.TensorType.INT8 and tensor.ShapeLength() == 4:
+            if data.DataLength():  # a constant, not an activation
+                found.append(data.DataAsNumpy().view(np.int8).reshape(tensor.ShapeAsNumpy()))
+    return found
+
+
+@pytest.mark.slow
+def test_the_stem_s_kernel_in_the_flatbuffer_is_the_reference_s_taps_moved_included(
+    stem_body,
+):
+    """The QDQ reference rounds some of a conv's taps the other way (each window keeps its
+    sum: `kernel_integers`); TFLite derives its integers from the float kernel again: it must
+    find the same ones, not the plainly rounded ones."""
+    model, _ = normalize(onnx.load(str(stem_body.output.with_name("net.onnx"))))
+    reference = quantize(model, _samples())  # as `_convert` made it
+    points = {t: QuantPoint(**p) for t, p in reference.report.tensor_points.items()}
+    plain, _ = write_qdq(model, find_units(OnnxGraph.folded(model)), points, window_sums=set())
+    stem, plain_stem = (next(v for v in OnnxGraph(m).constants.values()
+                             if v.dtype == np.int8 and v.ndim == 4)
+                        for m in (reference.model, plain))  # fmt: skip
+    assert (stem != plain_stem).any()  # taps moved: the flatbuffer can tell the two apart
+    found = [k for k in _int8_conv_kernels(stem_body.output) if k.shape[1:3] == (3, 3)]
+    assert len(found) == 1
+    assert np.array_equal(found[0], stem.transpose(0, 2, 3, 1))  # OIHW -> OHWI
 
 
 @pytest.mark.slow

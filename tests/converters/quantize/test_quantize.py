@@ -15,6 +15,7 @@ from converters.errors import ConverterError, InputShapeError
 from converters.graph import OnnxGraph
 from converters.normalize import normalize
 from converters.quantize import QuantPoint, find_units, quantize, read_qdq
+from converters.quantize.qdq import kernel_integers
 from converters.runtimes import run_onnx
 
 SHAPE = (1, 3, 8, 8)
@@ -157,3 +158,83 @@ def test_points_given_by_a_calibrated_conversion_make_the_same_model(tmp_path):
     x = _samples(8)
     assert np.array_equal(run_onnx(again.model.SerializeToString(), x),
                           run_onnx(first.model.SerializeToString(), x))  # fmt: skip
+
+
+# -- kernel rounding: a conv's answer to a flat region ----------------------------------------
+
+# one output channel, one input channel, 3x3: the largest tap sets the scale (127 steps); the
+# other eight each 0.4 step, so rounding each alone loses 3.2 steps of the window's sum
+STEPS = np.array([127.0, *[0.4] * 8], np.float32).reshape(1, 1, 3, 3)
+KERNEL_STEP = 0.01
+
+
+def _conv_graph(qdq_ranges: bool = False) -> onnx.ModelProto:
+    """input (1, 1, 6, 6) -> 3x3 conv (kernel STEPS x KERNEL_STEP, bias 0) -> output; with
+    `qdq_ranges` the input and output carry QuantizeLinear -> DequantizeLinear pairs, as a
+    model trained with its ranges does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(STEPS * np.float32(KERNEL_STEP), "w"),
+             numpy_helper.from_array(np.zeros(1, np.float32), "b")]  # fmt: skip
+    conv_in, nodes = "x", []
+    if qdq_ranges:
+        inits += [numpy_helper.from_array(np.float32(2 / 255), "s_in"),
+                  numpy_helper.from_array(np.float32(0.02), "s_out"),
+                  numpy_helper.from_array(np.int8(0), "z")]  # fmt: skip
+        nodes += [helper.make_node("QuantizeLinear", ["x", "s_in", "z"], ["xq"]),
+                  helper.make_node("DequantizeLinear", ["xq", "s_in", "z"], ["xd"])]  # fmt: skip
+        conv_in = "xd"
+    nodes.append(helper.make_node("Conv", [conv_in, "w", "b"], ["y" if qdq_ranges else "out"]))
+    if qdq_ranges:
+        nodes += [helper.make_node("QuantizeLinear", ["y", "s_out", "z"], ["yq"]),
+                  helper.make_node("DequantizeLinear", ["yq", "s_out", "z"], ["out"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 1, 4, 4])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _int8_kernel(model: onnx.ModelProto) -> np.ndarray:
+    return next(
+        v for v in OnnxGraph(model).constants.values() if v.dtype == np.int8 and v.ndim == 4
+    )
+
+
+def test_a_calibrated_conv_answers_a_flat_input_within_half_a_kernel_step():
+    """A flat region (an image's background) meets every tap of the window: its answer is the
+    value times the window's sum. Rounding each tap alone would move it by 3.2 kernel steps
+    here (mnist-bnn's stem lost 1.4 points of top-1 that way: docs/LCE_NOTES.md)."""
+    model = _conv_graph()
+    rng = np.random.default_rng(0)
+    quantized = quantize(model, rng.uniform(-1, 1, (32, 1, 6, 6)).astype(np.float32))
+    point = quantized.report.tensor_points["x"]
+    flat = np.full((1, 1, 6, 6), (100 - point["zero_point"]) * point["scale"], np.float32)
+    ours = run_onnx(quantized.model.SerializeToString(), flat)
+    floats = run_onnx(model.SerializeToString(), flat)  # the input on its grid: exact
+    output_step = quantized.report.tensor_points["out"]["scale"]
+    assert np.abs(ours - floats).max() <= KERNEL_STEP / 2 + output_step / 2
+    assert _int8_kernel(quantized.model).sum() == round(float(STEPS.sum()))
+
+
+def test_a_model_trained_with_its_ranges_keeps_its_kernel_plainly_rounded():
+    """Quantization-aware training fake-quantizes kernels with plain rounding
+    (bnnexport.nn.int8): the integers it trained on are the ones the flatbuffer holds."""
+    quantized = quantize(_conv_graph(qdq_ranges=True), calibration=None)
+    assert quantized.report.ranges == "trained"
+    assert np.array_equal(_int8_kernel(quantized.model), np.rint(STEPS))
+
+
+def test_the_taps_moved_are_those_rounded_farthest_never_the_one_setting_the_scale():
+    """TFLite derives the scale from the largest |tap| again: it stays at 127. The window
+    is 2.85 steps short of its rounded sum, so three taps move: the three rounded farthest
+    (-0.45 each, then 0.55 off), not the -0.1, -0.2 and -0.3 taps (then 0.7 to 0.9 off)."""
+    steps = np.array([-127, -0.45, -0.1, -0.45, -0.2, -0.45, -0.45, -0.3, -0.45])
+    ints = kernel_integers(steps.reshape(1, 1, 3, 3)).reshape(-1)
+    assert ints[0] == -127 and ints.sum() == -130
+    assert np.abs(ints - steps).max() == pytest.approx(0.55)
+
+
+def test_a_dense_kernel_is_rounded_tap_by_tap():
+    steps = np.array([[127.0, 0.4, 0.4, 0.4], [0.4, 0.4, 0.4, -127.0]])
+    assert np.array_equal(kernel_integers(steps), np.rint(steps))
