@@ -504,6 +504,16 @@ def op_lce_bmaxpool2d(m, op, args):
     return np.bitwise_and.reduce(cells, axis=3)
 
 
+def _distinct_rows(rows):
+    """(the distinct rows of a matrix of -1/0/+1, each row's index among them): a binary
+    layer's windows repeat (an image's background), and the emulated device's reference BLAS
+    is slow, so each distinct window is multiplied once."""
+    key = np.packbits(np.concatenate([rows < 0, rows == 0], axis=1), axis=1)
+    key = np.ascontiguousarray(key).view(np.dtype((np.void, key.shape[1]))).ravel()
+    _, first, where = np.unique(key, return_index=True, return_inverse=True)
+    return rows[first], where.ravel()
+
+
 def op_lce_bconv2d(m, op, args):
     """±1 dot products over the window (padding +1 or 0), then LCE's output transform: compare
     the XOR-popcount with thresholds (bitpacked output), or clamp it and apply the multiplier and
@@ -517,14 +527,17 @@ def op_lce_bconv2d(m, op, args):
     kernel, stride = w.shape[1:3], (o["stride_height"], o["stride_width"])
     dilation = (o["dilation_height_factor"], o["dilation_width_factor"])
     cols = _patches(signs, kernel, stride, dilation, padding, float(o["pad_values"]))
+    rows, where = _distinct_rows(cols.reshape(-1, cols.shape[3] * cols.shape[4]))
+    rows = rows.reshape((len(rows),) + cols.shape[3:])
     filters = _unpack(w, per_group)  # (O, kh, kw, per_group)
     per_out = len(w) // groups
     dots = [
-        cols[..., g * per_group : (g + 1) * per_group].reshape(cols.shape[:3] + (-1,))
+        rows[..., g * per_group : (g + 1) * per_group].reshape(len(rows), -1)
         @ filters[g * per_out : (g + 1) * per_out].reshape(per_out, -1).T
         for g in range(groups)
     ]
     dot = np.concatenate(dots, axis=-1).astype(np.int64)  # exact: small integers in float32
+    dot = dot[where].reshape(cols.shape[:3] + (-1,))
     depth = kernel[0] * kernel[1] * per_group
     out = m.tensor(op, -1)
     if out.dtype == np.int32:
