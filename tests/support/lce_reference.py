@@ -3,12 +3,13 @@
 The stand-in for `lce_benchmark_model` (lce_benchmark_model_standin.py) runs it when `--graph` is
 a real flatbuffer, so the device's outputs are the model's, not a made-up formula. It reads the
 flatbuffer with its own small table reader and LCE's custom options with a small flexbuffer map
-reader, and runs the ops of bnnexport's converted models with LCE 0.16's semantics (docs/
-LCE_NOTES.md "Reference interpreter"): binary convolutions as ±1 dot
-products with one- or zero-padding and LCE's output transforms (float, int8, bitpacked by
-thresholds), int8 ops with TFLite's fixed-point requantization. An op it does not know raises
-`UnsupportedOp` naming it: it never guesses. Runs under the device's Debian python3 + numpy
-only: imports nothing from the project, nor flatbuffers/tflite.
+reader, and runs the ops of bnnexport's converted models (mnist-bnn, BinaryNet, Bi-Real-Net-18,
+QuickNet-Small; float and int8) with LCE 0.16's semantics (docs/LCE_NOTES.md "Reference
+interpreter"): binary convolutions as ±1 dot products with one- or zero-padding and LCE's output
+transforms (float, int8, bitpacked by thresholds), int8 ops with TFLite's fixed-point
+requantization as LCE's host build applies it. An op it does not know raises `UnsupportedOp`
+naming it: it never guesses. Runs under the device's Debian python3 + numpy only: imports
+nothing from the project, nor flatbuffers/tflite.
 
 Example:
     >>> model = load("model-arm64-int8.tflite")                         # doctest: +SKIP
