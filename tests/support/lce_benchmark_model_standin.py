@@ -8,10 +8,11 @@ deploy/runners/lce_benchmark_model/chunked_accuracy.py):
 (else it aborts, as the real tool does); `--output_filepath` gets the raw little-endian outputs.
 What it computes: for a real TFLite/LCE flatbuffer, the model itself, by the NumPy reference
 interpreter lce_reference.py beside it (which travels with it: support/stand_in.py packs both
-into one executable zip); an op that interpreter lacks is one "ERROR: ..." line naming it and
-exit 1, never a made-up answer. For the tests' JSON graphs ({"classes": C}; 10 classes for any
-other file) a formula: out[i, j] = sum_k x[i, k] * cos(0.01 * (k + 1) * (j + 1)), j < C. Its
-timing, memory and profile lines are made up, in the tool's format.
+into one executable zip); asked for outputs, an op that interpreter lacks is one "ERROR: ..."
+line naming it and exit 1, never a made-up answer (a latency-only run does not look). For
+the tests' JSON graphs ({"classes": C}; 10 classes for any other file) a formula:
+out[i, j] = sum_k x[i, k] * cos(0.01 * (k + 1) * (j + 1)), j < C. Its timing, memory and
+profile lines are made up, in the tool's format.
 Like the real tool with LCE's default kernels, it refuses a flatbuffer holding a grouped
 `LceBconv2d` (its packed filter depth below its packed input depth) unless
 `--use_indirect_bgemm=true` (or `--use_reference_bconv=true`) is given: the bconv kernel's two

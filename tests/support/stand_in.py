@@ -37,7 +37,8 @@ def write_stand_in(path: Path, log: str | None, writes_outputs: bool = True) -> 
 
 
 def stand_in_outputs(inputs: np.ndarray, classes: int) -> np.ndarray:
-    """What the stand-in computes, written independently of it."""
+    """What the stand-in computes for a JSON graph ({"classes": C}), written independently of
+    it (a real flatbuffer it runs with lce_reference instead)."""
     flat = inputs.reshape(len(inputs), -1).astype(np.float64)
     weights = np.cos(0.01 * np.outer(np.arange(1, flat.shape[1] + 1), np.arange(1, classes + 1)))
     return (flat @ weights).astype(np.float32)
