@@ -4,9 +4,11 @@ grouped LceBconv2d under the tool's default kernels, as the real tool does.
 
 A trained, exported and converted run with its batch-32 copy; bench runs the LCE flatbuffer on
 the device with `lce_benchmark_model`: the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64
-names one (then the device must agree with PyTorch and the host's LCE), else the aarch64 stand-in
-of test_aarch64.py, whose outputs this test computes itself to check every number of the
-device rows (top-1, agreement and max |diff| vs PyTorch and vs host LCE).
+names one, else the aarch64 stand-in of test_aarch64.py, which computes a real flatbuffer with
+the NumPy reference interpreter tests/support/lce_reference.py (on aarch64, under qemu). Either
+way the device must compute what the host's LCE computes: the same top-1, argmax agreement 1 and
+outputs within float tolerance (the float flatbuffer) or one int8 output step (the int8 one).
+The stand-in's latency lines are made up; only its outputs are the model's.
 """
 
 from __future__ import annotations
@@ -15,16 +17,15 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 from support.cli import invoke
 from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
-from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
+from support.lce_reference import int8_output_step
+from support.stand_in import REAL_BINARY, write_stand_in
 
 from bnnexport.run.checkpoint import load_model
-from deploy.runners.python.device_script import topk_accuracy as topk
 
 SAMPLES = 40
 BATCH = 32  # 2 chunks on the device, the last one padded
@@ -46,7 +47,7 @@ def _binary(arm_device, tmp_path) -> str:
     if REAL_BINARY:
         print(f"\nlce_benchmark_model: the real binary {REAL_BINARY}")
         return REAL_BINARY
-    print("\nlce_benchmark_model: the aarch64 Python stand-in (protocol only)")
+    print("\nlce_benchmark_model: the aarch64 Python stand-in (NumPy reference interpreter)")
     return str(write_stand_in(tmp_path / "lce_benchmark_model", None))
 
 
@@ -103,28 +104,10 @@ def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, t
     assert (extra["accuracy_batch"], extra["accuracy_invocations"]) == (BATCH, 2)
     assert extra["note"] is None and extra["peak_memory_mb"] is not None
     assert device["latency_ms"]["mean"] > 0
-    if REAL_BINARY:
-        assert device["argmax_agreement"] == 1.0 and device["top1"] == host["pytorch"]["top1"]
-        assert versus_host["argmax_agreement"] == 1.0 and versus_host["max_abs_diff"] < 1e-3
-    else:
-        with np.load(copied_run / "samples.npz") as samples:
-            inputs, labels = samples["inputs"][:SAMPLES], samples["labels"][:SAMPLES]
-        expected = stand_in_outputs(inputs, 10)
-        assert device["top1"] == pytest.approx(topk(expected, labels, 1))
-        assert device["top5"] == pytest.approx(topk(expected, labels, 5))
-        assert versus_host["top1"] == device["top1"]
-        # the agreement columns are recomputed here from the host's own outputs
-        from bnnexport.export import torch_outputs
-        from converters.runtimes import run_lce
-
-        torch = torch_outputs(load_model(copied_run), inputs)
-        lce = run_lce(copied_run / "model-arm64.tflite", inputs)
-        for row, reference in ((device, torch), (versus_host, lce)):
-            agree = float(np.mean(expected.argmax(1) == reference.argmax(1)))
-            assert row["argmax_agreement"] == pytest.approx(agree)
-            assert row["max_abs_diff"] == pytest.approx(
-                np.abs(expected - reference).max(), rel=1e-4
-            )
+    # the device computes what the host's LCE computes (a real binary or the stand-in alike)
+    assert (device["top1"], device["top5"]) == (host["lce"]["top1"], host["lce"]["top5"])
+    assert versus_host["argmax_agreement"] == 1.0 and versus_host["max_abs_diff"] < 1e-4
+    assert device["argmax_agreement"] == host["lce"]["argmax_agreement"]  # vs PyTorch
     report = (copied_run / "report.md").read_text()
     assert "Accuracy on the device" in report and "| lce vs host lce |" in report
     assert "## Time by PyTorch layer on" in report and "bench_device_layers.png" in report
@@ -155,23 +138,10 @@ def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
     versus_host = rows[("lce-int8 vs host lce-int8", False)]
     assert device["extra"]["accuracy_model"] == f"model-arm64-int8-b{BATCH}.tflite"
     assert device["size_bytes"] < rows[("lce", False)]["size_bytes"]
-    if REAL_BINARY:  # the device computes what the host's LCE computes, int8 included
-        assert device["top1"] == host["top1"] and versus_host["argmax_agreement"] == 1.0
-    else:  # the stand-in computes from the inputs alone: the same outputs, whichever model
-        assert device["top1"] == rows[("lce", False)]["top1"]
-        assert versus_host["top1"] == device["top1"]
-        # what the device row is compared with is the host's int8 flatbuffer, sample by sample
-        from converters.runtimes import run_lce
-
-        with np.load(int8_run / "samples.npz") as samples:
-            inputs = samples["inputs"][:SAMPLES]
-        expected = stand_in_outputs(inputs, 10)
-        host_int8 = run_lce(int8_run / "model-arm64-int8.tflite", inputs)
-        agree = float(np.mean(expected.argmax(1) == host_int8.argmax(1)))
-        assert versus_host["argmax_agreement"] == pytest.approx(agree)
-        assert versus_host["max_abs_diff"] == pytest.approx(
-            np.abs(expected - host_int8).max(), rel=1e-4
-        )
+    # the device computes what the host's LCE computes, int8 included (either binary)
+    assert device["top1"] == host["top1"] and versus_host["argmax_agreement"] == 1.0
+    step = int8_output_step(int8_run / "model-arm64-int8.tflite")
+    assert versus_host["max_abs_diff"] <= step * 1.001  # one step of the int8 output
     change = data["int8_profile"]["change"]
     assert change["summary"].startswith("int8 device profile: float layers")
     assert {r["layer"] for r in change["layers"]} >= {"features.0", "classifier.3"}

@@ -18,7 +18,9 @@ clean and everything vanishes with the namespace. sshd listens on 127.0.0.1 only
 the session's key. Where something cannot be had (no root, no packages, binfmt not registrable),
 the fixture skips with the reason.
 
-By hand (e.g. for `bnnexport bench --device`), it prints the bench options that reach it:
+By hand (e.g. for `bnnexport bench --device`), it prints the bench options that reach it, and
+writes the stand-in `lce_benchmark_model` (with its reference interpreter, support/stand_in.py)
+to DIR/lce_benchmark_model for `--benchmark-binary`:
 
     PYTHONPATH=.:tests python tests/support/aarch64_device.py /tmp/arm-device
 
@@ -47,6 +49,7 @@ import pytest
 if __package__ in (None, ""):  # run as a script: tests/ holds the support package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.sshd_fixture import LoopbackSsh, free_port, keygen  # noqa: E402
+from support.stand_in import write_stand_in  # noqa: E402
 
 # bump when the recipe changes: a cached tree made by another recipe is rebuilt
 RECIPE = "bookworm-arm64-v1"
@@ -331,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         if seconds is not None:
             print(f"built {rootfs} in {seconds:.0f} s", flush=True)
         with running_device(args.session.resolve(), rootfs, seconds) as device:
+            write_stand_in(args.session.resolve() / "lce_benchmark_model", None)
             options = " ".join(f"--ssh-option {o}" for o in device.options)
             print(
                 f"--device {device.destination} --port {device.port} --ssh-key {device.key} "

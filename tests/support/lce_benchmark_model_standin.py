@@ -4,26 +4,31 @@
 Honours exactly the flags and file formats bnnexport uses (docs/LCE_NOTES.md "aarch64 device",
 deploy/runners/lce_benchmark_model/chunked_accuracy.py):
 `--help` lists the flags; `--graph` must exist; `--input_layer_value_files=NAME:PATH` must name
-`--input_layer` and hold exactly the bytes of `--input_layer_shape` float32 (else it aborts, as the
-real tool does); `--output_filepath` gets the raw little-endian float32 outputs. Its "model":
-out[i, j] = sum_k x[i, k] * cos(0.01 * (k + 1) * (j + 1)), with j < C, C from a JSON graph file
-({"classes": C}) and 10 for any other file (a real flatbuffer). It prints timing lines in the
-tool's format. Like the real tool with LCE's default kernels, it refuses a flatbuffer holding a
-grouped `LceBconv2d` (its packed filter depth below its packed input depth) unless
+`--input_layer` and hold exactly the bytes of `--input_layer_shape` of the input tensor's type
+(else it aborts, as the real tool does); `--output_filepath` gets the raw little-endian outputs.
+What it computes: for a real TFLite/LCE flatbuffer, the model itself, by the NumPy reference
+interpreter lce_reference.py beside it (which travels with it: support/stand_in.py packs both
+into one executable zip); asked for outputs, an op that interpreter lacks is one "ERROR: ..."
+line naming it and exit 1, never a made-up answer (a latency-only run does not look). For
+the tests' JSON graphs ({"classes": C}; 10 classes for any other file) a formula:
+out[i, j] = sum_k x[i, k] * cos(0.01 * (k + 1) * (j + 1)), j < C. Its timing, memory and
+profile lines are made up, in the tool's format.
+Like the real tool with LCE's default kernels, it refuses a flatbuffer holding a grouped
+`LceBconv2d` (its packed filter depth below its packed input depth) unless
 `--use_indirect_bgemm=true` (or `--use_reference_bconv=true`) is given: the bconv kernel's two
 error lines (as LCE 0.16's kernel prints them), TFLite's benchmark's "Failed to allocate
 tensors!" and "Benchmarking failed.", exit 1, no timing line (docs/LCE_NOTES.md "Grouped
-convolutions"). Runs under the device's python3 with numpy; imports nothing from the project.
-Tests set LOG (each invocation's argv as a JSON line) and WRITES_OUTPUTS (False: an LCE <= 0.7
-binary, which lacks --output_filepath) in a copy.
+convolutions"). Runs under the device's python3 with numpy; imports nothing from the project
+but lce_reference.py. Tests set LOG (each invocation's argv as a JSON line) and WRITES_OUTPUTS
+(False: an LCE <= 0.7 binary, which lacks --output_filepath) in a copy.
 """
 
 import json
 import os
-import struct
 import sys
 
 import numpy as np
+from lce_reference import UnsupportedOp, is_flatbuffer, load
 
 LOG = None
 WRITES_OUTPUTS = True
@@ -67,88 +72,59 @@ TYPE_HEAD = "\t{:>40}\t{:>9}\t{:>10}\t{:>11}\t{:>11}\t{:>10}\t{}".format(
 )
 
 
-def _u(buf, fmt, at):
-    return struct.unpack_from(fmt, buf, at)[0]
-
-
-def _fields(buf, table):
-    vtable = table - _u(buf, "<i", table)
-    return [_u(buf, "<H", vtable + 4 + 2 * k) for k in range((_u(buf, "<H", vtable) - 4) // 2)]
-
-
-def _get(buf, table, k):
-    offsets = _fields(buf, table)
-    return table + offsets[k] if k < len(offsets) and offsets[k] else None
-
-
-def _items(buf, at):
-    if at is None:
-        return []
-    start = at + _u(buf, "<I", at)
-    return [start + 4 + 4 * k for k in range(_u(buf, "<I", start))]
-
-
-def _ref(buf, at):
-    return at + _u(buf, "<I", at)
-
-
-def _text(buf, at):
-    start = _ref(buf, at)
-    return buf[start + 4 : start + 4 + _u(buf, "<I", start)].decode()
-
-
 def graph_ops(path):
     """(builtin code or custom name, output tensor name) per op of the main subgraph; [] for a
     file that is not a flatbuffer (the tests' JSON graphs)."""
-    buf = open(path, "rb").read()
-    if buf[4:8] != b"TFL3":
+    if not is_flatbuffer(path):
         return []
-    model = _ref(buf, 0)
-    codes = []
-    for at in _items(buf, _get(buf, model, 1)):
-        code = _ref(buf, at)
-        custom, builtin = _get(buf, code, 1), _get(buf, code, 3)
-        codes.append(_text(buf, custom) if custom else _u(buf, "<i", builtin) if builtin else 0)
-    subgraph = _ref(buf, _items(buf, _get(buf, model, 2))[0])
-    tensors = [_ref(buf, at) for at in _items(buf, _get(buf, subgraph, 0))]
-    ops = []
-    for at in _items(buf, _get(buf, subgraph, 3)):
-        op = _ref(buf, at)
-        index = _get(buf, op, 0)
-        output = _u(buf, "<i", _items(buf, _get(buf, op, 2))[0])
-        ops.append(
-            (codes[_u(buf, "<I", index) if index else 0], _text(buf, _get(buf, tensors[output], 3)))
-        )
-    return ops
+    model = load(path)
+    return [
+        (op.name if op.code is None else op.code, model.tensors[op.outputs[0]].name)
+        for op in model.ops
+    ]
 
 
 def grouped_bconvs(path):
     """Execution-plan indices of the LceBconv2d ops whose filter is grouped: its last (packed
     input channel) dimension is smaller than the packed input's, as LCE's kernel decides."""
-    buf = open(path, "rb").read()
-    if buf[4:8] != b"TFL3":
+    if not is_flatbuffer(path):
         return []
-    model = _ref(buf, 0)
-    codes = []
-    for at in _items(buf, _get(buf, model, 1)):
-        custom = _get(buf, _ref(buf, at), 1)
-        codes.append(_text(buf, custom) if custom else None)
-    subgraph = _ref(buf, _items(buf, _get(buf, model, 2))[0])
-    tensors = [_ref(buf, at) for at in _items(buf, _get(buf, subgraph, 0))]
+    model = load(path)
+    return [
+        n
+        for n, op in enumerate(model.ops)
+        if op.name == "LceBconv2d"
+        and model.tensors[op.inputs[1]].shape[-1] < model.tensors[op.inputs[0]].shape[-1]
+    ]
 
-    def depth(tensor):
-        return _u(buf, "<i", _items(buf, _get(buf, tensors[tensor], 0))[-1])
 
-    found = []
-    for n, at in enumerate(_items(buf, _get(buf, subgraph, 3))):
-        op = _ref(buf, at)
-        index = _get(buf, op, 0)
-        if codes[_u(buf, "<I", index) if index else 0] != "LceBconv2d":
-            continue
-        data, kernel = (_u(buf, "<i", i) for i in _items(buf, _get(buf, op, 1))[:2])
-        if depth(kernel) < depth(data):
-            found.append(n)
-    return found
+def input_itemsize(graph):
+    """Bytes per element of the input tensor (float32 for a JSON graph)."""
+    if not is_flatbuffer(graph):
+        return 4
+    model = load(graph)
+    return np.dtype(model.tensors[model.inputs[0]].dtype).itemsize
+
+
+def outputs(graph, path, shape):
+    """What the tool writes to --output_filepath. A real flatbuffer: the model's first output,
+    computed by the reference interpreter (lce_reference.py; exit 1 naming an op it lacks). A
+    JSON graph ({"classes": C}): the formula out = x @ cos(0.01 * k * j)."""
+    if not is_flatbuffer(graph):
+        x = np.fromfile(path, "<f4").reshape(shape[0], -1)
+        k = np.arange(1, x.shape[1] + 1)[:, None]
+        try:
+            classes = json.load(open(graph))["classes"]
+        except ValueError:  # neither flatbuffer nor JSON: a 10-class "model"
+            classes = 10
+        j = np.arange(1, classes + 1)[None, :]
+        return (x.astype(np.float64) @ np.cos(0.01 * k * j)).astype("<f4")
+    model = load(graph)
+    dtype = np.dtype(model.tensors[model.inputs[0]].dtype).newbyteorder("<")
+    try:
+        return model.run(np.fromfile(path, dtype).reshape(shape))  # checks every op first
+    except UnsupportedOp as error:
+        sys.exit(f"ERROR: the stand-in's reference interpreter cannot run {graph}: {error}")
 
 
 def _table(rows, total):
@@ -222,24 +198,17 @@ if "input_layer_value_files" in flags:
     name, path = flags["input_layer_value_files"].split(":", 1)
     shape = [int(d) for d in flags["input_layer_shape"].split(",")]
     assert name == flags["input_layer"], "value file for an unknown layer"
-    size = 4 * int(np.prod(shape))
+    size = input_itemsize(flags["graph"]) * int(np.prod(shape))
     if os.path.getsize(path) != size:
         sys.stderr.write(
             f"ERROR: file {path} has {os.path.getsize(path)} bytes, the tensor {size}\n"
         )
         sys.stderr.flush()
         os.abort()
-    x = np.fromfile(path, "<f4").reshape(shape[0], -1)
-    try:
-        classes = json.load(open(flags["graph"]))["classes"]
-    except ValueError:  # a real flatbuffer (bench end to end): a 10-class model
-        classes = 10
-    k = np.arange(1, x.shape[1] + 1)[:, None]
-    j = np.arange(1, classes + 1)[None, :]
-    out = (x.astype(np.float64) @ np.cos(0.01 * k * j)).astype("<f4")
+    out = outputs(flags["graph"], path, shape)
     if "output_filepath" in flags:
         if WRITES_OUTPUTS:
-            out.tofile(flags["output_filepath"])
+            np.ascontiguousarray(out).tofile(flags["output_filepath"])
         else:
             sys.stderr.write("WARNING: unconsumed flag --output_filepath\n")
 print("count=1 curr=2000(all same)")
