@@ -136,6 +136,23 @@ def test_the_int8_export_gate_of_your_own_model_refuses_a_flipped_binary_kernel(
 
 
 @pytest.mark.slow
+def test_the_emulated_device_computes_your_own_int8_model_as_lce_does(own_int8_run):
+    """What `bench --device` runs on the emulated device (tests/support/lce_reference.py) takes
+    a papers-style model's int8 flatbuffer (its STE's leftovers: SUB, MUL, ADD, MEAN) and
+    computes what LCE's host interpreter computes."""
+    from support import lce_reference
+
+    from converters.runtimes import run_lce
+
+    flatbuffer = own_int8_run[0] / "model-arm64-int8.tflite"
+    with np.load(own_int8_run[0] / "samples.npz") as samples:
+        inputs = samples["inputs"][:50]
+    ours, theirs = lce_reference.load(flatbuffer).run(inputs), run_lce(flatbuffer, inputs)
+    assert np.array_equal(ours.argmax(1), theirs.argmax(1))
+    assert np.abs(ours - theirs).max() <= lce_reference.int8_output_step(flatbuffer) * 1.001
+
+
+@pytest.mark.slow
 def test_a_model_the_exporter_refuses_trains_verifies_packs_and_export_says_why(tmp_path):
     run = tmp_path / "run"
     expected = recorded(own_models.unexportable_bnn)

@@ -118,7 +118,8 @@ TYPE_NAMES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6:
 BUILTIN = {
     0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D", 4: "DEPTHWISE_CONV_2D",
     6: "DEQUANTIZE", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL", 19: "RELU", 21: "RELU6",
-    22: "RESHAPE", 34: "PAD", 39: "TRANSPOSE", 40: "MEAN", 43: "SQUEEZE", 114: "QUANTIZE",
+    22: "RESHAPE", 34: "PAD", 39: "TRANSPOSE", 40: "MEAN", 41: "SUB", 43: "SQUEEZE",
+    114: "QUANTIZE",
 }  # fmt: skip
 
 
@@ -426,6 +427,13 @@ def op_mul(m, op, args):
     return _activate(m, m.tensor(op, -1), a * b, m.option(op, 0))
 
 
+def op_sub(m, op, args):
+    a, b = args
+    if a.dtype != np.float32:
+        raise UnsupportedOp("op SUB (int8) is not implemented")
+    return _activate(m, m.tensor(op, -1), a - b, m.option(op, 0))
+
+
 def op_pad(m, op, args):
     x, paddings = args[:2]
     value = 0 if x.dtype == np.float32 else int(m.tensor(op, 0).zero_point[0])
@@ -560,7 +568,8 @@ KERNELS = {
     "CONV_2D": op_conv_2d, "DEPTHWISE_CONV_2D": op_depthwise_conv_2d,
     "FULLY_CONNECTED": op_fully_connected, "MAX_POOL_2D": op_max_pool_2d,
     "AVERAGE_POOL_2D": op_average_pool_2d, "RESHAPE": op_reshape, "QUANTIZE": op_quantize,
-    "DEQUANTIZE": op_dequantize, "ADD": op_add, "MUL": op_mul, "PAD": op_pad, "MEAN": op_mean,
+    "DEQUANTIZE": op_dequantize, "ADD": op_add, "SUB": op_sub, "MUL": op_mul, "PAD": op_pad,
+    "MEAN": op_mean,
     "CONCATENATION": op_concatenation, "LceQuantize": op_lce_quantize,
     "LceDequantize": op_lce_dequantize, "LceBMaxPool2d": op_lce_bmaxpool2d,
     "LceBconv2d": op_lce_bconv2d, "TRANSPOSE": op_transpose,
