@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,15 +39,7 @@ class OnnxProbe:
     def run(
         self, x: np.ndarray, imposed: list[np.ndarray] | None = None
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        check_input_shape(self.input.shape, np.asarray(x)[None], "the ONNX model")
-        batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
-        feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
-        for k in range(len(self.sources)):
-            mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
-            if imposed is not None:  # broadcast over the batch axis
-                value = np.asarray(imposed[k], np.float32)[None]
-                mask = np.ones(value.shape, dtype=bool)
-            feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
+        feed = imposing_feed(self.input, x, len(self.sources), imposed)
         outputs = self.session.run(None, feed)
         return outputs[0][0], [o[0] for o in outputs[1:]]
 
@@ -60,6 +53,24 @@ class OnnxProbe:
             return logits, {**found, **dict.fromkeys(self.logits, logits)}
 
         return Witness(run=run)
+
+
+def imposing_feed(
+    session_input: Any, x: np.ndarray, sources: int, imposed: list[np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    """The feed of a session made by `imposable`: sample `x` (repeated to a fixed batch) on
+    `session_input`, and for each of the `sources` binarization inputs its `tie_mask_k` and
+    `tie_value_k`: the `imposed` signs (broadcast over the batch axis), or nothing imposed."""
+    check_input_shape(session_input.shape, np.asarray(x)[None], "the ONNX model")
+    batch = session_input.shape[0] if isinstance(session_input.shape[0], int) else 1
+    feed = {session_input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
+    for k in range(sources):
+        mask, value = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.float32)
+        if imposed is not None:
+            value = np.asarray(imposed[k], np.float32)[None]
+            mask = np.ones(value.shape, dtype=bool)
+        feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
+    return feed
 
 
 def _rewired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

@@ -49,10 +49,10 @@ from converters.errors import AccuracyDropError, ConversionMismatchError, FloatF
 from converters.flatbuffer import constant_tensors, flatbuffer_ops
 from converters.gate.checks import Checked, Checking, WitnessModels, check_twin
 from converters.gate.predicate import GateOptions, Replay, Witness, validate
-from converters.gate.probe import imposable
+from converters.gate.probe import imposable, imposing_feed
 from converters.graph import OnnxGraph
 from converters.patterns import binarizations_in
-from converters.runtimes import check_input_shape, open_model, ort_session, run_lce, run_onnx
+from converters.runtimes import open_model, ort_session, run_lce, run_onnx
 from converters.translate import Translated
 
 GRID_TOL = 1e-3  # of a step: float32 rounding of (q - z) * scale is ~1e-5 of one
@@ -172,9 +172,7 @@ class QuantProbe:
     def run(
         self, x: np.ndarray, imposed: list[np.ndarray] | None = None
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        check_input_shape(self.input.shape, np.asarray(x)[None], "the ONNX model")
-        batch = self.input.shape[0] if isinstance(self.input.shape[0], int) else 1
-        feed = {self.input.name: np.repeat(x[None].astype(np.float32), batch, axis=0)}
+        feed = imposing_feed(self.input, x, len(self.sources), imposed)
         logits, theirs = self.witness.run(x)
         theirs = {**theirs, **dict.fromkeys(self.model_outputs & set(self.points), logits)}
         theirs.update({p: self._quantized(p, theirs[p]) for p in self.from_float if p in theirs})
@@ -183,12 +181,6 @@ class QuantProbe:
                 raise ConversionMismatchError(f"the int8 witness lacks int8 tensor {point!r}")
             feed[f"quant_mask_{k}"] = np.ones(1, bool)
             feed[f"quant_value_{k}"] = np.asarray(theirs[point], np.float32)[None]
-        for k in range(len(self.sources)):
-            mask, value = np.zeros(1, bool), np.zeros(1, np.float32)
-            if imposed is not None:
-                value = np.asarray(imposed[k], np.float32)[None]
-                mask = np.ones(value.shape, bool)
-            feed[f"tie_mask_{k}"], feed[f"tie_value_{k}"] = mask, value
         outputs = self.session.run(None, feed)
         for k, point in enumerate(self.points):
             self._check(point, np.asarray(theirs[point]), outputs[self.own_index[k]][0])
@@ -325,15 +317,15 @@ def int8_census(flatbuffer: bytes, int8_layers: list[str]) -> dict[str, int]:
 def int8_kernels(qdq_model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The int8 kernel of each conv and dense node of a QDQ model, by node name: the int8
     constant its weight's DequantizeLinear reads."""
-    graph = qdq_model.graph
-    constants = {i.name: i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8}
-    made_by = {out: node for node in graph.node for out in node.output}
+    graph = OnnxGraph(qdq_model)
     kernels = {}
-    for node in graph.node:
-        maker = made_by.get(node.input[1]) if node.op_type in KERNEL_OPS else None
-        if maker is not None and maker.op_type == "DequantizeLinear":
-            if maker.input[0] in constants:
-                kernels[node.name] = onnx.numpy_helper.to_array(constants[maker.input[0]])
+    for node in graph.nodes:
+        maker = graph.producer.get(node.input[1]) if node.op_type in KERNEL_OPS else None
+        kernel = (
+            graph.const(maker.input[0]) if maker and maker.op_type == "DequantizeLinear" else None
+        )
+        if kernel is not None and kernel.dtype == np.int8:
+            kernels[node.name] = kernel
     return kernels
 
 
