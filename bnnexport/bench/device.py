@@ -205,8 +205,9 @@ def device_rows(
     runner, where = connected.runner, connected.client.destination
     samples, note = _samples(runner, connected.flatbuffer, scoring, device.batch)
     settings = run_settings(device, options, lce=connected.lce_settings)
-    measured = runner.measure(connected.client, connected.flatbuffer, settings, samples)
-    measured.extra["lce_settings"] = connected.lce_settings
+    measured = _labelled(
+        runner.measure(connected.client, connected.flatbuffer, settings, samples), connected
+    )
     note = measured.note or note
     if note:
         measured.extra["note"] = note
@@ -216,9 +217,12 @@ def device_rows(
               measured.latency, measured.extra)
     ]  # fmt: skip
     if outputs is not None and scoring.host_lce is not None and samples.copy is not None:
-        versus = {"reference": f"host {name}"}
+        versus = {"reference": f"host {name}", "emulated": measured.extra["emulated"],
+                  **steps_apart(samples.copy, outputs, scoring.host_lce)}  # fmt: skip
         rows.append(score(f"{name} vs host {name}", where, samples.copy, outputs, labels,
                           scoring.host_lce, {}, versus))  # fmt: skip
+        if versus["max_steps"]:
+            print(f"bnnexport: note: {int8_note(name, versus)}", file=sys.stderr)
     if note:
         print(f"bnnexport: note: {note}", file=sys.stderr)
     return rows, measured.raw
@@ -251,8 +255,45 @@ def _latency_row(
     samples = Samples(scoring.inputs, scoring.labels, int(scoring.reference.shape[1]))
     settings = run_settings(device, options, threads, connected.lce_settings)
     measured = connected.runner.latency(connected.client, connected.flatbuffer, settings, samples)
+    return _scored(f"lce ({threads} threads)", connected, _labelled(measured, connected), scoring)
+
+
+def _labelled(measured: Measurement, connected: Connected) -> Measurement:
+    """A device row's provenance in its fields: the LCE settings it ran with, and why its
+    latency is emulated (None: nothing says so; `deploy.ssh.emulation`)."""
     measured.extra["lce_settings"] = connected.lce_settings
-    return _scored(f"lce ({threads} threads)", connected, measured, scoring)
+    measured.extra["emulated"] = connected.identity.get("emulated")
+    return measured
+
+
+def steps_apart(copy: Path, outputs: np.ndarray, host: np.ndarray) -> dict[str, Any]:
+    """How far the device's outputs of an int8 flatbuffer are from the host's, in steps of its
+    int8 output (`output_step`; all None for a float output): the most, and on how many samples
+    any. Two correct builds round int8 requantization differently (ARM ties away from zero,
+    LCE's x86 build ties up: docs/LCE_NOTES.md "int8 on ARM"), so whole steps are expected.
+
+    Example:
+        >>> steps_apart(Path("model-arm64-b40.tflite"), device, host)  # doctest: +SKIP
+        {'output_step': 0.0421, 'max_steps': 3, 'samples_differing': 5}
+    """
+    from converters.flatbuffer import output_step
+
+    step = output_step(copy)
+    if step is None:
+        return {"output_step": None, "max_steps": None, "samples_differing": None}
+    steps = np.rint(np.abs(outputs.astype(np.float64) - host) / step).reshape(len(outputs), -1)
+    return {"output_step": step, "max_steps": int(steps.max(initial=0)),
+            "samples_differing": int((steps.max(axis=1, initial=0) > 0).sum())}  # fmt: skip
+
+
+def int8_note(name: str, versus: dict[str, Any]) -> str:
+    """One line on an int8 flatbuffer's device outputs some whole steps from the host's."""
+    return (
+        f"{name} on the device is up to {versus['max_steps']} int8 output step(s) of "
+        f"{versus['output_step']:.4g} from the host's LCE on {versus['samples_differing']} "
+        "sample(s): int8 rounding, not an error (ARM's int8 kernels round requantization ties "
+        'away from zero, LCE\'s x86 build rounds them up; docs/LCE_NOTES.md "int8 on ARM")'
+    )
 
 
 def _scored(
