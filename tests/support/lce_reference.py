@@ -164,6 +164,7 @@ class Model:
 
     def __init__(self, buf):
         self.buf = buf
+        self.rounding = "x86"  # `load(path, rounding)` sets it
         model = _ref(buf, 0)
         codes = []
         for at in _items(buf, _get(buf, model, 1)):
@@ -202,6 +203,7 @@ class Model:
         for op in self.ops:
             args = [values[i] if i >= 0 else None for i in op.inputs]
             values[op.outputs[0]] = KERNELS[op.name](self, op, args)
+        self.last_values = values  # every tensor by index (benchmarks/int8_on_arm.py reads them)
         return values[self.outputs[0]]
 
     def tensor(self, op, k):
@@ -209,10 +211,19 @@ class Model:
         return self.tensors[op.outputs[0] if k == -1 else op.inputs[k]]
 
 
-def load(path):
-    """The model of a flatbuffer file."""
+ROUNDINGS = ("x86", "arm")  # whose int8 requantization: LCE's x86 host build, or its ARM build
+
+
+def load(path, rounding="x86"):
+    """The model of a flatbuffer file, computing int8 requantization as LCE's x86 build does
+    (`rounding="x86"`, the host's interpreter) or as its aarch64 build does ("arm", what
+    `lce_benchmark_model` computes on a device, and so the stand-in)."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding {rounding!r}: one of {ROUNDINGS}")
     with open(path, "rb") as file:
-        return Model(file.read())
+        model = Model(file.read())
+    model.rounding = rounding
+    return model
 
 
 def int8_output_step(path):
@@ -291,13 +302,19 @@ def _quantize_multiplier(real):
     return np.where(tiny, 0, q), np.where(tiny, 0, shift)
 
 
-def _requantize(acc, q, shift):
-    """MultiplyByQuantizedMultiplier as ruy (TFLite's int8 GEMM) applies it, in int64: a left
-    shift for shift > 0, a rounding high multiply by the Q31 multiplier, then a rounding right
-    shift, both rounding ties up (docs/LCE_NOTES.md: not the reference kernels' ties away)."""
+def _requantize(acc, q, shift, rounding="x86"):
+    """MultiplyByQuantizedMultiplier, in int64: a left shift for shift > 0, a rounding high
+    multiply by the Q31 multiplier (ties up), then a rounding right shift whose ties go up as
+    ruy's x86 kernels (LCE's host build) round them, or away from zero as the ARM build does
+    (`rounding="arm"`: TFLite's RoundingDivideByPOT; docs/LCE_NOTES.md "int8 on ARM", found by
+    comparing the real aarch64 tool's int8 tensors with this: bit for bit equal then)."""
     acc = acc.astype(np.int64) * np.left_shift(np.int64(1), np.maximum(shift, 0))
     high = (acc * q + (1 << 30)) >> 31
     right = np.maximum(-shift, 0)
+    if rounding == "arm":
+        mask = np.left_shift(np.int64(1), right) - 1
+        threshold = (mask >> 1) + (high < 0)  # a negative tie rounds down: away from zero
+        return (high >> right) + ((high & mask) > threshold)
     half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
     return (high + half) >> right
 
@@ -307,7 +324,8 @@ def _int8_output(m, op, acc, input_scale, weight_scale, activation):
     out = m.tensor(op, -1)
     effective = float(input_scale) * weight_scale.astype(np.float64) / float(out.scale[0])
     q, shift = _quantize_multiplier(effective)
-    return _activate(m, out, _requantize(acc, q, shift) + int(out.zero_point[0]), activation)
+    requantized = _requantize(acc, q, shift, m.rounding)
+    return _activate(m, out, requantized + int(out.zero_point[0]), activation)
 
 
 def _offset(m, op, x):
