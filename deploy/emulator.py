@@ -410,3 +410,24 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return fields[0] != "Z"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m deploy.emulator SESSION CACHE [BINARY]`: serve until SIGTERM, printing nothing
+    but a failure's one line (exit 2). `bnnexport device start` runs it in the background: it
+    starts in seconds, without the CLI's imports."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        serve(Path(args[0]), Path(args[1]), args[2] if len(args) > 2 else None)
+    except (EmulatorUnavailableError, EmulatorStateError) as error:
+        print(f"bnnexport: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except (KeyboardInterrupt, Stopped):
+        pass  # stopped while starting: serve's `finally` blocks have stopped what had started
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -125,9 +126,11 @@ def emulate_command(session: str | None, benchmark_binary: str | None, as_json: 
 @json_option
 @handle_errors
 def start_command(session: str | None, benchmark_binary: str | None, as_json: bool) -> None:
-    """Start the emulated device in the background (what `emulate` serves) and return once it
-    listens, printing the `bench` options that reach it; `bnnexport device stop` stops it."""
-    from deploy.emulator import read_state
+    """Start the emulated device in the background (what `emulate` serves, as `python -m
+    deploy.emulator`, its log in the folder's emulate.log) and return once it listens, printing
+    the `bench` options that reach it; `bnnexport device stop` stops it."""
+    from deploy import emulator
+    from deploy.emulator import default_cache, read_state
     from deploy.errors import EmulatorStateError, EmulatorUnavailableError
 
     folder = _session(session)
@@ -135,13 +138,19 @@ def start_command(session: str | None, benchmark_binary: str | None, as_json: bo
     if read_state(folder) is not None:
         raise EmulatorStateError(f"an emulated device already serves from {folder}")
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "bnnexport", "device", "emulate", "--dir", str(folder)]
+    argv = [sys.executable, "-m", "deploy.emulator", str(folder), str(default_cache())]
     if benchmark_binary is not None:
-        argv += ["--benchmark-binary", str(Path(benchmark_binary).resolve())]
+        argv.append(str(Path(benchmark_binary).resolve()))
+    # the server imports the same deploy package as this process, wherever that came from
+    here = str(Path(emulator.__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+    }
     log = folder / "emulate.log"
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                   start_new_session=True)  # fmt: skip
+                                   start_new_session=True, env=env)  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT
     while (state := read_state(folder)) is None or state["pid"] != process.pid:
         if process.poll() is not None:
