@@ -18,22 +18,26 @@ are made up. Each test prints which tool it ran.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import socket
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from support import lce_reference
 from support.aarch64_device import cache_dir
 from support.cli import invoke
 from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
+from support.device_runs import (
+    assert_int8_device_follows_arm,
+    assert_labelled,
+    bench_on,
+    device_args,
+    tool,
+)
 from support.processes import processes_mentioning
-from support.stand_in import REAL_BINARY, write_stand_in
+from support.stand_in import REAL_BINARY
 
 from bnnexport.run.checkpoint import load_model
 from converters.flatbuffer import flatbuffer_ops
@@ -54,49 +58,13 @@ def copied_run(_trained_run_template, tmp_path_factory):
     return run
 
 
-def _binary(tmp_path: Path, log: str | None = None) -> str:
-    """The tool the device tests run: the real one, else the stand-in (logging each argv to
-    `log`, a path on the device, when given)."""
-    if REAL_BINARY:
-        print(f"\nlce_benchmark_model: the real tool {REAL_BINARY}")
-        return REAL_BINARY
-    print("\nlce_benchmark_model: the aarch64 Python stand-in (NumPy reference interpreter)")
-    return str(write_stand_in(tmp_path / "lce_benchmark_model", log))
-
-
-def _assert_labelled(row: dict, binary: str) -> None:
-    """A device row says which tool made it and that its latency is emulated."""
-    tool = row["extra"]["tool"]
-    if REAL_BINARY:
-        digest = hashlib.sha256(Path(binary).read_bytes()).hexdigest()
-        assert (tool["format"], tool["sha256"]) == ("ELF aarch64", digest)
-    else:
-        assert tool["format"] == "script (#!/usr/bin/env python3)"
-    assert row["extra"]["emulated"].startswith("uname -m says aarch64 but /proc/cpuinfo")
-
-
-def _device_args(arm_device, binary: str) -> list[str]:
-    argv = ["--device", arm_device.destination, "--port", str(arm_device.port), "--ssh-key",
-            str(arm_device.key), "--remote-tmp", arm_device.remote_tmp, "--runner",
-            "lce_benchmark_model", "--benchmark-binary", binary]  # fmt: skip
-    for option in arm_device.options:
-        argv += ["--ssh-option", option]
-    return argv
-
-
 def _bench(run, arm_device, binary, *args):
-    return _bench_with(run, _device_args(arm_device, binary), *args)
-
-
-def _bench_with(run, device_args, *args):
-    argv = [str(run), "--runs", "2", "--warmup", "1", "--samples", str(SAMPLES), *device_args,
-            "--timeout", "900", "--json", *args]  # fmt: skip
-    return invoke("bench", *argv)
+    return bench_on(run, device_args(arm_device, binary), SAMPLES, *args)
 
 
 @pytest.mark.slow
 def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, tmp_path):
-    binary = _binary(tmp_path)
+    binary = tool(tmp_path)
     # the issue's acceptance command: accuracy, the op profile by layer, two thread counts
     args = ("--device-batch", str(BATCH), "--profile", "--threads", "1,2")
     result = _bench(copied_run, arm_device, binary, *args)
@@ -117,7 +85,7 @@ def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, t
         flat = [op.op_type for op in flatbuffer_ops(copied_run / "model-arm64.tflite")]
         assert [o["node_type"] for o in device["extra"]["ops"]] == flat
         assert {"CONV_2D", "FULLY_CONNECTED", "MAX_POOL_2D"} <= op_types
-    _assert_labelled(device, binary)
+    assert_labelled(device, binary)
     assert data["device"]["emulated"] == device["extra"]["emulated"]
     extra = device["extra"]
     assert extra["accuracy_model"] == f"model-arm64-b{BATCH}.tflite"
@@ -149,16 +117,15 @@ def int8_run(copied_run, tmp_path_factory):
 def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
     int8_run, arm_device, tmp_path
 ):
-    binary = _binary(tmp_path)
+    binary = tool(tmp_path)
     result = _bench(int8_run, arm_device, binary, "--device-batch", str(BATCH), "--profile")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     rows = {(b["name"], b["where"] == "host"): b for b in data["backends"]}
-    host, device = rows[("lce-int8", True)], rows[("lce-int8", False)]
-    versus_host = rows[("lce-int8 vs host lce-int8", False)]
+    device, versus_host = rows[("lce-int8", False)], rows[("lce-int8 vs host lce-int8", False)]
     assert device["extra"]["accuracy_model"] == f"model-arm64-int8-b{BATCH}.tflite"
     assert device["size_bytes"] < rows[("lce", False)]["size_bytes"]
-    _assert_labelled(device, binary)
+    assert_labelled(device, binary)
     change = data["int8_profile"]["change"]
     assert change["summary"].startswith("int8 device profile: float layers")
     assert {r["layer"] for r in change["layers"]} >= {"features.0", "classifier.3"}
@@ -166,25 +133,7 @@ def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
     assert "## What int8 changed, by PyTorch layer" in report
     assert arm_device.leftovers() == []
     # the device computes what ARM's int8 rounding gives (with the real tool: LCE's ARM kernels)
-    with np.load(int8_run / "samples.npz") as samples:
-        inputs, labels = samples["inputs"][:SAMPLES], samples["labels"][:SAMPLES]
-    copy = int8_run / f"model-arm64-int8-b{BATCH}.tflite"
-    arm = lce_reference.load(copy, rounding="arm").run(inputs)
-    from converters.runtimes import run_lce
-
-    x86 = run_lce(int8_run / "model-arm64-int8.tflite", inputs)
-    assert device["top1"] == float((arm.argmax(1) == labels).mean())
-    step = lce_reference.int8_output_step(copy)
-    steps = np.rint(np.abs(arm - x86) / step).max(axis=1)
-    # bench reports how far from the host's LCE, in output steps, and on how many samples
-    assert versus_host["max_abs_diff"] == pytest.approx(np.abs(arm - x86).max(), abs=1e-5)
-    assert versus_host["extra"]["output_step"] == pytest.approx(step)
-    assert versus_host["extra"]["max_steps"] == int(steps.max())
-    assert versus_host["extra"]["samples_differing"] == int((steps > 0).sum())
-    # top-1 and argmax move only on the samples whose outputs differ
-    moved = versus_host["extra"]["samples_differing"] / SAMPLES
-    assert abs(device["top1"] - host["top1"]) <= moved
-    assert versus_host["argmax_agreement"] >= 1 - moved
+    assert_int8_device_follows_arm(rows, int8_run, SAMPLES, BATCH)
     if versus_host["extra"]["max_steps"]:
         assert "int8 rounding, not an error" in result.stderr
         assert "int8 output step(s)" in report
@@ -220,7 +169,7 @@ def tool_and_log(arm_device, tmp_path):
     logs each argv to (None for the real tool, which logs nothing)."""
     log = arm_device.host_tmp.parent / "grouped-stand-in.log"
     log.unlink(missing_ok=True)
-    binary = _binary(tmp_path, f"{Path(arm_device.remote_tmp).parent}/{log.name}")
+    binary = tool(tmp_path, f"{Path(arm_device.remote_tmp).parent}/{log.name}")
     return binary, None if REAL_BINARY else log
 
 
@@ -286,7 +235,7 @@ def test_device_start_serves_a_device_bench_runs_on_and_stop_leaves_nothing_runn
 ):
     """The product command end to end (`arm_device` only makes sure the device can run here):
     start it, bench the run on it with the tool, stop it; then nothing it started runs."""
-    binary = _binary(tmp_path)
+    binary = tool(tmp_path)
     monkeypatch.setenv("BNNEXPORT_CACHE", str(cache_dir()))
     session = tmp_path / "product-device"
     started = invoke("device", "start", "--dir", session, "--benchmark-binary", binary, "--json")
@@ -295,13 +244,13 @@ def test_device_start_serves_a_device_bench_runs_on_and_stop_leaves_nothing_runn
         state = json.loads(started.stdout)
         assert "not an ARM CPU's" in started.stderr
         assert invoke("device", "status", "--dir", session).stdout.split() == state["bench_args"]
-        result = _bench_with(copied_run, state["bench_args"], "--device-batch", str(BATCH))
+        result = bench_on(copied_run, state["bench_args"], SAMPLES, "--device-batch", str(BATCH))
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         device = next(b for b in data["backends"] if b["name"] == "lce" and b["where"] != "host")
         host = next(b for b in data["backends"] if b["name"] == "lce" and b["where"] == "host")
         assert device["top1"] == host["top1"] and device["extra"]["note"] is None
-        _assert_labelled(device, binary)
+        assert_labelled(device, binary)
     finally:
         stopped = invoke("device", "stop", "--dir", session)
     assert stopped.exit_code == 0, stopped.output

@@ -119,7 +119,7 @@ BUILTIN = {
     0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D", 4: "DEPTHWISE_CONV_2D",
     6: "DEQUANTIZE", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL", 19: "RELU", 21: "RELU6",
     22: "RESHAPE", 34: "PAD", 39: "TRANSPOSE", 40: "MEAN", 41: "SUB", 43: "SQUEEZE",
-    114: "QUANTIZE",
+    49: "SPLIT", 114: "QUANTIZE",
 }  # fmt: skip
 
 
@@ -202,7 +202,10 @@ class Model:
         values[self.inputs[0]] = np.asarray(inputs, first.dtype).reshape((-1,) + first.shape[1:])
         for op in self.ops:
             args = [values[i] if i >= 0 else None for i in op.inputs]
-            values[op.outputs[0]] = KERNELS[op.name](self, op, args)
+            result = KERNELS[op.name](self, op, args)  # a tuple for an op of several outputs
+            results = result if isinstance(result, tuple) else (result,)
+            for index, value in zip(op.outputs, results, strict=True):
+                values[index] = value
         self.last_values = values  # every tensor by index (benchmarks/int8_on_arm.py reads them)
         return values[self.outputs[0]]
 
@@ -489,6 +492,13 @@ def op_transpose(m, op, args):
     return np.transpose(args[0], [int(a) for a in args[1]])
 
 
+def op_split(m, op, args):
+    """SPLIT(axis, x) into num_splits equal parts (a grouped conv's per-group inputs); any type,
+    the values moved as they are."""
+    axis, x = int(np.asarray(args[0]).reshape(-1)[0]), args[1]
+    return tuple(np.split(x, m.option(op, 0, "<i", 1), axis=axis % x.ndim))
+
+
 # --- LCE's custom ops ------------------------------------------------------------------------
 
 
@@ -590,5 +600,5 @@ KERNELS = {
     "MEAN": op_mean,
     "CONCATENATION": op_concatenation, "LceQuantize": op_lce_quantize,
     "LceDequantize": op_lce_dequantize, "LceBMaxPool2d": op_lce_bmaxpool2d,
-    "LceBconv2d": op_lce_bconv2d, "TRANSPOSE": op_transpose,
+    "LceBconv2d": op_lce_bconv2d, "TRANSPOSE": op_transpose, "SPLIT": op_split,
 }  # fmt: skip
