@@ -74,6 +74,9 @@ TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may
 MIN_TIES = 2  # ... or this many, whichever is larger, per sample
 # reported only: predictions whose reference top-1 margin is at least this fraction of the range
 CONFIDENT_MARGIN = 0.05
+# a reference no replay can probe (`GateOptions.unprobed_flips`): one rounding tie may change
+# one prediction
+UNPROBED_FLIPS = 1
 
 
 @dataclass(frozen=True)
