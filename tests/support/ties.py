@@ -40,7 +40,9 @@ class PlantedTie:
     source: str
 
 
-def source_values(model: nn.Module, onnx_path: Path, inputs: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+def source_values(
+    model: nn.Module, onnx_path: Path, inputs: np.ndarray
+) -> tuple[str, np.ndarray, np.ndarray]:
     """(the first binarization's ONNX source, PyTorch's values of it, ONNX Runtime's) on
     `inputs`, ONNX Runtime running the graph as the normaliser writes it (as the gate does)."""
     probe = TracedProbe(model, onnx_path, inputs[0])
@@ -92,3 +94,26 @@ def _candidates(ours: np.ndarray, theirs: np.ndarray, channels: int) -> list[tup
         if (row == ours[sample, position]).sum() == 1:
             found.append((abs(float(ours[sample, position])), int(sample), int(position)))
     return [(s, p) for _, s, p in sorted(found)]
+
+
+def plant_in_run(run: Path, side: Callable[[int, int], float] | None = None) -> PlantedTie:
+    """`plant_tie` on a run's model (its first binarization reads the stem's BatchNorm,
+    `model.stem[1]`: tests/support/own_models.py's layout), on the run's check samples
+    (samples.npz, so `bnnexport export` once first); the shifted model goes back into
+    checkpoint.pt, where export and convert read it."""
+    from bnnexport.export import onnx_export
+    from bnnexport.run.checkpoint import load_checkpoint, open_model, save_checkpoint
+
+    model = open_model(run).model.eval()
+    with np.load(run / "samples.npz") as samples:
+        inputs = samples["inputs"]
+    path = run.parent / f"{run.name}-planting.onnx"
+
+    def export(net: nn.Module) -> Path:
+        onnx_export(net, torch.from_numpy(inputs[:1]), path, do_constant_folding=False)
+        return path
+
+    tie = plant_tie(model, model.stem[1], export, inputs, side)
+    payload = {k: v for k, v in load_checkpoint(run).items() if k not in ("format", "version")}
+    save_checkpoint(run / "checkpoint.pt", {**payload, "model": model.state_dict()})
+    return tie
