@@ -151,6 +151,7 @@ class ConvertReport(Report):
                 f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
                 f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
+                + (f", through {c['through']}" if c.get("through") else "")
             )
         lines += int8_lines(int8)
         lines.append("op_histogram")  # (rewrites and zero_free_signs print with the fields)

@@ -405,9 +405,10 @@ def through_onnx(
     direct = compare(found, lce_outputs, options.rtol)
     onnx_vs_lce = compare(onnx_outputs, lce_outputs, options.rtol)
     return GateReport(
-        reference=ref.name, candidate="LCE (through ONNX Runtime)", samples=direct.samples,
+        reference=ref.name, candidate="LCE", samples=direct.samples,
         tolerance=direct.tolerance, plain_argmax_agreement=direct.argmax_agreement,
         plain_max_abs_diff=direct.max_abs_diff,
         argmax_agreement=min(link.argmax_agreement, onnx_vs_lce.argmax_agreement),
         max_abs_diff=max(link.max_abs_diff, onnx_vs_lce.max_abs_diff),
+        through=f"ONNX Runtime ({ref.unprobed})",
     )  # fmt: skip

@@ -159,6 +159,9 @@ class GateReport:
     tie_largest: float = 0.0  # largest |x| / max |x| among them (either runtime)
     sure_predictions: int = 0  # reference top-1 margin >= confident_margin x its logit range
     sure_changed: int = 0  # of those, how many the candidate predicts otherwise (plain)
+    # a reference no replay could probe, checked through a third runtime: which, and why
+    # (`converters.gate.checks.through_onnx`); None: compared directly
+    through: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

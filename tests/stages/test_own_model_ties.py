@@ -125,3 +125,44 @@ def test_without_the_replay_convert_refuses_the_tie_naming_sample_and_binarizati
         (run / "model-arm64.tflite").read_bytes()
         == (planted[0] / "model-arm64.tflite").read_bytes()
     )
+
+
+def test_where_pytorch_cannot_be_traced_convert_proves_the_chain_through_onnx_runtime(
+    planted, monkeypatch
+):
+    """The same model with its trace made to fail: PyTorch is checked against ONNX Runtime
+    (predictions only: the tie moves no prediction) and ONNX Runtime against LCE with its own
+    replay, and the report says so."""
+    run = copy_of(planted[0], "untraced")
+
+    def untraceable(*_args, **_kwargs):
+        raise RuntimeError("an op the trace cannot see")
+
+    monkeypatch.setattr("bnnexport.nn.torch_probe.trace_binarizations", untraceable)
+    report = cli_json("convert", run, "--target", "arm64")
+    torch_check = next(c for c in report["checks"] if c["reference"] == "PyTorch")
+    assert torch_check["through"].startswith("ONNX Runtime (tracing its forward pass failed")
+    assert torch_check["argmax_agreement"] == 1.0 and report["lce_bconv2d"] == 2
+
+
+def test_through_onnx_runtime_two_predictions_pytorch_and_onnx_runtime_part_on_are_refused(
+    planted, monkeypatch
+):
+    from bnnexport import export
+
+    run = copy_of(planted[0], "untraced-apart")
+    real = export.torch_outputs
+
+    def two_moved(model, inputs, *args):
+        out = real(model, inputs, *args).copy()
+        for row in (0, 1):
+            out[row, int(out[row].argmax())] = out[row].min() - 1.0  # another class wins
+        return out
+
+    def untraceable(*_args, **_kwargs):
+        raise RuntimeError("an op the trace cannot see")
+
+    monkeypatch.setattr("bnnexport.nn.torch_probe.trace_binarizations", untraceable)
+    monkeypatch.setattr(export, "torch_outputs", two_moved)
+    result = run_in_process("convert", run, "--target", "arm64")
+    assert_one_line_error(result, 1, "2 predictions differ", "cannot be replayed: tracing")
