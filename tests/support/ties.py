@@ -96,11 +96,13 @@ def _candidates(ours: np.ndarray, theirs: np.ndarray, channels: int) -> list[tup
     return [(s, p) for _, s, p in sorted(found)]
 
 
-def plant_in_run(run: Path, side: Callable[[int, int], float] | None = None) -> PlantedTie:
-    """`plant_tie` on a run's model (its first binarization reads the stem's BatchNorm,
-    `model.stem[1]`: tests/support/own_models.py's layout), on the run's check samples
-    (samples.npz, so `bnnexport export` once first); the shifted model goes back into
-    checkpoint.pt, where export and convert read it."""
+def plant_in_run(
+    run: Path, batchnorm: str, side: Callable[[int, int], float] | None = None
+) -> PlantedTie:
+    """`plant_tie` on a run's model, shifting its module `batchnorm` (the BatchNorm whose output
+    it binarizes first: `own_models.FIRST_BATCHNORM`), on the run's check samples (samples.npz,
+    so `bnnexport export` once first); the shifted model goes back into checkpoint.pt, where
+    export and convert read it."""
     from bnnexport.export import onnx_export
     from bnnexport.run.checkpoint import load_checkpoint, open_model, save_checkpoint
 
@@ -113,7 +115,7 @@ def plant_in_run(run: Path, side: Callable[[int, int], float] | None = None) -> 
         onnx_export(net, torch.from_numpy(inputs[:1]), path, do_constant_folding=False)
         return path
 
-    tie = plant_tie(model, model.stem[1], export, inputs, side)
+    tie = plant_tie(model, model.get_submodule(batchnorm), export, inputs, side)
     payload = {k: v for k, v in load_checkpoint(run).items() if k not in ("format", "version")}
     save_checkpoint(run / "checkpoint.pt", {**payload, "model": model.state_dict()})
     return tie
