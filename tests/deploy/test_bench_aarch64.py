@@ -33,11 +33,11 @@ from support.device_runs import (
     assert_int8_device_follows_arm,
     assert_labelled,
     bench_on,
-    device_args,
+    emulated_device_args,
     tool,
 )
 from support.processes import processes_mentioning
-from support.stand_in import REAL_BINARY
+from support.stand_in import REAL_BINARY, write_stand_in
 
 from bnnexport.run.checkpoint import load_model
 from converters.flatbuffer import flatbuffer_ops
@@ -59,7 +59,7 @@ def copied_run(_trained_run_template, tmp_path_factory):
 
 
 def _bench(run, arm_device, binary, *args):
-    return bench_on(run, device_args(arm_device, binary), SAMPLES, *args)
+    return bench_on(run, emulated_device_args(arm_device, binary), SAMPLES, *args)
 
 
 @pytest.mark.slow
@@ -178,9 +178,9 @@ def tool_and_log(arm_device, tmp_path):
 def test_a_grouped_model_benches_on_the_device_with_the_tools_default_kernels(
     arm_device, tool_and_log, tmp_path, seeded
 ):
-    """bnnexport writes a grouped binary conv as one LceBconv2d per group: the tool (which
-    refuses a grouped LceBconv2d under its default kernels, the stand-in as the real one) runs
-    it with no kernel flag at all."""
+    """bnnexport writes a grouped binary conv as one LceBconv2d per group, so LCE's default
+    kernels run it: bench passes no kernel flag (the stand-in, which refuses a grouped
+    LceBconv2d without one, logs what it got; the real tool runs it)."""
     from bnnexport import convert_module
 
     binary, log = tool_and_log
@@ -195,34 +195,42 @@ def test_a_grouped_model_benches_on_the_device_with_the_tools_default_kernels(
     assert arm_device.leftovers() == []
 
 
+@pytest.fixture
+def logged_stand_in(arm_device, tmp_path):
+    """(stand-in, log): the stand-in logging each argv to a file the host reads."""
+    log = arm_device.host_tmp.parent / "grouped-stand-in.log"
+    log.unlink(missing_ok=True)
+    remote_log = f"{Path(arm_device.remote_tmp).parent}/{log.name}"
+    return write_stand_in(tmp_path / "lce_benchmark_model", remote_log), log
+
+
 @pytest.mark.slow
-def test_a_grouped_lce_bconv2d_is_benched_on_the_device_with_indirect_bgemm(
-    arm_device, tool_and_log, tmp_path
+def test_a_grouped_lce_bconv2d_runs_on_the_device_only_with_indirect_bgemm(
+    arm_device, logged_stand_in, tmp_path
 ):
     """A flatbuffer holding LCE's own grouped LceBconv2d (another tool's), which LCE's optimized
     BGEMM kernel refuses: bench tells the runner `--use_indirect_bgemm=true` and says why in a
-    note. (The real aarch64 tool here runs it with its default kernel too, which in that build
-    is LCE's reference kernel: docs/LCE_NOTES.md "int8 on ARM". The stand-in refuses it without
-    the flag as LCE's optimized kernel does, and logs the flag bench passed.)"""
-    binary, log = tool_and_log
+    note. The stand-in, whatever tool the session has: it refuses the flatbuffer without the
+    flag as that kernel does and logs the flag bench passed (the real aarch64 build here runs
+    it either way, its default bconv kernel being LCE's reference one: docs/LCE_NOTES.md "int8
+    on ARM")."""
+    binary, log = logged_stand_in
     theirs = lce_grouped_flatbuffer(tmp_path / "theirs.tflite")
-    if log is not None:
-        client = arm_device.client()
-        with client.workdir() as work:
-            client.put(binary, f"{work}/tool")
-            client.put(theirs, f"{work}/theirs.tflite")
-            refused = client.run(["python3", f"{work}/tool", f"--graph={work}/theirs.tflite",
-                                  "--num_runs=1"], check=False, merge_stderr=True)  # fmt: skip
-        assert refused.returncode == 1
-        assert "Grouped binary convolutions are not supported with this kernel." in refused.stdout
-        assert "Benchmarking failed." in refused.stdout
+    client = arm_device.client()
+    with client.workdir() as work:
+        client.put(binary, f"{work}/tool")
+        client.put(theirs, f"{work}/theirs.tflite")
+        refused = client.run(["python3", f"{work}/tool", f"--graph={work}/theirs.tflite",
+                              "--num_runs=1"], check=False, merge_stderr=True)  # fmt: skip
+    assert refused.returncode == 1
+    assert "Grouped binary convolutions are not supported with this kernel." in refused.stdout
+    assert "Benchmarking failed." in refused.stdout
 
-    result, row = _bench_file(theirs, arm_device, binary)
+    result, row = _bench_file(theirs, arm_device, str(binary))
     assert row["extra"]["lce_settings"] == {"use_indirect_bgemm": True}
     assert "theirs.tflite needs use_indirect_bgemm=True" in result.stderr
-    if log is not None:
-        argvs = [json.loads(line) for line in log.read_text().splitlines()]
-        assert all("--use_indirect_bgemm=true" in argv for argv in argvs[1:])  # [0]: the refusal
+    argvs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all("--use_indirect_bgemm=true" in argv for argv in argvs[1:])  # [0]: the refusal
     assert arm_device.leftovers() == []
 
 

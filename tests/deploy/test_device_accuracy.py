@@ -23,7 +23,7 @@ from support.device_runs import (
     assert_int8_device_follows_arm,
     assert_labelled,
     bench_on,
-    device_args,
+    emulated_device_args,
     rows_of,
     tool,
 )
@@ -50,8 +50,8 @@ def _prepared(folder: Path, model: str, shape: tuple[int, int, int]) -> Path:
 
 def _bench_both(run: Path, arm_device, tmp_path: Path) -> dict:
     binary = tool(tmp_path)
-    rows = rows_of(bench_on(run, device_args(arm_device, binary), SAMPLES, "--device-batch",
-                            str(BATCH)))  # fmt: skip
+    device = emulated_device_args(arm_device, binary)
+    rows = rows_of(bench_on(run, device, SAMPLES, "--device-batch", str(BATCH)))
     for name in ("lce", "lce-int8"):
         assert_labelled(rows[(name, False)], binary)
         settings = json.loads((run / ("convert.json" if name == "lce" else "convert-int8.json"))

@@ -34,7 +34,7 @@ def tool(tmp_path: Path, log: str | None = None) -> str:
     return str(write_stand_in(tmp_path / "lce_benchmark_model", log))
 
 
-def device_args(arm_device, binary: str) -> list[str]:
+def emulated_device_args(arm_device, binary: str) -> list[str]:
     """The `bench` options that run on the `arm_device` fixture's device with `binary`."""
     argv = ["--device", arm_device.destination, "--port", str(arm_device.port), "--ssh-key",
             str(arm_device.key), "--remote-tmp", arm_device.remote_tmp, "--runner",
@@ -68,7 +68,7 @@ def assert_labelled(row: dict, binary: str) -> None:
     assert row["extra"]["emulated"].startswith("uname -m says aarch64 but /proc/cpuinfo")
 
 
-def _samples(run: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
+def _run_samples(run: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
     with np.load(run / "samples.npz") as data:
         return data["inputs"][:count], data["labels"][:count]
 
@@ -77,7 +77,7 @@ def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> Non
     """The float flatbuffer on the device: the host LCE's outputs within float rounding."""
     from converters.runtimes import run_lce
 
-    inputs, _ = _samples(run, samples)
+    inputs, _ = _run_samples(run, samples)
     host, device = rows[("lce", True)], rows[("lce", False)]
     versus = rows[("lce vs host lce", False)]
     scale = max(1.0, float(np.abs(run_lce(run / "model-arm64.tflite", inputs)).max()))
@@ -92,7 +92,7 @@ def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: i
     from the host are those; top-1 and argmax move only on samples that differ."""
     from converters.runtimes import run_lce
 
-    inputs, labels = _samples(run, samples)
+    inputs, labels = _run_samples(run, samples)
     copy = run / f"model-arm64-int8-b{batch}.tflite"
     arm = lce_reference.load(copy, rounding="arm").run(inputs)
     x86 = run_lce(run / "model-arm64-int8.tflite", inputs)

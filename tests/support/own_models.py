@@ -146,6 +146,8 @@ class GroupedBNN(nn.Module):
 
 def grouped_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
     return GroupedBNN(num_classes, tuple(input_shape))
+
+
 class RSign(nn.Module):
     """ReActNet's sign with a learned per-channel threshold β: sign(x - β) forward (plain
     `torch.sign`), the clipped identity backward through the detach trick."""
