@@ -11,8 +11,8 @@ without a Pi").
 
 The tool: LCE's real aarch64 `lce_benchmark_model` when BNNEXPORT_LCE_BENCHMARK_AARCH64 names it
 (`make test` points it at ../shared/tools/lce_benchmark_model_aarch64 where that file exists),
-else the stand-in (support/stand_in.py); the test session's header says which
-(`pytest_report_header`).
+else the stand-in (support/stand_in.py); the test session's header and its last lines say which
+(`pytest_report_header`, `pytest_terminal_summary`).
 
 Example (in a test):
     >>> def test_machine(arm_device):                                   # doctest: +SKIP
@@ -57,6 +57,11 @@ def tool_said() -> str:
 
 def pytest_report_header(config) -> str:
     return tool_said()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The same line after the results: `make test` runs pytest with -q, which shows no header."""
+    terminalreporter.write_line(tool_said())
 
 
 @dataclasses.dataclass
