@@ -88,8 +88,11 @@ def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> Non
 
 
 def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: int) -> None:
-    """The int8 flatbuffer on the device: what ARM's int8 rounding computes; bench's steps
-    from the host are those; top-1 and argmax move only on samples that differ."""
+    """The int8 flatbuffer on the device: what LCE's ARM build computes (the reference with
+    `rounding="arm"`), bench's steps from the host are those, and top-1 and argmax move only on
+    samples that differ. Float sums (MEAN) add in another order on ARM than in the reference:
+    a value near a tie may then round one step the other way, so steps may be one off and a
+    few samples more or fewer may differ."""
     from converters.runtimes import run_lce
 
     inputs, labels = _run_samples(run, samples)
@@ -98,18 +101,23 @@ def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: i
     x86 = run_lce(run / "model-arm64-int8.tflite", inputs)
     host, device = rows[("lce-int8", True)], rows[("lce-int8", False)]
     versus = rows[("lce-int8 vs host lce-int8", False)]
-    scale = max(1.0, float(np.abs(x86).max()))
-    assert versus["max_abs_diff"] == pytest.approx(np.abs(arm - x86).max(), abs=1e-5 * scale)
-    assert versus["argmax_agreement"] == pytest.approx(
-        float((arm.argmax(1) == x86.argmax(1)).mean())
-    )
+    step = lce_reference.int8_output_step(copy) if versus["extra"]["output_step"] else None
+    slack = max(1, samples // 10)
+    agree = float((arm.argmax(1) == x86.argmax(1)).mean())
+    assert abs(versus["argmax_agreement"] - agree) <= slack / samples
     if labels.min() >= 0:
-        assert device["top1"] == float((arm.argmax(1) == labels).mean())
-    step = lce_reference.int8_output_step(copy)
+        assert abs(device["top1"] - float((arm.argmax(1) == labels).mean())) <= slack / samples
+    if step is None:  # a float output (a binary layer after the last int8 one): no steps
+        scale = max(1.0, float(np.abs(x86).max()))
+        expected = np.abs(arm - x86).max()
+        assert versus["max_abs_diff"] == pytest.approx(
+            expected, rel=1e-3, abs=FLOAT_TOLERANCE * scale
+        )
+        return
     steps = np.rint(np.abs(arm.astype(np.float64) - x86) / step).max(axis=1)
     assert versus["extra"]["output_step"] == pytest.approx(step)
-    assert versus["extra"]["max_steps"] == int(steps.max())
-    assert versus["extra"]["samples_differing"] == int((steps > 0).sum())
+    assert abs(versus["extra"]["max_steps"] - int(steps.max())) <= 1
+    assert abs(versus["extra"]["samples_differing"] - int((steps > 0).sum())) <= slack
     moved = versus["extra"]["samples_differing"] / samples
     if labels.min() >= 0:
         assert abs(device["top1"] - host["top1"]) <= moved

@@ -310,7 +310,9 @@ def _requantize(acc, q, shift, rounding="x86"):
     multiply by the Q31 multiplier (ties up), then a rounding right shift whose ties go up as
     ruy's x86 kernels (LCE's host build) round them, or away from zero as the ARM build does
     (`rounding="arm"`: TFLite's RoundingDivideByPOT; docs/LCE_NOTES.md "int8 on ARM", found by
-    comparing the real aarch64 tool's int8 tensors with this: bit for bit equal then)."""
+    comparing the real aarch64 tool's int8 tensors with this: bit for bit equal then). The ARM
+    build rounds so in its int8 GEMM (CONV_2D, and FULLY_CONNECTED, which takes the same GEMM);
+    its DEPTHWISE_CONV_2D rounds ties up like the x86 build (`_tie_rounding`)."""
     acc = acc.astype(np.int64) * np.left_shift(np.int64(1), np.maximum(shift, 0))
     high = (acc * q + (1 << 30)) >> 31
     right = np.maximum(-shift, 0)
@@ -322,12 +324,17 @@ def _requantize(acc, q, shift, rounding="x86"):
     return (high + half) >> right
 
 
+def _tie_rounding(m, op):
+    """The requantization rounding `op` gets in the build `m.rounding` names."""
+    return "x86" if op.name == "DEPTHWISE_CONV_2D" else m.rounding
+
+
 def _int8_output(m, op, acc, input_scale, weight_scale, activation):
     """An int32 accumulator requantized to the op's int8 output, as TFLite's conv / FC do."""
     out = m.tensor(op, -1)
     effective = float(input_scale) * weight_scale.astype(np.float64) / float(out.scale[0])
     q, shift = _quantize_multiplier(effective)
-    requantized = _requantize(acc, q, shift, m.rounding)
+    requantized = _requantize(acc, q, shift, _tie_rounding(m, op))
     return _activate(m, out, requantized + int(out.zero_point[0]), activation)
 
 
@@ -429,9 +436,18 @@ def op_quantize(m, op, args):
 
 
 def op_dequantize(m, op, args):
+    """(q - z) * s in float32 on the x86 build; on the ARM build one fused multiply-add,
+    q * s + float32(-z * s), so a value at the zero point becomes that rounding's residue
+    (a few 1e-9, either sign) instead of 0 (docs/LCE_NOTES.md "int8 on ARM")."""
     tensor = m.tensor(op, 0)
-    q = args[0].astype(np.int32) - int(tensor.zero_point[0])
-    return (q.astype(np.float32) * np.float32(tensor.scale[0])).astype(np.float32)
+    scale, zero = np.float32(tensor.scale[0]), int(tensor.zero_point[0])
+    if (
+        m.rounding == "arm"
+    ):  # exact in float64 (a 24-bit scale times an 8-bit integer), rounded once
+        offset = np.float64(np.float32(-zero * np.float64(scale)))
+        return (args[0].astype(np.float64) * np.float64(scale) + offset).astype(np.float32)
+    q = args[0].astype(np.int32) - zero
+    return (q.astype(np.float32) * scale).astype(np.float32)
 
 
 def op_add(m, op, args):
@@ -586,7 +602,11 @@ def op_lce_bconv2d(m, op, args):
     zero = float(out.zero_point[0]) if out.dtype == np.int8 else 0.0
     folded_multiplier = (-multiplier.astype(np.float64) / scale).astype(np.float32)
     folded_bias = (bias + depth * multiplier.astype(np.float64)) / scale + zero
-    y = doubled.astype(np.float32) * folded_multiplier + folded_bias.astype(np.float32)
+    if m.rounding == "arm":  # one fused multiply-add: exact in float64, rounded once
+        y = doubled * folded_multiplier.astype(np.float64) + folded_bias.astype(np.float32)
+        y = y.astype(np.float32)
+    else:
+        y = doubled.astype(np.float32) * folded_multiplier + folded_bias.astype(np.float32)
     if out.dtype == np.float32:
         return y
     return np.clip(_round_away(y), -128, 127).astype(np.int8)
