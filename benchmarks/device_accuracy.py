@@ -102,21 +102,24 @@ def summary(name: str, measured: dict[str, Any]) -> list[dict[str, Any]]:
             "lce_settings": device.extra.get("lce_settings"), "samples": device.samples,
             "top1_pytorch": rows[("pytorch", True)].top1, "top1_host": host.top1,
             "top1_device": device.top1,
+            "host_agree_vs_pytorch": host.argmax_agreement,
             "agree_vs_pytorch": device.argmax_agreement, "diff_vs_pytorch": device.max_abs_diff,
             "agree_vs_host": versus.argmax_agreement, "diff_vs_host": versus.max_abs_diff,
             "steps_vs_host": versus.extra.get("max_steps"),
             "samples_differing": versus.extra.get("samples_differing"),
+            "binarized_dequantized": versus.extra.get("binarized_dequantized"),
             "tool": (device.extra.get("tool") or {}).get("label"),
         })  # fmt: skip
     return out
 
 
 HEAD = ["model", "flatbuffer", "samples", "top-1 torch", "top-1 host", "top-1 device",
-        "agree vs torch", "max|diff| vs torch", "agree vs host", "max|diff| vs host",
-        "steps vs host", "samples differing"]  # fmt: skip
+        "host agree vs torch", "agree vs torch", "max|diff| vs torch", "agree vs host",
+        "max|diff| vs host", "steps vs host", "samples differing",
+        "binarized dequantized"]  # fmt: skip
 KEYS = ["model", "flatbuffer", "samples", "top1_pytorch", "top1_host", "top1_device",
-        "agree_vs_pytorch", "diff_vs_pytorch", "agree_vs_host", "diff_vs_host", "steps_vs_host",
-        "samples_differing"]  # fmt: skip
+        "host_agree_vs_pytorch", "agree_vs_pytorch", "diff_vs_pytorch", "agree_vs_host",
+        "diff_vs_host", "steps_vs_host", "samples_differing", "binarized_dequantized"]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

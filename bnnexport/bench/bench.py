@@ -148,8 +148,8 @@ def device_footer(device: dict[str, Any] | None, backends: list[BackendResult]) 
         if b.extra.get("max_steps"):
             lines.append(
                 f"{b.name}: up to {b.extra['max_steps']} int8 output step(s) apart on "
-                f"{b.extra['samples_differing']} of {b.samples} samples (int8 rounding: "
-                'docs/LCE_NOTES.md "int8 on ARM")'
+                f"{b.extra['samples_differing']} of {b.samples} samples (how LCE's ARM build "
+                'computes int8: docs/LCE_NOTES.md "int8 on ARM")'
             )
     return lines
 

@@ -268,31 +268,47 @@ def _labelled(measured: Measurement, connected: Connected) -> Measurement:
 
 def steps_apart(copy: Path, outputs: np.ndarray, host: np.ndarray) -> dict[str, Any]:
     """How far the device's outputs of an int8 flatbuffer are from the host's, in steps of its
-    int8 output (`output_step`; all None for a float output): the most, and on how many samples
-    any. Two correct builds round int8 requantization differently (ARM ties away from zero,
-    LCE's x86 build ties up: docs/LCE_NOTES.md "int8 on ARM"), so whole steps are expected.
+    int8 output (`output_step`; None for a float output): the most, on how many samples any,
+    and how many binarizations read a dequantized tensor (`binarized_dequantized`). LCE's ARM
+    and x86 builds compute int8 differently (docs/LCE_NOTES.md "int8 on ARM"), so whole steps
+    are expected; a binarization of a dequantized tensor may take the other sign on ARM.
 
     Example:
         >>> steps_apart(Path("model-arm64-b40.tflite"), device, host)  # doctest: +SKIP
-        {'output_step': 0.0421, 'max_steps': 3, 'samples_differing': 5}
+        {'output_step': 0.0421, 'max_steps': 3, 'samples_differing': 5, ...}
     """
-    from converters.flatbuffer import output_step
+    from converters.flatbuffer import flatbuffer_ops, output_step
 
-    step = output_step(copy)
-    if step is None:
-        return {"output_step": None, "max_steps": None, "samples_differing": None}
-    steps = np.rint(np.abs(outputs.astype(np.float64) - host) / step).reshape(len(outputs), -1)
-    return {"output_step": step, "max_steps": int(steps.max(initial=0)),
-            "samples_differing": int((steps.max(axis=1, initial=0) > 0).sum())}  # fmt: skip
+    ops = flatbuffer_ops(copy)
+    dequantized = {op.outputs[0] for op in ops if op.op_type == "DEQUANTIZE" and op.outputs}
+    read = sum(1 for op in ops if op.op_type == "LceQuantize" and op.inputs[0] in dequantized)
+    found = {"output_step": output_step(copy), "max_steps": None, "samples_differing": None,
+             "binarized_dequantized": read}  # fmt: skip
+    if found["output_step"] is None:
+        return found
+    steps = np.abs(outputs.astype(np.float64) - host) / found["output_step"]
+    steps = np.rint(steps).reshape(len(outputs), -1)
+    found.update(max_steps=int(steps.max(initial=0)),
+                 samples_differing=int((steps.max(axis=1, initial=0) > 0).sum()))  # fmt: skip
+    return found
 
 
 def int8_note(name: str, versus: dict[str, Any]) -> str:
     """One line on an int8 flatbuffer's device outputs some whole steps from the host's."""
+    dequantized = versus.get("binarized_dequantized") or 0
+    sign = (
+        f"; {dequantized} binarization(s) here read a dequantized tensor, where ARM's DEQUANTIZE "
+        "leaves a value at the zero point a residue of about 1e-9 of either sign (the host: 0), "
+        "so those signs may differ"
+        if dequantized
+        else ""
+    )
     return (
         f"{name} on the device is up to {versus['max_steps']} int8 output step(s) of "
         f"{versus['output_step']:.4g} from the host's LCE on {versus['samples_differing']} "
-        "sample(s): int8 rounding, not an error (ARM's int8 kernels round requantization ties "
-        'away from zero, LCE\'s x86 build rounds them up; docs/LCE_NOTES.md "int8 on ARM")'
+        "sample(s): LCE's ARM build computes int8 so (it rounds requantization ties away from "
+        f'zero, its x86 build rounds them up{sign}; docs/LCE_NOTES.md "int8 on ARM"), not a '
+        "fault of the flatbuffer"
     )
 
 
