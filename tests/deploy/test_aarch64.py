@@ -204,6 +204,10 @@ def test_binary_without_output_filepath_gives_latency_and_one_note(arm_device, s
 BATCH_MODEL = "tf.TensorSpec([1, 8, 8, 32]"
 
 
+# make test's bench tests run the real tool through the same protocol (two chunks, the last one
+# padded, against the host's LCE: tests/deploy/test_bench_aarch64.py); this one, three chunks of
+# a tiny model straight through run_on_device, is the long tier's
+@pytest.mark.long
 @pytest.mark.skipif(
     not REAL_BINARY,
     reason="set BNNEXPORT_LCE_BENCHMARK_AARCH64 to the real "
