@@ -122,47 +122,48 @@ KEYS = ["model", "flatbuffer", "samples", "top1_pytorch", "top1_host", "top1_dev
         "diff_vs_host", "steps_vs_host", "samples_differing", "binarized_dequantized"]  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def arguments(argv: list[str] | None) -> Any:
+    """The options, checked (one error line, exit 2, on a bad one)."""
     p = parser(__doc__)
     p.add_argument("--benchmark-binary", default=os.environ.get("BNNEXPORT_LCE_BENCHMARK_AARCH64"),
                    help="LCE's aarch64 lce_benchmark_model (default: "
                         "$BNNEXPORT_LCE_BENCHMARK_AARCH64)")  # fmt: skip
     p.add_argument(
-        "--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS)
+        "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
-    p.add_argument(
-        "--samples",
-        type=int,
-        help="test samples per model (default: 500 for the "
-        "trained MNIST models, 64 for BinaryNet, 32 for the 64x64 zoo models)",
-    )
+    p.add_argument("--samples", type=int, help="test samples per model (default: 500 for the "
+                   "trained MNIST models, 64 for BinaryNet, 32 for the 64x64 ones)")  # fmt: skip
     p.add_argument("--batch", type=int, default=50, help="the device's batch-N copy")
     p.add_argument("--epochs", type=int, default=1, help="training epochs of the mnist models")
-    p.add_argument(
-        "--keep",
-        type=Path,
-        help="prepare the runs in this folder and keep them "
-        "(a run an earlier --keep prepared is benched again as it is)",
-    )
+    p.add_argument("--keep", type=Path, help="prepare the runs in this folder and keep them "
+                   "(a run an earlier --keep prepared is benched again as it is)")  # fmt: skip
     args = p.parse_args(argv)
-    names = args.models.split(",")
+    args.names = args.models.split(",")
     if not args.benchmark_binary or not Path(args.benchmark_binary).is_file():
         p.error("--benchmark-binary: give LCE's aarch64 lce_benchmark_model")
-    if unknown := [n for n in names if n not in MODELS]:
+    if unknown := [n for n in args.names if n not in MODELS]:
         p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    from deploy.emulator import default_cache, ensure_rootfs, running_device
+    from deploy.emulator import default_cache, ensure_rootfs
     from deploy.errors import EmulatorUnavailableError
 
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="device-accuracy-"))
     try:
-        rootfs, _ = ensure_rootfs(default_cache(), log)
+        args.rootfs, _ = ensure_rootfs(default_cache(), log)
     except EmulatorUnavailableError as error:
         p.error(f"no emulated aarch64 device: {error}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from deploy.emulator import running_device
+
+    args = arguments(argv)
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="device-accuracy-"))
+    binary = str(Path(args.benchmark_binary).resolve())
     rows, identity = [], None
-    with running_device(folder / "device-session", rootfs) as device:
-        for name in names:
+    with running_device(folder / "device-session", args.rootfs) as device:
+        for name in args.names:
             run = prepare(name, folder, args.samples, args.epochs, args.batch)
-            measured = measure(run, device, str(Path(args.benchmark_binary).resolve()), args.batch)
+            measured = measure(run, device, binary, args.batch)
             identity = measured["device"]
             rows += summary(name, measured)
             log(table(HEAD, [[r[k] for k in KEYS] for r in rows[-2:]]))
