@@ -24,7 +24,7 @@ from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
-from bnnexport.training.bop import GAMMA, LR, THRESHOLD
+from bnnexport.training.bop import GAMMA, HYPERPARAMETER_RULES, LR, THRESHOLD
 
 DEFAULT_EPOCHS = 5
 
@@ -86,13 +86,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# each scheduled hyperparameter: (its option, the test every value must pass, the rule in words)
+# each scheduled hyperparameter: (its option, the test every value must pass, the rule in
+# words), the optimizers' own rules (bnnexport.training.bop.HYPERPARAMETER_RULES)
 HYPERPARAMETER_RANGES = {
-    # >= 0 as torch's Adam and the Bop family take it: a warm-up or a cosine decay reaches 0
-    "lr": ("--lr", lambda v: v >= 0, "must be >= 0"),
-    "gamma": ("--gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "threshold": ("--threshold", lambda v: v >= 0, "must be >= 0"),
-    "sigma": ("--sigma", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    key: (f"--{key}", ok, rule) for key, (ok, rule) in HYPERPARAMETER_RULES.items()
 }
 
 
