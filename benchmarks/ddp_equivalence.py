@@ -64,20 +64,33 @@ def _launcher(processes: int) -> list[str]:
             "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "bnnexport"]  # fmt: skip
 
 
+# the bnnexport checkout whose `train` runs (`--code`): this one, or another version's
+CODE = {"root": ROOT}
+
+
+def train_args(out: Path, batch_size: int | None, extra: list[str]) -> list[str]:
+    """`bnnexport train` on the subset for one epoch, every step logged."""
+    batch = ["--batch-size", str(batch_size)] if batch_size is not None else []
+    return ["train", "--dataset", "ddp_equivalence:mnist_subset", "--epochs", "1", *batch,
+            "--log-every", "1", "--seed", "0", "--out", str(out), "--json", *extra]  # fmt: skip
+
+
+def launch(processes: int, args: list[str], threads: int = 1) -> subprocess.CompletedProcess:
+    """Run `python -m bnnexport ARGS` in one process or under torchrun."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(CODE["root"])}
+    return subprocess.run(
+        [*_launcher(processes), *args], cwd=HERE, env=env, capture_output=True, text=True
+    )
+
+
 def run_training(
-    out: Path, processes: int, batch_size: int, extra: list[str], threads: int = 1
+    out: Path, processes: int, batch_size: int | None, extra: list[str], threads: int = 1
 ) -> float:
     """Train one run; returns its wall-clock seconds."""
     import time
 
-    args = ["train", "--dataset", "ddp_equivalence:mnist_subset", "--epochs", "1",
-            "--batch-size", str(batch_size), "--log-every", "1", "--seed", "0",
-            "--out", str(out), "--json", *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    done = subprocess.run(
-        [*_launcher(processes), *args], cwd=HERE, env=env, capture_output=True, text=True
-    )
+    done = launch(processes, train_args(out, batch_size, extra), threads)
     if done.returncode != 0:
         raise RuntimeError(f"training failed ({processes} processes):\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
@@ -116,6 +129,58 @@ def compare(one: Path, other: Path) -> dict[str, Any]:
     }
 
 
+def recipe_steps(run: Path) -> dict[str, Any]:
+    """What makes a run the recipe's experiment: steps per epoch, γ at steps 1, 10 and 40,
+    the loss logged at step 1, the flips of steps 1-3."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in rows if r.get("kind") == "step"}
+    return {
+        "steps_per_epoch": len(steps),
+        "gamma": {str(s): steps[s]["bop.gamma"] for s in (1, 10, 40) if s in steps},
+        "step_1_loss": steps[1]["loss"],
+        "flips": {str(s): sum(steps[s]["flips"].values()) for s in (1, 2, 3)},
+    }
+
+
+def recipe_comparison(recipe: str, extra: list[str]) -> dict[str, Any]:
+    """`train --recipe RECIPE --model mnist-bnn` for one epoch on the subset: one process at
+    the recipe's batch, 2 processes at the recipe's batch, and 2 processes at half of it (what
+    a user would give to keep the recipe's batch if --batch-size were per process)."""
+    recipe_batch = 50 if recipe == "paper-cifar10-bop" else None
+    cases = {"1 process": (1, None), "2 processes": (2, None)}
+    if recipe_batch is not None:
+        cases[f"2 processes, --batch-size {recipe_batch // 2}"] = (2, recipe_batch // 2)
+    options = ["--recipe", recipe, "--model", "mnist-bnn", *extra]
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, (processes, batch) in cases.items():
+            log(f"{name}: --recipe {recipe}")
+            out = Path(folder) / name.replace(" ", "_").replace(",", "")
+            done = launch(processes, train_args(out, batch, options))
+            if done.returncode != 0:  # a refusal is a result too: its one line
+                lines = [ln for ln in done.stderr.splitlines() if ln.startswith("bnnexport:")]
+                result[name] = {"refused": lines[-1] if lines else done.stderr[-500:]}
+                continue
+            result[name] = recipe_steps(out)
+    return result
+
+
+def recipe_table(result: dict[str, Any]) -> str:
+    names = [n for n in result if "refused" not in result[n]]
+    rows = [["steps per epoch", *(result[n]["steps_per_epoch"] for n in names)]]
+    for step in (1, 10, 40):
+        rows.append([f"γ at step {step}", *(result[n]["gamma"].get(str(step)) for n in names)])
+    rows.append(["loss at step 1", *(result[n]["step_1_loss"] for n in names)])
+    rows.append(
+        [
+            "flips at steps 1-3",
+            *(" / ".join(str(v) for v in result[n]["flips"].values()) for n in names),
+        ]
+    )
+    refused = [f"{n}: {result[n]['refused']}" for n in result if "refused" in result[n]]
+    return "\n".join([table(["", *names], rows), *refused])
+
+
 def batchnorm_cost(rounds: int = 15) -> dict[str, Any]:
     """One training step (forward, backward) of mnist-bnn at batch 50, 1 thread, with torch's
     BatchNorm and with AllReduceBatchNorm (one process), timed interleaved."""
@@ -149,8 +214,22 @@ def main() -> None:
         action="store_true",
         help="only time a step with torch's BatchNorm and with AllReduceBatchNorm",
     )
+    p.add_argument("--recipe", metavar="NAME", help="only compare `train --recipe NAME` runs")
+    p.add_argument(
+        "--code",
+        metavar="DIR",
+        help="the bnnexport checkout to train with "
+        "(another version's, e.g. from `git archive`) [default: this one]",
+    )
     args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
+    if args.code:
+        CODE["root"] = Path(args.code).resolve()
+    if args.recipe:
+        result = {"recipe": args.recipe, "runs": recipe_comparison(args.recipe, extra),
+                  "code": str(CODE["root"]), "machine": machine()}  # fmt: skip
+        emit(result, recipe_table(result["runs"]), args.json)
+        return
     if args.batchnorm_cost:
         cost = {**batchnorm_cost(), "machine": machine()}
         rows = [[name, ms] for name, ms in cost["step_ms"].items()]

@@ -28,6 +28,7 @@ from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.training.composite import OPTIMIZERS
 from bnnexport.training.config import DEFAULT_EPOCHS, TrainConfig, default_out
+from bnnexport.training.schedules import SCHEDULE_FORMS
 from bnnexport.training.train import train
 
 DEFAULTS = TrainConfig()
@@ -189,21 +190,20 @@ def _from_recipe(
     "--gamma",
     default=str(DEFAULTS.gamma),
     show_default=True,
-    help="Bop adaptivity rate γ: a number, 'step:G0,FACTOR,EVERY_STEPS' or "
-    "'linear:START,END,STEPS'.",
+    help=f"Bop adaptivity rate γ in (0, 1]: {SCHEDULE_FORMS}.",
 )
 @click.option(
     "--threshold",
     default=str(DEFAULTS.threshold),
     show_default=True,
-    help="Bop flip threshold τ: a number or a schedule as for --gamma.",
+    help=f"Bop flip threshold τ >= 0 (finite): {SCHEDULE_FORMS}.",
 )
 @click.option(
     "--lr",
     default=str(DEFAULTS.lr),
     show_default=True,
-    help="Adam learning rate for real-valued parameters (and latent weights with "
-    "adam-latent): a number or a schedule.",
+    help="Adam learning rate >= 0 for real-valued parameters (and latent weights with "
+    f"adam-latent): {SCHEDULE_FORMS}.",
 )
 @click.option(
     "--sigma",
@@ -218,7 +218,14 @@ def _from_recipe(
     help="Epochs to train [default: 5]; with --resume, the total to reach "
     "[default: the run's own].",
 )
-@count_option("--batch-size", default=DEFAULTS.batch_size, help="Images per optimizer step.")
+@count_option(
+    "--batch-size",
+    default=DEFAULTS.batch_size,
+    help="Images per optimizer step, all processes together (a recipe's batch is one too): "
+    "under torchrun each of N processes takes batch-size / N, so schedules, steps per epoch "
+    "and every step's γ, τ and lr are those of one process; a batch N does not divide is "
+    "refused. config.json records it and batch_size_per_process.",
+)
 @click.option(
     "--seed",
     type=int,
@@ -342,9 +349,9 @@ def train_command(
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
 
     Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
-    GPUs); --batch-size is per process, so the effective batch is N times larger, and N
-    processes at --batch-size B/N train on the batches of one process at B, with BatchNorm
-    over the whole batch.
+    GPUs); --batch-size is the global batch, B/N images per process, so N processes train on
+    the batches of one process at B, with BatchNorm over the whole batch, the same steps and
+    schedules, and step rows that are the whole batch's.
 
     Checkpoints are written atomically after every epoch; an interrupted run continues with
     --resume, which removes what was made from the old checkpoint (ONNX model, flatbuffers,

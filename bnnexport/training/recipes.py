@@ -39,6 +39,7 @@ from bnnexport.training.schedules import (
     Piecewise,
     Schedule,
     StepDecay,
+    as_schedule,
     parse_schedule,
 )
 
@@ -397,6 +398,51 @@ RUN_PLACE = ("out", "device", "precision", "num_workers", "log_every", "eval_eve
 def settings_of(recipe: Recipe, key: str) -> Any:
     """The recipe's own value of a TrainConfig field (None where it sets none)."""
     return getattr(recipe, key, None)
+
+
+def rescale_on_resume(
+    config: TrainConfig, changes: dict[str, list], steps_per_epoch: int, step: int
+) -> str | None:
+    """A resumed recipe run given another `--epochs`: the recipe's schedules the user did not
+    set (at the start, `recipe_overrides`, or now, `changes`) rescaled to the new length, as a
+    new run of that length has them, so `compression_note` stays true and no step decay runs
+    on below the recipe's floor. Each one rescaled goes into `config` and `changes` (old,
+    new); returns one line saying what each is at the next step (`step` steps are done; the
+    metrics number that step `step` + 1), or None.
+
+    Example:
+        >>> config = recipe_config("paper-cifar10-bop", steps_per_epoch=4, epochs=2)
+        >>> changes = {"epochs": [2, 3]}
+        >>> config.epochs = 3
+        >>> note = rescale_on_resume(config, changes, steps_per_epoch=4, step=8)
+        >>> note.partition(": ")[0], note.partition(" (")[2]
+        ('recipe paper-cifar10-bop, --epochs 2 -> 3', 'gamma at step 9: 1e-08 -> 1e-06)')
+        >>> changes["gamma"]
+        ['step:0.0001,0.1,2', 'step:0.0001,0.1,3']
+    """
+    if config.recipe is None or "epochs" not in changes:
+        return None
+    recipe = get_recipe(config.recipe)
+    factor = int(config.epochs or recipe.epochs) / recipe.epochs
+    moved = {}
+    for key in ("gamma", "threshold", "lr"):
+        if key in config.recipe_overrides or key in changes:
+            continue  # the user's own value: never rescaled
+        old = getattr(config, key)
+        new = resolve_schedule(getattr(recipe, key), steps_per_epoch, factor)
+        if as_schedule(old) != as_schedule(new):
+            setattr(config, key, new)
+            changes[key] = [old, new]
+            moved[key] = f"{as_schedule(old)(step):g} -> {as_schedule(new)(step):g}"
+    if not moved:
+        return None
+    return (
+        f"recipe {recipe.name}, --epochs {changes['epochs'][0]} -> {config.epochs}: its "
+        f"{', '.join(moved)} schedule{'s are' if len(moved) > 1 else ' is'} the recipe's over "
+        f"{config.epochs} of its {recipe.epochs} epochs from step {step + 1} on, as a new run's ("
+        + "; ".join(f"{key} at step {step + 1}: {values}" for key, values in moved.items())
+        + ")"
+    )
 
 
 def compression_note(config: TrainConfig) -> str | None:

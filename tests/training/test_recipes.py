@@ -251,3 +251,39 @@ def test_real_to_binary_lr_warms_up_for_10_epochs_then_follows_a_cosine():
     # larq-zoo's decay: (75 - 10) epochs less the warm-up again, 55; half way at epoch 37.5
     assert lr(1000 + 2750) == pytest.approx(1e-4)
     assert lr(1000 + 5500) == 0.0 and lr(7499) == 0.0  # then 0 to the end
+
+
+def test_a_compressed_step_decay_never_decays_below_the_recipes_floor():
+    """77 steps per epoch, 1 of the 500 epochs: every 15.4 steps rounded to 15 gave a fifth
+    decay at step 75 (γ 1e-9, below the recipe's 1e-8); rounded up, 16 gives the four."""
+    config = recipe_config("paper-cifar10-bop", steps_per_epoch=77, epochs=1)
+    gamma = parse_schedule(config.gamma)
+    assert min(gamma(step) for step in range(77)) == pytest.approx(1e-8)
+
+
+@pytest.mark.slow
+def test_resume_with_more_epochs_rescales_a_recipes_schedules_and_says_so(tmp_path):
+    """2 of the 500 epochs (γ x0.1 every 4 of 20 steps), resumed to 3: γ follows the recipe's
+    course over 3 epochs (every 6 of 30 steps) from step 21 on, as the note says; kept, it
+    decayed twice more, to 1e-10, below the recipe's floor of 1e-8."""
+    from support.image_folders import write_image_folder
+
+    data = write_image_folder(tmp_path / "data", per_class=10, size=(16, 16))  # 30 images
+    out = tmp_path / "run"
+    args = ["train", "--recipe", "paper-cifar10-bop", "--dataset", "imagefolder", "--data-dir",
+            data, "--image-size", "16", "--model", "mnist-bnn", "--batch-size", "3",
+            "--log-every", "1", "--out", out, "--json"]  # fmt: skip
+    assert invoke(*args, "--epochs", "2").exit_code == 0
+    resumed = invoke("train", "--out", out, "--resume", "--epochs", "3", "--json")
+    assert resumed.exit_code == 0, resumed.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["gamma"] == "step:0.0001,0.1,6"  # as a new 3-epoch run's
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    gammas = {r["step"]: r["bop.gamma"] for r in rows if r.get("kind") == "step"}
+    assert gammas[20] == pytest.approx(1e-8) and gammas[21] == pytest.approx(1e-7)
+    assert min(gammas.values()) == pytest.approx(1e-8)  # the recipe's floor, never below
+    [resume] = [r for r in rows if r.get("kind") == "resume"]
+    assert resume["changed"]["gamma"] == ["step:0.0001,0.1,4", "step:0.0001,0.1,6"]
+    notes = json.loads(resumed.stdout)["notes"]
+    assert any("its gamma schedule is the recipe's over 3 of its 500 epochs from step 21" in n
+               and "gamma at step 21: 1e-09 -> 1e-07" in n for n in notes), notes  # fmt: skip
