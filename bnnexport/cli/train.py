@@ -27,7 +27,7 @@ from bnnexport.models import list_models
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.training.composite import OPTIMIZERS
-from bnnexport.training.config import DEFAULT_EPOCHS, TrainConfig, default_out
+from bnnexport.training.config import BN_EVAL, DEFAULT_EPOCHS, TrainConfig, default_out
 from bnnexport.training.schedules import SCHEDULE_FORMS
 from bnnexport.training.train import train
 
@@ -76,6 +76,7 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
         device=values["device"], precision="amp" if values["amp"] else values["precision"],
         log_every=values["log_every"], eval_every=values["eval_every"],
         metrics_csv=values["metrics_csv"], sync_batchnorm=not values["per_process_batchnorm"],
+        bn_eval=values["bn_eval"],
         float_layers=values["float_layers"],
     )  # fmt: skip
     explicit = {name for name in given if name in fields}
@@ -305,6 +306,15 @@ def _from_recipe(
     "statistics over the global batch, computed alike in one process and in N] Recorded in "
     "config.json (sync_batchnorm).",
 )
+@choice_option(
+    "--bn-eval",
+    choices=BN_EVAL,
+    default=DEFAULTS.bn_eval,
+    help="BatchNorm statistics for evaluation and the saved model. recalibrate: re-estimated "
+    "on 20 training batches before each evaluation and checkpoint (flips move "
+    "pre-activations faster than running averages follow); moving: the running averages "
+    "training kept, as Keras evaluates. A recipe takes the authors' (moving) unless given.",
+)
 @click.option(
     "--recipe",
     default=None,
@@ -342,6 +352,7 @@ def train_command(
     precision,
     amp,
     per_process_batchnorm,
+    bn_eval,
     float_layers,
     recipe,
     as_json,

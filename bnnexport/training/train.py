@@ -319,10 +319,10 @@ def _run_epochs(
         epoch_start = time.perf_counter()
         result = trainer.train_epoch(epoch, show)
         epoch_seconds.append(time.perf_counter() - epoch_start)
-        if config.bn_recalibration_batches:
+        if config.recalibration_batches:
             # Every rank does it on its share of the same global batches: with sync_batchnorm
             # the statistics are the global ones everywhere (else DDP broadcasts rank 0's).
-            batches = itertools.islice(trainer.loader(epoch), config.bn_recalibration_batches)
+            batches = itertools.islice(trainer.loader(epoch), config.recalibration_batches)
             recalibrate_batchnorm(trainer.model, batches, device=context.device)
         if context.is_main:
             test = evaluate_counts(trainer.model, trainer.data.test, device=context.device)

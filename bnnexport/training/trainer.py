@@ -461,8 +461,8 @@ class Trainer:
         buffers = {k: v.clone() for k, v in self.model.state_dict().items() if "running" in k}
         numpy_state, torch_state = np.random.get_state(), torch.get_rng_state()
         try:
-            if self.config.bn_recalibration_batches:
-                batches = itertools.islice(self.loader(epoch), self.config.bn_recalibration_batches)
+            if self.config.recalibration_batches:
+                batches = itertools.islice(self.loader(epoch), self.config.recalibration_batches)
                 recalibrate_batchnorm(self.model, batches, device=self.context.device)
             if self.context.is_main:
                 test = evaluate_counts(self.model, self.data.test, device=self.context.device)

@@ -72,9 +72,22 @@ def test_the_figure_says_its_error_bars_are_the_sample_std(tmp_path, monkeypatch
 
     said = []
     monkeypatch.setattr(Figure, "text", lambda self, x, y, text, **kw: said.append(text))
-    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
+    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1, 2)]
     compare(runs, tmp_path / "cmp")
     assert said == [STD_NOTE] and "sample standard deviation (n - 1)" in STD_NOTE
+
+
+def test_error_bars_from_fewer_than_three_seeds_come_with_a_warning(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    said = []
+    monkeypatch.setattr(Figure, "text", lambda self, x, y, text, **kw: said.append(text))
+    report = compare(
+        [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)], tmp_path / "c"
+    )
+    assert report.notes == ["error bars from 2 seeds: fewer than 3 give a spread that says little "
+                            "(run more with --seeds)"]  # fmt: skip
+    assert said == [f"{STD_NOTE}; {report.notes[0]}"]
 
 
 def test_a_setting_keeps_the_colour_its_sweep_gave_it(tmp_path):
@@ -96,6 +109,40 @@ def test_two_models_with_one_optimizer_setting_are_told_apart_in_the_legend(tmp_
     write_bytes_atomic(runs[1] / "config.json", json.dumps(config).encode())
     labels = [row.label for row in compare(runs, tmp_path / "cmp").rows]
     assert labels == ["mnist-bnn bop γ=0.001 τ=1e-06", "small_bnn bop γ=0.001 τ=1e-06"]
+
+
+def test_labels_and_the_table_show_every_other_setting_the_runs_differ_in(tmp_path):
+    """A QAT run and a float run at another batch and precision: both were labelled 'mnist-bnn
+    bop γ=0.001 τ=1e-06'."""
+    qat, plain = fake_run(tmp_path / "qat"), fake_run(tmp_path / "float")
+    config = json.loads((qat / "config.json").read_text())
+    config.update(float_layers="int8", batch_size=100, precision="bf16")
+    write_bytes_atomic(qat / "config.json", json.dumps(config).encode())
+    report = compare([qat, plain], tmp_path / "cmp")
+    assert [row.label for row in report.rows] == [
+        "mnist-bnn bop γ=0.001 τ=1e-06 batch_size=100 float_layers=int8 precision=bf16",
+        "mnist-bnn bop γ=0.001 τ=1e-06 batch_size=50 float_layers=float32 precision=auto",
+    ]
+    table = list(csv.DictReader(io.StringIO((tmp_path / "cmp" / "compare.csv").read_text())))
+    assert [(r["float_layers"], r["batch_size"], r["precision"]) for r in table] == [
+        ("int8", "100", "bf16"), ("float32", "50", "auto"),
+    ]  # fmt: skip
+
+
+def test_pi_over_the_last_epoch_per_layer_is_in_the_rows_and_the_table(tmp_path):
+    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
+    (row,) = compare(runs, tmp_path / "cmp").rows
+    assert row.layer_flip_rate == {"a": -4.5} and row.layer_flip_rate_std == {
+        "a": pytest.approx(0.5**0.5)
+    }  # seeds 0 and 1: π -4 and -5
+    (line,) = csv.DictReader(io.StringIO((tmp_path / "cmp" / "compare.csv").read_text()))
+    assert float(line["last_flip_rate.a"]) == -4.5
+
+
+def test_runs_from_before_a_setting_existed_are_the_setting_of_its_old_value():
+    old = {"model": "mnist-bnn", "gamma": 1e-3}
+    assert setting_id(old) == setting_id({**old, "bn_eval": "recalibrate", "world_size": 2})
+    assert setting_id(old) != setting_id({**old, "bn_eval": "moving"})
 
 
 def test_compare_cli_prints_the_table_and_refuses_a_non_run_in_one_line(tmp_path):

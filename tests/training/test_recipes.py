@@ -58,7 +58,7 @@ def test_xnornet_and_birealnet_recipes():
 def test_birealnet_trains_300_epochs_with_its_decays_over_all_300():
     """As the authors' birealnet.py does (it once ran 150, a guess where no source was known)."""
     config = recipe_config("paper-imagenet-birealnet", steps_per_epoch=1252)
-    assert config.epochs == 300 and not RECIPES["paper-imagenet-birealnet"].assumptions
+    assert config.epochs == 300
     gamma, lr = parse_schedule(config.gamma), parse_schedule(config.lr)
     assert gamma(150 * 1252) == pytest.approx((1e-4 + 1e-6) / 2)  # halfway at epoch 150
     assert (gamma(300 * 1252), lr(300 * 1252)) == (pytest.approx(1e-6), pytest.approx(5e-6))
@@ -146,9 +146,13 @@ def test_steps_per_epoch_come_from_the_data_set_and_batch_size():
     assert parse_schedule(config.gamma).every == 100 * 40  # 4,000 images / 100 = 40 steps
 
 
+AUTHORS_PIXELS = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
 @pytest.mark.parametrize("name", [n for n in PAPER_RECIPES if "imagenet" in n])
-def test_imagenet_recipes_ask_for_imagenets_crops(name):
-    assert recipe_config(name, steps_per_epoch=1).dataset_options == {"image_size": "imagenet"}
+def test_imagenet_recipes_ask_for_imagenets_crops_and_the_authors_pixels(name):
+    options = recipe_config(name, steps_per_epoch=1).dataset_options
+    assert options == {"image_size": "imagenet", **AUTHORS_PIXELS}
 
 
 def test_the_recipes_crops_stay_with_its_own_data_set():
@@ -159,14 +163,14 @@ def test_the_recipes_crops_stay_with_its_own_data_set():
 def test_data_set_options_given_add_to_the_recipes():
     split = recipe_config("paper-imagenet-bop", steps_per_epoch=1,
                           dataset_options={"val_split": 0.2})  # fmt: skip
-    assert split.dataset_options == {"image_size": "imagenet", "val_split": 0.2}
+    assert split.dataset_options == {"image_size": "imagenet", **AUTHORS_PIXELS, "val_split": 0.2}
 
 
 def test_an_image_size_given_replaces_the_recipes_crops_and_is_recorded_as_an_override():
     resized = recipe_config("paper-imagenet-bop", steps_per_epoch=1,
                             dataset_options={"image_size": 64})  # fmt: skip
-    assert resized.dataset_options == {"image_size": 64}
-    assert resized.recipe_overrides == {"dataset_options": {"image_size": 64}}
+    assert resized.dataset_options == {"image_size": 64, **AUTHORS_PIXELS}
+    assert resized.recipe_overrides == {"dataset_options": {"image_size": 64, **AUTHORS_PIXELS}}
 
 
 def test_unknown_recipe_is_a_data_error():
@@ -287,3 +291,50 @@ def test_resume_with_more_epochs_rescales_a_recipes_schedules_and_says_so(tmp_pa
     notes = json.loads(resumed.stdout)["notes"]
     assert any("its gamma schedule is the recipe's over 3 of its 500 epochs from step 21" in n
                and "gamma at step 21: 1e-09 -> 1e-07" in n for n in notes), notes  # fmt: skip
+
+
+DEVIATION_TOPICS = {  # what every paper recipe states when it departs from the authors' code
+    "padding": "pad", "BatchNorm's ε": "ε", "Bop's tie rule": "w·m equals τ",
+}  # fmt: skip
+CITED = re.compile(r"bnn_optimization/[\w/]+\.py(:\d+| `\w+`)")
+
+
+@pytest.mark.parametrize("name", PAPER_RECIPES)
+def test_a_paper_recipe_states_each_deviation_from_the_authors_code_with_its_line(name):
+    """BinaryNet's pool/BN order and ε are the authors' (model_kwargs), every recipe evaluates
+    with moving averages as Keras does; what differs is listed, each with a file and line."""
+    recipe, config = RECIPES[name], recipe_config(name, steps_per_epoch=10)
+    deviations = [a for a in recipe.assumptions if not a.startswith("published:")]
+    assert deviations and all(CITED.search(a) for a in deviations), deviations
+    topics = dict(DEVIATION_TOPICS)
+    if recipe.model == "binarynet":  # the order and ε trained as the authors'
+        assert config.model_kwargs == {"pool_first": True, "bn_eps": 1e-3, "bn_momentum": 0.01}
+        topics.pop("BatchNorm's ε")
+    else:
+        topics["pool/BatchNorm order"] = "max-pool" if recipe.model != "birealnet18" else "ε"
+    if recipe.optimizer == "adam-latent":
+        topics.pop("Bop's tie rule")
+    for topic, word in topics.items():
+        assert any(word in a for a in deviations), (name, topic)
+    assert config.bn_eval == "moving"
+
+
+@pytest.mark.parametrize("name", LARQ_ZOO_RECIPES)
+def test_a_larq_zoo_recipe_points_to_where_its_model_differs(name):
+    assert any("says where it differs from larq-zoo's" in a for a in RECIPES[name].assumptions)
+    assert recipe_config(name, steps_per_epoch=10).bn_eval == "moving"
+
+
+def test_the_recipes_model_options_stay_with_its_own_model():
+    other = recipe_config("paper-cifar10-bop", steps_per_epoch=1, model="mnist-bnn")
+    assert other.model_kwargs == {}  # mnist-bnn has no pool_first
+
+
+def test_bn_eval_given_overrides_the_recipes():
+    from bnnexport.cli.train import train_command
+
+    result = invoke("recipes", "--json")
+    assert all(r["bn_eval"] == "moving" for r in json.loads(result.output)["recipes"])
+    assert any(p.name == "bn_eval" for p in train_command.params)
+    config = recipe_config("paper-cifar10-bop", steps_per_epoch=1, bn_eval="recalibrate")
+    assert config.bn_eval == "recalibrate" and config.recipe_overrides == {"bn_eval": "recalibrate"}
