@@ -194,3 +194,57 @@ def test_a_bad_sweep_option_is_one_line_and_writes_nothing(tmp_path, args, fragm
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith("bnnexport: error: ") and fragment in lines[0]
     assert not out.exists()
+
+
+def _drawn(monkeypatch, module) -> list:
+    """The figures `module` saves, kept for inspection."""
+    figures: list = []
+    monkeypatch.setattr(
+        module, "save_figure_atomic", lambda fig, path, dpi=100: figures.append(fig)
+    )
+    return figures
+
+
+def test_sweep_png_has_a_column_per_varied_hyperparameter_its_value_the_colour(
+    tmp_path, monkeypatch
+):
+    """10 settings (5 γ x 2 τ) and the baseline: a γ column and a τ column, a curve coloured by
+    the column's hyperparameter and styled by the other, legends below the data."""
+    from bnnexport.training import plots
+    from bnnexport.training.compare import read_run
+
+    figures = _drawn(monkeypatch, plots)
+    gammas, keys, groups = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5), [], []
+    for gamma in gammas:
+        for threshold in (1e-6, 0.0):
+            run = fake_run(tmp_path / f"{gamma:g}-{threshold:g}", gamma=gamma)
+            config = json.loads((run / "config.json").read_text())
+            write_bytes_atomic(
+                run / "config.json", json.dumps({**config, "threshold": threshold}).encode()
+            )
+            groups.append([read_run(run)])
+            keys.append(("bop", gamma, threshold))
+    groups.append([read_run(fake_run(tmp_path / "latent", optimizer="adam-latent"))])
+    keys.append(("adam-latent", None, None))
+    colors = plots.plot_sweep(groups, keys, tmp_path / "sweep.png")
+    (figure,) = figures
+    accuracy = [ax for ax in figure.axes if ax.get_ylabel().startswith("test accuracy")]
+    assert [ax.get_title().split(" varies")[0] for ax in accuracy] == ["γ", "τ"]
+    lines = accuracy[0].get_lines()
+    styles = {(line.get_color(), line.get_linestyle()) for line in lines}
+    assert len(styles) == 11  # every curve told apart
+    assert len({colors[id(g[0])] for g in groups[:-1]}) == 5  # the first column: one per γ
+    for ax in figure.axes:
+        if ax.get_legend() is not None:  # below its panel, outside the data
+            box = ax.get_legend().get_window_extent()
+            assert box.y1 < ax.get_window_extent().y0
+
+
+def test_accuracy_png_marks_whole_epochs(tmp_path, monkeypatch):
+    from bnnexport.training import plots
+
+    figures = _drawn(monkeypatch, plots)
+    run = fake_run(tmp_path / "run")
+    plots.plot_training(run)
+    ticks = figures[0].axes[0].get_xticks()
+    assert len(ticks) and all(float(t).is_integer() for t in ticks)
