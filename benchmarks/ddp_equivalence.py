@@ -42,13 +42,22 @@ SAMPLES = 2500  # images of mnist5k's training split: 50 steps at batch 50
 HERE = Path(__file__).resolve().parent
 
 
+SUBSET_VARIABLE = "BNNEXPORT_DDP_SUBSET"  # which subset mnist_subset takes (--subsets)
+
+
 def mnist_subset(data_dir: str | None = None, augment: bool = True) -> Any:
-    """The first SAMPLES training images of mnist5k and its whole test split (`--dataset
-    ddp_equivalence:mnist_subset`, imported with this folder as the working directory)."""
+    """SAMPLES training images of mnist5k and its whole test split (`--dataset
+    ddp_equivalence:mnist_subset`, imported with this folder as the working directory): the
+    first ones, or with SUBSET_VARIABLE k > 0 a random draw seeded k."""
     from bnnexport.datasets import load_mnist5k
 
     data = load_mnist5k(data_dir, augment)
-    data.train = Subset(data.train, range(SAMPLES))
+    subset = int(os.environ.get(SUBSET_VARIABLE, "0"))
+    if subset == 0:
+        data.train = Subset(data.train, range(SAMPLES))
+    else:
+        order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(subset))
+        data.train = Subset(data.train, sorted(order[:SAMPLES].tolist()))
     return data
 
 
@@ -125,6 +134,7 @@ def compare(one: Path, other: Path) -> dict[str, Any]:
     return {
         "flips": {s: flips_other.get(s) for s in (1, 10, max(flips_one)) if s in flips_one},
         "first_step_flips_differ": differing[0] if differing else None,
+        "test_accuracy": test_accuracy(other),
         **differences(one, other),
     }
 
@@ -216,6 +226,19 @@ def main() -> None:
     )
     p.add_argument("--recipe", metavar="NAME", help="only compare `train --recipe NAME` runs")
     p.add_argument(
+        "--subsets",
+        type=int,
+        default=1,
+        metavar="K",
+        help="compare on K subsets of SAMPLES images (0: the first ones; k > 0: a "
+        "random draw seeded k) [default: 1]",
+    )
+    p.add_argument(
+        "--reduction-cost",
+        action="store_true",
+        help="only time what order-independent weight-gradient sums would cost",
+    )
+    p.add_argument(
         "--code",
         metavar="DIR",
         help="the bnnexport checkout to train with "
@@ -236,41 +259,192 @@ def main() -> None:
         emit(cost, table(["BatchNorm", "step ms (median)"], rows) + f"\nratio {cost['ratio']:.3f}",
              args.json)  # fmt: skip
         return
+    if args.reduction_cost:
+        cost = {"models": reduction_cost(), "machine": machine()}
+        emit(cost, reduction_table(cost["models"]), args.json)
+        return
+    results = []
+    for subset in range(args.subsets):
+        log(f"subset {subset} of {args.subsets}")
+        results.append(divergence(subset, extra))
+    result = {"subsets": results, "train_options": extra, "machine": machine()}
+    emit(result, "\n\n".join(divergence_table(r) for r in results), args.json)
+
+
+def divergence(subset: int, extra: list[str]) -> dict[str, Any]:
+    """One process at batch 50, the same with two threads, and 2 processes sharing each batch
+    of 50, on subset `subset` (SUBSET_VARIABLE): how the other two differ from the first."""
     processes, batch = 2, 50
-    runs = {  # name: (processes, batch size, threads per process)
+    runs = {  # name: (processes, the global batch, threads per process)
         "one": (1, batch, 1),
         "one_two_threads": (1, batch, 2),  # the same run, only its float sums in another order
-        "processes": (processes, batch // processes, 1),
+        "processes": (processes, batch, 1),
     }
+    os.environ[SUBSET_VARIABLE] = str(subset)
     with tempfile.TemporaryDirectory() as folder:
         seconds = {}
         for name, (count, size, threads) in runs.items():
-            log(f"{name}: {count} process(es) at batch {size}, {threads} thread(s) each")
+            log(f"{name}: {count} process(es) sharing batch {size}, {threads} thread(s) each")
             seconds[name] = round(run_training(Path(folder) / name, count, size, extra, threads), 1)
         one = Path(folder) / "one"
         flips = step_flips(one)
         steps = [s for s in (1, 10, max(flips)) if s in flips]
-        result = {
-            "processes": processes, "global_batch": batch, "steps": max(flips),
-            "train_options": extra, "one_process_flips": {s: flips[s] for s in steps},
+        return {
+            "subset": subset, "processes": processes, "global_batch": batch, "steps": max(flips),
+            "one_process_flips": {s: flips[s] for s in steps},
+            "one_process_test_accuracy": test_accuracy(one),
             "one_process_two_threads": compare(one, Path(folder) / "one_two_threads"),
             "processes_vs_one": compare(one, Path(folder) / "processes"),
-            "seconds": seconds, "machine": machine(),
+            "seconds": seconds,
         }  # fmt: skip
+
+
+def test_accuracy(run: Path) -> float:
+    return float(json.loads((run / "train.json").read_text())["test_accuracy"])
+
+
+def divergence_table(result: dict[str, Any]) -> str:
+    flips = {int(k): v for k, v in result["one_process_flips"].items()}
     two, many = result["one_process_two_threads"], result["processes_vs_one"]
-    rows = [[f"flips at step {s}", flips[s], two["flips"][s], many["flips"][s]] for s in steps]
+
+    def at(other: dict[str, Any], step: int) -> Any:
+        return other["flips"].get(step, other["flips"].get(str(step)))
+
+    rows = [[f"flips at step {s}", flips[s], at(two, s), at(many, s)] for s in flips]
     rows += [
         ["first step whose flips differ", "", two["first_step_flips_differ"] or "none",
          many["first_step_flips_differ"] or "none"],
         ["binary weights differing at the end", "",
          f"{two['binary_weights_differing']} of {two['binary_weights']}",
          f"{many['binary_weights_differing']} of {many['binary_weights']}"],
+        ["test accuracy (one process: the first column)", result["one_process_test_accuracy"],
+         two["test_accuracy"], many["test_accuracy"]],
         ["real-valued max |diff| at the end", "", two["real_max_abs_diff"],
          many["real_max_abs_diff"]],
     ]  # fmt: skip
-    head = ["", f"1 process, batch {batch}", "the same, 2 threads",
-            f"{processes} processes, batch {batch // processes}"]  # fmt: skip
-    emit(result, table(head, rows), args.json)
+    head = [f"subset {result['subset']}", f"1 process, batch {result['global_batch']}",
+            "the same, 2 threads", f"{result['processes']} processes sharing it"]  # fmt: skip
+    return table(head, rows)
+
+
+def reduction_cost(rounds: int = 3) -> dict[str, Any]:
+    """What order-independent sums over the batch would cost: for mnist-bnn and BinaryNet at
+    batch 50 (one thread), a training step's time beside the time of every conv and dense
+    layer's weight gradient (the sums over the batch whose order a split changes) computed
+    as torch does (float32), in float64 (the sums' order no longer showing once rounded to
+    float32, as AllReduceBatchNorm does for its statistics) and, for mnist-bnn, per sample
+    in float32 and added in float64 (each process's part the same kernel on the same data)."""
+    torch.set_num_threads(1)
+    shapes = {"mnist-bnn": (1, 28, 28), "binarynet": (3, 32, 32)}
+    return {name: _model_costs(name, shape, rounds) for name, shape in shapes.items()}
+
+
+def _median_ms(call: Any, runs: int) -> float:
+    import statistics
+    import time
+
+    call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def _model_costs(name: str, shape: tuple[int, ...], rounds: int) -> dict[str, float]:
+    from bnnexport.models import create_model
+    from bnnexport.training.distributed import global_batchnorm
+
+    torch.manual_seed(0)
+    model = global_batchnorm(create_model(name)).train()
+    x = torch.randn(50, *shape)
+    layers = _weight_gradient_inputs(model, x)
+
+    def step() -> None:
+        model.zero_grad()
+        model(x).logsumexp(1).sum().backward()
+
+    row = {
+        "step_ms": _median_ms(step, rounds),
+        "weight_gradients_float32_ms": _median_ms(
+            lambda: _weight_gradients(layers, torch.float32), rounds
+        ),
+        "weight_gradients_float64_ms": _median_ms(
+            lambda: _weight_gradients(layers, torch.float64), 1
+        ),
+    }
+    if name == "mnist-bnn":  # BinaryNet's 50 per-sample kernels take minutes here
+        row["per_sample_ms"] = _median_ms(lambda: _per_sample(layers), 1)
+    return row
+
+
+def _weight_gradient_inputs(model: torch.nn.Module, x: torch.Tensor) -> list[tuple]:
+    """(layer, its binarized or float input, the gradient of its output) of every conv and
+    dense layer, from one real backward pass."""
+    from torch import nn
+
+    captured: list[tuple] = []
+
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        seen = inputs[0].detach()
+        if hasattr(module, "quantize_input"):
+            seen = module.quantize_input(seen).detach()
+        output.register_hook(lambda grad: captured.append((module, seen, grad.detach())))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Conv2d, nn.Linear))]  # fmt: skip
+    model(x).logsumexp(1).sum().backward()
+    for handle in handles:
+        handle.remove()
+    return captured
+
+
+def _conv_input(module: Any, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    pad = module.padding
+    if getattr(module, "pad_value", "zero") == "one" and pad[0]:
+        return torch.nn.functional.pad(x, (pad[1], pad[1], pad[0], pad[0]), value=1.0), (0, 0)
+    return x, pad
+
+
+def _weight_gradients(layers: list[tuple], dtype: torch.dtype) -> None:
+    for module, x, grad in layers:
+        if isinstance(module, torch.nn.Conv2d):
+            x, pad = _conv_input(module, x)
+            torch.nn.grad.conv2d_weight(x.to(dtype), module.weight.shape, grad.to(dtype),
+                                        module.stride, pad)  # fmt: skip
+        else:
+            grad.to(dtype).T @ x.to(dtype)
+
+
+def _per_sample(layers: list[tuple]) -> None:
+    for module, x, grad in layers:
+        if isinstance(module, torch.nn.Conv2d):
+            x, pad = _conv_input(module, x)
+            total = torch.zeros(module.weight.shape, dtype=torch.float64)
+            for i in range(len(x)):
+                one, its = x[i : i + 1], grad[i : i + 1]
+                total += torch.nn.grad.conv2d_weight(
+                    one, module.weight.shape, its, module.stride, pad
+                )
+        else:
+            (grad[:, :, None] * x[:, None, :]).double().sum(0)
+
+
+def reduction_table(models: dict[str, Any]) -> str:
+    rows = []
+    for name, row in models.items():
+        extra = [
+            f"+{100 * (row[k] - row['weight_gradients_float32_ms']) / row['step_ms']:.0f} %"
+            if k in row else None
+            for k in ("weight_gradients_float64_ms", "per_sample_ms")
+        ]  # fmt: skip
+        times = [row["step_ms"], row["weight_gradients_float32_ms"]]
+        times += [row["weight_gradients_float64_ms"], row.get("per_sample_ms")]
+        rows.append([name, *times, *extra])
+    head = ["model (batch 50, 1 thread)", "step ms", "weight grads float32 ms", "float64 ms",
+            "per sample ms", "a step with float64", "a step per sample"]  # fmt: skip
+    return table(head, rows)
 
 
 if __name__ == "__main__":

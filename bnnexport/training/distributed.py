@@ -1,5 +1,5 @@
 """Data-parallel training under `torchrun`: process-group set-up, who does what, and what makes
-N processes at batch B/N the same experiment as one process at batch B.
+N processes sharing each batch of B the same experiment as one process at batch B.
 
 `torchrun --nproc-per-node=N -m bnnexport train ...` starts N processes; each reads its rank from
 the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK). `--batch-size` is the global
