@@ -208,6 +208,31 @@ def plan_runs(
     return plan
 
 
+def _summary(key: tuple[str, float | None, float | None], configs: list[TrainConfig],
+             reports: list, curves: list) -> SweepSetting:  # fmt: skip
+    """One setting's row from its runs (one per seed): means and sample stds."""
+    from bnnexport.training.compare import layer_mean_std, mean_std, setting_id
+
+    optimizer, gamma, threshold = key
+    layers, layers_std = layer_mean_std(curves)
+    accuracy = mean_std([r.test_accuracy for r in reports])
+    pi_run = mean_std([_run_flip_rate(RunDir(config.out)) for config in configs])
+    pi_last = mean_std([c.last_flip_rate for c in curves])
+    seconds = mean_std([c.seconds for c in curves])
+    return SweepSetting(
+        gamma=gamma, threshold=threshold, run_dir=configs[0].out,
+        test_accuracy=accuracy[0],
+        train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
+        flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
+        seconds=seconds[0], seconds_std=seconds[1], optimizer=optimizer,
+        run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
+        test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
+        last_epoch_flip_rate_std=pi_last[1], model=configs[0].model,
+        setting=setting_id(curves[0].config), layer_flip_rate=layers,
+        layer_flip_rate_std=layers_std,
+    )  # fmt: skip
+
+
 def _sweep(
     base: TrainConfig,
     plan: dict[tuple[str, float | None, float | None], list[TrainConfig]],
@@ -217,40 +242,16 @@ def _sweep(
     optimizers: list[str],
     seeds: int,
 ) -> SweepReport:
-    from bnnexport.training.compare import (
-        layer_mean_std,
-        mean_std,
-        read_run,
-        seeds_note,
-        setting_id,
-    )
+    from bnnexport.training.compare import read_run, seeds_note
     from bnnexport.training.plots import plot_sweep
 
     start = time.perf_counter()
     settings, groups = [], []
-    for (optimizer, gamma, threshold), configs in plan.items():
+    for key, configs in plan.items():
         reports = [train(config, force=force, progress=progress) for config in configs]
         curves = [read_run(config.out) for config in configs]
         groups.append(curves)
-        layers, layers_std = layer_mean_std(curves)
-        accuracy = mean_std([r.test_accuracy for r in reports])
-        pi_run = mean_std([_run_flip_rate(RunDir(config.out)) for config in configs])
-        pi_last = mean_std([c.last_flip_rate for c in curves])
-        seconds = mean_std([c.seconds for c in curves])
-        settings.append(
-            SweepSetting(
-                gamma=gamma, threshold=threshold, run_dir=configs[0].out,
-                test_accuracy=accuracy[0],
-                train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
-                flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
-                seconds=seconds[0], seconds_std=seconds[1], optimizer=optimizer,
-                run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
-                test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
-                last_epoch_flip_rate_std=pi_last[1], model=base.model,
-                setting=setting_id(curves[0].config), layer_flip_rate=layers,
-                layer_flip_rate_std=layers_std,
-            )
-        )  # fmt: skip
+        settings.append(_summary(key, configs, reports, curves))
     figure = out / "sweep.png"
     colors = plot_sweep(groups, list(plan), figure)  # recorded for compare
     for setting, group in zip(settings, groups, strict=True):

@@ -243,3 +243,20 @@ def test_all_reduce_batchnorm_in_one_process_is_torchs_batchnorm_to_rounding(nor
                         module.running_mean, module.running_var])  # fmt: skip
     for theirs, mine in zip(*results, strict=True):
         assert torch.allclose(theirs, mine, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "marked,trained_by,batch", [(True, 2, 50), (False, 2, 100), (False, 1, 50)]
+)
+def test_a_run_from_before_the_global_batch_resumes_at_the_batch_it_trained_at(
+    tmp_path, marked, trained_by, batch
+):
+    """Its config's batch_size 50 was each of its processes' (train.json says how many)."""
+    from bnnexport.training.resume import resumed_config
+
+    saved = TrainConfig(batch_size=50, out=str(tmp_path)).to_json()
+    checkpoint = {"config": saved, "epoch": 1, **({"global_batch": True} if marked else {})}
+    (tmp_path / "train.json").write_text(json.dumps({"world_size": trained_by}))
+    config, _ = resumed_config(checkpoint, TrainConfig(out=str(tmp_path)), None,
+                               tmp_path / "checkpoint.pt")  # fmt: skip
+    assert config.batch_size == batch
