@@ -344,6 +344,8 @@ def plot_compare(
     over optimizer steps, one curve per setting in its colour (`setting_colors`) and a line
     style of its own, the legend below the panels, in one figure that says what its error
     bars are (`STD_NOTE`) and when they come from fewer than FEW_SEEDS seeds."""
+    from matplotlib.ticker import MaxNLocator
+
     from bnnexport.run.reports import pyplot
 
     plt = pyplot()
@@ -359,6 +361,7 @@ def plot_compare(
               ylim=(-9.5, 0.5))  # fmt: skip
     for ax in (left, right):
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     rows = -(-len(groups) // 2)
     fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8,
                frameon=False)  # fmt: skip

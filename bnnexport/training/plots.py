@@ -92,6 +92,7 @@ def plot_sweep(groups: list[list[Any]], keys: list[SweepKey], path: str | Path) 
     std over seeds, said in the figure, with a warning under FEW_SEEDS seeds. Returns each
     group's colour in the first column (what sweep.json records for compare)."""
     from matplotlib.colors import to_hex
+    from matplotlib.ticker import MaxNLocator
 
     from bnnexport.run.reports import pyplot
     from bnnexport.training.compare import PI_LABEL, STD_NOTE, draw_curves, seeds_note
@@ -114,6 +115,7 @@ def plot_sweep(groups: list[list[Any]], keys: list[SweepKey], path: str | Path) 
                                fontsize=8, frameon=False)  # fmt: skip
         for ax in axes[:, column]:
             ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     notes = [STD_NOTE] * any(len(g) > 1 for g in groups) + [n for n in [seeds_note(groups)] if n]
     if notes:
         fig.text(0.5, 0.005, "; ".join(notes), ha="center", va="bottom", fontsize=8)

@@ -186,6 +186,9 @@ def test_config_json_records_the_global_batch_and_each_processs_share(pairs):
     one, two = (json.loads((run / "config.json").read_text()) for run in pairs["recipe"])
     assert (one["batch_size"], one["world_size"], one["batch_size_per_process"]) == (50, 1, 50)
     assert (two["batch_size"], two["world_size"], two["batch_size_per_process"]) == (50, 2, 25)
+    notes = json.loads((pairs["recipe"][1] / "train.json").read_text())["notes"]
+    assert any("2 processes share each batch of 50" in note and "25 images each" in note
+               and "4 steps per epoch" in note for note in notes), notes  # fmt: skip
 
 
 def test_a_global_batch_the_processes_cannot_share_evenly_is_refused_naming_both():
