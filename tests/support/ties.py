@@ -5,11 +5,11 @@ PyTorch's BatchNorm and ONNX Runtime's sum and scale in other orders, so on most
 their values of a BatchNorm output differ by an ulp or so. At a position where they differ
 (PyTorch `a`, ONNX Runtime `b`), shifting that channel's bias (the BatchNorm's own, or one
 added after it) by -(a + b) / 2 puts the two on opposite sides of zero, |a - b| / 2 away from
-it: a tie of the kind MNIST's backgrounds make by the dozen, planted where the test wants one. Positions whose value repeats
-in their channel (a background) are skipped: there one shift makes hundreds of ties, the
-degenerate case the gate calls inconclusive. The search runs on this machine's runtimes, so it
-finds a tie whatever their summation orders; `side` may require a third runtime (LCE) to side
-with ONNX Runtime there, so that only PyTorch stands apart.
+it: a tie of the kind MNIST's backgrounds make by the dozen, planted where the test wants one.
+Positions whose value repeats in their channel (a background) are skipped: there one shift
+makes hundreds of ties, the degenerate case the gate calls inconclusive. The search runs on this
+machine's runtimes, so it finds a tie whatever their summation orders; `side` may require a
+third runtime (LCE) to side with ONNX Runtime there, so that only PyTorch stands apart.
 """
 
 from __future__ import annotations
