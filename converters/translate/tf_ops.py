@@ -137,6 +137,9 @@ class TranslatorView(Protocol):
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""
 
+    def value(self, name: str) -> Value:
+        """The translated value of ONNX tensor `name` (translated first when it is not yet)."""
+
     def binarized_source(self, found: Binarization) -> Value:
         """The float tensor a binarization reads, with torch's tie-break at exact zeros."""
 
