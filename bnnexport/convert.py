@@ -85,7 +85,7 @@ class ConvertReport(Report):
     batch: int  # the batch the flatbuffer takes (`--batch N`)
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int
+    tflite_float_bytes: int | None  # None: not built (only `--format tflite` builds it)
     float_output: str | None
     seconds: float
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +108,9 @@ class ConvertReport(Report):
     # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
     float_layers: str = "float32"
     int8: dict | None = None
+    # where the time went, stage by stage (`converters.lce.STAGES`), after "export": the
+    # export command's own seconds (RUN_DIR/export.json), which `seconds` does not include
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -405,6 +408,7 @@ def convert_run(
             options = replace(options, int8_points=result.int8["tensor_points"])
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
+    report.stage_seconds = {**_export_seconds(run), **result.stage_seconds}
     report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
@@ -419,6 +423,19 @@ def convert_run(
     if run is not None:
         report.save(run.root / report_name)
     return report
+
+
+def _export_seconds(run: RunDir | None) -> dict[str, float]:
+    """{"export": the seconds RUN_DIR/export.json records}, or {} (an ONNX file, no record)."""
+    import json
+
+    path = run.root / "export.json" if run is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return {"export": round(float(json.loads(path.read_text())["seconds"]), 3)}
+    except (ValueError, KeyError, TypeError):  # an unreadable record: no figure
+        return {}
 
 
 def _model_of(run: RunDir | None) -> LoadedModel | None:
