@@ -226,9 +226,10 @@ def native_flatbuffer(model: str, size: int, out: Path, python: Path) -> dict[st
     args = ["native", "--model", LARQ_ZOO_NAMES[model], "--size", str(size), "--out", str(out)]
     try:
         return larq_json(args, timeout=3600, python=python)
-    except RuntimeError as error:
+    except RuntimeError as error:  # its exit code and the error line (not a last warning)
         lines = [ln for ln in str(error).splitlines() if ln.strip()]
-        return {"error": lines[-1] if lines else str(error)}
+        errors = [ln for ln in lines if "Error" in ln] or lines[-1:]
+        return {"error": f"{lines[0].split(':')[0]}: {errors[-1] if errors else ''}"}
 
 
 def larq_env() -> dict[str, str]:

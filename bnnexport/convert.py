@@ -108,8 +108,9 @@ class ConvertReport(Report):
     # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
     float_layers: str = "float32"
     int8: dict | None = None
-    # where the time went, stage by stage (`converters.lce.STAGES`), after "export": the
-    # export command's own seconds (RUN_DIR/export.json), which `seconds` does not include
+    # where the time went: "export", the export command's own seconds (RUN_DIR/export.json),
+    # which `seconds` does not include; "load" (the model, the samples, TensorFlow's import);
+    # the converter's stages (`converters.lce.STAGES`); "batched_copy" with --batched-copy
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -392,6 +393,7 @@ def convert_run(
         max_accuracy_drop=max_accuracy_drop,
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
+    loaded = time.perf_counter()  # the model, the samples and TensorFlow's import: "load"
     try:
         result = convert(
             onnx_path, output, target=target, inputs=inputs, options=options,
@@ -402,13 +404,16 @@ def convert_run(
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
         files.remove([refusal])
-    copy = None
+    copy, copied = None, time.perf_counter()
     if batched_copy is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         if int8:  # the same int8 model: the batch-1 conversion's ranges, not calibrated again
             options = replace(options, int8_points=result.int8["tensor_points"])
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
-    report.stage_seconds = {**_export_seconds(run), **result.stage_seconds}
+    report.stage_seconds = {
+        **_export_seconds(run), "load": round(loaded - start, 3), **result.stage_seconds,
+        **({"batched_copy": round(time.perf_counter() - copied, 3)} if copy else {}),
+    }  # fmt: skip
     report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
