@@ -228,8 +228,12 @@ def native_flatbuffer(model: str, size: int, out: Path, python: Path) -> dict[st
         return larq_json(args, timeout=3600, python=python)
     except RuntimeError as error:  # its exit code and the error line (not a last warning)
         lines = [ln for ln in str(error).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "Error" in ln] or lines[-1:]
-        return {"error": f"{lines[0].split(':')[0]}: {errors[-1] if errors else ''}"}
+        errors = [ln for ln in lines if "Error" in ln]
+        code = lines[0].split("(")[-1].split(")")[0] if lines else "?"
+        if not errors and code.startswith("-"):  # e.g. -11: LCE's converter crashed
+            said = [ln for ln in lines if not ln[0].isspace()]  # the last message, not its code
+            errors = [f"killed by signal {code[1:]} after: {said[-1].strip()[:200]}"]
+        return {"error": f"larq side exit code {code}: {(errors or lines[-1:] or [''])[-1]}"}
 
 
 def larq_env() -> dict[str, str]:
