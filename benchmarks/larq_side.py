@@ -22,6 +22,8 @@ Commands:
         writes into DIR: native.tflite (`convert_keras_model`), model.onnx (tf2onnx),
         inputs.npy (NHWC samples) and keras.npy (the Keras outputs on them). Needs the extra
         packages `_common.larq_zoo_python()` installs (larq-zoo, tf2onnx).
+    python benchmarks/larq_side.py versions
+        {"tensorflow": ..., "lce": ..., "larq": ..., "larq_zoo": ..., "tf_keras": ...}
     python benchmarks/larq_side.py native --model QuickNet --size 64 --out FILE.tflite
         the same larq-zoo model (weights=None, --seed, random BatchNorm statistics, softmax
         removed unless --softmax) through `convert_keras_model` only: the native flatbuffer
@@ -236,7 +238,6 @@ def native(name: str, size: int, out: str, seed: int, threads: int, softmax: boo
     """larq-zoo model -> `convert_keras_model` -> `out`; the conversion's seconds."""
     set_threads(threads)
     import larq_compute_engine as lce
-    import tensorflow as tf
 
     model = build_zoo_model(name, size, seed, softmax)
     start = time.perf_counter()
@@ -253,15 +254,16 @@ def native(name: str, size: int, out: str, seed: int, threads: int, softmax: boo
             "seconds": seconds,
             "softmax": softmax,
             "keras_binary_layers": zoo_binary_layers(model),
-            "versions": {
-                "tensorflow": tf.__version__,
-                "lce": lce.__version__,
-                "larq": _version("larq"),
-                "larq_zoo": _version("larq-zoo"),
-                "tf_keras": _version("tf-keras"),
-            },
+            "versions": versions(),
         }
     )
+
+
+def versions() -> dict[str, str]:
+    """TensorFlow, LCE, larq, larq-zoo and tf-keras as installed in this venv."""
+    names = {"tensorflow": "tensorflow-cpu", "lce": "larq-compute-engine", "larq": "larq",
+             "larq_zoo": "larq-zoo", "tf_keras": "tf-keras"}  # fmt: skip
+    return {key: _version(distribution) for key, distribution in names.items()}
 
 
 def zoo(
@@ -373,8 +375,11 @@ def main() -> None:
     n.add_argument("--seed", type=int, default=0)
     n.add_argument("--threads", type=int, default=1)
     n.add_argument("--softmax", action="store_true", help="keep the final softmax")
+    sub.add_parser("versions", help="the versions of the larq venv's packages")
     args = p.parse_args()
-    if args.command == "native":
+    if args.command == "versions":
+        say(versions())
+    elif args.command == "native":
         native(args.model, args.size, args.out, args.seed, args.threads, args.softmax)
     elif args.command == "zoo":
         zoo(

@@ -35,6 +35,7 @@ from _common import (
     LARQ_ZOO_NAMES,
     ROOT,
     emit,
+    larq_json,
     larq_zoo_python,
     log,
     machine,
@@ -90,27 +91,28 @@ def sizes_of(args: Any) -> list[int]:
     return sorted({int(s) for s in args.sizes.split(",") if s.strip()})
 
 
-def source(args: Any, versions: dict[str, Any]) -> dict[str, Any]:
-    """Where the data came from: what a reader needs to make it again."""
+def source(data: dict[str, Any], args: Any, versions: dict[str, Any]) -> dict[str, Any]:
+    """Where the data came from: what a reader needs to make it again; each --write run adds
+    its command, date and machine (with its load) to `runs`."""
+    runs = data.get("source", {}).get("runs", [])
+    run = {
+        "command": f"benchmarks/native_ops.py --write --models {args.models} --sizes {args.sizes}",
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "versions": versions,
+    }
     return {
         "script": "benchmarks/native_ops.py",
-        "command": f"benchmarks/native_ops.py --write --sizes {args.sizes}",
-        "date": datetime.date.today().isoformat(),
-        "versions": versions,
         "native_model": "larq-zoo model, weights=None, seed 0, random BatchNorm statistics "
         "(larq_side.randomize_batchnorm), final softmax removed; convert_keras_model defaults",
-        "machine": machine(),
+        "runs": [*runs, run],
     }
 
 
-def write_data(result: dict[str, Any], args: Any) -> None:
+def write_data(result: dict[str, Any], args: Any, python: Path) -> None:
     """Merge this run's native rows into benchmarks/data/native_ops.json."""
     data = json.loads(DATA.read_text()) if DATA.is_file() else {"models": {}}
-    versions = next(
-        (r["versions"] for m in result["models"].values() for r in m.values() if "versions" in r),
-        {},
-    )
-    data["source"] = source(args, versions)
+    data["source"] = source(data, args, larq_json(["versions"], python=python))
     for model, rows in result["models"].items():
         entry = data["models"].setdefault(model, {"larq_zoo": LARQ_ZOO_NAMES[model], "sizes": {}})
         for size, row in rows.items():
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result["models"].setdefault(model, {})[size] = row
     result["machine_after"] = machine()
     if args.write:
-        write_data(result, args)
+        write_data(result, args, python)
     emit(result, text_report(result), args.json)
     return result
 
