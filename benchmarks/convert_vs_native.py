@@ -41,17 +41,25 @@ from _common import (
 )
 from convert_scaling import convert_child, prepare
 
+from converters.flatbuffer import op_kinds
+
 STAGES = ("export", "normalise", "translate", "lce_converter", "gate", "twin")
 
 
 def one_round(name: str, size: int, run: Path, python: Path, ours_first: bool) -> dict:
     """One conversion each, ours and native, in the given order."""
     measured: dict[str, Any] = {}
+    native = run.parent / "native.tflite"
+    native.unlink(missing_ok=True)  # a failed native conversion leaves no earlier round's file
     for side in ("ours", "native") if ours_first else ("native", "ours"):
         if side == "ours":
             measured["ours"] = convert_child(run)
         else:
-            measured["native"] = native_flatbuffer(name, size, run.parent / "native.tflite", python)
+            measured["native"] = native_flatbuffer(name, size, native, python)
+    # the op kinds of both (docs/BENCHMARKS.md "Op parity"), where each side wrote a flatbuffer
+    for side, path in (("ours", run / "model-arm64.tflite"), ("native", native)):
+        if path.is_file():
+            measured[side]["op_kinds"] = op_kinds(path)
     return measured
 
 
