@@ -85,7 +85,7 @@ class ConvertReport(Report):
     batch: int  # the batch the flatbuffer takes (`--batch N`)
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int
+    tflite_float_bytes: int | None  # None: not built (only `--format tflite` builds it)
     float_output: str | None
     seconds: float
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +108,10 @@ class ConvertReport(Report):
     # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
     float_layers: str = "float32"
     int8: dict | None = None
+    # where the time went: "export", the export command's own seconds (RUN_DIR/export.json),
+    # which `seconds` does not include; "load" (the model, the samples, TensorFlow's import);
+    # the converter's stages (`converters.lce.STAGES`); "batched_copy" with --batched-copy
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -151,6 +155,7 @@ class ConvertReport(Report):
                 f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
                 f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
+                + (f", through {c['through']}" if c.get("through") else "")
             )
         lines += int8_lines(int8)
         lines.append("op_histogram")  # (rewrites and zero_free_signs print with the fields)
@@ -276,21 +281,28 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
             )
 
 
-def torch_reference(model: Any, onnx_path: Path) -> Reference:
-    """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin."""
+def torch_reference(model: Any, onnx_path: Path, sample: np.ndarray) -> Reference:
+    """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin.
+    A model of your own gets the probe of its traced binarizations, matched with the ONNX graph
+    on `sample`, and no twin (its initializers are not its parameters); where they cannot be
+    matched, it is checked through ONNX Runtime (`Reference.unprobed`)."""
     from bnnexport.export import torch_outputs
-    from bnnexport.nn.quantizers import Quantizer
-    from bnnexport.nn.torch_probe import TorchProbe, twin_outputs, twin_probe
+    from bnnexport.nn import torch_probe as probes
     from converters.gate.checks import Reference
 
-    if not any(isinstance(m, Quantizer) for m in model.modules()):  # a model of your own:
-        # its binarizations are no Quantizer modules to hook, so PyTorch checks outputs only
-        return Reference(name="PyTorch", outputs=lambda x: torch_outputs(model, x))
-    return Reference(
-        name="PyTorch", outputs=lambda x: torch_outputs(model, x),
-        probe=lambda: TorchProbe(model, onnx_path), twin_outputs=twin_outputs(model),
-        twin_probe=twin_probe(model),
-    )  # fmt: skip
+    def outputs(x: np.ndarray) -> np.ndarray:
+        return torch_outputs(model, x)
+
+    if probes.has_quantizers(model):
+        return Reference(
+            name="PyTorch", outputs=outputs, probe=lambda: probes.TorchProbe(model, onnx_path),
+            twin_outputs=probes.twin_outputs(model), twin_probe=probes.twin_probe(model),
+        )  # fmt: skip
+    try:
+        probe = probes.sign_probe(model, onnx_path, sample)
+    except probes.UntraceableModel as why:
+        return Reference(name="PyTorch", outputs=outputs, unprobed=str(why))
+    return Reference(name="PyTorch", outputs=outputs, probe=lambda: probe)
 
 
 def convert_run(
@@ -389,6 +401,7 @@ def convert_run(
         max_accuracy_drop=max_accuracy_drop,
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
+    loaded = time.perf_counter()  # the model, the samples and TensorFlow's import: "load"
     try:
         result = convert(
             onnx_path, output, target=target, inputs=inputs, options=options,
@@ -399,12 +412,16 @@ def convert_run(
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
         files.remove([refusal])
-    copy = None
+    copy, copied = None, time.perf_counter()
     if batched_copy is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         if int8:  # the same int8 model: the batch-1 conversion's ranges, not calibrated again
             options = replace(options, int8_points=result.int8["tensor_points"])
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
+    report.stage_seconds = {
+        **_export_seconds(run), "load": round(loaded - start, 3), **result.stage_seconds,
+        **({"batched_copy": round(time.perf_counter() - copied, 3)} if copy else {}),
+    }  # fmt: skip
     report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
@@ -419,6 +436,19 @@ def convert_run(
     if run is not None:
         report.save(run.root / report_name)
     return report
+
+
+def _export_seconds(run: RunDir | None) -> dict[str, float]:
+    """{"export": the seconds RUN_DIR/export.json records}, or {} (an ONNX file, no record)."""
+    import json
+
+    path = run.root / "export.json" if run is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return {"export": round(float(json.loads(path.read_text())["seconds"]), 3)}
+    except (ValueError, KeyError, TypeError):  # an unreadable record: no figure
+        return {}
 
 
 def _model_of(run: RunDir | None) -> LoadedModel | None:
@@ -442,7 +472,7 @@ def _checks_of(
     inputs, labels = load_samples(run, samples)
     if loaded is None:
         return inputs, labels, []
-    return inputs, labels, [torch_reference(loaded.model, onnx_path)]
+    return inputs, labels, [torch_reference(loaded.model, onnx_path, inputs[0])]
 
 
 def _calibration(path: str | Path | None) -> np.ndarray | None:

@@ -157,31 +157,68 @@ def onnx_gate(
     model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
 ) -> tuple[np.ndarray, GateReport]:
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
-    (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
-    from bnnexport.nn.torch_probe import TorchProbe, activation_quantizers
+    (`reference`); ConversionMismatchError when they disagree beyond sign ties.
+
+    A model of your own runs in ONNX Runtime as the normaliser writes it (every sign idiom in
+    the one canonical form whose signs the probe imposes; `convert` compares the flatbuffer
+    with the file itself) and PyTorch replays through its traced binarizations
+    (`bnnexport.nn.torch_probe.TracedProbe`). Where those cannot be matched with the graph's,
+    no replay is possible and predictions alone are judged, at most one differing
+    (`GateOptions.unprobed_flips`); a refusal then says why."""
+    from bnnexport.nn import torch_probe as probes
+    from converters.errors import ConversionMismatchError
     from converters.gate import GateOptions, OnnxProbe, Replay, validate
+    from converters.gate.predicate import UNPROBED_FLIPS
     from converters.gate.quantized import CachedWitness, activation_points
     from converters.graph import load_onnx
+    from converters.normalize import normalized_or_as_is
 
+    own = not probes.has_quantizers(model)
+    # a model of your own: as the normaliser writes it (its sign idioms canonical)
+    graph = normalized_or_as_is(load_onnx(path)) if own else load_onnx(path)
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
     # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
     # land on the other side of a tie than its own witness (QuickNet-Small at 224 did).
     # A model trained with int8 float layers: the witness also gives its int8 activations, which
     # the replay imposes in PyTorch (`bnnexport.nn.torch_probe`)
-    int8 = list(activation_points(load_onnx(path))) if activation_quantizers(model) else []
-    probe = OnnxProbe(path, int8)
+    int8 = list(activation_points(graph)) if probes.activation_quantizers(model) else []
+    probe = OnnxProbe(graph, int8)
     witness = CachedWitness(probe.witness())
     candidate = np.stack([witness.run(x)[0] for x in np.asarray(inputs, np.float32)])
 
     # the candidate is a reference runtime on the unmodified export: a value PyTorch and ONNX
     # Runtime split on, however often it recurs, is a split between references
     imposer = witness.run if int8 else None
-    replay = Replay(
-        lambda: TorchProbe(model, path, imposer), witness.as_witness(), judged=frozenset()
-    )
-    names = ("PyTorch", "ONNX Runtime")
-    gate = validate(reference, candidate, inputs, GateOptions(rtol=RTOL), names, replay)
-    return candidate, gate
+    try:
+        probe_of = _torch_probe(model, path if not own else graph, inputs[0], imposer, own)
+    except probes.UntraceableModel as why:
+        options = GateOptions(rtol=RTOL, unprobed_flips=UNPROBED_FLIPS)
+        try:
+            return candidate, validate(reference, candidate, inputs, options, _NAMES)
+        except ConversionMismatchError as error:
+            raise ConversionMismatchError(
+                f"{error} (PyTorch's signs cannot be replayed: {why})",
+                {**error.diagnostics, "unprobed": str(why)},
+            ) from None
+    replay = Replay(probe_of, witness.as_witness(), judged=frozenset())
+    return candidate, validate(reference, candidate, inputs, GateOptions(rtol=RTOL), _NAMES, replay)
+
+
+_NAMES = ("PyTorch", "ONNX Runtime")
+
+
+def _torch_probe(
+    model: torch.nn.Module, graph: Any, sample: np.ndarray, imposer: Any, own: bool
+) -> Any:
+    """A builder of PyTorch's sign probe: bnnexport's `Quantizer` hooks, built when a sample
+    needs a replay; a model of your own's traced binarizations, built now (UntraceableModel when
+    they cannot be matched with `graph`'s)."""
+    from bnnexport.nn import torch_probe as probes
+
+    if not own:
+        return lambda: probes.TorchProbe(model, graph, imposer)
+    built = probes.TracedProbe(model, graph, sample, imposer)
+    return lambda: built
 
 
 def check_onnx(

@@ -190,6 +190,42 @@ def same_conv(conv: nn.Conv2d, height: int, width: int) -> tuple[nn.Module, tupl
     return nn.Sequential(nn.ZeroPad2d((left, right, top, bottom)), conv), out
 
 
+PADDING_STYLES = ("keras", "torch")
+
+
+def strided_binary_conv(
+    cin: int,
+    cout: int,
+    size: tuple[int, int],
+    padding_style: str,
+    pad_value: str,
+    input_quantizer: object,
+) -> BinaryConv2d:
+    """A binary 3x3 conv of stride 2 on a `size` (height, width) input, padded as
+    `padding_style` says: "keras", larq-zoo's `padding="same"` ((0, 1) on an even size, (1, 1)
+    on an odd one), which LCE runs as one `LceBconv2d` (padding SAME); or "torch", padding=1
+    on both sides, whose windows on an even size read (1, 0) and need the padding written out
+    before the bconv (two CONCATENATIONs; docs/BENCHMARKS.md "Op parity").
+
+    Example:
+        >>> strided_binary_conv(8, 16, (56, 56), "keras", "one", "ste_sign").explicit_pads
+        (0, 1, 0, 1)
+        >>> strided_binary_conv(8, 16, (7, 7), "keras", "one", "ste_sign").padding
+        (1, 1)
+    """
+    if padding_style not in PADDING_STYLES:
+        raise ValueError(f"padding_style must be one of {PADDING_STYLES}, got {padding_style!r}")
+    padding: int | tuple[int, int, int, int] = 1
+    if padding_style == "keras":
+        (top, bottom), (left, right) = same_pads(size[0], 3, 2), same_pads(size[1], 3, 2)
+        symmetric = top == bottom == left == right
+        padding = top if symmetric else (left, right, top, bottom)
+    return BinaryConv2d(
+        cin, cout, 3, stride=2, padding=padding, pad_value=pad_value,
+        input_quantizer=input_quantizer,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 def same_max_pool(
     height: int, width: int, kernel: int = 3, stride: int = 2
 ) -> tuple[nn.MaxPool2d, tuple[int, int]]:

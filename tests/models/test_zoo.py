@@ -178,7 +178,9 @@ def test_binarynet_follows_the_paper_layout():
 def test_init_writes_a_loadable_run_with_binary_kernels_and_nontrivial_batchnorm(tmp_path):
     report = init_run("birealnet18", input_shape=(3, 32, 32), num_classes=10, out=tmp_path / "r")
     checkpoint = load_checkpoint(tmp_path / "r")
-    assert checkpoint["model_kwargs"] == {"num_classes": 10, "input_shape": [3, 32, 32]}
+    assert checkpoint["model_kwargs"] == {
+        "num_classes": 10, "input_shape": [3, 32, 32], "padding_style": "keras"
+    }  # fmt: skip
     model = load_model(tmp_path / "r")
     for _, layer in binary_layers(model):
         assert bool(((layer.weight == 1) | (layer.weight == -1)).all())
@@ -186,6 +188,43 @@ def test_init_writes_a_loadable_run_with_binary_kernels_and_nontrivial_batchnorm
     assert all(bool((bn.running_mean != 0).all()) for bn in bns)
     assert report.binary_layers == 16
     assert json.loads((tmp_path / "r" / "config.json").read_text())["model"] == "birealnet18"
+
+
+KERAS_PADDED = ["birealnet18", "binary-resnet-e18", "real-to-binary-net"]  # since issue 47
+
+
+@pytest.mark.parametrize("name", KERAS_PADDED)
+def test_a_model_padded_as_keras_since_issue_47_rebuilds_older_checkpoints_padded_as_torch(name):
+    assert model_info(name).layout == {"padding_style": ("keras", "torch")}
+
+
+@pytest.mark.slow  # a checkpoint and two builds; the layout mechanism is one for all three
+@pytest.mark.parametrize(
+    "name",
+    [n if n == "birealnet18" else pytest.param(n, marks=pytest.mark.long) for n in KERAS_PADDED],
+)
+def test_a_checkpoint_that_does_not_record_its_padding_style_rebuilds_torchs_padding(
+    tmp_path, name
+):
+    """Runs from before issue 47 padded the stride-2 binary convs with torch's padding=1 and
+    recorded no `padding_style`: they rebuild that model, not larq-zoo's "same" padding."""
+    from bnnexport.run.checkpoint import build_model, save_checkpoint
+
+    init_run(name, input_shape=(3, 64, 64), num_classes=10, out=tmp_path / "r")
+    checkpoint = load_checkpoint(tmp_path / "r")
+    new = build_model(checkpoint)
+    del checkpoint["model_kwargs"]["padding_style"]
+    save_checkpoint(tmp_path / "old.pt", checkpoint)
+    old = build_model(load_checkpoint(tmp_path / "old.pt"))
+    strided = [
+        m for m in old.modules() if getattr(m, "stride", None) == (2, 2) and hasattr(m, "pad_value")
+    ]
+    assert strided and all(m.explicit_pads is None and m.padding == (1, 1) for m in strided)
+    reference = create_model(name, num_classes=10, input_shape=(3, 64, 64), padding_style="torch")
+    reference.load_state_dict(old.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    assert torch.equal(old(x), reference.eval()(x))
+    assert not torch.equal(new(x), old(x))  # the "same" padding reads other windows
 
 
 # binary layers (±1 kernels) per larq-zoo model, from its block structure (docs/LCE_NOTES.md
