@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from bnnexport.models import create_model, list_models, model_info
+from bnnexport.models.papers import paper_of
 from bnnexport.nn.layers import binary_layers
 from bnnexport.run.reports import Report
 from bnnexport.summary import summarize
@@ -41,6 +42,7 @@ class ZooEntry(Report):
     top1: float | None  # published top-1 accuracy in %, None where none is
     top1_source: str
     description: str
+    paper: str = ""  # the paper that introduced the architecture (bnnexport.models.papers)
 
 
 def zoo_entry(name: str) -> ZooEntry:
@@ -64,6 +66,7 @@ def zoo_entry(name: str) -> ZooEntry:
         top1=info.top1,
         top1_source=info.top1_source,
         description=info.description,
+        paper=paper_of(name),
     )
 
 
