@@ -45,6 +45,8 @@ TRAIN_OPTIONS = {
     "per_process_batchnorm": (None, "sync_batchnorm", False),
     "float_layers": ("int8", "float_layers", "int8"),
     "recipe": ("paper-cifar10-sweep", "recipe", "paper-cifar10-sweep"),
+    # the recipe evaluates with the moving statistics: the option given wins over it
+    "bn_eval": ("recalibrate", "bn_eval", "recalibrate"),
 }
 # options that are how a command runs or where it writes, not what it trains
 NOT_TRAINING = {
