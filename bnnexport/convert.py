@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from bnnexport.run.checkpoint import LoadedModel
     from converters.batch import BatchedResult
     from converters.gate.checks import Reference
+    from converters.gate.fallbacks import RecordedLayer
     from converters.lce import ConversionResult, ConvertOptions
 
 
@@ -384,7 +385,7 @@ def convert_run(
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float),
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
-        trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
+        trust_twin=trust_twin, recorded_layers=recorded_layers(kernels),
         float_layers=float_layers, calibration=_calibration(calibration_samples), io=io,
         max_accuracy_drop=max_accuracy_drop,
     )  # fmt: skip
@@ -465,12 +466,20 @@ def _recorded_float_layers(path: Path) -> str:
     return recorded_float_layers(path) if path.is_dir() else "float32"
 
 
-def binary_layer_count(kernels: BinaryKernels | None) -> int:
-    """How many of the recorded kernels are binary layers LCE must run binary (their input
-    binarized too); 0 when there is no record, or for kernels named without a trace."""
-    if kernels is None:
-        return 0
-    return sum(1 for kernel in kernels if kernel.binary_input)
+def recorded_layers(kernels: BinaryKernels | None) -> tuple[RecordedLayer, ...]:
+    """The recorded kernels that are binary layers LCE must run binary (their input binarized
+    too), as the converter reads them (`ConvertOptions.recorded_layers`); none when there is
+    no record, or for kernels named without a trace."""
+    from converters.gate.fallbacks import RecordedLayer
+    from converters.layer_map import TOP
+
+    found = []
+    for kernel in kernels if kernels is not None else []:
+        if kernel.binary_input:
+            module, _, op = kernel.layer.rpartition(": ")  # "blocks.0: conv2d"
+            module = TOP if module in ("", "(model)") else module
+            found.append(RecordedLayer(kernel.name, module, op, tuple(kernel.shape)))
+    return tuple(found)
 
 
 def _batched_copy(
@@ -517,7 +526,7 @@ def convert_batched_copy(
     inputs, _labels, references = _checks_of(run, onnx_path, None, loaded)
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress),
-        expected_binary_layers=binary_layer_count(loaded.kernels if loaded else None),
+        recorded_layers=recorded_layers(loaded.kernels if loaded else None),
     )  # fmt: skip
     if int8:  # the same int8 model as the batch-1 flatbuffer
         recorded = _int8_record(run, output)

@@ -44,11 +44,13 @@ from converters.flatbuffer import op_histogram
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.gate.fallbacks import (
+    RecordedLayer,
     fallback_reasons,
     grouped_refusals,
     lookalike_layers,
     refuse_fallbacks,
     refuse_unknown_layers,
+    transposed_refusals,
     unrecognised_layers,
 )
 from converters.gate.quantized import check_int8
@@ -140,10 +142,11 @@ class ConvertOptions:
     # convert a model the real-weight check cannot decide (InconclusiveCheckError) when the
     # exact-grid twin passes; the result's `trusted_twin` records it
     trust_twin: bool = False
-    # how many binary layers (binary kernel, binarized input) the model itself has, as its
-    # framework recorded them (0: unknown). A graph showing fewer lost a binarization the
-    # normaliser does not recognise, and that layer would stay float: refused like a fallback
-    expected_binary_layers: int = 0
+    # the binary layers (binary kernel, binarized input) the model itself has, as its
+    # framework recorded them (empty: unknown). A graph showing fewer lost a binarization the
+    # normaliser does not recognise, and that layer would stay float: refused like a
+    # fallback, naming each lost layer and why (`converters.gate.fallbacks.unrecognised_layers`)
+    recorded_layers: tuple[RecordedLayer, ...] = ()
     # called with a short line as each step starts (a progress display); None: silent
     on_step: Callable[[str], None] | None = None
     # "int8": the float layers run in int8, calibrated on `calibration` (default: the check
@@ -212,7 +215,8 @@ def convert_onnx(
     graph = OnnxGraph.folded(model)
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
-    lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
+    lookalikes.update(transposed_refusals(graph))
+    lookalikes.update(unrecognised_layers(graph, options.recorded_layers, binary))
     refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
     refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     unsupported = first_unsupported(graph)  # the first in graph order, before TensorFlow too

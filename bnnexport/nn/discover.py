@@ -66,7 +66,8 @@ MIN_SIGNS = 16
 # the calls whose second operand is a weight: {function: op name}
 _WEIGHT_SECOND = {
     torch.conv1d: "conv1d", torch.conv2d: "conv2d", torch.conv3d: "conv3d",
-    F.linear: "linear",
+    torch.conv_transpose1d: "conv_transpose1d", torch.conv_transpose2d: "conv_transpose2d",
+    torch.conv_transpose3d: "conv_transpose3d", F.linear: "linear",
 }  # fmt: skip
 # the calls either of whose operands may be the weight
 _MATMULS = {
@@ -427,7 +428,8 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         output = func(*args, **(kwargs or {}))
         if func in _WEIGHT_SECOND and len(args) >= 2:
-            self._record(_WEIGHT_SECOND[func], args[0], args[1], 0, output)
+            op = _WEIGHT_SECOND[func]  # a transposed conv's weight is [in, out / groups, ...]
+            self._record(op, args[0], args[1], 1 if "transpose" in op else 0, output)
         elif func in _MATMULS and len(args) >= 2:
             first, second = args[0], args[1]
             if self._sources(second) or not self._sources(first):
@@ -449,7 +451,7 @@ class _Recorder(TorchFunctionMode):
                 binary_input=binary_input,
                 holds_pm1=self.holds_pm1.get(name, False) if name else False,
                 weight_shape=tuple(weight.shape), output_shape=tuple(output.shape[1:]),
-                macs=_macs(op, weight, output, out_axis) // max(self.batch, 1),
+                macs=_macs(op, x, weight, output, out_axis) // max(self.batch, 1),
                 sources=tuple(sources),
             )
         )  # fmt: skip
@@ -528,8 +530,12 @@ def _binary_or_scaled(weight: torch.Tensor, out_axis: int, slack: float = 0.0) -
     return bool((magnitudes > 0).all()) and bool(((magnitudes - first).abs() <= tolerance).all())
 
 
-def _macs(op: str, weight: torch.Tensor, output: torch.Tensor, out_axis: int) -> int:
+def _macs(
+    op: str, x: torch.Tensor, weight: torch.Tensor, output: torch.Tensor, out_axis: int
+) -> int:
     """Multiply-accumulates of one call, for the whole batch."""
+    if op.startswith("conv_transpose"):  # every input value meets out / groups x kernel taps
+        return int(x.numel() * weight[0].numel())
     if op.startswith("conv"):
         per_output = weight[0].numel()  # in_channels / groups x kernel size
     elif op == "linear":

@@ -98,6 +98,18 @@ def test_zero_padding_after_the_sign_still_counts_as_a_binarized_input():
     assert [(k.name, k.binary_input) for k in record] == [("w", True)]
 
 
+def test_a_binary_transposed_conv_is_in_the_record_with_its_macs():
+    from support.refused_models import Upsampling
+
+    record = find_binary_kernels(Upsampling(), torch.randn(1, 1, 8, 8))
+    kernel = next(k for k in record if k.name == "up.weight")
+    assert (kernel.binarized, kernel.binary_input) == (True, True)
+    assert kernel.layer == "up: conv_transpose2d" and kernel.shape == (16, 16, 2, 2)
+    call = next(c for c in trace_layers(Upsampling(), torch.randn(1, 1, 8, 8)).calls
+                if c.weight == "up.weight")  # fmt: skip
+    assert call.macs == 16 * 4 * 4 * 16 * 2 * 2  # each input value meets out x kh x kw taps
+
+
 def test_a_float_model_has_no_binary_kernel_and_says_how_to_name_them():
     float_net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 2))
     with pytest.raises(NoBinaryKernelError, match="found by tracing.*binary=\\[...\\]"):
