@@ -35,7 +35,7 @@ from bnnexport.run import files, provenance
 from bnnexport.run.directory import RunDir
 from bnnexport.run.progress import Steps
 from bnnexport.run.refusals import gate_refusal, refusal_path
-from bnnexport.run.reports import Report, format_value
+from bnnexport.run.reports import Report, format_value, int8_lines
 from bnnexport.run.samples import load_samples
 from converters.gate import RTOL
 
@@ -69,7 +69,7 @@ class ConvertReport(Report):
     format: str
     binary_layers: int
     lce_bconv2d: int
-    float_conv2d: int
+    float_conv2d: int  # float32 CONV_2D / DEPTHWISE_CONV_2D ops (int8 ones: `int8_conv2d`)
     fully_connected: int
     float_fallbacks: list[str]
     argmax_agreement: float | None  # None: not decided on real weights (`trusted_twin`)
@@ -109,6 +109,7 @@ class ConvertReport(Report):
     # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
     float_layers: str = "float32"
     int8: dict | None = None
+    int8_conv2d: int = 0  # int8 CONV_2D / DEPTHWISE_CONV_2D ops
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -143,14 +144,13 @@ class ConvertReport(Report):
         int8 = data.pop("int8")
         checks = data.pop("checks") + data.pop("twin_checks")
         width = max(len(k) for k in data)
-        lines = [f"{k.ljust(width)}  {_cell(k, v)}" for k, v in data.items()]
+        lines = [f"{k.ljust(width)}  {_cell(k, v, int8 is not None)}" for k, v in data.items()]
         lines.append("checks (argmax agreement and max |diff|: plain -> after tie replay)")
         for c in checks:
             lines.append(
                 f"  {c['candidate']} vs {c['reference']}: {c['plain_argmax_agreement']:.4g} -> "
                 f"{c['argmax_agreement']:.4g}, {c['plain_max_abs_diff']:.3g} -> "
-                f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
-                f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
+                f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), {_replayed(c)}, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
             )
         lines += int8_lines(int8)
@@ -160,36 +160,27 @@ class ConvertReport(Report):
         return "\n".join(lines)
 
 
-def int8_lines(int8: dict | None) -> list[str]:
-    """The int8 part of `ConvertReport.to_table`: which layers, how quantized, the replay,
-    the accuracy against the float model."""
-    if not int8:
-        return []
-    source = int8["ranges"]
-    if source == "calibrated":
-        source = f"calibrated on {int8['calibration_samples']} samples"
-    check, accuracy = int8["check"], int8["accuracy"]
-    lines = [
-        f"int8 ({source}, io {int8['io']}): {len(int8['int8_layers'])} layers in int8, "
-        f"{int8['int8_ops']} int8 ops, {int8['float_ops']} float conv/dense ops",
-        *(f"  float: {layer} ({why})" for layer, why in int8["float_layers"].items()),
-        f"  int8 replay: {check['replayed_samples']} samples, {check['int8_tensors']} int8 "
-        f"tensors, {check['one_step_positions']} of {check['positions']} positions one step "
-        "apart (rounding)",
-        f"  against the {accuracy.get('against', 'float model')}: argmax agreement "
-        f"{accuracy['float_argmax_agreement']:.4g}",
-    ]
-    if accuracy["float_top1"] is not None:
-        lines[-1] += (
-            f", top-1 {100 * accuracy['float_top1']:.2f} % -> {100 * accuracy['int8_top1']:.2f} "
-            f"% ({accuracy['top1_drop_points']:+.2f} points lost) on {accuracy['labelled']} "
-            "labelled samples"
-        )
-    return lines
+_INT8_TIES = {
+    "tie_samples": "replayed at int8 steps: one-step rounding and sign ties alike",
+    "tie_positions": "binarization signs tied, of those",
+}
 
 
-def _cell(key: str, value: Any) -> str:
-    """A field of the table; `lce_settings` says what it means for an app."""
+def _replayed(check: dict[str, Any]) -> str:
+    """What a check's replay took: samples that agreed only once the candidate's binarization
+    signs (and, for an int8 check, its int8 activations, one step apart by rounding) were
+    imposed, and how many signs it imposed against the reference's own."""
+    samples, signs = len(check["tie_samples"]), check["tie_positions"]
+    if "int8" in check["candidate"]:
+        return f"{samples} samples replayed at int8 steps, {signs} binarization signs tied"
+    return f"{samples} tie samples, {signs} tie positions"
+
+
+def _cell(key: str, value: Any, int8: bool = False) -> str:
+    """A field of the table; `lce_settings` says what it means for an app, an int8 model's
+    `tie_samples` and `tie_positions` what its replay took."""
+    if int8 and key in _INT8_TIES:
+        return f"{format_value(value)} ({_INT8_TIES[key]})"
     if key != "lce_settings":
         return format_value(value)
     if not value:

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 
 from converters.errors import ConverterError
-from converters.flatbuffer import op_histogram
+from converters.flatbuffer import flatbuffer_ops, op_histogram
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.gate.fallbacks import (
@@ -75,7 +75,7 @@ class ConversionResult:
     target: str
     binary_layers: int
     lce_bconv2d: int
-    float_conv2d: int
+    float_conv2d: int  # CONV_2D and DEPTHWISE_CONV_2D reading float32
     fully_connected: int
     op_histogram: dict[str, int]
     samples: int
@@ -97,6 +97,7 @@ class ConversionResult:
     lce_settings: dict[str, bool] = field(default_factory=dict)
     # with float_layers "int8": `converters.int8_result.Int8Result.to_json()`
     int8: dict | None = None
+    int8_conv2d: int = 0  # CONV_2D and DEPTHWISE_CONV_2D reading int8
 
     def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
         """The gate report comparing `candidate` with `reference`, if that check ran."""
@@ -256,15 +257,19 @@ def convert_onnx(
         )  # fmt: skip
     else:
         checked, int8 = check_int8(quantized, translated, inputs, labels, options)
-        flatbuffer = translated.int8_io_flatbuffer or flatbuffer
+        if translated.int8_io_flatbuffer is not None:  # what is written: the int8-io copy
+            flatbuffer = translated.int8_io_flatbuffer
+            histogram = op_histogram(flatbuffer)
     gates = checked.gates
+    convs = _convs_by_input_type(flatbuffer)
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
         output=written,
         target=target,
         binary_layers=len(binary),
         lce_bconv2d=histogram.get("LceBconv2d", 0),
-        float_conv2d=histogram.get("CONV_2D", 0) + histogram.get("DEPTHWISE_CONV_2D", 0),
+        float_conv2d=convs["FLOAT32"],
+        int8_conv2d=convs["INT8"],
         fully_connected=histogram.get("FULLY_CONNECTED", 0),
         op_histogram=histogram,
         samples=len(inputs),
@@ -283,6 +288,16 @@ def convert_onnx(
         lce_settings=kernels.flags,
         int8=int8,
     )
+
+
+def _convs_by_input_type(flatbuffer: bytes) -> dict[str, int]:
+    """How many CONV_2D and DEPTHWISE_CONV_2D ops read FLOAT32 and how many INT8."""
+    convs = [op for op in flatbuffer_ops(flatbuffer) if op.op_type in FLOAT_CONVS]
+    int8 = sum(1 for op in convs if op.input_types[:1] == ["INT8"])
+    return {"FLOAT32": len(convs) - int8, "INT8": int8}
+
+
+FLOAT_CONVS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 
 
 def _check_int8_options(options: ConvertOptions, write_float_tflite: object) -> None:
@@ -321,7 +336,7 @@ def _quantized(model: onnx.ModelProto, inputs: np.ndarray, options: ConvertOptio
     given = {t: QuantPoint(**p) for t, p in (options.int8_points or {}).items()}
     source = "given" if given else f"from {len(calibration)} samples"
     options.step(f"int8: quantize the float layers (ranges {source})")
-    return quantize(model, calibration, given)
+    return quantize(model, calibration, given, int8_outputs=options.io == "int8")
 
 
 def _write_all(
