@@ -36,7 +36,7 @@ from bnnexport.run.directory import RunDir
 from bnnexport.run.progress import Steps
 from bnnexport.run.refusals import gate_refusal, refusal_path
 from bnnexport.run.reports import Report, format_value, int8_lines
-from bnnexport.run.samples import load_samples
+from bnnexport.run.samples import class_names_metadata, load_samples, sample_class_names
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ class ConvertReport(Report):
     float_layers: str = "float32"
     int8: dict | None = None
     int8_conv2d: int = 0  # int8 CONV_2D / DEPTHWISE_CONV_2D ops
+    # the classes' names in the order of the outputs, as the flatbuffer's metadata holds them
+    class_names: list[str] | None = None
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -365,6 +367,7 @@ def convert_run(
     loaded = _model_of(run)
     inputs, labels, references = _checks_of(run, onnx_path, samples, loaded)
     kernels = loaded.kernels if loaded is not None else None
+    names = sample_class_names(run) if run is not None else None  # for an app: the labels
     if int8:  # the int8 model is checked against its own quantized reference, not PyTorch's
         references = []
 
@@ -378,7 +381,7 @@ def convert_run(
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
         trust_twin=trust_twin, recorded_layers=recorded_layers(kernels),
         float_layers=float_layers, calibration=_calibration(calibration_samples), io=io,
-        max_accuracy_drop=max_accuracy_drop,
+        max_accuracy_drop=max_accuracy_drop, metadata=class_names_metadata(names),
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
     try:
@@ -400,6 +403,7 @@ def convert_run(
     report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
+    report.class_names = names
     if report.trusted_twin is not None:  # never silent, whatever the output format
         options.step("accepted on the exact-grid twin alone (--trust-twin): see trusted_twin")
     for written in outputs:

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 
 from converters.errors import ConverterError
-from converters.flatbuffer import flatbuffer_ops, op_histogram
+from converters.flatbuffer import flatbuffer_ops, op_histogram, with_metadata
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.gate.fallbacks import (
@@ -58,7 +58,7 @@ from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
 from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
-from converters.runtimes import lce_kernel_settings
+from converters.runtimes import lce_kernel_settings, run_lce
 from converters.translate import first_unsupported, translate
 
 TARGETS = ("arm64", "arm32")
@@ -163,6 +163,9 @@ class ConvertOptions:
     max_accuracy_drop: float | None = 1.0
     # int8: the flatbuffer's input and output types ("int8": no QUANTIZE / DEQUANTIZE at the ends)
     io: str = "float32"
+    # entries added to the flatbuffer's metadata after every check (name -> bytes: what an
+    # app on the device reads, e.g. bnnexport's class names); `converters.flatbuffer`
+    metadata: dict[str, bytes] = field(default_factory=dict, compare=False)
 
     def step(self, line: str) -> None:
         """Report that the step `line` starts (to `on_step`, when there is one)."""
@@ -261,6 +264,8 @@ def convert_onnx(
             flatbuffer = translated.int8_io_flatbuffer
             histogram = op_histogram(flatbuffer)
     gates = checked.gates
+    if options.metadata:
+        flatbuffer = _with_metadata(flatbuffer, options.metadata, inputs)
     convs = _convs_by_input_type(flatbuffer)
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
     return ConversionResult(
@@ -288,6 +293,17 @@ def convert_onnx(
         lce_settings=kernels.flags,
         int8=int8,
     )
+
+
+def _with_metadata(flatbuffer: bytes, entries: dict[str, bytes], inputs: np.ndarray) -> bytes:
+    """The checked flatbuffer with `entries` in its metadata, proven the same model: the same
+    ops, and LCE's outputs on the first check samples bit for bit the checked one's."""
+    written = with_metadata(flatbuffer, entries)
+    probe = inputs[:4]
+    same = op_histogram(written) == op_histogram(flatbuffer)
+    if not (same and np.array_equal(run_lce(written, probe), run_lce(flatbuffer, probe))):
+        raise ConverterError("internal error: adding metadata changed the flatbuffer's model")
+    return written
 
 
 def _convs_by_input_type(flatbuffer: bytes) -> dict[str, int]:

@@ -261,7 +261,7 @@ def _notes(trainer: Trainer) -> list[str]:
     epochs) and what this run will not write: one line each, in train.json's `notes`."""
     from bnnexport.training.recipes import compression_note
 
-    notes = [trainer.data.note] if trainer.data.note else []
+    notes = trainer.data.note.splitlines() if trainer.data.note else []
     notes += [n for n in [compression_note(trainer.config)] if n]
     return notes + ([] if tensorboard_available() else [NO_TENSORBOARD])
 
@@ -289,7 +289,10 @@ def _prepare_run(
         payload = "".join(_json_line(r) for r in kept).encode()
         write_bytes_atomic(run.metrics, payload, append=True)
     # the options, and the record of binary kernels they led to (the checkpoint holds it too)
-    write_json_atomic(run.config, {**config.to_json(), "binary_kernels": trainer.kernels.to_json()})
+    recorded = {"class_names": trainer.data.class_names, "model_source": trainer.model_source}
+    write_json_atomic(
+        run.config, {**config.to_json(), "binary_kernels": trainer.kernels.to_json(), **recorded}
+    )
     return removed
 
 

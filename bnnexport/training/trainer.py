@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from bnnexport.datasets import load_dataset
 from bnnexport.errors import ConfigError, DataError
+from bnnexport.imports import source_of
 from bnnexport.models import create_model
 from bnnexport.nn.discover import BinaryKernels, find_binary_kernels
 from bnnexport.nn.int8 import prepare_int8
@@ -184,6 +185,7 @@ class Trainer:
     ) -> None:
         resume_changes = resume_changes or {}
         self.config, self.run, self.context = config, run, context
+        self.model_source = source_of(config.model)  # the file that trains: recorded in the run
         torch.manual_seed(config.seed)
         self.data = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
         if self.data.options:  # with what the loader chose (the images' own size): export
@@ -369,6 +371,9 @@ class Trainer:
                 "epoch": epoch,
                 "step": self.step,
                 "config": config.to_json(),
+                # for later stages: the classes' names (outputs' order), the model's source
+                "class_names": self.data.class_names,
+                "model_source": self.model_source,
                 # how the float layers trained: "int8" rebuilds the model with its fake
                 # quantization before the state loads (bnnexport.run.checkpoint.build_model)
                 "float_layers": config.float_layers,
