@@ -23,6 +23,8 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -111,3 +113,33 @@ def changed_source(recorded: Any) -> str | None:
 
 def _sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def user_frame(error: BaseException) -> str | None:
+    """ "FILE:LINE, in FUNCTION" of the frame that raised `error` when it is the user's own code
+    (not torch's, bnnexport's, the standard library's or an installed package's; FILE relative
+    to the current directory when below it), else None."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames or _is_library(frames[-1].filename):
+        return None
+    last = frames[-1]
+    path = os.path.abspath(last.filename)
+    shown = os.path.relpath(path) if _below(path, os.getcwd()) else path
+    return f"{shown}:{last.lineno}, in {last.name}"
+
+
+def _libraries() -> tuple[str, ...]:
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))  # bnnexport itself
+    paths = sysconfig.get_paths()
+    return (os.path.dirname(torch.__file__), here, paths["stdlib"], paths["purelib"],
+            paths["platlib"])  # fmt: skip
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith("<") or any(_below(filename, root) for root in _libraries())
+
+
+def _below(filename: str, root: str) -> bool:
+    return os.path.abspath(filename).startswith(os.path.abspath(root) + os.sep)

@@ -56,7 +56,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from bnnexport.errors import CheckpointError, ConfigError, InputShapeError, NoBinaryKernelError
+from bnnexport.errors import (
+    BnnExportError,
+    CheckpointError,
+    ConfigError,
+    InputShapeError,
+    ModelCodeError,
+    NoBinaryKernelError,
+)
+from bnnexport.imports import user_frame
 
 BinarySpec = Iterable[str] | str | Callable[[str, nn.Parameter], bool]
 
@@ -362,13 +370,29 @@ def trace_layers(model: nn.Module, example_input: torch.Tensor) -> Trace:
     with recorder.hooks(), torch.enable_grad(), recorder:
         try:
             probe(example_input)
-        except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise InputShapeError(
-                f"{type(model).__name__} cannot take an input of shape "
-                f"{list(example_input.shape)}: {type(error).__name__}: {first}"
-            ) from None
+        except BnnExportError:
+            raise
+        except Exception as error:  # the model's forward may raise anything
+            raise _forward_error(model, example_input, error) from None
     return recorder.trace
+
+
+def _forward_error(model: nn.Module, example_input: torch.Tensor, error: Exception) -> ConfigError:
+    """A forward pass that raised, in one line: the model's own error (its type, message, file
+    and line) when its own code raised it (`bnnexport.imports.user_frame`), else that it cannot
+    take the input: every torch call of the pass goes through the recorder, so an error torch
+    raises (a channel count, a size) ends in library frames, never in the model's."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    frame = user_frame(error)
+    if frame is None:
+        return InputShapeError(
+            f"{type(model).__name__} cannot take an input of shape "
+            f"{list(example_input.shape)}: {type(error).__name__}: {first}"
+        )
+    return ModelCodeError(
+        f"{type(model).__name__}'s own code raised {type(error).__name__}: {first} ({frame}): "
+        "an error in the model, not in its input"
+    )
 
 
 def _marked_copy(model: nn.Module, seed: int = 0) -> nn.Module:

@@ -147,6 +147,27 @@ def test_a_model_that_cannot_take_the_input_is_one_line():
     assert "to have 3 channels" in message
 
 
+class Raising(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 1, 3, 3))
+
+    def forward(self, x):
+        x = F.conv2d(x, sign(self.w))
+        raise RuntimeError("boom")  # the model's own bug
+
+
+def test_an_error_the_models_own_code_raises_is_the_models_not_the_inputs():
+    from bnnexport.errors import ModelCodeError
+
+    with pytest.raises(ModelCodeError) as error:
+        find_binary_kernels(Raising(), MNIST)
+    line = Raising.forward.__code__.co_firstlineno + 2
+    message = str(error.value)
+    assert message.startswith("Raising's own code raised RuntimeError: boom (")
+    assert f"test_discover.py:{line}, in forward): an error in the model, not in" in message
+
+
 def test_discovery_never_calls_the_onnx_exporter(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the exporter was called")
