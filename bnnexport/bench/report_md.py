@@ -280,7 +280,7 @@ def _machines(host: dict[str, Any], device: dict[str, Any] | None) -> list[str]:
 
 
 def _at_threads(b: Any) -> str:
-    """", 4 threads": which of a device's rows (one per thread count) a section is of."""
+    """ ", 4 threads": which of a device's rows (one per thread count) a section is of."""
     threads = b.extra.get("threads")
     return f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
 
