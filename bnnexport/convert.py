@@ -154,6 +154,7 @@ class ConvertReport(Report):
                 f"{c['argmax_agreement']:.4g}, {c['plain_max_abs_diff']:.3g} -> "
                 f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), {_replayed(c)}, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
+                + (f", through {c['through']}" if c.get("through") else "")
             )
         lines += int8_lines(int8)
         lines.append("op_histogram")  # (rewrites and zero_free_signs print with the fields)
@@ -270,21 +271,28 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
             )
 
 
-def torch_reference(model: Any, onnx_path: Path) -> Reference:
-    """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin."""
+def torch_reference(model: Any, onnx_path: Path, sample: np.ndarray) -> Reference:
+    """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin.
+    A model of your own gets the probe of its traced binarizations, matched with the ONNX graph
+    on `sample`, and no twin (its initializers are not its parameters); where they cannot be
+    matched, it is checked through ONNX Runtime (`Reference.unprobed`)."""
     from bnnexport.export import torch_outputs
-    from bnnexport.nn.quantizers import Quantizer
-    from bnnexport.nn.torch_probe import TorchProbe, twin_outputs, twin_probe
+    from bnnexport.nn import torch_probe as probes
     from converters.gate.checks import Reference
 
-    if not any(isinstance(m, Quantizer) for m in model.modules()):  # a model of your own:
-        # its binarizations are no Quantizer modules to hook, so PyTorch checks outputs only
-        return Reference(name="PyTorch", outputs=lambda x: torch_outputs(model, x))
-    return Reference(
-        name="PyTorch", outputs=lambda x: torch_outputs(model, x),
-        probe=lambda: TorchProbe(model, onnx_path), twin_outputs=twin_outputs(model),
-        twin_probe=twin_probe(model),
-    )  # fmt: skip
+    def outputs(x: np.ndarray) -> np.ndarray:
+        return torch_outputs(model, x)
+
+    if probes.has_quantizers(model):
+        return Reference(
+            name="PyTorch", outputs=outputs, probe=lambda: probes.TorchProbe(model, onnx_path),
+            twin_outputs=probes.twin_outputs(model), twin_probe=probes.twin_probe(model),
+        )  # fmt: skip
+    try:
+        probe = probes.sign_probe(model, onnx_path, sample)
+    except probes.UntraceableModel as why:
+        return Reference(name="PyTorch", outputs=outputs, unprobed=str(why))
+    return Reference(name="PyTorch", outputs=outputs, probe=lambda: probe)
 
 
 def convert_run(
@@ -438,7 +446,7 @@ def _checks_of(
     inputs, labels = load_samples(run, samples)
     if loaded is None:
         return inputs, labels, []
-    return inputs, labels, [torch_reference(loaded.model, onnx_path)]
+    return inputs, labels, [torch_reference(loaded.model, onnx_path, inputs[0])]
 
 
 def _calibration(path: str | Path | None) -> np.ndarray | None:

@@ -60,9 +60,9 @@ def convert_module(
     tensor of `example_input`'s shape but any batch), or a number of standard-normal inputs of
     that shape (the report's `random_inputs` says which; ONNX Runtime on the exported file is
     the reference). PyTorch's own
-    outputs on those inputs are compared with ONNX Runtime's (the export check: for a bnnexport
-    model the gate of `bnnexport export`, with its tie replay; for any other module at most one
-    prediction may differ, for a rounding tie) and reported as `torch_argmax_agreement`. A
+    outputs on those inputs are compared with ONNX Runtime's (the export check: the gate of
+    `bnnexport export`, with its tie replay, through the module's traced binarizations for a
+    module of your own) and reported as `torch_argmax_agreement`. A
     model whose binarization inputs lie within rounding of zero by the thousand (BatchNorm with
     its default statistics) cannot be checked on real weights: the error says so, and
     `trust_twin=True` converts it on the strength of the exact-grid twin (`trusted_twin` in
@@ -167,24 +167,16 @@ def _module_record(model: Any, example_input: Any) -> BinaryKernels | None:
 
 def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.ndarray) -> None:
     """ConversionMismatchError unless ONNX Runtime agrees with PyTorch (`expected`) on
-    `inputs`: through the export gate with its tie replay for a bnnexport model (its
-    binarizations are `Quantizer` modules), else through the same gate without a replay, on
-    predictions only, at most one differing (`GateOptions.unprobed_flips`). An
-    InconclusiveCheckError instead when binarization inputs lie within rounding of zero by more
-    than ties could explain (`converters.gate.inconclusive`)."""
+    `inputs`, through the export gate with its tie replay (`bnnexport.export.onnx_gate`: a
+    module of your own replays through its traced binarizations, or judges predictions only
+    where they cannot be traced). An InconclusiveCheckError instead when binarization inputs
+    lie within rounding of zero by more than ties could explain
+    (`converters.gate.inconclusive`)."""
     from bnnexport.export import onnx_gate
-    from bnnexport.nn.quantizers import Quantizer
     from converters.errors import ConversionMismatchError
-    from converters.gate import GateOptions, validate
-    from converters.runtimes import run_onnx
 
     try:
-        if any(isinstance(m, Quantizer) for m in model.modules()):
-            onnx_gate(model, onnx_path, inputs, expected)
-        else:
-            options = GateOptions(rtol=RTOL, unprobed_flips=1)
-            names = ("PyTorch", "ONNX Runtime")
-            validate(expected, run_onnx(onnx_path, inputs), inputs, options, names)
+        onnx_gate(model, onnx_path, inputs, expected)
     except ConversionMismatchError as error:
         raise explain_refusal(error, onnx_path, inputs) from None
 

@@ -171,31 +171,72 @@ def onnx_gate(
     model: torch.nn.Module, path: Path, inputs: np.ndarray, reference: np.ndarray
 ) -> tuple[np.ndarray, GateReport]:
     """ONNX Runtime's outputs on `inputs` and the gate's verdict against PyTorch's
-    (`reference`); ConversionMismatchError when they disagree beyond sign ties."""
-    from bnnexport.nn.torch_probe import TorchProbe, activation_quantizers
-    from converters.gate import GateOptions, OnnxProbe, Replay, validate
-    from converters.gate.quantized import CachedWitness, activation_points
-    from converters.graph import load_onnx
+    (`reference`); ConversionMismatchError when they disagree beyond sign ties.
 
+    A model of your own runs in ONNX Runtime as the normaliser writes it (every sign idiom in
+    the one canonical form whose signs the probe imposes; `convert` compares the flatbuffer
+    with the file itself) and PyTorch replays through its traced binarizations
+    (`bnnexport.nn.torch_probe.TracedProbe`). Where those cannot be matched with the graph's,
+    no replay is possible and predictions alone are judged, at most one differing
+    (`GateOptions.unprobed_flips`); a refusal then says why."""
+    from bnnexport.nn import torch_probe as probes
+    from converters.errors import ConversionMismatchError
+    from converters.gate import GateOptions, OnnxProbe, Replay, validate
+    from converters.gate.predicate import UNPROBED_FLIPS
+    from converters.gate.quantized import CachedWitness, activation_points
+
+    own = not probes.has_quantizers(model)
+    graph = _probed_graph(path, own)
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
     # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
     # land on the other side of a tie than its own witness (QuickNet-Small at 224 did).
     # A model trained with int8 float layers: the witness also gives its int8 activations, which
     # the replay imposes in PyTorch (`bnnexport.nn.torch_probe`)
-    int8 = list(activation_points(load_onnx(path))) if activation_quantizers(model) else []
-    probe = OnnxProbe(path, int8)
+    int8 = list(activation_points(graph)) if probes.activation_quantizers(model) else []
+    probe = OnnxProbe(graph, int8)
     witness = CachedWitness(probe.witness())
     candidate = np.stack([witness.run(x)[0] for x in np.asarray(inputs, np.float32)])
 
     # the candidate is a reference runtime on the unmodified export: a value PyTorch and ONNX
     # Runtime split on, however often it recurs, is a split between references
     imposer = witness.run if int8 else None
-    replay = Replay(
-        lambda: TorchProbe(model, path, imposer), witness.as_witness(), judged=frozenset()
-    )
+    options, unprobed = GateOptions(rtol=RTOL), None
+    try:
+        built = probes.TracedProbe(model, graph, inputs[0], imposer) if own else None
+    except probes.UntraceableModel as why:
+        options, unprobed = GateOptions(rtol=RTOL, unprobed_flips=UNPROBED_FLIPS), str(why)
+    replay = None if unprobed else Replay(
+        (lambda: built) if own else (lambda: probes.TorchProbe(model, path, imposer)),
+        witness.as_witness(), judged=frozenset(),
+    )  # fmt: skip
     names = ("PyTorch", "ONNX Runtime")
-    gate = validate(reference, candidate, inputs, GateOptions(rtol=RTOL), names, replay)
+    try:
+        gate = validate(reference, candidate, inputs, options, names, replay)
+    except ConversionMismatchError as error:
+        if unprobed is None:
+            raise
+        raise ConversionMismatchError(
+            f"{error} (PyTorch's signs cannot be replayed: {unprobed})",
+            {**error.diagnostics, "unprobed": unprobed},
+        ) from None
     return candidate, gate
+
+
+def _probed_graph(path: Path, own: bool) -> Any:
+    """The exported graph as ONNX Runtime probes it: a model of your own's normalised (its sign
+    idioms canonical; the file itself where the normaliser refuses it: the gate then names
+    what it cannot match), a bnnexport model's as exported (canonical already)."""
+    from converters.errors import ConverterError
+    from converters.graph import load_onnx
+    from converters.normalize import normalize
+
+    graph = load_onnx(path)
+    if not own:
+        return graph
+    try:
+        return normalize(graph)[0]
+    except ConverterError:
+        return graph
 
 
 def check_onnx(

@@ -7,8 +7,12 @@
   forward pass, and the record (`BinaryKernels`) every stage reads;
 - `int8.py`: quantization-aware training of the float layers (PyTorch's fake quantization on
   every float conv and dense layer) and the model `export` writes from it;
-- `torch_probe.py`: PyTorch as the conversion gate's sign probe (read and impose binarizations,
-  and a quantization-aware model's int8 activations).
+- `sign_trace.py`: the activation binarizations of any `nn.Module` (`torch.sign`, comparisons
+  with zero, STEs of its own, the detach trick), found in one traced forward pass and imposed
+  in another;
+- `torch_probe.py`: PyTorch as the conversion gate's sign probe (read and impose binarizations:
+  through bnnexport's `Quantizer` hooks, or a model of your own's traced ones; and a
+  quantization-aware model's int8 activations).
 
 In: an `nn.Module` (bnnexport's or yours). Out: its binary kernels, layers that compute them.
 It may import torch, numpy and `converters.gate` (the probe); never the rest of bnnexport.

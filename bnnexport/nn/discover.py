@@ -466,7 +466,7 @@ class _Recorder(TorchFunctionMode):
         if not all(isinstance(t, torch.Tensor) for t in (x, weight, output)) or weight.dim() < 2:
             return
         sources = [n for n in self._sources(weight) if self._numel(n) == weight.numel()]
-        binary_input = _binarized_input(x)
+        binary_input = binarized_input(x)
         name = sources[0] if sources else None
         kernel = self._kind(name, weight, out_axis) if name else "none"
         self.trace.calls.append(
@@ -527,7 +527,7 @@ class _Recorder(TorchFunctionMode):
 ROUNDING = 1e-6
 
 
-def _binarized_input(x: torch.Tensor) -> bool:
+def binarized_input(x: torch.Tensor) -> bool:
     """Every value ±1 (up to `ROUNDING`), except zeros that fill whole border rows or columns
     (a zero padding)."""
     values = x.detach()

@@ -16,12 +16,14 @@ ONNX Runtime divides, and a conv's float sum lands on either side of a half step
 `converters.gate.quantized` rules for an int8 flatbuffer.
 
 A model of your own binarizes in its own code (`torch.sign`, an STE of its own, the detach
-trick), with no `Quantizer` module to hook. Trained with int8 float layers, its probe reads and
-imposes no signs (`sources` is empty: discovery's record names its kernels, not its
-activations' binarizations) but still imposes its int8 activations, so the replay of its int8
-export compares PyTorch's logits with ONNX Runtime's given the same int8 values; without int8
-layers a sample that needs a replay is refused (FidelityError). Either way a sign tie in such a
-model is refused, never replayed.
+trick), with no `Quantizer` module to hook: `TracedProbe` finds its binarizations by tracing one
+forward pass (`bnnexport.nn.sign_trace`) and matches them, in forward order, with the ONNX
+graph's as the normaliser writes them (`converters.normalize`: the one canonical form of every
+sign idiom), each pair checked on one sample to be the same tensor (its size, and its values
+within rounding at nearly every position). Its replay then reads and imposes signs as the hooks
+do. Where that matching fails (`UntraceableModel`, naming why), PyTorch cannot be probed and the
+gate proves the chain through ONNX Runtime instead (docs/ARCHITECTURE.md, "Sign ties in a model
+of your own").
 
 Example:
     >>> from bnnexport.nn.torch_probe import TorchProbe
@@ -44,6 +46,7 @@ from torch import nn
 
 from bnnexport.errors import FidelityError
 from bnnexport.nn.quantizers import Quantizer
+from bnnexport.nn.sign_trace import SignReplay, trace_binarizations
 from converters.gate import Witness
 from converters.gate.twin import grid_round, twin_initializers
 from converters.graph import OnnxGraph, load_onnx
@@ -66,9 +69,8 @@ class TorchProbe:
         self.model = model.eval()
         # the binarizations: a k-bit quantizer (DoReFa's) writes no sign for ONNX to match
         self.quantizers = binarizing_quantizers(model)
-        # k-th call -> ONNX source; none for a model of your own (module doc)
-        own = not self.quantizers and self.int8 is not None
-        self.calls = [] if own else [b.source for b in binarizations_in(graph)]
+        # k-th call -> ONNX source
+        self.calls = [b.source for b in binarizations_in(graph)]
         self.sources = list(dict.fromkeys(self.calls))
 
     def run(
@@ -114,6 +116,129 @@ class TorchProbe:
             return logits, dict(zip(self.sources, values, strict=True))
 
         return Witness(run=run)
+
+
+class UntraceableModel(Exception):
+    """PyTorch's binarizations of a model of your own could not be matched with the ONNX
+    graph's (why, in one line): the gate then proves the chain through ONNX Runtime."""
+
+
+# matched on one sample: at least this fraction of positions within VALUE_RTOL of the tensor's
+# largest value (a tie upstream moves a few positions, another tensor moves nearly all)
+MATCHED_FRACTION = 0.9
+VALUE_RTOL = 1e-3
+
+
+class TracedProbe:
+    """A model of your own as a `converters.gate.SignProbe` (module doc): its binarizations
+    traced in PyTorch, matched with the normalised ONNX graph's on `sample`; `int8` as for
+    `TorchProbe`. UntraceableModel when they cannot be matched."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        onnx_model: str | Path | onnx.ModelProto,
+        sample: np.ndarray,
+        int8: Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]] | None = None,
+    ):
+        if not isinstance(onnx_model, onnx.ModelProto):
+            onnx_model = load_onnx(onnx_model)
+        self.model = model.eval()
+        self.int8 = Int8Imposer(model, onnx_model, int8) if int8 is not None else None
+        sample = np.asarray(sample, np.float32)
+        try:
+            self.traced = trace_binarizations(self.model, torch.from_numpy(sample[None]))
+        except Exception as error:  # the model's own code, run under the trace
+            raise UntraceableModel(f"tracing its forward pass failed: {error}") from None
+        self.sources = _matched_sources(self, onnx_model, sample)
+
+    def run(
+        self, x: np.ndarray, imposed: list[np.ndarray | None] | None = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(logits, binarization inputs by `sources`) for one sample, with `imposed` signs (an
+        entry None: PyTorch's own there)."""
+        replay = SignReplay(self.traced, imposed)
+        handles = [] if self.int8 is None else self.int8.hooks(x)
+        try:
+            with torch.no_grad(), replay:
+                logits = self.model(torch.from_numpy(np.asarray(x, np.float32)[None]))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return logits[0].numpy(), replay.values()
+
+    def witness(self) -> Witness:
+        """PyTorch as a candidate: its logits and binarization inputs, sign(0) = +1."""
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            logits, values = self.run(x)
+            return logits, dict(zip(self.sources, values, strict=True))
+
+        return Witness(run=run)
+
+
+def _matched_sources(probe: TracedProbe, onnx_model: onnx.ModelProto, x: np.ndarray) -> list[str]:
+    """The normalised ONNX graph's binarization source for each traced one, in order: the next
+    ONNX source (forward order; ONNX may have more) of the same size whose values on sample `x`
+    match (MATCHED_FRACTION within VALUE_RTOL), PyTorch given ONNX Runtime's signs at the
+    binarizations matched before it (so a tie upstream cannot part the two). UntraceableModel
+    when one has no match."""
+    from converters.gate.checks import binarization_inputs
+    from converters.normalize import normalize
+
+    traced = probe.traced
+    if traced.unresolved:
+        raise UntraceableModel(
+            f"no sign origin found for the binarized input of {', '.join(traced.unresolved)}"
+        )
+    normalised = normalize(onnx_model)[0]
+    found = binarizations_in(OnnxGraph.folded(normalised))
+    candidates = list(dict.fromkeys(b.source for b in found))
+    theirs = binarization_inputs(normalised, candidates, x[None]) if candidates else {}
+    matched: list[str] = []
+    imposed: list[np.ndarray | None] = [None] * len(traced.origins)
+    for k in range(len(traced.origins)):
+        mine = probe.run(x, imposed)[1][k]
+        start = candidates.index(matched[-1]) + 1 if matched else 0
+        match = next((c for c in candidates[start:] if _same_tensor(mine, theirs[c][0])), None)
+        if match is None:
+            raise UntraceableModel(
+                f"PyTorch's binarization {k + 1} of {len(traced.origins)} (a tensor of shape "
+                f"{list(traced.shapes[k])}) matches none of the ONNX graph's "
+                f"{len(candidates)} binarizations in order"
+            )
+        matched.append(match)
+        imposed[k] = np.where(theirs[match][0] < 0, -1.0, 1.0).astype(np.float32)
+    return matched
+
+
+def _same_tensor(mine: np.ndarray, theirs: np.ndarray) -> bool:
+    if mine.size != theirs.size:
+        return False
+    mine, theirs = mine.reshape(-1).astype(np.float64), theirs.reshape(-1).astype(np.float64)
+    scale = max(float(np.abs(theirs).max(initial=0.0)), 1e-30)
+    close = np.abs(mine - theirs) <= VALUE_RTOL * scale
+    return float(close.mean()) >= MATCHED_FRACTION
+
+
+def sign_probe(
+    model: nn.Module,
+    onnx_model: str | Path | onnx.ModelProto,
+    sample: np.ndarray,
+    int8: Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]] | None = None,
+) -> TorchProbe | TracedProbe:
+    """PyTorch as the gate's sign probe: hooks on bnnexport's `Quantizer`s where the model is
+    built of them, else its traced binarizations (`TracedProbe`, which may raise
+    UntraceableModel)."""
+    if has_quantizers(model):
+        return TorchProbe(model, onnx_model, int8)
+    return TracedProbe(model, onnx_model, sample, int8)
+
+
+def has_quantizers(model: nn.Module) -> bool:
+    """Whether `model` quantizes through bnnexport's `Quantizer` modules (a bnnexport model),
+    whose hooks see every binarization; else it is a model of your own."""
+    return any(isinstance(m, Quantizer) for m in model.modules())
 
 
 class Int8Imposer:

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -34,8 +34,10 @@ import onnx
 
 from converters.errors import ConversionMismatchError, ZeroSignError
 from converters.flatbuffer import signature_outputs
+from converters.gate.agreement import compare
 from converters.gate.inconclusive import inconclusive
 from converters.gate.predicate import (
+    UNPROBED_FLIPS,
     GateOptions,
     GateReport,
     Replay,
@@ -132,6 +134,9 @@ class Reference:
     probe: Callable[[], SignProbe] | None = None
     twin_outputs: Callable[[onnx.ModelProto, np.ndarray], np.ndarray] | None = None
     twin_probe: Callable[[onnx.ModelProto], SignProbe] | None = None
+    # why no `probe` could be built: the reference is then checked through ONNX Runtime
+    # (`through_onnx`); None with no probe: every sample must agree plainly
+    unprobed: str | None = None
 
 
 class WitnessModels:
@@ -351,9 +356,12 @@ def run_gates(
     replay = Replay(onnx_probe, lce_witness, arbiters[1:], judged)
     gates = [validate(onnx_outputs, lce_outputs, inputs, options, ("ONNX Runtime", "LCE"), replay)]
     for ref in references:
+        found = ref.outputs(inputs)
+        if ref.probe is None and ref.unprobed is not None:
+            gates.append(through_onnx(found, onnx_outputs, lce_outputs, inputs, options, ref))
+            continue
         others = [a for a in arbiters if a is not ref.probe]
         replay = None if ref.probe is None else Replay(ref.probe, lce_witness, others, judged)
-        found = ref.outputs(inputs)
         gates.append(validate(found, lce_outputs, inputs, options, (ref.name, "LCE"), replay))
     if check_float:
         few = slice(0, FLOAT_CHECK_SAMPLES)
@@ -368,3 +376,39 @@ def run_gates(
             )
         )
     return gates
+
+
+def through_onnx(
+    found: np.ndarray,
+    onnx_outputs: np.ndarray,
+    lce_outputs: np.ndarray,
+    inputs: np.ndarray,
+    options: GateOptions,
+    ref: Reference,
+) -> GateReport:
+    """A reference no sign probe can be built for (`Reference.unprobed` says why) against LCE,
+    through ONNX Runtime: it must agree with ONNX Runtime plainly (no tie between the two can be
+    replayed: predictions alone are judged then, one may differ, as the export gate judges
+    such a model), and LCE with ONNX Runtime was already proven sample by
+    sample, its ties replayed (`run_gates`), so the chain reference -> ONNX -> LCE holds on
+    each sample. The report keeps the plain numbers against LCE; after them, the weaker of the
+    two links."""
+    names = (ref.name, "ONNX Runtime")
+    unprobed = replace(options, unprobed_flips=UNPROBED_FLIPS)  # as the export gate judges it
+    try:
+        link = validate(found, onnx_outputs, inputs, unprobed, names)
+    except ConversionMismatchError as error:
+        raise ConversionMismatchError(
+            f"{error} ({ref.name}'s signs cannot be replayed: {ref.unprobed})",
+            {**error.diagnostics, "unprobed": ref.unprobed},
+        ) from None
+    direct = compare(found, lce_outputs, options.rtol)
+    onnx_vs_lce = compare(onnx_outputs, lce_outputs, options.rtol)
+    return GateReport(
+        reference=ref.name, candidate="LCE", samples=direct.samples,
+        tolerance=direct.tolerance, plain_argmax_agreement=direct.argmax_agreement,
+        plain_max_abs_diff=direct.max_abs_diff,
+        argmax_agreement=min(link.argmax_agreement, onnx_vs_lce.argmax_agreement),
+        max_abs_diff=max(link.max_abs_diff, onnx_vs_lce.max_abs_diff),
+        through=f"ONNX Runtime ({ref.unprobed})",
+    )  # fmt: skip

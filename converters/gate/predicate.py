@@ -74,6 +74,9 @@ TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may
 MIN_TIES = 2  # ... or this many, whichever is larger, per sample
 # reported only: predictions whose reference top-1 margin is at least this fraction of the range
 CONFIDENT_MARGIN = 0.05
+# a reference no replay can probe (`GateOptions.unprobed_flips`): one rounding tie may change
+# one prediction
+UNPROBED_FLIPS = 1
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ class GateReport:
     tie_largest: float = 0.0  # largest |x| / max |x| among them (either runtime)
     sure_predictions: int = 0  # reference top-1 margin >= confident_margin x its logit range
     sure_changed: int = 0  # of those, how many the candidate predicts otherwise (plain)
+    # a reference no replay could probe, checked through a third runtime: which, and why
+    # (`converters.gate.checks.through_onnx`); None: compared directly
+    through: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

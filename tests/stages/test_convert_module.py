@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from support.client_nets import index_put
 
 from bnnexport import convert_module
+from bnnexport.errors import FidelityError
 
 
 @pytest.mark.slow
@@ -105,34 +107,37 @@ def test_trust_twin_converts_a_degenerate_model_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("moved, refused", [(1, False), (2, True)])
-def test_a_module_of_your_own_allows_one_changed_prediction_at_export(
+def test_a_module_pytorch_cannot_be_probed_on_allows_one_changed_prediction_at_export(
     tmp_path, monkeypatch, moved, refused
 ):
-    """PyTorch cannot be probed on a module whose binarizations are its own functions: the
-    export check judges predictions only, one may change (a rounding tie); two are refused
-    before any conversion, naming the count."""
-    import converters.runtimes
-    from bnnexport.errors import FidelityError
+    """Where a module's binarizations cannot be traced (here the trace is made to fail), no
+    replay can explain a tie: the export check judges predictions only, one may change (a
+    rounding tie); two are refused before any conversion, naming the count and why."""
+    from converters.gate.probe import OnnxProbe
 
-    real = converters.runtimes.run_onnx
+    samples = np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32)
+    real_run = OnnxProbe.run
 
-    def swapped(path, x, *args, **kwargs):
-        out = real(path, x, *args, **kwargs)
-        if len(x) == 16:  # the check samples, not a probe's single one
-            for row in range(moved):
-                top = int(out[row].argmax())
-                out[row, top] = out[row].min() - 1.0  # another class wins
-        return out
+    def swapped(self, x, imposed=None):
+        logits, values = real_run(self, x, imposed)
+        if any(np.array_equal(x, samples[row]) for row in range(moved)):
+            logits = logits.copy()
+            logits[int(logits.argmax())] = logits.min() - 1.0  # another class wins
+        return logits, values
 
-    # only the export check reads run_onnx through the module; the gate bound it at import
-    monkeypatch.setattr(converters.runtimes, "run_onnx", swapped)
+    def untraceable(*_args, **_kwargs):
+        raise RuntimeError("an op the trace cannot see")
+
+    monkeypatch.setattr(OnnxProbe, "run", swapped)
+    monkeypatch.setattr("bnnexport.nn.torch_probe.trace_binarizations", untraceable)
     convert = lambda: convert_module(index_put(), torch.randn(1, 3, 16, 16),  # noqa: E731
-                                     out=tmp_path / "n.tflite", samples=16)  # fmt: skip
+                                     out=tmp_path / "n.tflite", samples=samples)  # fmt: skip
     if not refused:
         assert convert().lce_bconv2d == 2
         return
-    with pytest.raises(FidelityError, match="2 predictions differ; without a replay at most 1"):
+    with pytest.raises(FidelityError, match="2 predictions differ; without a replay") as e:
         convert()
+    assert "cannot be replayed: tracing its forward pass failed: an op the trace" in str(e.value)
     assert not (tmp_path / "n.tflite").exists()
 
 

@@ -44,3 +44,24 @@ def tiny_training(root) -> list[str]:
     data = write_image_folder(root)
     return ["--dataset", "imagefolder", "--data-dir", str(data), "--image-size", "16",
             "--batch-size", "4"]  # fmt: skip
+
+
+def write_flat_folder(root, per_class: int = 24, size: int = 28):
+    """ROOT/CLASS/*.png: three classes of one bright shape (square, bar, cross) at a jittered
+    place on a background of ONE grey level, RGB: a flat background as MNIST's, where every
+    background pixel gives every layer the same value (ties are common there)."""
+    rng = np.random.default_rng(0)
+    for name in ("square", "bar", "cross"):
+        (root / name).mkdir(parents=True)
+        for k in range(per_class):
+            pixels = np.full((size, size), 30.0)
+            r, c = rng.integers(4, size - 12, 2)
+            if name == "square":
+                pixels[r : r + 8, c : c + 8] = 220
+            elif name == "bar":
+                pixels[r : r + 10, c + 3 : c + 5] = 220
+            else:
+                pixels[r + 4 : r + 6, c : c + 10] = pixels[r : r + 10, c + 4 : c + 6] = 220
+            rgb = np.repeat(pixels[..., None], 3, axis=2).astype(np.uint8)
+            Image.fromarray(rgb).save(root / name / f"{k}.png")
+    return root

@@ -7,6 +7,12 @@
 - `plus_minus_one_bnn`: ±1 `nn.Parameter` kernels used as they are, a custom
   `torch.autograd.Function` STE, an XNOR-Net++-style learned per-channel scale Γ after each
   binary conv, and a binary head written as `x @ w.t()`.
+- `reactnet_bnn`: ReActNet's RSign (`torch.sign(x - β)`, a learned per-channel threshold, the
+  plain sign STE'd with the detach trick) and RPReLU, XNOR-Net's per-output-channel α = mean|W|
+  times sign(W) computed in forward from latent weights, and a binary `F.linear` head.
+- `dw_bnn`: a DWNet-style model: float depthwise 3x3 convs, binary 1x1 convs with an
+  `autograd.Function` STE of its own, and a binary `nn.Linear`-shaped head followed by
+  BatchNorm1d.
 - `unexportable_bnn`: a BNN PyTorch trains fine but the legacy ONNX exporter refuses: an
   `AdaptiveAvgPool2d((3, 3))` on a 7x7 map (3 is no factor of 7).
 - `three_channel_bnn`: a 3-channel model, whatever data it is given (MNIST has 1 channel);
@@ -116,6 +122,106 @@ def plus_minus_one_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Mod
     return PlusMinusOneBNN(num_classes, tuple(input_shape))
 
 
+class RSign(nn.Module):
+    """ReActNet's sign with a learned per-channel threshold β: sign(x - β) forward (plain
+    `torch.sign`), the clipped identity backward through the detach trick."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.beta = nn.Parameter(torch.zeros(1, channels, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shifted = x - self.beta
+        clipped = shifted.clamp(-1, 1)
+        return torch.sign(shifted).detach() - clipped.detach() + clipped
+
+
+class RPReLU(nn.Module):
+    """ReActNet's RPReLU: PReLU(x - γ) + ζ, per channel."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.zeros(1, channels, 1, 1))
+        self.zeta = nn.Parameter(torch.zeros(1, channels, 1, 1))
+        self.prelu = nn.PReLU(channels, init=0.25)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prelu(x - self.gamma) + self.zeta
+
+
+def xnor_kernel(w: torch.Tensor) -> torch.Tensor:
+    """XNOR-Net: α sign(w), α = mean |w| per output channel, through the detach trick."""
+    alpha = w.abs().mean(dim=tuple(range(1, w.dim())), keepdim=True)
+    return (alpha * torch.sign(w) - w).detach() + w
+
+
+class ReActBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.sign = RSign(channels)
+        self.weight = nn.Parameter(torch.randn(channels, channels, 3, 3) * 0.1)
+        self.bn = nn.BatchNorm2d(channels)
+        self.act = RPReLU(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(self.sign(x), xnor_kernel(self.weight), padding=1)
+        return self.act(self.bn(y) + x)
+
+
+class ReActNetBNN(nn.Module):
+    def __init__(self, num_classes: int = 10, input_shape=(1, 28, 28)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(input_shape[0], 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32)
+        )
+        self.blocks = nn.Sequential(ReActBlock(32), ReActBlock(32))
+        self.head = nn.Parameter(torch.randn(num_classes, 32) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return F.linear(torch.sign(x).detach() - x.detach() + x, detach_sign(self.head))
+
+
+def reactnet_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
+    return ReActNetBNN(num_classes, tuple(input_shape))
+
+
+class DepthwiseBlock(nn.Module):
+    """float depthwise 3x3 -> BatchNorm -> own STE -> binary 1x1 -> BatchNorm."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.bn0 = nn.BatchNorm2d(channels)
+        self.weight = nn.Parameter(torch.randn(channels, channels, 1, 1))
+        self.bn1 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn0(self.depthwise(x))
+        return self.bn1(F.conv2d(SignSTE.apply(y), SignSTE.apply(self.weight)))
+
+
+class DWBNN(nn.Module):
+    def __init__(self, num_classes: int = 10, input_shape=(1, 28, 28)) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        self.stem = nn.Sequential(
+            nn.Conv2d(channels, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.MaxPool2d(2)
+        )
+        self.blocks = nn.Sequential(DepthwiseBlock(32), nn.MaxPool2d(2), DepthwiseBlock(32))
+        self.fc = nn.Parameter(torch.randn(num_classes, 32 * (height // 4) * (width // 4)))
+        self.bn_out = nn.BatchNorm1d(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x)).flatten(1)
+        return self.bn_out(F.linear(SignSTE.apply(x), SignSTE.apply(self.fc)))
+
+
+def dw_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
+    return DWBNN(num_classes, tuple(input_shape))
+
+
 class UnexportableBNN(nn.Module):
     """A binary conv on a 7x7 map, then AdaptiveAvgPool2d((3, 3)): trains, does not export."""
 
@@ -145,9 +251,19 @@ def three_channel_bnn(num_classes: int = 10) -> nn.Module:
     return UnexportableBNN(num_classes, (3, 28, 28))
 
 
+# the BatchNorm whose output the model binarizes first (tests/support/ties.py plants there)
+FIRST_BATCHNORM = {
+    "latent_detach_bnn": "stem.1",
+    "plus_minus_one_bnn": "bn0",
+    "reactnet_bnn": "stem.1",
+    "dw_bnn": "blocks.0.bn0",
+}
+
 KERNELS = {
     "latent_detach_bnn": ["blocks.0.weight", "blocks.1.weight"],
     "plus_minus_one_bnn": ["conv1", "conv2", "fc"],
+    "reactnet_bnn": ["blocks.0.weight", "blocks.1.weight", "head"],
+    "dw_bnn": ["blocks.0.weight", "blocks.2.weight", "fc"],
     "unexportable_bnn": ["weight"],
 }
 
