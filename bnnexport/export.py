@@ -184,9 +184,12 @@ def onnx_gate(
     from converters.gate import GateOptions, OnnxProbe, Replay, validate
     from converters.gate.predicate import UNPROBED_FLIPS
     from converters.gate.quantized import CachedWitness, activation_points
+    from converters.graph import load_onnx
+    from converters.normalize import normalized_or_as_is
 
     own = not probes.has_quantizers(model)
-    graph = _probed_graph(path, own)
+    # a model of your own: as the normaliser writes it (its sign idioms canonical)
+    graph = normalized_or_as_is(load_onnx(path)) if own else load_onnx(path)
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
     # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
     # land on the other side of a tie than its own witness (QuickNet-Small at 224 did).
@@ -200,43 +203,36 @@ def onnx_gate(
     # the candidate is a reference runtime on the unmodified export: a value PyTorch and ONNX
     # Runtime split on, however often it recurs, is a split between references
     imposer = witness.run if int8 else None
-    options, unprobed = GateOptions(rtol=RTOL), None
     try:
-        built = probes.TracedProbe(model, graph, inputs[0], imposer) if own else None
+        probe_of = _torch_probe(model, path if not own else graph, inputs[0], imposer, own)
     except probes.UntraceableModel as why:
-        options, unprobed = GateOptions(rtol=RTOL, unprobed_flips=UNPROBED_FLIPS), str(why)
-    replay = None if unprobed else Replay(
-        (lambda: built) if own else (lambda: probes.TorchProbe(model, path, imposer)),
-        witness.as_witness(), judged=frozenset(),
-    )  # fmt: skip
-    names = ("PyTorch", "ONNX Runtime")
-    try:
-        gate = validate(reference, candidate, inputs, options, names, replay)
-    except ConversionMismatchError as error:
-        if unprobed is None:
-            raise
-        raise ConversionMismatchError(
-            f"{error} (PyTorch's signs cannot be replayed: {unprobed})",
-            {**error.diagnostics, "unprobed": unprobed},
-        ) from None
-    return candidate, gate
+        options = GateOptions(rtol=RTOL, unprobed_flips=UNPROBED_FLIPS)
+        try:
+            return candidate, validate(reference, candidate, inputs, options, _NAMES)
+        except ConversionMismatchError as error:
+            raise ConversionMismatchError(
+                f"{error} (PyTorch's signs cannot be replayed: {why})",
+                {**error.diagnostics, "unprobed": str(why)},
+            ) from None
+    replay = Replay(probe_of, witness.as_witness(), judged=frozenset())
+    return candidate, validate(reference, candidate, inputs, GateOptions(rtol=RTOL), _NAMES, replay)
 
 
-def _probed_graph(path: Path, own: bool) -> Any:
-    """The exported graph as ONNX Runtime probes it: a model of your own's normalised (its sign
-    idioms canonical; the file itself where the normaliser refuses it: the gate then names
-    what it cannot match), a bnnexport model's as exported (canonical already)."""
-    from converters.errors import ConverterError
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
+_NAMES = ("PyTorch", "ONNX Runtime")
 
-    graph = load_onnx(path)
+
+def _torch_probe(
+    model: torch.nn.Module, graph: Any, sample: np.ndarray, imposer: Any, own: bool
+) -> Any:
+    """A builder of PyTorch's sign probe: bnnexport's `Quantizer` hooks, built when a sample
+    needs a replay; a model of your own's traced binarizations, built now (UntraceableModel when
+    they cannot be matched with `graph`'s)."""
+    from bnnexport.nn import torch_probe as probes
+
     if not own:
-        return graph
-    try:
-        return normalize(graph)[0]
-    except ConverterError:
-        return graph
+        return lambda: probes.TorchProbe(model, graph, imposer)
+    built = probes.TracedProbe(model, graph, sample, imposer)
+    return lambda: built
 
 
 def check_onnx(
