@@ -86,7 +86,7 @@ class ConvertReport(Report):
     batch: int  # the batch the flatbuffer takes (`--batch N`)
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int
+    tflite_float_bytes: int | None  # None: not built (only `--format tflite` builds it)
     float_output: str | None
     seconds: float
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -112,6 +112,10 @@ class ConvertReport(Report):
     int8_conv2d: int = 0  # int8 CONV_2D / DEPTHWISE_CONV_2D ops
     # the classes' names in the order of the outputs, as the flatbuffer's metadata holds them
     class_names: list[str] | None = None
+    # where the time went: "export", the export command's own seconds (RUN_DIR/export.json),
+    # which `seconds` does not include; "load" (the model, the samples, TensorFlow's import);
+    # the converter's stages (`converters.lce.STAGES`); "batched_copy" with --batched-copy
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -392,6 +396,7 @@ def convert_run(
         max_accuracy_drop=max_accuracy_drop, metadata=class_names_metadata(names),
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
+    loaded = time.perf_counter()  # the model, the samples and TensorFlow's import: "load"
     try:
         result = convert(
             onnx_path, output, target=target, inputs=inputs, options=options,
@@ -402,12 +407,16 @@ def convert_run(
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
         files.remove([refusal])
-    copy = None
+    copy, copied = None, time.perf_counter()
     if batched_copy is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         if int8:  # the same int8 model: the batch-1 conversion's ranges, not calibrated again
             options = replace(options, int8_points=result.int8["tensor_points"])
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
+    report.stage_seconds = {
+        **_export_seconds(run), "load": round(loaded - start, 3), **result.stage_seconds,
+        **({"batched_copy": round(time.perf_counter() - copied, 3)} if copy else {}),
+    }  # fmt: skip
     report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
@@ -423,6 +432,19 @@ def convert_run(
     if run is not None:
         report.save(run.root / report_name)
     return report
+
+
+def _export_seconds(run: RunDir | None) -> dict[str, float]:
+    """{"export": the seconds RUN_DIR/export.json records}, or {} (an ONNX file, no record)."""
+    import json
+
+    path = run.root / "export.json" if run is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return {"export": round(float(json.loads(path.read_text())["seconds"]), 3)}
+    except (ValueError, KeyError, TypeError):  # an unreadable record: no figure
+        return {}
 
 
 def _model_of(run: RunDir | None) -> LoadedModel | None:

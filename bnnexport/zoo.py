@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from bnnexport.models import create_model, list_models, model_info
+from bnnexport.models.papers import paper_of
 from bnnexport.nn.layers import binary_layers
 from bnnexport.run.reports import Report
 from bnnexport.summary import summarize
@@ -55,6 +56,7 @@ class ZooEntry(Report):
     top1: float | None  # published top-1 accuracy in %, None where none is
     top1_source: str
     description: str
+    paper: str = ""  # the paper that introduced the architecture (bnnexport.models.papers)
 
 
 def zoo_entry(name: str) -> ZooEntry:
@@ -78,6 +80,7 @@ def zoo_entry(name: str) -> ZooEntry:
         top1=info.top1,
         top1_source=info.top1_source,
         description=info.description,
+        paper=paper_of(name),
     )
 
 
@@ -150,8 +153,8 @@ def write_figures(path: Path = FIGURES, progress: Callable[[str], None] | None =
 
 
 def _with_registry(entry: dict, name: str) -> ZooEntry:
-    """A stored entry, with what the registry says now (top-1, its source, the description:
-    no model computes those)."""
+    """A stored entry, with what the registry says now (top-1, its source, the description,
+    the paper: no model computes those)."""
     info = model_info(name)
     return ZooEntry(**{**entry, "top1": info.top1, "top1_source": info.top1_source,
-                       "description": info.description})  # fmt: skip
+                       "description": info.description, "paper": paper_of(name)})  # fmt: skip

@@ -199,6 +199,44 @@ def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+# the kind a global average pool counts as in `op_kinds`, whichever op writes it
+GLOBAL_AVERAGE_POOL = "GLOBAL_AVERAGE_POOL"
+
+
+def op_kinds(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
+    """`op_histogram` of the main subgraph with two spellings of one computation counted as
+    one kind, as docs/BENCHMARKS.md "Op parity" compares flatbuffers:
+
+    - a global average pool is `GLOBAL_AVERAGE_POOL`, whether written as MEAN or as an
+      AVERAGE_POOL_2D whose output is 1x1 (LCE's `convert_keras_model` writes Keras' global
+      pool as the one, bnnexport's translator ONNX's GlobalAveragePool as the other);
+    - LCE's max-pool on packed bits, `LceBMaxPool2d`, is a MAX_POOL_2D: LCE writes it for a
+      max-pool between a bconv and the next binarization, where it replaces the float
+      MAX_POOL_2D (and the BatchNorm and LceQuantize around it).
+
+    >>> kinds_beyond({"ADD": 3, "MEAN": 1}, {"ADD": 2, "MUL": 4})
+    {'ADD': (3, 2), 'MEAN': (1, 0)}
+    """
+    counts: Counter[str] = Counter()
+    for op in flatbuffer_ops(flatbuffer_bytes):
+        pooled = op.output_shapes[0] if op.output_shapes else []
+        whole_map = len(pooled) == 4 and pooled[1:3] == [1, 1]
+        if op.op_type in ("MEAN", "AVERAGE_POOL_2D") and whole_map:
+            counts[GLOBAL_AVERAGE_POOL] += 1
+        elif op.op_type == "LceBMaxPool2d":
+            counts["MAX_POOL_2D"] += 1
+        else:
+            counts[op.op_type] += 1
+    return dict(sorted(counts.items()))
+
+
+def kinds_beyond(kinds: dict[str, int], reference: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """{op kind: (its count in `kinds`, in `reference`)} for every kind `kinds` has more often."""
+    return {
+        k: (n, reference.get(k, 0)) for k, n in sorted(kinds.items()) if n > reference.get(k, 0)
+    }
+
+
 def _string(buf: bytes, at: int) -> str:
     start = _deref(buf, at)
     length = struct.unpack_from("<I", buf, start)[0]

@@ -63,6 +63,12 @@ from converters.translate import first_unsupported, translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
+# `ConversionResult.stage_seconds`, in order, adding up to `seconds`: the normaliser and the
+# checks before TensorFlow; tracing the translated tf.function and saving it (TensorFlow's
+# import on first use included); LCE's converter; the stock TFLite converter (only with a float
+# model asked for); the gate's comparisons (with any witness conversion and tie replay) and the
+# writing; the exact-grid twin (its translation, conversion and comparison)
+STAGES = ("normalise", "translate", "lce_converter", "tflite_converter", "gate", "twin")
 
 
 @dataclass
@@ -83,7 +89,7 @@ class ConversionResult:
     batch: int  # the batch the flatbuffer takes
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int = 0
+    tflite_float_bytes: int | None = None  # None: no float model asked for, none built
     float_output: Path | None = None
     seconds: float = 0.0
     gates: list[GateReport] = field(default_factory=list)
@@ -98,6 +104,8 @@ class ConversionResult:
     # with float_layers "int8": `converters.int8_result.Int8Result.to_json()`
     int8: dict | None = None
     int8_conv2d: int = 0  # CONV_2D and DEPTHWISE_CONV_2D reading int8
+    # where `seconds` went, stage by stage (`STAGES`; docs/BENCHMARKS.md "Conversion time")
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
         """The gate report comparing `candidate` with `reference`, if that check ran."""
@@ -236,14 +244,19 @@ def convert_onnx(
     if inputs is None:
         inputs = random_inputs(_input_shape(model))
     quantized = _quantized(model, inputs, options)
-    options.step("translate to TensorFlow, run the LCE and TFLite converters")
+    normalised = time.perf_counter()
+    float_model = write_float_tflite is not None  # built only when asked: a second converter
+    options.step(f"translate to TensorFlow, run the LCE{' and TFLite' * float_model} converter")
     if quantized is not None:
         translated = translate(quantized.model, float_model=False, int8_io=options.io == "int8")
     else:
-        translated = translate(model, float_model=True)
-    float_bytes = len(translated.float_flatbuffer or b"")
-    if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
-        translated.float_flatbuffer = b""
+        translated = translate(model, float_model=float_model)
+    stage_seconds = {"normalise": normalised - start, **translated.seconds}
+    # TensorFlow's and LCE's import on first use, before the translator's own clock
+    stage_seconds["translate"] += (
+        time.perf_counter() - normalised - sum(translated.seconds.values())
+    )
+    float_bytes = len(translated.float_flatbuffer) if translated.float_flatbuffer else None
     flatbuffer, float_flatbuffer = translated.flatbuffer, translated.float_flatbuffer or b""
     histogram = op_histogram(flatbuffer)
     kernels = lce_kernel_settings(flatbuffer)
@@ -268,6 +281,10 @@ def convert_onnx(
         flatbuffer = _with_metadata(flatbuffer, options.metadata, inputs)
     convs = _convs_by_input_type(flatbuffer)
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
+    # the gate: from the translator's end to the written flatbuffer, the twin apart
+    stage_seconds["gate"] = time.perf_counter() - start - sum(stage_seconds.values())
+    stage_seconds["gate"] -= checked.twin_seconds
+    stage_seconds["twin"] = checked.twin_seconds
     return ConversionResult(
         output=written,
         target=target,
@@ -292,6 +309,7 @@ def convert_onnx(
         trusted_twin=checked.trusted_twin,
         lce_settings=kernels.flags,
         int8=int8,
+        stage_seconds={k: round(v, 3) for k, v in stage_seconds.items()},
     )
 
 

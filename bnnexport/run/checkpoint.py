@@ -135,8 +135,9 @@ def recorded_float_layers(run_dir: str | os.PathLike) -> str:
 def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:
     """Rebuild the model a checkpoint describes and load its binary weights (eval mode)."""
     from bnnexport.models import create_model
+    from bnnexport.models.registry import recorded_kwargs
 
-    kwargs = dict(checkpoint["model_kwargs"])
+    kwargs = recorded_kwargs(checkpoint["model_name"], dict(checkpoint["model_kwargs"]))
     warn_changed_source(checkpoint.get("model_source"))
     try:
         model = create_model(checkpoint["model_name"], **kwargs)

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,8 @@ def resumed_config(
             "version of bnnexport"
         )
     saved = TrainConfig(**saved_json)
+    if not checkpoint.get("global_batch"):  # batch_size was each process's then
+        saved.batch_size *= _trained_world_size(source.parent)
     saved.dataset_options = recorded_options(saved.dataset, saved.dataset_options)
     done = int(checkpoint.get("epoch", 0))
     saved.out = config.out  # the run may have been moved or copied since
@@ -104,6 +107,16 @@ def resumed_config(
             changes[name] = [old, new]
         setattr(saved, name, new)
     return saved, changes
+
+
+def _trained_world_size(run_dir: Path) -> int:
+    """How many processes trained a run from before `--batch-size` was the global batch, as
+    its train.json says (1 without one: a run interrupted before its first train.json is
+    taken for a one-process run)."""
+    try:
+        return max(1, int(json.loads((run_dir / "train.json").read_text()).get("world_size", 1)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1
 
 
 def _differing(name: str, new: Any, old: Any) -> tuple[str, Any, Any]:

@@ -45,6 +45,7 @@ from converters.translate.tf_ops import (
     subtract_spatial,
     tf,
     unsupported,
+    weight,
 )
 from converters.translate.values import Layout, Value, channel_affine
 
@@ -132,7 +133,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
     if group > 1 and group == cin and kernel.shape[1] == 1:
         mult = kernel.shape[0] // cin
         k = kernel.reshape(cin, mult, *ksize).transpose(2, 3, 0, 1).astype(np.float32)
-        y = tf().nn.depthwise_conv2d(t, k, [1, *strides, 1], mode, dilations=dilations)
+        y = tf().nn.depthwise_conv2d(t, weight(k), [1, *strides, 1], mode, dilations=dilations)
     else:
         k_hwio = np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32)
         per_out = k_hwio.shape[3] // group
@@ -140,7 +141,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
         outputs = [
             tf().nn.conv2d(
                 part,
-                tf().constant(k_hwio[..., g * per_out : (g + 1) * per_out]),
+                weight(k_hwio[..., g * per_out : (g + 1) * per_out]),
                 [1, *strides, 1],
                 mode,
                 dilations=[1, *dilations, 1],
@@ -407,7 +408,7 @@ def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
     if x.layout == Layout.PERMUTED_COLUMNS:
         kernel = kernel[x.perm]
     t = tf().reshape(x.tensor, [x.shape()[0], -1]) if x.layout == Layout.FLAT_IN_NHWC else x.tensor
-    y = tf().matmul(t, tf().constant(kernel.astype(np.float32)))
+    y = tf().matmul(t, weight(kernel))
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         c = tr.const(node.input[2])
         if c is None:
