@@ -206,7 +206,7 @@ def test_after_ctrl_c_before_the_first_checkpoint_a_plain_rerun_starts_afresh(
 ):
     out, options = tmp_path / "run", tiny_training(tmp_path / "data")
     with monkeypatch.context() as patched:
-        _interrupt_at(patched, "evaluate")  # epoch 1's steps logged, its checkpoint not saved
+        _interrupt_at(patched, "evaluate_counts")  # epoch 1 steps logged, no checkpoint yet
         result = invoke("train", *options, "--epochs", "1", "--out", out)
     assert_one_line_error(result, 130, f"no epoch of this run was saved in {out}; run the same "
                           "command again to start afresh")  # fmt: skip
