@@ -45,6 +45,19 @@ def dataset_options(
     return {key: value for key, value in given.items() if value is not None}
 
 
+RESUME_OUT = "\0out"  # `--resume` without a value: the run in --out
+
+
+def resumed_out(resume: str | None, out: str | None) -> str | None:
+    """The --out of `--resume RUN` (how it is often typed first): RUN, unless --out names
+    another run (ConfigError)."""
+    if resume is None or resume == RESUME_OUT:
+        return out
+    if out is not None and os.path.abspath(out) != os.path.abspath(resume):
+        raise ConfigError(f"--resume {resume} --out {out}: two runs; give one (--resume RUN)")
+    return resume
+
+
 DATASET_OPTIONS = ("image_size", "mean", "std", "val_split")
 # train's options that are no part of a TrainConfig: how the command runs, not what it trains
 NOT_CONFIG = ("resume", "force", "as_json", "amp", "recipe")
@@ -260,7 +273,15 @@ def _from_recipe(
     is_flag=True,
     help="Also write metrics.csv (every metrics row, one column per layer value) each epoch.",
 )
-@click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
+@click.option(
+    "--resume",
+    is_flag=False,
+    flag_value=RESUME_OUT,
+    default=None,
+    metavar="[RUN]",
+    help="Continue the run in --out (or in RUN: `--resume RUN` is `--resume --out RUN`) from "
+    "its last checkpoint.",
+)
 @click.option(
     "--force",
     is_flag=True,
@@ -370,6 +391,8 @@ def train_command(
     with --json; one line per epoch goes to stderr in every case (a CI log, `| tee`).
     """
     ctx = click.get_current_context()
+    ctx.params.update(resume=resume is not None, out=resumed_out(resume, out))
+    resume = ctx.params["resume"]
     config, explicit = train_config(ctx.params, given_options(ctx))
     # what train chose for the user (a recipe's scaled schedules, ...) is in report.notes and,
     # without --json, one `bnnexport: note:` line each

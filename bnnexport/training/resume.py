@@ -35,6 +35,11 @@ RESUMABLE = ("lr", "gamma", "threshold", "sigma", "batch_size", "epochs", "data_
 def check_run(run: RunDir, resume: bool, force: bool) -> dict | None:
     """The checkpoint to resume from, or None; refuses before anything is changed."""
     if resume:
+        if not run.checkpoint.is_file() and run.config.is_file():  # stopped before epoch 1 ended
+            raise CheckpointError(
+                f"nothing to resume: {run.root} holds no checkpoint (the run stopped before its "
+                "first epoch ended); run the same command without --resume to start it afresh"
+            )
         if not run.checkpoint.is_file():
             raise CheckpointError(f"nothing to resume: {run.checkpoint} does not exist")
         return load_checkpoint(run.checkpoint)  # its folder: checked by train, once known
@@ -145,7 +150,9 @@ def interrupted(run: RunDir, resume: bool, saved_now: bool, device: str) -> Trai
     epoch, epochs = _saved_epochs(run.checkpoint) if resume or saved_now else (0, 0)
     if epoch < 1:  # an `init` checkpoint (epoch 0) holds no training either
         return TrainingInterrupted(
-            f"interrupted before the first checkpoint: no epoch of this run was saved in {run.root}"
+            f"interrupted before the first checkpoint: no epoch of this run was saved in "
+            f"{run.root}; run the same command again to start afresh (it replaces what this run "
+            "wrote there)"
         )
     if not saved_now:  # a resumed run: the options it was given are not in the checkpoint yet
         return TrainingInterrupted(

@@ -267,7 +267,7 @@ def _notes(trainer: Trainer) -> list[str]:
     epochs) and what this run will not write: one line each, in train.json's `notes`."""
     from bnnexport.training.recipes import compression_note
 
-    notes = [trainer.data.note] if trainer.data.note else []
+    notes = trainer.data.note.splitlines() if trainer.data.note else []
     notes += [n for n in [compression_note(trainer.config), trainer.resume_note,
                           trainer.sharing_note()] if n]  # fmt: skip
     return notes + ([] if tensorboard_available() else [NO_TENSORBOARD])
@@ -295,10 +295,12 @@ def _prepare_run(
                          "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
         payload = "".join(_json_line(r) for r in kept).encode()
         write_bytes_atomic(run.metrics, payload, append=True)
-    # the options, how many processes shared each batch, and the record of binary kernels
-    # they led to (the checkpoint holds it too)
+    # the options, how many processes shared each batch, the record of binary kernels they
+    # led to, the classes' names and the model's source (the checkpoint holds them too)
+    recorded = {"class_names": trainer.data.class_names, "model_source": trainer.model_source}
     write_json_atomic(run.config, {**config.to_json(), **trainer.data_parallel(),
-                                   "binary_kernels": trainer.kernels.to_json()})  # fmt: skip
+                                   "binary_kernels": trainer.kernels.to_json(),
+                                   **recorded})  # fmt: skip
     return removed
 
 

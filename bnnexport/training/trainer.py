@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from bnnexport.datasets import load_dataset
 from bnnexport.errors import ConfigError, DataError
+from bnnexport.imports import source_of
 from bnnexport.models import create_model
 from bnnexport.nn.discover import BinaryKernels, find_binary_kernels
 from bnnexport.nn.int8 import prepare_int8
@@ -280,6 +281,7 @@ class Trainer:
         """`resume_changes` (a resumed run's {option: [old, new]}) gets what the run changes
         itself: a recipe's schedules rescaled to a new --epochs (`resume_note` says so)."""
         self.config, self.run, self.context = config, run, context
+        self.model_source = source_of(config.model)  # the file that trains: recorded in the run
         torch.manual_seed(config.seed)
         self.data = load_dataset(config.dataset, config.data_dir, **config.dataset_options)
         if self.data.options:  # with what the loader chose (the images' own size): export
@@ -491,6 +493,9 @@ class Trainer:
                 "epoch": epoch,
                 "step": self.step,
                 "config": config.to_json(),
+                # for later stages: the classes' names (outputs' order), the model's source
+                "class_names": self.data.class_names,
+                "model_source": self.model_source,
                 # config's batch_size is the global batch (before, it was each process's)
                 "global_batch": True,
                 # how the float layers trained: "int8" rebuilds the model with its fake

@@ -155,6 +155,33 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
     return Value(y, Layout.NHWC)
 
 
+def conv_transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """Float ConvTranspose (2-D, groups 1, no dilation or output padding): TensorFlow's
+    transposed conv at VALID, its output cropped by the pads. LCE has no binary form of it: a
+    binary one stays float only when allowed (`converters.gate.fallbacks.transposed_refusals`)."""
+    kernel = tr.const(node.input[1])
+    attrs = attributes(node)
+    if kernel is None or kernel.ndim != 4:
+        raise unsupported(node, "only 2-D transposed convolutions with a constant kernel")
+    strides = list(attrs.get("strides", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    if attrs.get("group", 1) != 1 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        raise unsupported(node, "only groups=1 without dilation")
+    if any(attrs.get("output_padding", [0, 0])) or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        raise unsupported(node, "only explicit pads, without output_padding")
+    x = _nhwc(tr, node, inputs[0]).tensor
+    (h, w), (kh, kw) = _hw(x), kernel.shape[2:]
+    full = [(h - 1) * strides[0] + kh, (w - 1) * strides[1] + kw]
+    k_hwoi = np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32)  # [in, out] -> [kh, kw, out, in]
+    shape = [int(x.shape[0]), *full, kernel.shape[1]]
+    y = tf().nn.conv2d_transpose(x, tf().constant(k_hwoi), shape, [1, *strides, 1], "VALID")
+    y = y[:, pads[0] : full[0] - pads[2], pads[1] : full[1] - pads[3], :]
+    bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if bias is not None:
+        y = y + tf().constant(bias.astype(np.float32))
+    return Value(y, Layout.NHWC)
+
+
 def binary_layer(tr: TranslatorView, node: NodeProto, match: BinaryLayerMatch) -> Value | None:
     """Emit a binary Conv/MatMul/Gemm as LceBconv2d patterns; None to fall back to float."""
     chain = tr.chain(match)
@@ -530,6 +557,7 @@ def batch_norm(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
 
 HANDLERS = {
     "Conv": conv,
+    "ConvTranspose": conv_transpose,
     "MatMul": dense,
     "Gemm": dense,
     "MaxPool": max_pool,

@@ -529,3 +529,57 @@ def test_binarynet_pool_first_takes_batchnorm_statistics_after_the_pool_in_train
     pair(x)
     assert torch.allclose(pair.norm.running_mean, pair.pool(x).mean((0, 2, 3)), atol=1e-6)
     assert not torch.allclose(pair.norm.running_mean, x.mean((0, 2, 3)), atol=1e-3)
+
+
+# `zoo list` prints the figures stored with the package (bnnexport/models/zoo_figures.json)
+# while the code they came from is unchanged: they must be what the models compute now
+def test_the_stored_zoo_figures_were_made_from_the_current_code():
+    from bnnexport.models import list_models
+    from bnnexport.zoo import fingerprint, stored_figures
+
+    stored = stored_figures()
+    stale = [n for n in list_models() if stored.get(n, {}).get("fingerprint") != fingerprint(n)]
+    assert stale == [], "run `python scripts/zoo_figures.py` and commit zoo_figures.json"
+
+
+@pytest.mark.parametrize(
+    "name", ["mnist-bnn", "binarynet", *[pytest.param(n, marks=pytest.mark.long) for n in ZOO
+                                          if n != "binarynet"]],
+)  # fmt: skip
+def test_the_stored_figures_are_what_the_model_computes(name):
+    from bnnexport.zoo import stored_figures, zoo_entry
+
+    assert stored_figures()[name]["entry"] == zoo_entry(name).to_json()
+
+
+def test_zoo_list_summarises_a_model_whose_code_changed_and_says_so(monkeypatch):
+    import bnnexport.zoo
+
+    real = bnnexport.zoo.fingerprint
+    monkeypatch.setattr(bnnexport.zoo, "fingerprint",
+                        lambda name: "changed" if name == "mnist-bnn" else real(name))  # fmt: skip
+    summarised = []
+    monkeypatch.setattr(bnnexport.zoo, "zoo_entry",
+                        lambda name: summarised.append(name) or real_entry(name))  # fmt: skip
+    result = invoke("zoo", "list", "mnist")
+    assert result.exit_code == 0, result.output
+    assert summarised == ["mnist-bnn"]
+    assert "bnnexport: note: summarised mnist-bnn now: their code changed" in result.stderr
+    assert invoke("zoo", "list", "binarynet").stderr == ""  # unchanged: read, and silent
+
+
+def real_entry(name):
+    from bnnexport.zoo import ZooEntry, stored_figures
+
+    return ZooEntry(**stored_figures()[name]["entry"])
+
+
+@pytest.mark.parametrize(
+    ("pattern", "names"),
+    [("mnist", ["mnist-bnn"]), ("quicknet-*", ["quicknet-large", "quicknet-small"]),
+     ("densenet", ["binary-densenet28", "binary-densenet37", "binary-densenet45"])],
+)  # fmt: skip
+def test_zoo_list_pattern_matches_a_part_of_the_name_or_a_shell_pattern(pattern, names):
+    result = invoke("zoo", "list", pattern, "--json")
+    assert result.exit_code == 0, result.output
+    assert [row["name"] for row in json.loads(result.stdout)["models"]] == names
