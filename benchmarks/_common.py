@@ -115,7 +115,8 @@ def log(message: str) -> None:
 
 # --- the larq side: its own virtual environment -----------------------------------------------
 
-LARQ_VENV = ROOT / "benchmarks" / ".venv-larq"
+# BNNEXPORT_LARQ_VENV names another place (e.g. one venv outside several checkouts)
+LARQ_VENV = Path(os.environ.get("BNNEXPORT_LARQ_VENV") or ROOT / "benchmarks" / ".venv-larq")
 # docs/LCE_NOTES.md "Dependency stack": the stack of the main venv (minus torch), plus larq;
 # tf-keras without its deps.
 LARQ_STACK = [
@@ -176,15 +177,15 @@ LARQ_ZOO_DEPS = [
 ]
 
 
-def larq_zoo_python() -> Path:
-    """The larq venv's Python with larq-zoo and tf2onnx installed (added on first use).
+def larq_zoo_python(tf2onnx: bool = True) -> Path:
+    """The larq venv's Python with larq-zoo (and `tf2onnx`) installed (added on first use).
 
     Raises RuntimeError with pip's last lines when the installation fails.
     """
     import subprocess
 
     python = larq_python()
-    probe = [str(python), "-c", "import larq_zoo, tf2onnx"]
+    probe = [str(python), "-c", "import larq_zoo" + (", tf2onnx" if tf2onnx else "")]
     if subprocess.run(probe, capture_output=True, env=larq_env()).returncode == 0:
         return python
     log(f"adding larq-zoo and tf2onnx to {LARQ_VENV} (first use)")
@@ -197,6 +198,42 @@ def larq_zoo_python() -> Path:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
             raise RuntimeError(f"`{' '.join(step)}` failed:\n{tail}")
     return python
+
+
+# bnnexport's zoo models that larq-zoo builds: bnnexport name -> larq-zoo's (larq_side.py)
+LARQ_ZOO_NAMES = {
+    "binary-alexnet": "BinaryAlexNet",
+    "birealnet18": "BiRealNet",
+    "binary-densenet28": "BinaryDenseNet28",
+    "binary-densenet37": "BinaryDenseNet37",
+    "binary-densenet45": "BinaryDenseNet45",
+    "binary-resnet-e18": "BinaryResNetE18",
+    "dorefanet": "DoReFaNet",
+    "meliusnet22": "MeliusNet22",
+    "quicknet": "QuickNet",
+    "quicknet-small": "QuickNetSmall",
+    "quicknet-large": "QuickNetLarge",
+    "real-to-binary-net": "RealToBinaryNet",
+    "xnornet": "XNORNet",
+}
+
+
+def native_flatbuffer(model: str, size: int, out: Path, python: Path) -> dict[str, Any]:
+    """larq-zoo's `model` (bnnexport's name) at size x size through LCE's `convert_keras_model`
+    in the larq venv (`larq_side.py native`: weights=None, seed 0, random BatchNorm, softmax
+    removed), written to `out`; the side's answer (conversion seconds, bytes, versions), or
+    {"error": its last line} when larq-zoo cannot build the model at that size."""
+    args = ["native", "--model", LARQ_ZOO_NAMES[model], "--size", str(size), "--out", str(out)]
+    try:
+        return larq_json(args, timeout=3600, python=python)
+    except RuntimeError as error:  # its exit code and the error line (not a last warning)
+        lines = [ln for ln in str(error).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "Error" in ln]
+        code = lines[0].split("(")[-1].split(")")[0] if lines else "?"
+        if not errors and code.startswith("-"):  # e.g. -11: LCE's converter crashed
+            said = [ln for ln in lines if not ln[0].isspace()]  # the last message, not its code
+            errors = [f"killed by signal {code[1:]} after: {said[-1].strip()[:200]}"]
+        return {"error": f"larq side exit code {code}: {(errors or lines[-1:] or [''])[-1]}"}
 
 
 def larq_env() -> dict[str, str]:

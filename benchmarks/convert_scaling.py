@@ -73,6 +73,7 @@ def prepare(name: str, shape: tuple[int, int, int], out: Path, samples: int = 16
     )
     init = init_run(name, input_shape=shape, out=out, force=True, dataset=dataset)
     gate, ties = None, None
+    start = time.perf_counter()
     try:
         ties = len(export_onnx(out, samples=samples).tie_samples)
     except FidelityError as error:  # keep measuring the conversion; say so in the table
@@ -80,6 +81,7 @@ def prepare(name: str, shape: tuple[int, int, int], out: Path, samples: int = 16
         log(f"{name}: export gate failed, exporting without it: {gate[:200]}")
         raw_export(out)
     return {
+        "export_seconds": time.perf_counter() - start,  # its check included
         "parameters": init.parameters,
         "binary_parameters": init.binary_parameters,
         "binary_layers": init.binary_layers,
@@ -174,6 +176,7 @@ def convert_child(run: Path) -> dict[str, Any]:
     return {
         "wall_seconds": wall,
         "convert_seconds": report.get("seconds"),
+        "stage_seconds": report.get("stage_seconds"),
         "peak_rss_mib": _reported_peak_mib(stderr) or usage.ru_maxrss / 1024,
         "lce_bytes": report.get("lce_bytes"),
         "lce_bconv2d": report.get("lce_bconv2d"),

@@ -22,6 +22,13 @@ Commands:
         writes into DIR: native.tflite (`convert_keras_model`), model.onnx (tf2onnx),
         inputs.npy (NHWC samples) and keras.npy (the Keras outputs on them). Needs the extra
         packages `_common.larq_zoo_python()` installs (larq-zoo, tf2onnx).
+    python benchmarks/larq_side.py versions
+        {"tensorflow": ..., "lce": ..., "larq": ..., "larq_zoo": ..., "tf_keras": ...}
+    python benchmarks/larq_side.py native --model QuickNet --size 64 --out FILE.tflite
+        the same larq-zoo model (weights=None, --seed, random BatchNorm statistics, softmax
+        removed unless --softmax) through `convert_keras_model` only: the native flatbuffer
+        written to FILE, and {"seconds": the conversion's time, "bytes", "versions"}; larq-zoo
+        is needed, tf2onnx is not (`native_ops.py`, `zoo_latency.py --native`).
 """
 
 from __future__ import annotations
@@ -182,6 +189,9 @@ ZOO_MODELS = (
     "XNORNet",
     "BinaryResNetE18",
     "BinaryDenseNet28",
+    "BinaryDenseNet37",
+    "BinaryDenseNet45",
+    "MeliusNet22",
     "DoReFaNet",
 )
 
@@ -211,6 +221,51 @@ def without_softmax(model):  # noqa: ANN001, ANN201 - tf.keras.Model in and out
     return model
 
 
+def build_zoo_model(name: str, size: int, seed: int, softmax: bool):  # noqa: ANN201
+    """larq-zoo's `name` at size x size (weights=None: kernels drawn with `seed`, random
+    BatchNorm statistics), its final softmax removed unless `softmax`."""
+    import larq_zoo
+    import tensorflow as tf
+
+    factory = getattr(larq_zoo.sota, name, None) or getattr(larq_zoo.literature, name)
+    tf.keras.utils.set_random_seed(seed)  # the kernels' random initialisation, reproducible
+    model = factory(weights=None, input_shape=(size, size, 3))
+    randomize_batchnorm(model, seed)
+    return model if softmax else without_softmax(model)
+
+
+def native(name: str, size: int, out: str, seed: int, threads: int, softmax: bool) -> None:
+    """larq-zoo model -> `convert_keras_model` -> `out`; the conversion's seconds."""
+    set_threads(threads)
+    import larq_compute_engine as lce
+
+    model = build_zoo_model(name, size, seed, softmax)
+    start = time.perf_counter()
+    flatbuffer = lce.convert_keras_model(model)
+    seconds = time.perf_counter() - start
+    with open(out, "wb") as handle:
+        handle.write(flatbuffer)
+    say(
+        {
+            "model": name,
+            "size": size,
+            "output": out,
+            "bytes": len(flatbuffer),
+            "seconds": seconds,
+            "softmax": softmax,
+            "keras_binary_layers": zoo_binary_layers(model),
+            "versions": versions(),
+        }
+    )
+
+
+def versions() -> dict[str, str]:
+    """TensorFlow, LCE, larq, larq-zoo and tf-keras as installed in this venv."""
+    names = {"tensorflow": "tensorflow-cpu", "lce": "larq-compute-engine", "larq": "larq",
+             "larq_zoo": "larq-zoo", "tf_keras": "tf-keras"}  # fmt: skip
+    return {key: _version(distribution) for key, distribution in names.items()}
+
+
 def zoo(
     name: str,
     out: str,
@@ -227,17 +282,11 @@ def zoo(
     from pathlib import Path
 
     import larq_compute_engine as lce
-    import larq_zoo
     import numpy as np
     import tensorflow as tf
     import tf2onnx
 
-    factory = getattr(larq_zoo.sota, name, None) or getattr(larq_zoo.literature, name)
-    tf.keras.utils.set_random_seed(seed)  # the kernels' random initialisation, reproducible
-    model = factory(weights=None, input_shape=(size, size, 3))
-    randomize_batchnorm(model, seed)
-    if not softmax:
-        model = without_softmax(model)
+    model = build_zoo_model(name, size, seed, softmax)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -319,8 +368,20 @@ def main() -> None:
     z.add_argument("--seed", type=int, default=0)
     z.add_argument("--threads", type=int, default=1)
     z.add_argument("--softmax", action="store_true", help="keep the final softmax")
+    n = sub.add_parser("native", help="larq-zoo model -> convert_keras_model -> flatbuffer")
+    n.add_argument("--model", required=True, choices=ZOO_MODELS)
+    n.add_argument("--size", type=int, default=224)
+    n.add_argument("--out", required=True, help="the flatbuffer to write")
+    n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--threads", type=int, default=1)
+    n.add_argument("--softmax", action="store_true", help="keep the final softmax")
+    sub.add_parser("versions", help="the versions of the larq venv's packages")
     args = p.parse_args()
-    if args.command == "zoo":
+    if args.command == "versions":
+        say(versions())
+    elif args.command == "native":
+        native(args.model, args.size, args.out, args.seed, args.threads, args.softmax)
+    elif args.command == "zoo":
         zoo(
             args.model,
             args.out,

@@ -35,8 +35,8 @@ from bnnexport.run import files, provenance
 from bnnexport.run.directory import RunDir
 from bnnexport.run.progress import Steps
 from bnnexport.run.refusals import gate_refusal, refusal_path
-from bnnexport.run.reports import Report, format_value
-from bnnexport.run.samples import load_samples
+from bnnexport.run.reports import Report, format_value, int8_lines
+from bnnexport.run.samples import class_names_metadata, load_samples, sample_class_names
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from bnnexport.run.checkpoint import LoadedModel
     from converters.batch import BatchedResult
     from converters.gate.checks import Reference
+    from converters.gate.fallbacks import RecordedLayer
     from converters.lce import ConversionResult, ConvertOptions
 
 
@@ -68,7 +69,7 @@ class ConvertReport(Report):
     format: str
     binary_layers: int
     lce_bconv2d: int
-    float_conv2d: int
+    float_conv2d: int  # float32 CONV_2D / DEPTHWISE_CONV_2D ops (int8 ones: `int8_conv2d`)
     fully_connected: int
     float_fallbacks: list[str]
     argmax_agreement: float | None  # None: not decided on real weights (`trusted_twin`)
@@ -85,7 +86,7 @@ class ConvertReport(Report):
     batch: int  # the batch the flatbuffer takes (`--batch N`)
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int
+    tflite_float_bytes: int | None  # None: not built (only `--format tflite` builds it)
     float_output: str | None
     seconds: float
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +109,13 @@ class ConvertReport(Report):
     # the int8 gate's replay and the accuracy against the float model (`converters.quantize`)
     float_layers: str = "float32"
     int8: dict | None = None
+    int8_conv2d: int = 0  # int8 CONV_2D / DEPTHWISE_CONV_2D ops
+    # the classes' names in the order of the outputs, as the flatbuffer's metadata holds them
+    class_names: list[str] | None = None
+    # where the time went: "export", the export command's own seconds (RUN_DIR/export.json),
+    # which `seconds` does not include; "load" (the model, the samples, TensorFlow's import);
+    # the converter's stages (`converters.lce.STAGES`); "batched_copy" with --batched-copy
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, result: ConversionResult, fmt: str, seconds: float) -> ConvertReport:
@@ -142,14 +150,13 @@ class ConvertReport(Report):
         int8 = data.pop("int8")
         checks = data.pop("checks") + data.pop("twin_checks")
         width = max(len(k) for k in data)
-        lines = [f"{k.ljust(width)}  {_cell(k, v)}" for k, v in data.items()]
+        lines = [f"{k.ljust(width)}  {_cell(k, v, int8 is not None)}" for k, v in data.items()]
         lines.append("checks (argmax agreement and max |diff|: plain -> after tie replay)")
         for c in checks:
             lines.append(
                 f"  {c['candidate']} vs {c['reference']}: {c['plain_argmax_agreement']:.4g} -> "
                 f"{c['argmax_agreement']:.4g}, {c['plain_max_abs_diff']:.3g} -> "
-                f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
-                f"{len(c['tie_samples'])} tie samples, {c['tie_positions']} tie positions, "
+                f"{c['max_abs_diff']:.3g} (tolerance {c['tolerance']:.3g}), {_replayed(c)}, "
                 f"{c['sure_changed']} of {c['sure_predictions']} sure predictions changed"
                 + (f", through {c['through']}" if c.get("through") else "")
             )
@@ -160,36 +167,27 @@ class ConvertReport(Report):
         return "\n".join(lines)
 
 
-def int8_lines(int8: dict | None) -> list[str]:
-    """The int8 part of `ConvertReport.to_table`: which layers, how quantized, the replay,
-    the accuracy against the float model."""
-    if not int8:
-        return []
-    source = int8["ranges"]
-    if source == "calibrated":
-        source = f"calibrated on {int8['calibration_samples']} samples"
-    check, accuracy = int8["check"], int8["accuracy"]
-    lines = [
-        f"int8 ({source}, io {int8['io']}): {len(int8['int8_layers'])} layers in int8, "
-        f"{int8['int8_ops']} int8 ops, {int8['float_ops']} float conv/dense ops",
-        *(f"  float: {layer} ({why})" for layer, why in int8["float_layers"].items()),
-        f"  int8 replay: {check['replayed_samples']} samples, {check['int8_tensors']} int8 "
-        f"tensors, {check['one_step_positions']} of {check['positions']} positions one step "
-        "apart (rounding)",
-        f"  against the {accuracy.get('against', 'float model')}: argmax agreement "
-        f"{accuracy['float_argmax_agreement']:.4g}",
-    ]
-    if accuracy["float_top1"] is not None:
-        lines[-1] += (
-            f", top-1 {100 * accuracy['float_top1']:.2f} % -> {100 * accuracy['int8_top1']:.2f} "
-            f"% ({accuracy['top1_drop_points']:+.2f} points lost) on {accuracy['labelled']} "
-            "labelled samples"
-        )
-    return lines
+_INT8_TIES = {
+    "tie_samples": "replayed at int8 steps: one-step rounding and sign ties alike",
+    "tie_positions": "binarization signs tied, of those",
+}
 
 
-def _cell(key: str, value: Any) -> str:
-    """A field of the table; `lce_settings` says what it means for an app."""
+def _replayed(check: dict[str, Any]) -> str:
+    """What a check's replay took: samples that agreed only once the candidate's binarization
+    signs (and, for an int8 check, its int8 activations, one step apart by rounding) were
+    imposed, and how many signs it imposed against the reference's own."""
+    samples, signs = len(check["tie_samples"]), check["tie_positions"]
+    if "int8" in check["candidate"]:
+        return f"{samples} samples replayed at int8 steps, {signs} binarization signs tied"
+    return f"{samples} tie samples, {signs} tie positions"
+
+
+def _cell(key: str, value: Any, int8: bool = False) -> str:
+    """A field of the table; `lce_settings` says what it means for an app, an int8 model's
+    `tie_samples` and `tie_positions` what its replay took."""
+    if int8 and key in _INT8_TIES:
+        return f"{format_value(value)} ({_INT8_TIES[key]})"
     if key != "lce_settings":
         return format_value(value)
     if not value:
@@ -381,6 +379,7 @@ def convert_run(
     loaded = _model_of(run)
     inputs, labels, references = _checks_of(run, onnx_path, samples, loaded)
     kernels = loaded.kernels if loaded is not None else None
+    names = sample_class_names(run) if run is not None else None  # for an app: the labels
     if int8:  # the int8 model is checked against its own quantized reference, not PyTorch's
         references = []
 
@@ -392,11 +391,12 @@ def convert_run(
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float),
         disabled_rewrites=tuple(disabled_rewrites), on_step=Steps("convert", progress),
-        trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
+        trust_twin=trust_twin, recorded_layers=recorded_layers(kernels),
         float_layers=float_layers, calibration=_calibration(calibration_samples), io=io,
-        max_accuracy_drop=max_accuracy_drop,
+        max_accuracy_drop=max_accuracy_drop, metadata=class_names_metadata(names),
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
+    loaded = time.perf_counter()  # the model, the samples and TensorFlow's import: "load"
     try:
         result = convert(
             onnx_path, output, target=target, inputs=inputs, options=options,
@@ -407,15 +407,20 @@ def convert_run(
         raise gate_refusal(error, refusal, "no flatbuffer kept") from None
     if refusal.is_file():  # an earlier refusal's diagnostics no longer describe this model
         files.remove([refusal])
-    copy = None
+    copy, copied = None, time.perf_counter()
     if batched_copy is not None:  # model-TARGET-bN.tflite for accuracy on a device, same gate
         if int8:  # the same int8 model: the batch-1 conversion's ranges, not calibrated again
             options = replace(options, int8_points=result.int8["tensor_points"])
         copy = _batched_copy(onnx_path, output, batched_copy, target, inputs, options, references)
     report = ConvertReport.from_result(result, fmt, time.perf_counter() - start)
+    report.stage_seconds = {
+        **_export_seconds(run), "load": round(loaded - start, 3), **result.stage_seconds,
+        **({"batched_copy": round(time.perf_counter() - copied, 3)} if copy else {}),
+    }  # fmt: skip
     report.float_layers = float_layers
     report.batched_copy = copy.to_json() if copy is not None else None
     report.binary_parameters = kernels.parameters if kernels is not None else None
+    report.class_names = names
     if report.trusted_twin is not None:  # never silent, whatever the output format
         options.step("accepted on the exact-grid twin alone (--trust-twin): see trusted_twin")
     for written in outputs:
@@ -427,6 +432,19 @@ def convert_run(
     if run is not None:
         report.save(run.root / report_name)
     return report
+
+
+def _export_seconds(run: RunDir | None) -> dict[str, float]:
+    """{"export": the seconds RUN_DIR/export.json records}, or {} (an ONNX file, no record)."""
+    import json
+
+    path = run.root / "export.json" if run is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return {"export": round(float(json.loads(path.read_text())["seconds"]), 3)}
+    except (ValueError, KeyError, TypeError):  # an unreadable record: no figure
+        return {}
 
 
 def _model_of(run: RunDir | None) -> LoadedModel | None:
@@ -473,12 +491,20 @@ def _recorded_float_layers(path: Path) -> str:
     return recorded_float_layers(path) if path.is_dir() else "float32"
 
 
-def binary_layer_count(kernels: BinaryKernels | None) -> int:
-    """How many of the recorded kernels are binary layers LCE must run binary (their input
-    binarized too); 0 when there is no record, or for kernels named without a trace."""
-    if kernels is None:
-        return 0
-    return sum(1 for kernel in kernels if kernel.binary_input)
+def recorded_layers(kernels: BinaryKernels | None) -> tuple[RecordedLayer, ...]:
+    """The recorded kernels that are binary layers LCE must run binary (their input binarized
+    too), as the converter reads them (`ConvertOptions.recorded_layers`); none when there is
+    no record, or for kernels named without a trace."""
+    from converters.gate.fallbacks import RecordedLayer
+    from converters.layer_map import TOP
+
+    found = []
+    for kernel in kernels if kernels is not None else []:
+        if kernel.binary_input:
+            module, _, op = kernel.layer.rpartition(": ")  # "blocks.0: conv2d"
+            module = TOP if module in ("", "(model)") else module
+            found.append(RecordedLayer(kernel.name, module, op, tuple(kernel.shape)))
+    return tuple(found)
 
 
 def _batched_copy(
@@ -525,7 +551,7 @@ def convert_batched_copy(
     inputs, _labels, references = _checks_of(run, onnx_path, None, loaded)
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress),
-        expected_binary_layers=binary_layer_count(loaded.kernels if loaded else None),
+        recorded_layers=recorded_layers(loaded.kernels if loaded else None),
     )  # fmt: skip
     if int8:  # the same int8 model as the batch-1 flatbuffer
         recorded = _int8_record(run, output)

@@ -29,7 +29,7 @@ from converters.gate import RTOL
 
 if TYPE_CHECKING:
     from bnnexport.nn.discover import BinaryKernels
-from bnnexport.convert import ConvertReport, binary_layer_count
+from bnnexport.convert import ConvertReport, recorded_layers
 
 EXPORTERS = ("legacy", "dynamo")
 
@@ -127,7 +127,7 @@ def convert_module(
     shape = tuple(example_input.shape)
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float), on_step=steps,
-        trust_twin=trust_twin, expected_binary_layers=binary_layer_count(kernels),
+        trust_twin=trust_twin, recorded_layers=recorded_layers(kernels),
         float_layers=float_layers, io=io, max_accuracy_drop=None,
         calibration=None if calibration is None else _module_inputs(calibration, shape),
     )  # fmt: skip

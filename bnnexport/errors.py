@@ -60,6 +60,11 @@ class ConfigError(BnnExportError):
     """An option or configuration value is out of range, inconsistent or from another version."""
 
 
+class ModelCodeError(ConfigError):
+    """The model's own code raised while it ran (its forward), where no input could be to blame:
+    named with its type, message and the model's file and line."""
+
+
 class NoBinaryKernelError(ConfigError):
     """A model in which no binary kernel was found (or named)."""
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bnnexport.errors import ConfigError, ExporterError
+from bnnexport.errors import ConfigError, DataError, ExporterError
 from bnnexport.nn.int8 import for_export
 from bnnexport.run import files, provenance
 from bnnexport.run.checkpoint import open_model
@@ -82,14 +82,21 @@ def _check_binary(run: RunDir) -> None:
     require_strict(verify_run(run.root))
 
 
-def _save_samples(run: RunDir, inputs: np.ndarray, labels: np.ndarray) -> None:
+def _save_samples(
+    run: RunDir, inputs: np.ndarray, labels: np.ndarray, names: list[str] | None
+) -> None:
     buffer = io.BytesIO()
-    np.savez(buffer, inputs=inputs, labels=labels)
+    named = {"class_names": np.array(names, dtype=str)} if names else {}
+    np.savez(buffer, inputs=inputs, labels=labels, **named)
     write_bytes_atomic(run.samples, buffer.getvalue())
 
 
-def run_test_samples(checkpoint: dict, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `samples` test images (NCHW float32) and labels of the run's data set.
+def run_test_samples(
+    checkpoint: dict, samples: int
+) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+    """The first `samples` test images (NCHW float32) and labels of the run's data set, and
+    its class names (None: unnamed); DataError when the data set's classes are no longer the
+    ones the run trained on (a class folder added, removed or renamed since).
 
     A run without a data set (`bnnexport init` without --dataset) gets seeded random inputs of
     the model's shape instead, on a 1/64 grid in [-1, 1] (so float sums are exact in every
@@ -99,6 +106,7 @@ def run_test_samples(checkpoint: dict, samples: int) -> tuple[np.ndarray, np.nda
     from bnnexport.datasets import load_dataset, recorded_options
 
     config = checkpoint.get("config") or {}
+    names = checkpoint.get("class_names")
     if "dataset" not in config:
         shape = [int(v) for v in checkpoint["model_kwargs"]["input_shape"]]
         grid = np.random.default_rng(0).integers(-64, 65, size=(samples, *shape))
@@ -111,11 +119,17 @@ def run_test_samples(checkpoint: dict, samples: int) -> tuple[np.ndarray, np.nda
             augment=False,
             **recorded_options(config["dataset"], config.get("dataset_options", {})),
         )
+        if names and data.class_names and list(names) != list(data.class_names):
+            raise DataError(
+                f"{config['dataset']} now has the classes {data.class_names}, the run trained "
+                f"on {list(names)}: its labels are not the model's outputs"
+            )
         count = min(samples, len(data.test))
         pairs = [data.test[k] for k in range(count)]
         inputs = torch.stack([x for x, _ in pairs]).numpy().astype(np.float32)
         labels = np.asarray([int(y) for _, y in pairs], dtype=np.int64)
-    return inputs, labels
+        names = names or data.class_names  # a run from before names were recorded
+    return inputs, labels, names
 
 
 def onnx_export(model: torch.nn.Module, example: torch.Tensor, path: Path, **options: Any) -> None:
@@ -170,9 +184,12 @@ def onnx_gate(
     from converters.gate import GateOptions, OnnxProbe, Replay, validate
     from converters.gate.predicate import UNPROBED_FLIPS
     from converters.gate.quantized import CachedWitness, activation_points
+    from converters.graph import load_onnx
+    from converters.normalize import normalized_or_as_is
 
     own = not probes.has_quantizers(model)
-    graph = _probed_graph(path, own)
+    # a model of your own: as the normaliser writes it (its sign idioms canonical)
+    graph = normalized_or_as_is(load_onnx(path)) if own else load_onnx(path)
     # ONNX Runtime's outputs come from the probe session that also witnesses its signs: the
     # probe's extra outputs change ORT's fusions, hence its rounding, so a plain session could
     # land on the other side of a tie than its own witness (QuickNet-Small at 224 did).
@@ -186,43 +203,36 @@ def onnx_gate(
     # the candidate is a reference runtime on the unmodified export: a value PyTorch and ONNX
     # Runtime split on, however often it recurs, is a split between references
     imposer = witness.run if int8 else None
-    options, unprobed = GateOptions(rtol=RTOL), None
     try:
-        built = probes.TracedProbe(model, graph, inputs[0], imposer) if own else None
+        probe_of = _torch_probe(model, path if not own else graph, inputs[0], imposer, own)
     except probes.UntraceableModel as why:
-        options, unprobed = GateOptions(rtol=RTOL, unprobed_flips=UNPROBED_FLIPS), str(why)
-    replay = None if unprobed else Replay(
-        (lambda: built) if own else (lambda: probes.TorchProbe(model, path, imposer)),
-        witness.as_witness(), judged=frozenset(),
-    )  # fmt: skip
-    names = ("PyTorch", "ONNX Runtime")
-    try:
-        gate = validate(reference, candidate, inputs, options, names, replay)
-    except ConversionMismatchError as error:
-        if unprobed is None:
-            raise
-        raise ConversionMismatchError(
-            f"{error} (PyTorch's signs cannot be replayed: {unprobed})",
-            {**error.diagnostics, "unprobed": unprobed},
-        ) from None
-    return candidate, gate
+        options = GateOptions(rtol=RTOL, unprobed_flips=UNPROBED_FLIPS)
+        try:
+            return candidate, validate(reference, candidate, inputs, options, _NAMES)
+        except ConversionMismatchError as error:
+            raise ConversionMismatchError(
+                f"{error} (PyTorch's signs cannot be replayed: {why})",
+                {**error.diagnostics, "unprobed": str(why)},
+            ) from None
+    replay = Replay(probe_of, witness.as_witness(), judged=frozenset())
+    return candidate, validate(reference, candidate, inputs, GateOptions(rtol=RTOL), _NAMES, replay)
 
 
-def _probed_graph(path: Path, own: bool) -> Any:
-    """The exported graph as ONNX Runtime probes it: a model of your own's normalised (its sign
-    idioms canonical; the file itself where the normaliser refuses it: the gate then names
-    what it cannot match), a bnnexport model's as exported (canonical already)."""
-    from converters.errors import ConverterError
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
+_NAMES = ("PyTorch", "ONNX Runtime")
 
-    graph = load_onnx(path)
+
+def _torch_probe(
+    model: torch.nn.Module, graph: Any, sample: np.ndarray, imposer: Any, own: bool
+) -> Any:
+    """A builder of PyTorch's sign probe: bnnexport's `Quantizer` hooks, built when a sample
+    needs a replay; a model of your own's traced binarizations, built now (UntraceableModel when
+    they cannot be matched with `graph`'s)."""
+    from bnnexport.nn import torch_probe as probes
+
     if not own:
-        return graph
-    try:
-        return normalize(graph)[0]
-    except ConverterError:
-        return graph
+        return lambda: probes.TorchProbe(model, graph, imposer)
+    built = probes.TracedProbe(model, graph, sample, imposer)
+    return lambda: built
 
 
 def check_onnx(
@@ -283,7 +293,7 @@ def export_onnx(
     # a model trained with int8 float layers: its kernels as constants on their int8 grid
     checkpoint, model = loaded.checkpoint, for_export(loaded.model)
     _check_binary(run)
-    inputs, labels = run_test_samples(checkpoint, samples)
+    inputs, labels, names = run_test_samples(checkpoint, samples)
 
     from converters.patterns import find_binary_layers
 
@@ -304,7 +314,7 @@ def export_onnx(
         payload = path.read_bytes()
     if destination == run.onnx:
         provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
-        _save_samples(run, inputs, labels)  # only now: a refused model leaves none
+        _save_samples(run, inputs, labels, names)  # only now: a refused model leaves none
         write_bytes_atomic(run.onnx, payload)
         provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
         provenance.record(run.root, "samples.npz", ["checkpoint.pt"])

@@ -3,7 +3,9 @@ line (`--model mynets:small_bnn`, `--dataset mydata:load`).
 
 The string is what a run records (config.json, the checkpoint), so `export`, `convert`, `bench`
 and `--resume` import the same object again. The module is imported as Python would import it,
-with the current directory on the path first (as `python -m` puts it there).
+with the current directory on the path first (as `python -m` puts it there). The run records
+the source file that defines the object too (`source_of`: its path and SHA-256), so a later
+stage can say when that file changed since (`changed_source`).
 
 Example:
     >>> import_object("math:sqrt", "--model")(4.0)
@@ -16,11 +18,15 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bnnexport.errors import BnnExportError, ConfigError
@@ -70,3 +76,70 @@ def call_with_accepted(function: Callable[..., Any], option: str, **kwargs: Any)
     except Exception as error:
         detail = str(error).splitlines()[0] if str(error) else ""
         raise ConfigError(f"{option} failed: {type(error).__name__}: {detail}") from None
+
+
+def source_of(spec: str) -> dict[str, str] | None:
+    """{"path", "sha256"} of the Python file that defines the object `spec` names (a factory's
+    own module, or where it was defined when imported from elsewhere); None for a registered
+    name, or an object without a source file."""
+    if not is_import_string(spec):
+        return None
+    found = import_object(spec, "--model")
+    try:
+        path = inspect.getsourcefile(found) or inspect.getfile(found)
+    except TypeError:  # a builtin, or an object of no file
+        return None
+    path = os.path.abspath(path)
+    return {"path": path, "sha256": _sha256(path)} if os.path.isfile(path) else None
+
+
+def changed_source(recorded: Any) -> str | None:
+    """Why the source file a run `recorded` (`source_of`) is no longer the one it trained
+    with, in one line: changed or gone; None when it is unchanged (or nothing was recorded)."""
+    if not isinstance(recorded, dict) or "path" not in recorded or "sha256" not in recorded:
+        return None
+    path = recorded["path"]
+    if not os.path.isfile(path):
+        return f"the model's source {path} is gone: the model is rebuilt from whatever imports now"
+    now = _sha256(path)
+    if now == recorded["sha256"]:
+        return None
+    return (
+        f"the model's source {path} changed since the run recorded it (sha256 "
+        f"{recorded['sha256'][:12]} -> {now[:12]}): the model rebuilt from it may not be the "
+        "one trained"
+    )
+
+
+def _sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def user_frame(error: BaseException) -> str | None:
+    """ "FILE:LINE, in FUNCTION" of the frame that raised `error` when it is the user's own code
+    (not torch's, bnnexport's, the standard library's or an installed package's; FILE relative
+    to the current directory when below it), else None."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames or _is_library(frames[-1].filename):
+        return None
+    last = frames[-1]
+    path = os.path.abspath(last.filename)
+    shown = os.path.relpath(path) if _below(path, os.getcwd()) else path
+    return f"{shown}:{last.lineno}, in {last.name}"
+
+
+def _libraries() -> tuple[str, ...]:
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))  # bnnexport itself
+    paths = sysconfig.get_paths()
+    return (os.path.dirname(torch.__file__), here, paths["stdlib"], paths["purelib"],
+            paths["platlib"])  # fmt: skip
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith("<") or any(_below(filename, root) for root in _libraries())
+
+
+def _below(filename: str, root: str) -> bool:
+    return os.path.abspath(filename).startswith(os.path.abspath(root) + os.sep)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from bnnexport.errors import CheckpointError, ConfigError
-from bnnexport.imports import import_object, is_import_string
+from bnnexport.imports import import_object, is_import_string, source_of
 from bnnexport.models import create_model, model_info
 from bnnexport.nn.discover import BinaryKernels, find_binary_kernels
 from bnnexport.nn.layers import batch_norms
@@ -92,6 +92,7 @@ def save_untrained_checkpoint(
         {
             "model_name": name,
             "model_kwargs": {k: v for k, v in model.bnnexport_config.items() if k != "name"},
+            "model_source": source_of(name),
             "model": state,
             "binary_kernels": kernels.to_json(),
             "latent": None,
@@ -194,6 +195,7 @@ def _write_init_run(
         "epochs": 0,
         "initialised_only": True,
         "binary_kernels": kernels.to_json(),
+        "model_source": source_of(name),
     }
     if dataset is not None:
         config.update(dataset=dataset, data_dir=data_dir)

@@ -10,7 +10,7 @@ Example:
     >>> from bnnexport.pack import pack
     >>> from bnnexport.run.checkpoint import load_packed
     >>> report = pack("runs/demo")                          # doctest: +SKIP
-    >>> round(report.ratio, 3), round(report.binary_ratio, 4)  # doctest: +SKIP
+    >>> round(report.file_ratio, 3), round(report.binary_kernel_ratio, 4)  # doctest: +SKIP
     (0.035, 0.0312)
     >>> model = load_packed("runs/demo/model.safetensors")  # doctest: +SKIP
 """
@@ -33,19 +33,20 @@ class PackReport(Report):
     """What `bnnexport pack` prints and writes to RUN_DIR/pack.json.
 
     `float32_bytes` is the model state at float32 (what a plain float checkpoint of the weights
-    takes), `packed_bytes` the whole model.safetensors file, header and metadata included;
-    `binary_*` count the binary kernels alone.
+    takes), `packed_bytes` the whole model.safetensors file, header and metadata included, and
+    `file_ratio` the one over the other; `binary_*` count the binary kernels alone
+    (`binary_kernel_ratio`: their packed bytes over their float32 bytes, 1/32 at best).
     """
 
     packed: str
     model: str
     float32_bytes: int
     packed_bytes: int
-    ratio: float
+    file_ratio: float
     binary_parameters: int
     binary_float32_bytes: int
     binary_packed_bytes: int
-    binary_ratio: float
+    binary_kernel_ratio: float
     real_bytes: int
     header_bytes: int
     checkpoint_bytes: int
@@ -79,11 +80,11 @@ def pack(run_dir: str | os.PathLike) -> PackReport:
         model=checkpoint["model_name"],
         float32_bytes=sizes["float32_bytes"],
         packed_bytes=len(payload),
-        ratio=len(payload) / sizes["float32_bytes"],
+        file_ratio=len(payload) / sizes["float32_bytes"],
         binary_parameters=sizes["binary_parameters"],
         binary_float32_bytes=sizes["binary_float32_bytes"],
         binary_packed_bytes=sizes["binary_packed_bytes"],
-        binary_ratio=sizes["binary_packed_bytes"] / max(sizes["binary_float32_bytes"], 1),
+        binary_kernel_ratio=sizes["binary_packed_bytes"] / max(sizes["binary_float32_bytes"], 1),
         real_bytes=sizes["real_bytes"],
         header_bytes=len(payload) - tensor_bytes,
         checkpoint_bytes=run.checkpoint.stat().st_size,

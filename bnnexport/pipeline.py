@@ -50,7 +50,7 @@ def _highlight(name: str, stages: dict[str, dict[str, Any]]) -> str:
     keys = {
         "train": ("test_accuracy",),
         "verify": ("strict", "binary_parameters"),
-        "pack": ("packed_bytes", "ratio"),
+        "pack": ("packed_bytes", "file_ratio", "binary_kernel_ratio"),
         "export": ("onnx_accuracy", "argmax_agreement"),
         "convert": ("lce_bconv2d", "argmax_agreement", "lce_bytes"),
     }.get(name, ())

@@ -1,9 +1,12 @@
-"""A minimal TFLite flatbuffer reader: the operators a model holds, its signature's outputs, and
-its constant tensors of one element type.
+"""A minimal TFLite flatbuffer reader: the operators a model holds, its signature's outputs, its
+constant tensors of one element type, and its metadata (with the one writer: metadata added).
 
 Enough of the schema to list operators (LCE's custom ops by name, e.g. `LceBconv2d`) with their
 tensors' names, shapes and element types, and to read a constant's values, without importing
-TensorFlow.
+TensorFlow. A flatbuffer's `metadata` is TFLite's list of named buffers, which interpreters
+ignore and apps read (TFLite's C++ `FlatBufferModel::ReadAllMetadata`): `with_metadata` adds
+entries (bnnexport writes the class names there) through TF's generated schema, `metadata`
+reads them back.
 
 Example:
     >>> from converters.flatbuffer import op_histogram
@@ -18,6 +21,7 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,8 +51,9 @@ def _deref(buf: bytes, at: int) -> int:
     return at + struct.unpack_from("<I", buf, at)[0]
 
 
-def _builtin_names() -> dict[int, str]:
-    """BuiltinOperator names from TF's generated schema, loaded without importing TensorFlow."""
+def _schema() -> Any:
+    """TF's generated TFLite schema module, loaded without importing TensorFlow; None without
+    TensorFlow."""
     spec = importlib.util.find_spec("tensorflow")
     if spec and spec.submodule_search_locations:
         path = (
@@ -59,10 +64,17 @@ def _builtin_names() -> dict[int, str]:
             module = importlib.util.module_from_spec(module_spec)
             try:
                 module_spec.loader.exec_module(module)
-                ops = module.BuiltinOperator
-                return {v: k for k, v in vars(ops).items() if isinstance(v, int)}
+                return module
             except Exception:
                 pass
+    return None
+
+
+def _builtin_names() -> dict[int, str]:
+    """BuiltinOperator names from TF's generated schema (`_schema`)."""
+    schema = _schema()
+    if schema is not None:
+        return {v: k for k, v in vars(schema.BuiltinOperator).items() if isinstance(v, int)}
     return {0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D",
             4: "DEPTHWISE_CONV_2D", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL",
             22: "RESHAPE", 25: "SOFTMAX", 32: "CUSTOM", 34: "PAD", 39: "TRANSPOSE",
@@ -187,6 +199,44 @@ def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+# the kind a global average pool counts as in `op_kinds`, whichever op writes it
+GLOBAL_AVERAGE_POOL = "GLOBAL_AVERAGE_POOL"
+
+
+def op_kinds(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
+    """`op_histogram` of the main subgraph with two spellings of one computation counted as
+    one kind, as docs/BENCHMARKS.md "Op parity" compares flatbuffers:
+
+    - a global average pool is `GLOBAL_AVERAGE_POOL`, whether written as MEAN or as an
+      AVERAGE_POOL_2D whose output is 1x1 (LCE's `convert_keras_model` writes Keras' global
+      pool as the one, bnnexport's translator ONNX's GlobalAveragePool as the other);
+    - LCE's max-pool on packed bits, `LceBMaxPool2d`, is a MAX_POOL_2D: LCE writes it for a
+      max-pool between a bconv and the next binarization, where it replaces the float
+      MAX_POOL_2D (and the BatchNorm and LceQuantize around it).
+
+    >>> kinds_beyond({"ADD": 3, "MEAN": 1}, {"ADD": 2, "MUL": 4})
+    {'ADD': (3, 2), 'MEAN': (1, 0)}
+    """
+    counts: Counter[str] = Counter()
+    for op in flatbuffer_ops(flatbuffer_bytes):
+        pooled = op.output_shapes[0] if op.output_shapes else []
+        whole_map = len(pooled) == 4 and pooled[1:3] == [1, 1]
+        if op.op_type in ("MEAN", "AVERAGE_POOL_2D") and whole_map:
+            counts[GLOBAL_AVERAGE_POOL] += 1
+        elif op.op_type == "LceBMaxPool2d":
+            counts["MAX_POOL_2D"] += 1
+        else:
+            counts[op.op_type] += 1
+    return dict(sorted(counts.items()))
+
+
+def kinds_beyond(kinds: dict[str, int], reference: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """{op kind: (its count in `kinds`, in `reference`)} for every kind `kinds` has more often."""
+    return {
+        k: (n, reference.get(k, 0)) for k, n in sorted(kinds.items()) if n > reference.get(k, 0)
+    }
+
+
 def _string(buf: bytes, at: int) -> str:
     start = _deref(buf, at)
     length = struct.unpack_from("<I", buf, start)[0]
@@ -283,3 +333,54 @@ def output_step(flatbuffer_bytes: bytes | str | Path) -> float | None:
 def _tensor_name(buf: bytes, tensor: tuple[int, list[int]]) -> str:
     at = _field(buf, tensor, 3)
     return _string(buf, at) if at is not None else ""
+
+
+def metadata(flatbuffer_bytes: bytes | str | Path) -> dict[str, bytes]:
+    """The flatbuffer's metadata: each entry's name and the bytes of its buffer (TFLite's own,
+    such as `min_runtime_version`, and any `with_metadata` added)."""
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        buffers = [_table(buf, _deref(buf, at)) for at in _vector(buf, _field(buf, model, 4))]
+        entries = _field(buf, model, 6)
+        found = {}
+        for at in _vector(buf, entries) if entries else []:
+            entry = _table(buf, _deref(buf, at))
+            index = _field(buf, entry, 1)
+            data = _field(buf, buffers[struct.unpack_from("<I", buf, index)[0] if index else 0], 0)
+            start = _deref(buf, data) if data is not None else None
+            size = struct.unpack_from("<I", buf, start)[0] if start is not None else 0
+            found[_string(buf, _field(buf, entry, 0))] = (
+                buf[start + 4 : start + 4 + size] if size else b""
+            )
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return found
+
+
+def with_metadata(flatbuffer_bytes: bytes, entries: dict[str, bytes]) -> bytes:
+    """The flatbuffer with `entries` added to its metadata (an entry of the same name
+    replaced), written anew through TF's generated schema; nothing else changes (the caller
+    checks the interpreter computes the same: `converters.lce`)."""
+    import flatbuffers
+
+    schema = _schema()
+    if schema is None:
+        raise InvalidModelError("writing flatbuffer metadata needs TensorFlow's TFLite schema")
+    model = schema.ModelT.InitFromPackedBuf(read_flatbuffer(flatbuffer_bytes), 0)
+    model.metadata = [m for m in model.metadata or [] if _text(m.name) not in entries]
+    model.buffers = model.buffers or []
+    for name, value in entries.items():
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(value, np.uint8)
+        model.buffers.append(buffer)
+        entry = schema.MetadataT()
+        entry.name, entry.buffer = name, len(model.buffers) - 1
+        model.metadata.append(entry)
+    builder = flatbuffers.Builder(len(flatbuffer_bytes) + sum(map(len, entries.values())) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def _text(value: str | bytes | None) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

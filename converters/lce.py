@@ -40,15 +40,17 @@ import numpy as np
 import onnx
 
 from converters.errors import ConverterError
-from converters.flatbuffer import op_histogram
+from converters.flatbuffer import flatbuffer_ops, op_histogram, with_metadata
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.gate.fallbacks import (
+    RecordedLayer,
     fallback_reasons,
     grouped_refusals,
     lookalike_layers,
     refuse_fallbacks,
     refuse_unknown_layers,
+    transposed_refusals,
     unrecognised_layers,
 )
 from converters.gate.quantized import check_int8
@@ -56,11 +58,17 @@ from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
 from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
-from converters.runtimes import lce_kernel_settings
+from converters.runtimes import lce_kernel_settings, run_lce
 from converters.translate import first_unsupported, translate
 
 TARGETS = ("arm64", "arm32")
 RANDOM_SAMPLES = 16
+# `ConversionResult.stage_seconds`, in order, adding up to `seconds`: the normaliser and the
+# checks before TensorFlow; tracing the translated tf.function and saving it (TensorFlow's
+# import on first use included); LCE's converter; the stock TFLite converter (only with a float
+# model asked for); the gate's comparisons (with any witness conversion and tie replay) and the
+# writing; the exact-grid twin (its translation, conversion and comparison)
+STAGES = ("normalise", "translate", "lce_converter", "tflite_converter", "gate", "twin")
 
 
 @dataclass
@@ -73,7 +81,7 @@ class ConversionResult:
     target: str
     binary_layers: int
     lce_bconv2d: int
-    float_conv2d: int
+    float_conv2d: int  # CONV_2D and DEPTHWISE_CONV_2D reading float32
     fully_connected: int
     op_histogram: dict[str, int]
     samples: int
@@ -81,7 +89,7 @@ class ConversionResult:
     batch: int  # the batch the flatbuffer takes
     onnx_bytes: int
     lce_bytes: int
-    tflite_float_bytes: int = 0
+    tflite_float_bytes: int | None = None  # None: no float model asked for, none built
     float_output: Path | None = None
     seconds: float = 0.0
     gates: list[GateReport] = field(default_factory=list)
@@ -95,6 +103,9 @@ class ConversionResult:
     lce_settings: dict[str, bool] = field(default_factory=dict)
     # with float_layers "int8": `converters.int8_result.Int8Result.to_json()`
     int8: dict | None = None
+    int8_conv2d: int = 0  # CONV_2D and DEPTHWISE_CONV_2D reading int8
+    # where `seconds` went, stage by stage (`STAGES`; docs/BENCHMARKS.md "Conversion time")
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def gate(self, reference: str, candidate: str = "LCE") -> GateReport | None:
         """The gate report comparing `candidate` with `reference`, if that check ran."""
@@ -140,10 +151,11 @@ class ConvertOptions:
     # convert a model the real-weight check cannot decide (InconclusiveCheckError) when the
     # exact-grid twin passes; the result's `trusted_twin` records it
     trust_twin: bool = False
-    # how many binary layers (binary kernel, binarized input) the model itself has, as its
-    # framework recorded them (0: unknown). A graph showing fewer lost a binarization the
-    # normaliser does not recognise, and that layer would stay float: refused like a fallback
-    expected_binary_layers: int = 0
+    # the binary layers (binary kernel, binarized input) the model itself has, as its
+    # framework recorded them (empty: unknown). A graph showing fewer lost a binarization the
+    # normaliser does not recognise, and that layer would stay float: refused like a
+    # fallback, naming each lost layer and why (`converters.gate.fallbacks.unrecognised_layers`)
+    recorded_layers: tuple[RecordedLayer, ...] = ()
     # called with a short line as each step starts (a progress display); None: silent
     on_step: Callable[[str], None] | None = None
     # "int8": the float layers run in int8, calibrated on `calibration` (default: the check
@@ -159,6 +171,9 @@ class ConvertOptions:
     max_accuracy_drop: float | None = 1.0
     # int8: the flatbuffer's input and output types ("int8": no QUANTIZE / DEQUANTIZE at the ends)
     io: str = "float32"
+    # entries added to the flatbuffer's metadata after every check (name -> bytes: what an
+    # app on the device reads, e.g. bnnexport's class names); `converters.flatbuffer`
+    metadata: dict[str, bytes] = field(default_factory=dict, compare=False)
 
     def step(self, line: str) -> None:
         """Report that the step `line` starts (to `on_step`, when there is one)."""
@@ -212,7 +227,8 @@ def convert_onnx(
     graph = OnnxGraph.folded(model)
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
-    lookalikes.update(unrecognised_layers(len(binary), options.expected_binary_layers))
+    lookalikes.update(transposed_refusals(graph))
+    lookalikes.update(unrecognised_layers(graph, options.recorded_layers, binary))
     refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
     refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
     unsupported = first_unsupported(graph)  # the first in graph order, before TensorFlow too
@@ -228,14 +244,19 @@ def convert_onnx(
     if inputs is None:
         inputs = random_inputs(_input_shape(model))
     quantized = _quantized(model, inputs, options)
-    options.step("translate to TensorFlow, run the LCE and TFLite converters")
+    normalised = time.perf_counter()
+    float_model = write_float_tflite is not None  # built only when asked: a second converter
+    options.step(f"translate to TensorFlow, run the LCE{' and TFLite' * float_model} converter")
     if quantized is not None:
         translated = translate(quantized.model, float_model=False, int8_io=options.io == "int8")
     else:
-        translated = translate(model, float_model=True)
-    float_bytes = len(translated.float_flatbuffer or b"")
-    if write_float_tflite is None:  # only its size is reported: as big as the model, let it go
-        translated.float_flatbuffer = b""
+        translated = translate(model, float_model=float_model)
+    stage_seconds = {"normalise": normalised - start, **translated.seconds}
+    # TensorFlow's and LCE's import on first use, before the translator's own clock
+    stage_seconds["translate"] += (
+        time.perf_counter() - normalised - sum(translated.seconds.values())
+    )
+    float_bytes = len(translated.float_flatbuffer) if translated.float_flatbuffer else None
     flatbuffer, float_flatbuffer = translated.flatbuffer, translated.float_flatbuffer or b""
     histogram = op_histogram(flatbuffer)
     kernels = lce_kernel_settings(flatbuffer)
@@ -252,15 +273,25 @@ def convert_onnx(
         )  # fmt: skip
     else:
         checked, int8 = check_int8(quantized, translated, inputs, labels, options)
-        flatbuffer = translated.int8_io_flatbuffer or flatbuffer
+        if translated.int8_io_flatbuffer is not None:  # what is written: the int8-io copy
+            flatbuffer = translated.int8_io_flatbuffer
+            histogram = op_histogram(flatbuffer)
     gates = checked.gates
+    if options.metadata:
+        flatbuffer = _with_metadata(flatbuffer, options.metadata, inputs)
+    convs = _convs_by_input_type(flatbuffer)
     written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
+    # the gate: from the translator's end to the written flatbuffer, the twin apart
+    stage_seconds["gate"] = time.perf_counter() - start - sum(stage_seconds.values())
+    stage_seconds["gate"] -= checked.twin_seconds
+    stage_seconds["twin"] = checked.twin_seconds
     return ConversionResult(
         output=written,
         target=target,
         binary_layers=len(binary),
         lce_bconv2d=histogram.get("LceBconv2d", 0),
-        float_conv2d=histogram.get("CONV_2D", 0) + histogram.get("DEPTHWISE_CONV_2D", 0),
+        float_conv2d=convs["FLOAT32"],
+        int8_conv2d=convs["INT8"],
         fully_connected=histogram.get("FULLY_CONNECTED", 0),
         op_histogram=histogram,
         samples=len(inputs),
@@ -278,7 +309,29 @@ def convert_onnx(
         trusted_twin=checked.trusted_twin,
         lce_settings=kernels.flags,
         int8=int8,
+        stage_seconds={k: round(v, 3) for k, v in stage_seconds.items()},
     )
+
+
+def _with_metadata(flatbuffer: bytes, entries: dict[str, bytes], inputs: np.ndarray) -> bytes:
+    """The checked flatbuffer with `entries` in its metadata, proven the same model: the same
+    ops, and LCE's outputs on the first check samples bit for bit the checked one's."""
+    written = with_metadata(flatbuffer, entries)
+    probe = inputs[:4]
+    same = op_histogram(written) == op_histogram(flatbuffer)
+    if not (same and np.array_equal(run_lce(written, probe), run_lce(flatbuffer, probe))):
+        raise ConverterError("internal error: adding metadata changed the flatbuffer's model")
+    return written
+
+
+def _convs_by_input_type(flatbuffer: bytes) -> dict[str, int]:
+    """How many CONV_2D and DEPTHWISE_CONV_2D ops read FLOAT32 and how many INT8."""
+    convs = [op for op in flatbuffer_ops(flatbuffer) if op.op_type in FLOAT_CONVS]
+    int8 = sum(1 for op in convs if op.input_types[:1] == ["INT8"])
+    return {"FLOAT32": len(convs) - int8, "INT8": int8}
+
+
+FLOAT_CONVS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 
 
 def _check_int8_options(options: ConvertOptions, write_float_tflite: object) -> None:
@@ -317,7 +370,7 @@ def _quantized(model: onnx.ModelProto, inputs: np.ndarray, options: ConvertOptio
     given = {t: QuantPoint(**p) for t, p in (options.int8_points or {}).items()}
     source = "given" if given else f"from {len(calibration)} samples"
     options.step(f"int8: quantize the float layers (ranges {source})")
-    return quantize(model, calibration, given)
+    return quantize(model, calibration, given, int8_outputs=options.io == "int8")
 
 
 def _write_all(

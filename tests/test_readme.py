@@ -154,16 +154,23 @@ def test_readme_own_model_example_runs_to_a_bench_number(tmp_path):
 
 
 def test_the_papers_to_cite_are_in_citation_cff_and_the_readme():
-    """Bop's paper is the one to cite, Bop2ndOrder's beside it for `--optimizer bop2`
-    (CITATION.cff was checked against the CFF 1.2.0 schema with cffconvert --validate)."""
+    """Bop's paper is the one to cite, Bop2ndOrder's beside it for `--optimizer bop2`, Larq
+    Compute Engine's and larq's for what rests on them (CITATION.cff was checked against the
+    CFF 1.2.0 schema with cffconvert 2.0.0 --validate)."""
     cff = (README.parent / "CITATION.cff").read_text()
     preferred, _, references = cff.partition("\nreferences:\n")
     assert "cff-version: 1.2.0" in cff and "preferred-citation:" in preferred
     assert 'value: "arXiv:1906.02107"' in preferred and "Latent Weights Do Not Exist" in preferred
     assert 'value: "arXiv:2104.05124"' in references and "A Bop and Beyond" in references
+    assert 'value: "arXiv:2011.09398"' in references and "MLSys 2021" in references
+    assert 'doi: "10.21105/joss.01746"' in references and "Larq: An Open-Source" in references
+    # every reference is a list item with a type, a title, authors and a year
+    items = ("\n" + references).split("\n  - type: ")[1:]
+    assert len(items) == 3 and all("\n    title: " in i and "\n    year: " in i for i in items)
     cite = README.read_text().partition("\n## Cite\n")[2].partition("\n## ")[0]
-    assert "https://arxiv.org/abs/1906.02107" in cite and "bop2" in cite
-    entries = re.findall(r"@inproceedings\{(\w+),(.*?)\n\}", cite, re.S)
-    eprints = [re.search(r"eprint\s*=\s*\{([\d.]+)\}", body).group(1) for _, body in entries]
-    assert eprints == ["1906.02107", "2104.05124"]
+    assert "https://arxiv.org/abs/1906.02107" in cite and "bop2" in cite and "zoo list" in cite
+    entries = re.findall(r"@(?:inproceedings|article)\{(\w+),(.*?)\n\}", cite, re.S)
+    eprints = [re.search(r"(?:eprint|doi)\s*=\s*\{([\w./]+)\}", body).group(1)
+               for _, body in entries]  # fmt: skip
+    assert eprints == ["1906.02107", "2104.05124", "2011.09398", "10.21105/joss.01746"]
     assert all(body.count("{") == body.count("}") for _, body in entries)

@@ -49,6 +49,23 @@ def model_family(path: Path, target: str = "arm64") -> tuple[Path | None, Path |
     return None, path
 
 
+# what a file bench cannot take is, by its suffix, and what to give instead
+_OTHER_FILES = {
+    ".png": "an image (`compare` and `bench` draw these)",
+    ".jpg": "an image",
+    ".md": "a report (`bench` writes report.md)",
+    ".json": "a JSON file (a stage's report)",
+    ".jsonl": "a metrics file",
+    ".pt": "a checkpoint (bench the run directory it is in)",
+    ".safetensors": "a packed model (bench the run directory it is in)",
+    ".npz": "a samples archive (give it as --samples-file)",
+}
+
+
+def _what_file(path: Path) -> str:
+    return _OTHER_FILES.get(path.suffix.lower(), f"a {path.suffix or 'suffix-less'} file")
+
+
 def bench_model_file(
     path: str | Path,
     options: BenchOptions = BenchOptions(),
@@ -70,6 +87,11 @@ def bench_model_file(
     from bnnexport.run.samples import read_samples_file
 
     path = Path(path)
+    if path.is_file() and path.suffix not in MODEL_SUFFIXES:
+        raise CheckpointError(
+            f"{path} is {_what_file(path)}; bench takes a run directory, an LCE flatbuffer "
+            "(.tflite) or an ONNX model (.onnx)"
+        )
     if path.suffix not in MODEL_SUFFIXES or not path.is_file():
         raise CheckpointError(f"no such run directory, flatbuffer or ONNX file: {path}")
     outputs_of = _file_outputs(path)

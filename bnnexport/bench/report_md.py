@@ -285,13 +285,19 @@ def _machines(host: dict[str, Any], device: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _at_threads(b: Any) -> str:
+    """ ", 4 threads": which of a device's rows (one per thread count) a section is of."""
+    threads = b.extra.get("threads")
+    return f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
+
+
 def _device_sections(b: Any) -> list[str]:
     """The op profile, and how the device's latency and accuracy were measured."""
     lines: list[str] = []
     if b.extra.get("op_types"):
         lines += [
             "",
-            f"## Op profile on {b.where} (lce_benchmark_model)",
+            f"## Op profile on {b.where}{_at_threads(b)} (lce_benchmark_model)",
             "",
             "| op type | nodes | avg ms | % |",
             "|---|---|---|---|",

@@ -19,8 +19,9 @@ def pack_command(run_dir: str, as_json: bool) -> None:
     strictly ±1 is refused with exit 1 and nothing is written. Bits are 1 where the weight is -1
     (LCE's convention). The file is safetensors (never unpickled) with the model name, arguments,
     config, shapes and a content hash as metadata; `bnnexport.load_packed` and every command that
-    takes a checkpoint read it back. Prints float32 vs packed bytes and their ratio, and writes
-    RUN_DIR/pack.json.
+    takes a checkpoint read it back. Prints float32 vs packed bytes, file_ratio (the whole
+    packed file over the float32 weights) and binary_kernel_ratio (the binary kernels alone:
+    1/32), and writes RUN_DIR/pack.json.
     """
     from bnnexport.pack import pack
 

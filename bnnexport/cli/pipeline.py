@@ -1,6 +1,7 @@
 """`bnnexport pipeline`: train -> verify -> pack -> export -> convert -> bench in one command.
 
-The options are those of `bnnexport train` (except its --device, here --train-device) and of
+The options are those of `bnnexport train` (its --torch-device too; --train-device is the
+deprecated spelling here, and train's deprecated --device is left out) and of
 `bnnexport bench` (whose --device is the SSH device), taken from those commands themselves so
 they never drift apart.
 """
@@ -13,7 +14,7 @@ import click
 
 from bnnexport.cli.bench import bench_command, bench_options, device_target
 from bnnexport.cli.common import emit, given_options, handle_errors
-from bnnexport.cli.train import train_command, train_config
+from bnnexport.cli.train import resumed_out, train_command, train_config
 
 _TRAIN = [p for p in train_command.params if p.name not in ("device", "as_json")]
 _BENCH = [
@@ -35,6 +36,8 @@ def _pipeline(**options: Any) -> None:
     from bnnexport.pipeline import pipeline
 
     as_json = options.pop("as_json")
+    resume = options["resume"]  # `--resume RUN` is `--resume --out RUN`, as for train
+    options.update(resume=resume is not None, out=resumed_out(resume, options["out"]))
     ctx = click.get_current_context()
     given = {"device" if name == "train_device" else name for name in given_options(ctx)}
     config, explicit = train_config({**options, "device": options["train_device"]}, given)
@@ -59,10 +62,11 @@ pipeline_command = click.Command(
     params=[
         *_TRAIN,
         click.Option(
-            ["--train-device"],
+            ["--torch-device", "--train-device", "train_device"],
             default="cpu",
             show_default=True,
-            help="Torch device to train on (cpu, cuda, cuda:1).",
+            help="Torch device to train on (cpu, cuda, cuda:1), as train's --torch-device. "
+            "(--train-device is the deprecated spelling; --device is the SSH device.)",
         ),
         *_BENCH,
         click.Option(

@@ -18,8 +18,10 @@ def recipes_command(as_json: bool) -> None:
     Schedules are listed in epochs ('step:G0,FACTOR,EVERY_EPOCHS', 'linear:START,END,EPOCHS');
     train resolves them to optimizer steps for the data set and batch size it runs with, and
     scales them when --epochs differs, keeping their shape. Each recipe names its source, the
-    number published for it and where each hyperparameter comes from (the file and line of
-    the authors' code, plumerai/rethinking-bnn-optimization; `sources` in --json).
+    number published for it, where each hyperparameter comes from (the file and line of
+    the authors' code, plumerai/rethinking-bnn-optimization; `sources` in --json), the model
+    options and BatchNorm evaluation it trains with, and every way it departs from that code
+    or assumes what the code does not say, each with its line (`assumptions` in --json).
     """
     from bnnexport.datasets.imagefolder import IMAGENET
     from bnnexport.training.recipes import CODE, RECIPES
@@ -35,9 +37,12 @@ def recipes_command(as_json: bool) -> None:
         )
         if recipe.dataset_options.get("image_size") == IMAGENET:
             click.echo("    images: ImageNet's random-resized 224 crops (--image-size imagenet)")
+        options = {"bn_eval": recipe.bn_eval, **recipe.dataset_options, **recipe.model_kwargs}
+        options.pop("image_size", None)
+        click.echo("    trains with: " + ", ".join(f"{k}={v}" for k, v in options.items()))
         click.echo(f"    published: {recipe.published} ({recipe.source})")
         for assumption in recipe.assumptions:
-            click.echo(f"    assumed: {assumption}")
+            click.echo(f"    differs or assumed: {assumption}")
         for key, source in recipe.sources.items():
             click.echo(f"    {key}: {source.replace(CODE, '')}")
     click.echo(f"(file:line in {CODE.split()[0]}, {CODE.split()[1]})")

@@ -75,10 +75,11 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
 def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **options) -> None:
     """Train once per (γ, τ) setting and compare: the paper's Fig. 2 analysis on any data set.
 
-    Writes one run per setting, OUT/sweep.png (test accuracy and flip rate π_t per setting)
-    and OUT/sweep.json (final accuracies, flip rates, and whether a higher γ and a lower τ gave
-    more flips, as the paper says). Every option of `bnnexport train` but those a sweep sets
-    itself applies to every run.
+    Writes one run per setting, OUT/sweep.png (test accuracy and flip rate π_t per setting, a
+    column per hyperparameter the sweep varies, its value the curve's colour) and
+    OUT/sweep.json (final accuracies, flip rates over all binary weights and per layer, and
+    whether a higher γ and a lower τ gave more flips, as the paper says). Every option of
+    `bnnexport train` but those a sweep sets itself applies to every run.
     """
     from bnnexport.training.sweep import sweep
 
@@ -107,6 +108,8 @@ def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **
     verdict = "agrees" if report.ordering["agrees"] else "does NOT agree"
     click.echo(f"flip-rate ordering (higher γ, lower τ -> more flips) {verdict} with the paper; "
                f"figure: {report.figure}")  # fmt: skip
+    for note in report.notes:
+        click.echo(f"bnnexport: note: {note}", err=True)
 
 
 # Every option a sweep shares with `bnnexport train` comes from that command itself, so the two

@@ -27,7 +27,8 @@ from bnnexport.models import list_models
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.training.composite import OPTIMIZERS
-from bnnexport.training.config import DEFAULT_EPOCHS, TrainConfig, default_out
+from bnnexport.training.config import BN_EVAL, DEFAULT_EPOCHS, TrainConfig, default_out
+from bnnexport.training.schedules import SCHEDULE_FORMS
 from bnnexport.training.train import train
 
 DEFAULTS = TrainConfig()
@@ -42,6 +43,19 @@ def dataset_options(
     """The data set options given (config.json's `dataset_options`)."""
     given = {"image_size": image_size, "mean": mean, "std": std, "val_split": val_split}
     return {key: value for key, value in given.items() if value is not None}
+
+
+RESUME_OUT = "\0out"  # `--resume` without a value: the run in --out
+
+
+def resumed_out(resume: str | None, out: str | None) -> str | None:
+    """The --out of `--resume RUN` (how it is often typed first): RUN, unless --out names
+    another run (ConfigError)."""
+    if resume is None or resume == RESUME_OUT:
+        return out
+    if out is not None and os.path.abspath(out) != os.path.abspath(resume):
+        raise ConfigError(f"--resume {resume} --out {out}: two runs; give one (--resume RUN)")
+    return resume
 
 
 DATASET_OPTIONS = ("image_size", "mean", "std", "val_split")
@@ -75,6 +89,7 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
         device=values["device"], precision="amp" if values["amp"] else values["precision"],
         log_every=values["log_every"], eval_every=values["eval_every"],
         metrics_csv=values["metrics_csv"], sync_batchnorm=not values["per_process_batchnorm"],
+        bn_eval=values["bn_eval"],
         float_layers=values["float_layers"],
     )  # fmt: skip
     explicit = {name for name in given if name in fields}
@@ -189,21 +204,20 @@ def _from_recipe(
     "--gamma",
     default=str(DEFAULTS.gamma),
     show_default=True,
-    help="Bop adaptivity rate γ: a number, 'step:G0,FACTOR,EVERY_STEPS' or "
-    "'linear:START,END,STEPS'.",
+    help=f"Bop adaptivity rate γ in (0, 1]: {SCHEDULE_FORMS}.",
 )
 @click.option(
     "--threshold",
     default=str(DEFAULTS.threshold),
     show_default=True,
-    help="Bop flip threshold τ: a number or a schedule as for --gamma.",
+    help=f"Bop flip threshold τ >= 0 (finite): {SCHEDULE_FORMS}.",
 )
 @click.option(
     "--lr",
     default=str(DEFAULTS.lr),
     show_default=True,
-    help="Adam learning rate for real-valued parameters (and latent weights with "
-    "adam-latent): a number or a schedule.",
+    help="Adam learning rate >= 0 for real-valued parameters (and latent weights with "
+    f"adam-latent): {SCHEDULE_FORMS}.",
 )
 @click.option(
     "--sigma",
@@ -218,7 +232,14 @@ def _from_recipe(
     help="Epochs to train [default: 5]; with --resume, the total to reach "
     "[default: the run's own].",
 )
-@count_option("--batch-size", default=DEFAULTS.batch_size, help="Images per optimizer step.")
+@count_option(
+    "--batch-size",
+    default=DEFAULTS.batch_size,
+    help="Images per optimizer step, all processes together (a recipe's batch is one too): "
+    "under torchrun each of N processes takes batch-size / N, so schedules, steps per epoch "
+    "and every step's γ, τ and lr are those of one process; a batch N does not divide is "
+    "refused. config.json records it and batch_size_per_process.",
+)
 @click.option(
     "--seed",
     type=int,
@@ -252,7 +273,15 @@ def _from_recipe(
     is_flag=True,
     help="Also write metrics.csv (every metrics row, one column per layer value) each epoch.",
 )
-@click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
+@click.option(
+    "--resume",
+    is_flag=False,
+    flag_value=RESUME_OUT,
+    default=None,
+    metavar="[RUN]",
+    help="Continue the run in --out (or in RUN: `--resume RUN` is `--resume --out RUN`) from "
+    "its last checkpoint.",
+)
 @click.option(
     "--force",
     is_flag=True,
@@ -298,6 +327,15 @@ def _from_recipe(
     "statistics over the global batch, computed alike in one process and in N] Recorded in "
     "config.json (sync_batchnorm).",
 )
+@choice_option(
+    "--bn-eval",
+    choices=BN_EVAL,
+    default=DEFAULTS.bn_eval,
+    help="BatchNorm statistics for evaluation and the saved model. recalibrate: re-estimated "
+    "on 20 training batches before each evaluation and checkpoint (flips move "
+    "pre-activations faster than running averages follow); moving: the running averages "
+    "training kept, as Keras evaluates. A recipe takes the authors' (moving) unless given.",
+)
 @click.option(
     "--recipe",
     default=None,
@@ -335,6 +373,7 @@ def train_command(
     precision,
     amp,
     per_process_batchnorm,
+    bn_eval,
     float_layers,
     recipe,
     as_json,
@@ -342,9 +381,9 @@ def train_command(
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
 
     Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
-    GPUs); --batch-size is per process, so the effective batch is N times larger, and N
-    processes at --batch-size B/N train on the batches of one process at B, with BatchNorm
-    over the whole batch.
+    GPUs); --batch-size is the global batch, B/N images per process, so N processes train on
+    the batches of one process at B, with BatchNorm over the whole batch, the same steps and
+    schedules, and step rows that are the whole batch's.
 
     Checkpoints are written atomically after every epoch; an interrupted run continues with
     --resume, which removes what was made from the old checkpoint (ONNX model, flatbuffers,
@@ -352,6 +391,8 @@ def train_command(
     with --json; one line per epoch goes to stderr in every case (a CI log, `| tee`).
     """
     ctx = click.get_current_context()
+    ctx.params.update(resume=resume is not None, out=resumed_out(resume, out))
+    resume = ctx.params["resume"]
     config, explicit = train_config(ctx.params, given_options(ctx))
     # what train chose for the user (a recipe's scaled schedules, ...) is in report.notes and,
     # without --json, one `bnnexport: note:` line each

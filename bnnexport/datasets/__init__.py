@@ -57,7 +57,8 @@ def load_mnist5k(data_dir: str | Path | None = None, augment: bool = True) -> Da
     y = torch.from_numpy(labels)
     train = TensorDataset(x[~test_mask], y[~test_mask])
     test = TensorDataset(x[test_mask], y[test_mask])
-    return DatasetSplits("mnist5k", train, test, 10, (1, 28, 28))
+    digits = [str(d) for d in range(10)]
+    return DatasetSplits("mnist5k", train, test, 10, (1, 28, 28), class_names=digits)
 
 
 class AugmentedImages(Dataset):
@@ -122,6 +123,11 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
+# CIFAR-10's label names in label order, as its batches.meta lists them
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                   "ship", "truck"]  # fmt: skip
+
+
 def load_cifar10(data_dir: str | Path | None, augment: bool = True) -> DatasetSplits:
     """CIFAR-10 from a local `cifar-10-batches-py` directory (or its parent)."""
     if data_dir is None:
@@ -147,7 +153,7 @@ def load_cifar10(data_dir: str | Path | None, augment: bool = True) -> DatasetSp
         else TensorDataset(to_signed_unit(train_x), torch.from_numpy(train_y))
     )
     test = TensorDataset(to_signed_unit(test_x), torch.from_numpy(test_y))
-    return DatasetSplits("cifar10", train, test, 10, (3, 32, 32))
+    return DatasetSplits("cifar10", train, test, 10, (3, 32, 32), class_names=CIFAR10_CLASSES)
 
 
 _LOADERS: dict[str, Callable[..., DatasetSplits]] = {

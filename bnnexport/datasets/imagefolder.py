@@ -5,8 +5,11 @@
   fixed seed, is the validation set.
 
 Class indices follow the sorted class-folder names (of train/ in the first layout; val/ must
-use the same names). `image_size` (`--image-size`) says how an image becomes the model's input,
-with PIL and NumPy only (no torchvision); sizes are height x width:
+use the same names), recorded as `DatasetSplits.class_names`; a class folder without images
+is refused (skipping it would renumber every class after it). Grayscale images become RGB, the
+gray value in all 3 channels, and the loader says so in its note. `image_size`
+(`--image-size`) says how an image becomes the model's input, with PIL and NumPy only (no
+torchvision); sizes are height x width:
 - None (the default): every image at its own size, when all of them (training and validation)
   share one, H x W; no crop, no resize, and for training a horizontal flip with probability
   1/2. The loader says so in `DatasetSplits.note`. Images of different sizes are a DataError
@@ -58,15 +61,47 @@ _SPLIT_SEED = 20261125  # fixed: a plain folder's validation images must not cha
 
 
 def _scan(split_dir: Path, classes: list[str]) -> list[tuple[Path, int]]:
+    """(image, class index) of every image of every class folder; DataError for a class folder
+    that is missing or holds no image. An empty one is refused, not skipped: skipped, every
+    class after it would take another index than its place among the folders, and the model
+    one output fewer than the folders it was given."""
     samples = []
     for index, name in enumerate(classes):
         folder = split_dir / name
         if not folder.is_dir():
             raise DataError(f"{split_dir} lacks the class folder {name!r} that train/ has")
-        samples += [(p, index) for p in sorted(folder.iterdir()) if p.suffix.lower() in EXTENSIONS]
-    if not samples:
-        raise DataError(f"{split_dir} holds no images ({', '.join(EXTENSIONS)})")
+        found = [(p, index) for p in sorted(folder.iterdir()) if p.suffix.lower() in EXTENSIONS]
+        if not found:
+            raise DataError(
+                f"class folder {folder} holds no images ({', '.join(EXTENSIONS)}): every class "
+                "folder is one output of the model, in sorted order; fill it or remove it"
+            )
+        samples += found
     return samples
+
+
+GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes with one gray channel
+
+
+def _grayscale_note(root: Path, samples: list[tuple[Path, int]]) -> str | None:
+    """One line when the first image of a class is grayscale: every image is converted to RGB
+    (the gray value in all 3 channels), so the model takes 3 channels. Only each class's first
+    file's header is read."""
+    from PIL import Image
+
+    firsts = {label: path for path, label in reversed(samples)}  # each class's first image
+    for path in (firsts[label] for label in sorted(firsts)):
+        try:
+            with Image.open(path) as image:
+                mode = image.mode
+        except OSError as error:
+            raise DataError(f"cannot read image {path}: {error}") from None
+        if mode in GRAYSCALE_MODES:
+            return (
+                f"{path.relative_to(root)} is grayscale (mode {mode}): every image is converted "
+                "to RGB, its gray value in all 3 channels, so the model takes 3 channels"
+            )
+    return None
 
 
 def _to_tensor(image, normalize: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
@@ -256,6 +291,8 @@ def load_imagefolder(
     note = None
     if chosen is None:
         chosen, note = _own_size(root, train_samples + test_samples)
+    gray = _grayscale_note(root, train_samples)
+    note = "\n".join(n for n in (note, gray) if n) or None
     if chosen == IMAGENET:
         shape, resize = (size or IMAGE_SIZE,) * 2, False
     else:
@@ -264,7 +301,9 @@ def load_imagefolder(
     test = ImageFolder(test_samples, shape, False, resize, normalize)
     given = {"image_size": chosen, "mean": mean, "std": std, "val_split": val_split}
     options = {key: value for key, value in given.items() if value is not None}
-    return DatasetSplits("imagefolder", train, test, len(classes), (3, *shape), options, note)
+    return DatasetSplits(
+        "imagefolder", train, test, len(classes), (3, *shape), options, note, class_names=classes
+    )
 
 
 def _normalization(

@@ -20,4 +20,8 @@ class DatasetSplits:
     # the loader options that rebuild exactly this data, what the loader chose itself included
     # (imagefolder: the images' own size); train records them as config.json's dataset_options
     options: dict[str, Any] = field(default_factory=dict)
-    note: str | None = None  # a choice the loader made for the user, in one line
+    note: str | None = None  # the choices the loader made for the user, one line each
+    # the name of each class, in the order of the model's outputs (None: unnamed); the run
+    # records them (config.json, the checkpoint, samples.npz, convert.json, the flatbuffer's
+    # metadata) so an app can map outputs to labels
+    class_names: list[str] | None = None

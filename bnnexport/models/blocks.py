@@ -1,5 +1,6 @@
 """Building blocks shared by the zoo models: scale-free BatchNorm, binary conv + BatchNorm pairs,
-BinaryNet's binary classifier, and output-size arithmetic.
+BinaryNet's binary classifier, the paper's pool-then-BatchNorm order, and output-size
+arithmetic.
 
 Example:
     >>> from bnnexport.models.blocks import conv_out, scale_free_bn
@@ -15,19 +16,23 @@ Example:
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
 
 
-def scale_free_bn(channels: int, dims: int = 2, momentum: float = 0.1) -> nn.Module:
+def scale_free_bn(
+    channels: int, dims: int = 2, momentum: float = 0.1, eps: float = 1e-5
+) -> nn.Module:
     """BatchNorm without a trainable scale (Keras `BatchNormalization(scale=False)`).
 
     Implemented as an affine BatchNorm whose weight is frozen at 1, so the ONNX graph keeps a
     plain BatchNormalization node. With γ = 1 > 0 the map is increasing per channel, which is
     what lets a max-pool move to either side of it without changing the function.
     """
-    bn = (nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d)(channels, momentum=momentum)
+    kind = nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d
+    bn = kind(channels, eps=eps, momentum=momentum)
     bn.weight.requires_grad_(False)
     return bn
 
@@ -39,25 +44,64 @@ def binary_conv_bn(
     padding: int,
     pad_value: str = "one",
     input_quantizer: str = "ste_sign",
+    norm: dict[str, float] | None = None,
 ) -> list[nn.Module]:
-    """A binary conv and its scale-free BatchNorm: the pair LCE runs as one `LceBconv2d`."""
+    """A binary conv and its scale-free BatchNorm (`norm`: its momentum and eps): the pair LCE
+    runs as one `LceBconv2d`."""
     conv = BinaryConv2d(
         cin, cout, kernel, padding=padding, pad_value=pad_value, input_quantizer=input_quantizer
     )
-    return [conv, scale_free_bn(cout)]
+    return [conv, scale_free_bn(cout, **(norm or {}))]
 
 
 def binary_classifier(
-    features: int, hidden: int, num_classes: int, input_quantizer: str = "ste_sign"
+    features: int,
+    hidden: int,
+    num_classes: int,
+    input_quantizer: str = "ste_sign",
+    norm: dict[str, float] | None = None,
 ) -> nn.Sequential:
-    """Flatten, then three binary dense layers, each followed by a scale-free BatchNorm."""
+    """Flatten, then three binary dense layers, each followed by a scale-free BatchNorm
+    (`norm`: its momentum and eps)."""
     layers: list[nn.Module] = [nn.Flatten()]
     for fin, fout in ((features, hidden), (hidden, hidden), (hidden, num_classes)):
         layers += [
             BinaryLinear(fin, fout, input_quantizer=input_quantizer),
-            scale_free_bn(fout, dims=1),
+            scale_free_bn(fout, dims=1, **(norm or {})),
         ]
     return nn.Sequential(*layers)
+
+
+class PoolThenNorm(nn.Module):
+    """Max-pool, then a scale-free BatchNorm, in training: the order of the paper's code, whose
+    BatchNorm statistics are the pooled values'. In eval mode (and so in an exported model)
+    BatchNorm comes first, the order LCE runs as `LceBconv2d -> LceBMaxPool2d` on packed bits:
+    the same function to the bit, since a BatchNorm with a positive scale is increasing per
+    channel, its float arithmetic too (every rounding is monotone), and so commutes with a
+    max. A BatchNorm whose scale is not positive everywhere keeps the training order (checked
+    on entering eval mode and at every eval call; a trace for export takes the last answer,
+    so it records no data-dependent branch)."""
+
+    def __init__(self, pool: nn.Module, norm: nn.Module) -> None:
+        super().__init__()
+        self.pool, self.norm = pool, norm
+        self.lce_order = False
+
+    def train(self, mode: bool = True) -> PoolThenNorm:
+        super().train(mode)
+        self.lce_order = not mode and self._increasing()
+        return self
+
+    def _increasing(self) -> bool:
+        with torch.no_grad():
+            return bool((self.norm.weight > 0).all())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and not torch.jit.is_tracing():
+            self.lce_order = self._increasing()
+        if self.training or not self.lce_order:
+            return self.norm(self.pool(x))
+        return self.pool(self.norm(x))
 
 
 class FeatureSize:
@@ -144,6 +188,42 @@ def same_conv(conv: nn.Conv2d, height: int, width: int) -> tuple[nn.Module, tupl
     if not (top or bottom or left or right):
         return conv, out
     return nn.Sequential(nn.ZeroPad2d((left, right, top, bottom)), conv), out
+
+
+PADDING_STYLES = ("keras", "torch")
+
+
+def strided_binary_conv(
+    cin: int,
+    cout: int,
+    size: tuple[int, int],
+    padding_style: str,
+    pad_value: str,
+    input_quantizer: object,
+) -> BinaryConv2d:
+    """A binary 3x3 conv of stride 2 on a `size` (height, width) input, padded as
+    `padding_style` says: "keras", larq-zoo's `padding="same"` ((0, 1) on an even size, (1, 1)
+    on an odd one), which LCE runs as one `LceBconv2d` (padding SAME); or "torch", padding=1
+    on both sides, whose windows on an even size read (1, 0) and need the padding written out
+    before the bconv (two CONCATENATIONs; docs/BENCHMARKS.md "Op parity").
+
+    Example:
+        >>> strided_binary_conv(8, 16, (56, 56), "keras", "one", "ste_sign").explicit_pads
+        (0, 1, 0, 1)
+        >>> strided_binary_conv(8, 16, (7, 7), "keras", "one", "ste_sign").padding
+        (1, 1)
+    """
+    if padding_style not in PADDING_STYLES:
+        raise ValueError(f"padding_style must be one of {PADDING_STYLES}, got {padding_style!r}")
+    padding: int | tuple[int, int, int, int] = 1
+    if padding_style == "keras":
+        (top, bottom), (left, right) = same_pads(size[0], 3, 2), same_pads(size[1], 3, 2)
+        symmetric = top == bottom == left == right
+        padding = top if symmetric else (left, right, top, bottom)
+    return BinaryConv2d(
+        cin, cout, 3, stride=2, padding=padding, pad_value=pad_value,
+        input_quantizer=input_quantizer,  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def same_max_pool(

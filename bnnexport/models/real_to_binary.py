@@ -23,8 +23,11 @@ setting, not part of the model (the recipe `larq-zoo-real-to-binary-net` says wh
 
 Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md "Binary ops"): binary convs pad
 with +1 (`pad_value="one"`) instead of larq's 0; `pad_value="zero"` gives the original. The
-shortcut's average pool runs in ceil mode (Keras' "same" pool). Reduced inputs work (3x32x32
-ends at 1x1).
+shortcut's average pool runs in ceil mode (Keras' "same" pool). The three stride-2 binary convs
+pad as Keras' "same", as larq-zoo's do ((0, 1) on an even size), so each is one `LceBconv2d`
+(docs/BENCHMARKS.md "Op parity"); `padding_style="torch"` gives torch's symmetric padding=1, what
+this module built before (and what a checkpoint that does not record `padding_style` rebuilds).
+Reduced inputs work (3x32x32 ends at 1x1).
 
 Example:
     >>> import torch
@@ -39,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.models.blocks import same_conv, same_max_pool, shortcut
+from bnnexport.models.blocks import same_conv, same_max_pool, shortcut, strided_binary_conv
 from bnnexport.models.registry import register_model
 from bnnexport.nn.layers import BinaryConv2d
 
@@ -63,13 +66,19 @@ class Gate(nn.Module):
 class HalfBlock(nn.Module):
     """PReLU(binary conv 3x3(sign(BN(x))) * gate(BN(x))) + shortcut(x)."""
 
-    def __init__(self, cin: int, cout: int, pad_value: str) -> None:
+    def __init__(
+        self, cin: int, cout: int, pad_value: str, size: tuple[int, int] = (0, 0),
+        padding_style: str = "keras",
+    ) -> None:  # fmt: skip
         super().__init__()
         stride = 1 if cin == cout else 2
         self.bn = nn.BatchNorm2d(cin, **BN)
-        self.conv = BinaryConv2d(
-            cin, cout, 3, stride=stride, padding=1, pad_value=pad_value, input_quantizer="ste_sign"
-        )
+        if stride == 2:  # padded as `padding_style` says (`blocks.strided_binary_conv`)
+            self.conv = strided_binary_conv(cin, cout, size, padding_style, pad_value, "ste_sign")
+        else:
+            self.conv = BinaryConv2d(
+                cin, cout, 3, padding=1, pad_value=pad_value, input_quantizer="ste_sign"
+            )
         self.gate = Gate(cin, cout)
         self.prelu = nn.PReLU(cout, init=0.0)
         self.shortcut = shortcut(cin, cout, stride, **BN)
@@ -86,18 +95,22 @@ class RealToBinaryNet(nn.Module):
         input_shape: tuple[int, int, int] = (3, 224, 224),
         filters: int = 64,
         pad_value: str = "one",
+        padding_style: str = "keras",
     ) -> None:
         super().__init__()
         channels, height, width = input_shape
         conv, size = same_conv(nn.Conv2d(channels, filters, 7, stride=2, bias=False), height, width)
-        pool, _ = same_max_pool(*size, kernel=3, stride=2)
+        pool, size = same_max_pool(*size, kernel=3, stride=2)
         prelu = nn.PReLU(filters, init=0.0)
         self.stem = nn.Sequential(conv, nn.BatchNorm2d(filters, **BN), prelu, pool)
         halves = []
         cin = filters
         for block in range(8):  # larq-zoo's blocks 2-9; 4, 6 and 8 downsample
             cout = cin * 2 if block in (2, 4, 6) else cin
-            halves += [HalfBlock(cin, cout, pad_value), HalfBlock(cout, cout, pad_value)]
+            halves.append(HalfBlock(cin, cout, pad_value, size, padding_style))
+            if cout != cin:
+                size = (-(-size[0] // 2), -(-size[1] // 2))
+            halves.append(HalfBlock(cout, cout, pad_value))
             cin = cout
         self.blocks = nn.Sequential(*halves)
         self.head = nn.Sequential(
@@ -111,6 +124,7 @@ class RealToBinaryNet(nn.Module):
 @register_model(
     "real-to-binary-net", num_classes=1000, input_shape=(3, 224, 224),
     top1=(65.01, "larq-zoo RealToBinaryNet"),
+    layout={"padding_style": ("keras", "torch")},  # torch's padding until issue 47
 )  # fmt: skip
 def real_to_binary_net(**kwargs) -> nn.Module:
     """Real-to-Binary Net: 16 binary 3x3 convs, each scaled by a float gate, with shortcuts."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -37,6 +37,10 @@ class ModelInfo:
     description: str
     top1: float | None = None  # the published top-1 accuracy (%) of the architecture
     top1_source: str = ""  # where `top1` is published
+    # layout arguments the factory gained after checkpoints of the model existed: name ->
+    # (what a new model is built with, what a checkpoint that does not record it was built
+    # with). `create_model` records the first, `model_kwargs_of` assumes the second
+    layout: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 _MODELS: dict[str, ModelInfo] = {}
@@ -48,16 +52,18 @@ def register_model(
     num_classes: int,
     input_shape: tuple[int, int, int],
     top1: tuple[float, str] | None = None,
+    layout: dict[str, tuple[Any, Any]] | None = None,
 ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Decorator registering a model factory with its native number of classes and input shape,
-    and `top1`: (the published top-1 accuracy in %, where it is published)."""
+    `top1`: (the published top-1 accuracy in %, where it is published), and `layout`:
+    {argument: (value for new models, value of checkpoints that do not record it)}."""
 
     def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         doc = (factory.__doc__ or "").strip().splitlines()
         accuracy, source = top1 if top1 is not None else (None, "")
         _MODELS[name] = ModelInfo(
             name, factory, num_classes, tuple(input_shape), doc[0] if doc else "",
-            accuracy, source,
+            accuracy, source, dict(layout or {}),
         )  # fmt: skip
         return factory
 
@@ -91,6 +97,7 @@ def create_model(
     if is_import_string(name):
         return _create_imported(name, num_classes, input_shape, **kwargs)
     info = model_info(name)
+    kwargs = {**{k: now for k, (now, _) in info.layout.items()}, **kwargs}  # recorded below
     num_classes = info.num_classes if num_classes is None else int(num_classes)
     shape = tuple(int(v) for v in (input_shape or info.input_shape))
     if len(shape) != 3:
@@ -103,6 +110,20 @@ def create_model(
         **kwargs,
     }
     return model
+
+
+def recorded_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a checkpoint's model was built with: its recorded `kwargs`, and for each
+    `ModelInfo.layout` argument it does not record, the value models had before it was
+    recorded, so an old run rebuilds the model it trained (`bnnexport.run.checkpoint`).
+
+    Example:
+        >>> recorded_kwargs("birealnet18", {"num_classes": 10})["padding_style"]
+        'torch'
+    """
+    if is_import_string(name) or name not in _MODELS:
+        return dict(kwargs)
+    return {**{k: before for k, (_, before) in _MODELS[name].layout.items()}, **kwargs}
 
 
 def _create_imported(

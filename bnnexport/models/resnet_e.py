@@ -18,7 +18,11 @@ pixels larq-zoo replaces the stem by one 3x3 conv (no BN, ReLU or pool), and so 
 Where LCE's guidance changed larq-zoo's layout (docs/LCE_NOTES.md "Binary ops"): binary convs pad
 with +1 (`pad_value="one"`) instead of larq's 0; `pad_value="zero"` gives the original. The
 shortcut's average pool runs in ceil mode, which is larq-zoo's pool at even sizes and keeps odd
-sizes in step with the stride-2 conv. Reduced inputs work (3x32x32 ends at 4x4).
+sizes in step with the stride-2 conv. The three stride-2 binary convs pad as Keras' "same", as
+larq-zoo's do ((0, 1) on an even size), so each is one `LceBconv2d` (docs/BENCHMARKS.md "Op
+parity"); `padding_style="torch"` gives torch's symmetric padding=1, what this module built
+before (and what a checkpoint that does not record `padding_style` rebuilds). Reduced inputs
+work (3x32x32 ends at 4x4).
 
 Example:
     >>> import torch
@@ -33,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.models.blocks import same_conv, same_max_pool, shortcut
+from bnnexport.models.blocks import same_conv, same_max_pool, shortcut, strided_binary_conv
 from bnnexport.models.registry import register_model
 from bnnexport.nn.layers import BinaryConv2d
 from bnnexport.nn.quantizers import SteSign
@@ -45,13 +49,20 @@ SMALL_INPUT = 50  # below this, larq-zoo's stem is a single 3x3 conv
 class ResidualBlock(nn.Module):
     """BN(binary conv 3x3(sign(x))) + shortcut(x); the shortcut is float where the shape changes."""
 
-    def __init__(self, cin: int, cout: int, pad_value: str, clip_value: float) -> None:
+    def __init__(
+        self, cin: int, cout: int, pad_value: str, clip_value: float,
+        size: tuple[int, int] = (0, 0), padding_style: str = "keras",
+    ) -> None:  # fmt: skip
         super().__init__()
         stride = 1 if cin == cout else 2
-        self.conv = BinaryConv2d(
-            cin, cout, 3, stride=stride, padding=1, pad_value=pad_value,
-            input_quantizer=SteSign(clip_value),
-        )  # fmt: skip
+        if stride == 2:  # padded as `padding_style` says (`blocks.strided_binary_conv`)
+            self.conv = strided_binary_conv(
+                cin, cout, size, padding_style, pad_value, SteSign(clip_value)
+            )
+        else:
+            self.conv = BinaryConv2d(
+                cin, cout, 3, padding=1, pad_value=pad_value, input_quantizer=SteSign(clip_value)
+            )
         self.bn = nn.BatchNorm2d(cout, **BN)
         self.shortcut = shortcut(cin, cout, stride, **BN)
 
@@ -68,17 +79,19 @@ class BinaryResNetE(nn.Module):
         stage_filters: tuple[int, ...] = (64, 128, 256, 512),
         pad_value: str = "one",
         clip_value: float = 1.25,
+        padding_style: str = "keras",
     ) -> None:
         super().__init__()
         channels, height, width = input_shape
         first = stage_filters[0]
+        size = (height, width)
         if height < SMALL_INPUT:
             self.stem: nn.Module = nn.Conv2d(channels, first, 3, padding=1, bias=False)
         else:
             conv, size = same_conv(
                 nn.Conv2d(channels, first, 7, stride=2, bias=False), height, width
             )
-            pool, _ = same_max_pool(*size, kernel=3, stride=2)
+            pool, size = same_max_pool(*size, kernel=3, stride=2)
             self.stem = nn.Sequential(
                 conv, nn.BatchNorm2d(first, **BN), nn.ReLU(), pool, nn.BatchNorm2d(first, **BN)
             )
@@ -86,7 +99,11 @@ class BinaryResNetE(nn.Module):
         cin = first
         for count, filters in zip(stage_blocks, stage_filters, strict=True):
             for _ in range(2 * count):  # ResNet's two-conv blocks, one shortcut per conv
-                blocks.append(ResidualBlock(cin, filters, pad_value, clip_value))
+                blocks.append(
+                    ResidualBlock(cin, filters, pad_value, clip_value, size, padding_style)
+                )
+                if filters != cin:
+                    size = (-(-size[0] // 2), -(-size[1] // 2))
                 cin = filters
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Sequential(
@@ -100,6 +117,7 @@ class BinaryResNetE(nn.Module):
 @register_model(
     "binary-resnet-e18", num_classes=1000, input_shape=(3, 224, 224),
     top1=(58.32, "larq-zoo BinaryResNetE18"),
+    layout={"padding_style": ("keras", "torch")},  # torch's padding until issue 47
 )  # fmt: skip
 def binary_resnet_e18(**kwargs) -> nn.Module:
     """BinaryResNetE-18: float stem, 16 binary 3x3 convs each with a shortcut, float head."""

@@ -56,7 +56,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from bnnexport.errors import CheckpointError, ConfigError, InputShapeError, NoBinaryKernelError
+from bnnexport.errors import (
+    BnnExportError,
+    CheckpointError,
+    ConfigError,
+    InputShapeError,
+    ModelCodeError,
+    NoBinaryKernelError,
+)
+from bnnexport.imports import user_frame
 
 BinarySpec = Iterable[str] | str | Callable[[str, nn.Parameter], bool]
 
@@ -66,7 +74,8 @@ MIN_SIGNS = 16
 # the calls whose second operand is a weight: {function: op name}
 _WEIGHT_SECOND = {
     torch.conv1d: "conv1d", torch.conv2d: "conv2d", torch.conv3d: "conv3d",
-    F.linear: "linear",
+    torch.conv_transpose1d: "conv_transpose1d", torch.conv_transpose2d: "conv_transpose2d",
+    torch.conv_transpose3d: "conv_transpose3d", F.linear: "linear",
 }  # fmt: skip
 # the calls either of whose operands may be the weight
 _MATMULS = {
@@ -361,13 +370,29 @@ def trace_layers(model: nn.Module, example_input: torch.Tensor) -> Trace:
     with recorder.hooks(), torch.enable_grad(), recorder:
         try:
             probe(example_input)
-        except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise InputShapeError(
-                f"{type(model).__name__} cannot take an input of shape "
-                f"{list(example_input.shape)}: {type(error).__name__}: {first}"
-            ) from None
+        except BnnExportError:
+            raise
+        except Exception as error:  # the model's forward may raise anything
+            raise _forward_error(model, example_input, error) from None
     return recorder.trace
+
+
+def _forward_error(model: nn.Module, example_input: torch.Tensor, error: Exception) -> ConfigError:
+    """A forward pass that raised, in one line: the model's own error (its type, message, file
+    and line) when its own code raised it (`bnnexport.imports.user_frame`), else that it cannot
+    take the input: every torch call of the pass goes through the recorder, so an error torch
+    raises (a channel count, a size) ends in library frames, never in the model's."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    frame = user_frame(error)
+    if frame is None:
+        return InputShapeError(
+            f"{type(model).__name__} cannot take an input of shape "
+            f"{list(example_input.shape)}: {type(error).__name__}: {first}"
+        )
+    return ModelCodeError(
+        f"{type(model).__name__}'s own code raised {type(error).__name__}: {first} ({frame}): "
+        "an error in the model, not in its input"
+    )
 
 
 def _marked_copy(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -427,7 +452,8 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         output = func(*args, **(kwargs or {}))
         if func in _WEIGHT_SECOND and len(args) >= 2:
-            self._record(_WEIGHT_SECOND[func], args[0], args[1], 0, output)
+            op = _WEIGHT_SECOND[func]  # a transposed conv's weight is [in, out / groups, ...]
+            self._record(op, args[0], args[1], 1 if "transpose" in op else 0, output)
         elif func in _MATMULS and len(args) >= 2:
             first, second = args[0], args[1]
             if self._sources(second) or not self._sources(first):
@@ -449,7 +475,7 @@ class _Recorder(TorchFunctionMode):
                 binary_input=binary_input,
                 holds_pm1=self.holds_pm1.get(name, False) if name else False,
                 weight_shape=tuple(weight.shape), output_shape=tuple(output.shape[1:]),
-                macs=_macs(op, weight, output, out_axis) // max(self.batch, 1),
+                macs=_macs(op, x, weight, output, out_axis) // max(self.batch, 1),
                 sources=tuple(sources),
             )
         )  # fmt: skip
@@ -528,8 +554,12 @@ def _binary_or_scaled(weight: torch.Tensor, out_axis: int, slack: float = 0.0) -
     return bool((magnitudes > 0).all()) and bool(((magnitudes - first).abs() <= tolerance).all())
 
 
-def _macs(op: str, weight: torch.Tensor, output: torch.Tensor, out_axis: int) -> int:
+def _macs(
+    op: str, x: torch.Tensor, weight: torch.Tensor, output: torch.Tensor, out_axis: int
+) -> int:
     """Multiply-accumulates of one call, for the whole batch."""
+    if op.startswith("conv_transpose"):  # every input value meets out / groups x kernel taps
+        return int(x.numel() * weight[0].numel())
     if op.startswith("conv"):
         per_output = weight[0].numel()  # in_channels / groups x kernel size
     elif op == "linear":

@@ -89,7 +89,10 @@ class BinaryConv2d(nn.Conv2d, BinaryLayer):
 
     Args:
         in_channels, out_channels, kernel_size, stride, padding, bias: as `nn.Conv2d`
-            (padding an int or a pair; groups and dilation are not supported by LCE's bconv).
+            (padding an int, a pair, or (left, right, top, bottom) as `F.pad` takes it, e.g.
+            Keras' "same" (0, 1, 0, 1) for a 3x3/2 conv on an even size,
+            `bnnexport.models.blocks.same_binary_conv`; groups and dilation are not supported
+            by LCE's bconv).
         pad_value: ``"one"`` or ``"zero"``, see the module docstring.
         input_quantizer: a quantizer name (``"ste_sign"``, ``"approx_sign"``, ``"swish_sign"``),
             a `Quantizer`, or None for a layer whose input is real-valued (a first layer).
@@ -101,23 +104,33 @@ class BinaryConv2d(nn.Conv2d, BinaryLayer):
         out_channels: int,
         kernel_size: int | tuple[int, int],
         stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] = 0,
+        padding: int | tuple[int, int] | tuple[int, int, int, int] = 0,
         bias: bool = False,
         pad_value: str = "one",
         input_quantizer: str | Quantizer | None = "ste_sign",
     ) -> None:
         if pad_value not in PAD_VALUES:
             raise ValueError(f"pad_value must be one of {PAD_VALUES}, got {pad_value!r}")
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, bias=bias)
+        # (left, right, top, bottom), applied by `forward` itself: nn.Conv2d pads symmetrically
+        explicit = isinstance(padding, tuple | list) and len(padding) == 4
+        symmetric = 0 if explicit else padding
+        super().__init__(in_channels, out_channels, kernel_size, stride, symmetric, bias=bias)
+        self.explicit_pads = tuple(int(p) for p in padding) if explicit else None  # type: ignore[union-attr]
         self.pad_value = pad_value
         self._init_binary(input_quantizer)
 
+    def _pads(self) -> tuple[int, int, int, int]:
+        """(left, right, top, bottom): the padding `forward` applies."""
+        if self.explicit_pads is not None:
+            return self.explicit_pads  # type: ignore[return-value]
+        pad_h, pad_w = self.padding  # type: ignore[misc]
+        return (pad_w, pad_w, pad_h, pad_h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.quantize_input(x)
-        pad_h, pad_w = self.padding  # type: ignore[misc]
         padding = self.padding
-        if self.pad_value == "one" and (pad_h or pad_w):
-            x = F.pad(x, (pad_w, pad_w, pad_h, pad_h), value=1.0)
+        if any(self._pads()) and (self.pad_value == "one" or self.explicit_pads is not None):
+            x = F.pad(x, self._pads(), value=1.0 if self.pad_value == "one" else 0.0)
             padding = (0, 0)
         product = self.bf16_product(x)
         if product is not None:
@@ -126,8 +139,9 @@ class BinaryConv2d(nn.Conv2d, BinaryLayer):
 
     def make_product(self) -> BinaryProduct:
         """The bf16 map of this conv (its padding as `forward` applies it)."""
-        one_padded = self.pad_value == "one" or not any(self.padding)  # type: ignore[arg-type]
-        padding = (0, 0) if self.pad_value == "one" else tuple(self.padding)
+        one_padded = self.pad_value == "one" or not any(self._pads())
+        explicit = self.pad_value == "one" or self.explicit_pads is not None
+        padding = (0, 0) if explicit else tuple(self.padding)
         return BinaryProduct(
             exact_bound(self.weight[0].numel(), all_terms_binary=one_padded),
             stride=tuple(self.stride),  # type: ignore[arg-type]
@@ -135,7 +149,8 @@ class BinaryConv2d(nn.Conv2d, BinaryLayer):
         )
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", pad_value={self.pad_value!r}"
+        pads = "" if self.explicit_pads is None else f", pads={self.explicit_pads}"
+        return super().extra_repr() + f"{pads}, pad_value={self.pad_value!r}"
 
 
 class BinaryLinear(nn.Linear, BinaryLayer):

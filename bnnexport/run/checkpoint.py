@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from bnnexport.errors import CheckpointError
+from bnnexport.imports import changed_source
 from bnnexport.run.packed import PACKED_NAME, load_packed_state
 from bnnexport.run.reports import write_bytes_atomic
 
@@ -133,8 +135,10 @@ def recorded_float_layers(run_dir: str | os.PathLike) -> str:
 def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:
     """Rebuild the model a checkpoint describes and load its binary weights (eval mode)."""
     from bnnexport.models import create_model
+    from bnnexport.models.registry import recorded_kwargs
 
-    kwargs = dict(checkpoint["model_kwargs"])
+    kwargs = recorded_kwargs(checkpoint["model_name"], dict(checkpoint["model_kwargs"]))
+    warn_changed_source(checkpoint.get("model_source"))
     try:
         model = create_model(checkpoint["model_name"], **kwargs)
     except ValueError as error:
@@ -150,6 +154,19 @@ def build_model(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpo
             f"{source} does not match model {checkpoint['model_name']!r}: {detail}"
         ) from None
     return model.eval()
+
+
+_WARNED: set[str] = set()  # each changed source said once per process
+
+
+def warn_changed_source(recorded: Any) -> None:
+    """A one-line warning when the model's source file a run recorded (`--model module:fn`,
+    `bnnexport.imports.source_of`) changed or went away since: every stage rebuilds the
+    model from it."""
+    why = changed_source(recorded)
+    if why is not None and why not in _WARNED:
+        _WARNED.add(why)
+        warnings.warn(why, stacklevel=2)
 
 
 def _prepare_int8(model: nn.Module, checkpoint: dict[str, Any], source: str | os.PathLike) -> None:

@@ -102,9 +102,11 @@ def lock_run(root: str | os.PathLike, create: bool = False) -> Iterator[Path]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            # only the commands that make their folder (train, init, pipeline, ...) take --out
+            elsewhere = " or use another --out" if create else ", then run this command again"
             raise RunLockedError(
-                f"{root} is being written by another bnnexport command; wait for it to finish "
-                "or use another --out"
+                f"{root} is being written by another bnnexport command; wait for it to finish"
+                f"{elsewhere}"
             ) from None
         except OSError as error:  # a file system without flock (some network mounts)
             if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):

@@ -56,9 +56,13 @@ def explain_refusal(
     """`error`, or the InconclusiveCheckError that explains it (a degenerate model); `escape`
     replaces the advice's --trust-twin (export has no such option)."""
     from converters.gate import TRUST_TWIN, GateOptions, OnnxProbe, inconclusive
+    from converters.graph import load_onnx
+    from converters.normalize import normalized_or_as_is
 
     rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
-    probe, options = OnnxProbe(onnx_path), GateOptions(rtol=RTOL)
+    # as the normaliser writes it: where the probe finds a model of your own's binarizations
+    probe = OnnxProbe(normalized_or_as_is(load_onnx(onnx_path)))
+    options = GateOptions(rtol=RTOL)
     found = inconclusive(
         error, probe, inputs, rows, options, escape=TRUST_TWIN if escape is None else escape
     )

@@ -27,6 +27,7 @@ from bnnexport.run.files import write_bytes_atomic
 __all__ = [
     "Report",
     "format_value",
+    "int8_lines",
     "pyplot",
     "save_figure_atomic",
     "write_bytes_atomic",
@@ -105,3 +106,42 @@ def save_figure_atomic(figure: Any, path: str | os.PathLike, dpi: int = 100) -> 
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return write_bytes_atomic(path, buffer.getvalue())
+
+
+def int8_lines(int8: dict[str, Any] | None) -> list[str]:
+    """The int8 part of `bnnexport.convert.ConvertReport.to_table`: which layers, how
+    quantized, the replay, the accuracy against the float model."""
+    if not int8:
+        return []
+    source = int8["ranges"]
+    if source == "calibrated":
+        source = f"calibrated on {int8['calibration_samples']} samples"
+    check, accuracy = int8["check"], int8["accuracy"]
+    lines = [
+        f"int8 ({source}, io {int8['io']}): {len(int8['int8_layers'])} layers in int8, "
+        f"{int8['int8_ops']} int8 ops, {int8['float_ops']} float conv/dense ops",
+        *(f"  float: {layer} ({why})" for layer, why in int8["float_layers"].items()),
+        f"  int8 replay: {check['replayed_samples']} samples, {check['int8_tensors']} int8 "
+        f"tensors, {check['one_step_positions']} of {check['positions']} positions one step "
+        "apart (rounding)",
+        f"  against the {accuracy.get('against', 'float model')}: argmax agreement "
+        f"{accuracy['float_argmax_agreement']:.4g}",
+    ]
+    if accuracy["float_top1"] is not None:
+        lines[-1] += (
+            f", top-1 {100 * accuracy['float_top1']:.2f} % -> {100 * accuracy['int8_top1']:.2f} "
+            f"% ({points_changed(accuracy['top1_drop_points'])}) on {accuracy['labelled']} "
+            "labelled samples"
+        )
+    return lines
+
+
+def points_changed(drop: float) -> str:
+    """A drop in accuracy points as words.
+
+    >>> points_changed(0.4), points_changed(-0.4), points_changed(0.001)
+    ('0.40 points lost', '0.40 points gained', 'no change')
+    """
+    if round(drop, 2) == 0:
+        return "no change"
+    return f"{abs(drop):.2f} points {'lost' if drop > 0 else 'gained'}"

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -45,6 +46,33 @@ def load_samples(
         return None, None
     inputs, labels = read_samples_file(path, limit, hint, labels_required=True)
     return inputs, labels
+
+
+# the flatbuffer metadata entry `convert` writes the class names to, as a JSON list of
+# strings in the order of the model's outputs (docs/ARCHITECTURE.md "Run directory")
+CLASS_NAMES = "class_names"
+
+
+def class_names_metadata(names: list[str] | None) -> dict[str, bytes]:
+    """The flatbuffer metadata holding `names` ({} without names).
+
+    >>> class_names_metadata(["cat", "dog"])
+    {'class_names': b'["cat", "dog"]'}
+    """
+    return {CLASS_NAMES: json.dumps(list(names)).encode()} if names else {}
+
+
+def sample_class_names(run: RunDir) -> list[str] | None:
+    """The class names the export stage wrote beside its samples (RUN_DIR/samples.npz's
+    `class_names`, in the order of the model's outputs); None without them."""
+    if not run.samples.is_file():
+        return None
+    try:
+        with np.load(run.samples, allow_pickle=False) as data:
+            names = [str(n) for n in data["class_names"]] if "class_names" in data else None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError):
+        return None  # `load_samples` says what is wrong with the file
+    return names
 
 
 def read_samples_file(

@@ -27,9 +27,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from bnnexport.errors import NotBinaryError
@@ -56,6 +58,43 @@ THRESHOLD = 1e-6
 # 1e-2 (the paper's CIFAR value) overfits mnist5k's 4,000 images: 0.941 vs 0.957 test
 # accuracy after 5 epochs; the CIFAR recipes set 1e-2 explicitly.
 LR = 1e-3
+
+
+def _positive_in_float32(value: float) -> bool:
+    """In (0, 1], and still above 0 once rounded to float32, the precision Bop's moving
+    averages compute in (a γ of 1e-300 is 0 there: m would never move)."""
+    return 0.0 < value <= 1.0 and bool(np.float32(value) > 0)
+
+
+def _finite_non_negative(value: float) -> bool:
+    return math.isfinite(value) and value >= 0.0
+
+
+# The range every value of each scheduled hyperparameter must stay in, at every step, for the
+# optimizers and for `bnnexport train` alike (bnnexport.training.config): (test, rule in words).
+# τ and lr >= 0 as torch's Adam takes lr (a warm-up or a cosine decay reaches 0); τ = inf or
+# nan would never flip anything.
+HYPERPARAMETER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "gamma": (_positive_in_float32, "must be in (0, 1] (and above 0 in float32)"),
+    "threshold": (_finite_non_negative, "must be a finite number >= 0"),
+    "lr": (_finite_non_negative, "must be a finite number >= 0"),
+    "sigma": (_positive_in_float32, "must be in (0, 1] (and above 0 in float32)"),
+}
+
+
+def check_hyperparameters(values: dict[str, float]) -> None:
+    """ValueError naming the first value outside its `HYPERPARAMETER_RULES` range.
+
+    Example:
+        >>> check_hyperparameters({"gamma": 1e-300})
+        Traceback (most recent call last):
+        ...
+        ValueError: gamma must be in (0, 1] (and above 0 in float32), got 1e-300
+    """
+    for key, value in values.items():
+        ok, rule = HYPERPARAMETER_RULES[key]
+        if not ok(value):
+            raise ValueError(f"{key} {rule}, got {value:g}")
 
 
 class _Scheduled:
@@ -131,6 +170,9 @@ class _Scheduled:
                 group[key] = schedule(group["steps"])
 
     def _apply_schedules(self) -> None:
+        """Every group's values for the coming step; ValueError naming the step, before any
+        group changes, when one leaves its range."""
+        coming = []
         for group in self.param_groups:  # type: ignore[attr-defined]
             for key, default in self.schedules.items():
                 schedule = group["schedules"].get(key, default)
@@ -141,7 +183,15 @@ class _Scheduled:
                         f"{key} follows a bnnexport schedule ({schedule_to_dict(schedule)}) and a "
                         f"torch scheduler: give {key} as a number to use a torch scheduler"
                     )
-                group[key] = schedule(group["steps"])
+                value = schedule(group["steps"])
+                try:
+                    self._check_values({key: value})
+                except ValueError as error:
+                    where = f" at step {group['steps']} of {schedule_to_dict(schedule)}"
+                    raise ValueError(f"{error}{where}") from None
+                coming.append((group, key, value))
+        for group, key, value in coming:
+            group[key] = value
 
     def _count_step(self) -> None:
         for group in self.param_groups:  # type: ignore[attr-defined]
@@ -241,10 +291,7 @@ class Bop(_Scheduled, torch.optim.Optimizer):
         super().add_param_group({**param_group, "params": params})
 
     def _check_values(self, values: dict[str, float]) -> None:
-        if "gamma" in values and not 0.0 < values["gamma"] <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {values['gamma']}")
-        if "threshold" in values and values["threshold"] < 0.0:
-            raise ValueError(f"threshold must be >= 0, got {values['threshold']}")
+        check_hyperparameters({k: v for k, v in values.items() if k in ("gamma", "threshold")})
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -315,8 +362,7 @@ class ScheduledAdam(_Scheduled, torch.optim.Adam):
         super().__init__(params, lr=defaults["lr"], **kwargs)
 
     def _check_values(self, values: dict[str, float]) -> None:
-        if "lr" in values and not values["lr"] >= 0.0:
-            raise ValueError(f"lr must be >= 0, got {values['lr']}")
+        check_hyperparameters({k: v for k, v in values.items() if k == "lr"})
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -354,8 +400,7 @@ class Bop2ndOrder(Bop):
 
     def _check_values(self, values: dict[str, float]) -> None:
         super()._check_values(values)
-        if "sigma" in values and not 0.0 < values["sigma"] <= 1.0:
-            raise ValueError(f"sigma must be in (0, 1], got {values['sigma']}")
+        check_hyperparameters({k: v for k, v in values.items() if k == "sigma"})
 
     def _update(
         self, weight: torch.Tensor, grad: torch.Tensor, state: dict, group: dict

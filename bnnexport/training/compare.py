@@ -49,23 +49,44 @@ from bnnexport.run.reports import Report, save_figure_atomic
 from bnnexport.training.metrics import (
     accuracy_curve,
     last_epoch_flip_rate,
+    last_epoch_layer_flip_rates,
     mean_flip_rate,
     step_rows,
     training_seconds,
 )
 
 # config.json keys that say where and how a run was computed, not what was trained: runs that
-# differ only in these (and the seed) are repetitions of one setting
+# differ only in these (and the seed) are repetitions of one setting. (`precision` is part of
+# the setting: bf16 and amp train otherwise than float32; the processes that shared a global
+# batch are not: N processes train as one.)
 NOT_THE_SETTING = ("seed", "out", "device", "num_workers", "log_every", "eval_every",
-                   "metrics_csv", "data_dir", "precision", "recipe",
-                   "recipe_overrides")  # fmt: skip
+                   "metrics_csv", "data_dir", "recipe", "recipe_overrides", "world_size",
+                   "batch_size_per_process", "binary_kernels")  # fmt: skip
 BOP_KEYS = ("gamma", "threshold", "sigma", "lr")
+# what every label shows (`label`); any other setting is added where the runs differ in it
+LABELLED = ("model", "optimizer", *BOP_KEYS)
+# settings config.json gained later, with the value of runs from before them
+ADDED_SETTINGS = {"bn_eval": "recalibrate", "float_layers": "float32", "precision": "float32"}
 
 
 # matplotlib's default colour cycle (tab10), a setting's colour when no sweep gave it one
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
 STD_NOTE = "error bars and bands: ±1 sample standard deviation (n - 1) over the seeds"
+# below this many seeds a spread says little: the figure and the report say so
+FEW_SEEDS = 3
+# a line style per curve beside its colour, so that more curves than colours stay apart
+LINE_STYLES = ("-", "--", ":", "-.", (0, (8, 2)), (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)),
+               (0, (3, 3, 1, 3)))  # fmt: skip
+
+
+def seeds_note(groups: list[list[Any]]) -> str | None:
+    """One line when a spread comes from fewer than FEW_SEEDS runs, else None."""
+    counts = sorted({len(group) for group in groups if len(group) > 1})
+    if not counts or counts[0] >= FEW_SEEDS:
+        return None
+    return (f"error bars from {counts[0]} seeds: fewer than {FEW_SEEDS} give a spread that "
+            "says little (run more with --seeds)")  # fmt: skip
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -76,11 +97,30 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return round(mean, 12), round(math.sqrt(spread), 12)
 
 
-def setting_id(config: dict[str, Any]) -> str:
-    """A short name for a run's setting (its config.json less NOT_THE_SETTING): the same for
-    every seed of it, in a sweep and in a comparison."""
+def setting(config: dict[str, Any]) -> dict[str, Any]:
+    """What a run's config.json says was trained: less NOT_THE_SETTING, with the values runs
+    from before a setting existed had (`ADDED_SETTINGS`)."""
     kept = {k: v for k, v in config.items() if k not in NOT_THE_SETTING}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
+    return {**ADDED_SETTINGS, **kept}
+
+
+def setting_id(config: dict[str, Any]) -> str:
+    """A short name for a run's setting (`setting`): the same for every seed of it, in a sweep
+    and in a comparison."""
+    return hashlib.sha256(json.dumps(setting(config), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def differing_settings(configs: list[dict[str, Any]]) -> list[str]:
+    """The settings besides the labelled ones (model, optimizer, its hyperparameters) in
+    which the runs differ, e.g. float_layers, batch_size, precision.
+
+    Example:
+        >>> differing_settings([{"batch_size": 50, "seed": 0}, {"batch_size": 100, "seed": 1}])
+        ['batch_size']
+    """
+    settings = [setting(config) for config in configs]
+    keys = sorted({key for s in settings for key in s} - set(LABELLED))
+    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
 
 
 def hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +142,7 @@ class RunCurves:
     flips: int
     seconds: float  # metrics.training_seconds
     last_flip_rate: float  # metrics.last_epoch_flip_rate
+    layer_flip_rate: dict[str, float]  # the same per binary layer (last_epoch_layer_flip_rates)
     accuracy_steps: list[int]
     accuracy: list[float]
     flip_steps: list[int]
@@ -130,6 +171,7 @@ def read_run(run_dir: str | Path) -> RunCurves:
         flips=sum(sum(r.get("flips", {}).values()) for r in rows),
         seconds=training_seconds(records),
         last_flip_rate=last_epoch_flip_rate(records),
+        layer_flip_rate=last_epoch_layer_flip_rates(records),
         accuracy_steps=accuracy_steps,
         accuracy=accuracy,
         flip_steps=[int(r["step"]) for r in rows],
@@ -157,6 +199,11 @@ class CompareRow:
     last_flip_rate_std: float
     color: str = ""  # its colour in the figure (and in a sweep's, for the same setting)
     setting: str = ""  # setting_id
+    # π over the last epoch per binary layer, mean and std over the runs
+    layer_flip_rate: dict[str, float] = field(default_factory=dict)
+    layer_flip_rate_std: dict[str, float] = field(default_factory=dict)
+    # the other settings in which the compared runs differ (differing_settings): this row's
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,7 +219,7 @@ class CompareReport(Report):
 
 def label(config: dict[str, Any]) -> str:
     """'mnist-bnn bop γ=0.001 τ=1e-06' / 'mnist-bnn adam-latent lr=0.001': the model, the
-    optimizer and its settings."""
+    optimizer and its settings (`unique_labels` adds the other settings runs differ in)."""
     names = {"gamma": "γ", "threshold": "τ", "sigma": "σ", "lr": "lr"}
     settings = hyperparameters(config)
     if config.get("optimizer", "bop") != "adam-latent":
@@ -222,12 +269,24 @@ def sweep_colors(run_dirs: list[str | Path]) -> dict[str, str]:
     return found
 
 
-def summarise(group: list[RunCurves], labels: dict[int, str], color: str = "") -> CompareRow:
+def layer_mean_std(group: list[RunCurves]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per binary layer, the mean and std over the group's runs of π over the last epoch."""
+    layers = [layer for layer in group[0].layer_flip_rate if all(
+        layer in r.layer_flip_rate for r in group)]  # fmt: skip
+    stats = {layer: mean_std([r.layer_flip_rate[layer] for r in group]) for layer in layers}
+    return {k: m for k, (m, _) in stats.items()}, {k: s for k, (_, s) in stats.items()}
+
+
+def summarise(
+    group: list[RunCurves], labels: dict[int, str], color: str = "", differing: list[str] = ()
+) -> CompareRow:
+    """One row: the group's runs summarised, with its values of the `differing` settings."""
     config = group[0].config
     acc = mean_std([r.test_accuracy for r in group])
     flips = mean_std([float(r.flips) for r in group])
     seconds = mean_std([r.seconds for r in group])
     last = mean_std([r.last_flip_rate for r in group])
+    layers, layers_std = layer_mean_std(group)
     return CompareRow(
         label=labels[id(group[0])], optimizer=config.get("optimizer", "bop"),
         hyperparameters=hyperparameters(config), model=str(config.get("model", "")),
@@ -235,21 +294,37 @@ def summarise(group: list[RunCurves], labels: dict[int, str], color: str = "") -
         test_accuracy=acc[0], test_accuracy_std=acc[1], flips=flips[0], flips_std=flips[1],
         seconds=seconds[0], seconds_std=seconds[1],
         last_flip_rate=last[0], last_flip_rate_std=last[1], color=color,
-        setting=setting_id(config),
+        setting=setting_id(config), layer_flip_rate=layers, layer_flip_rate_std=layers_std,
+        settings={key: setting(config).get(key) for key in differing},
     )  # fmt: skip
 
 
+def _value(value: Any) -> str:
+    """A setting's value in a label: numbers in their shortest form, dicts as compact JSON."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
 def unique_labels(groups: list[list[RunCurves]]) -> dict[int, str]:
-    """Each group's label; groups that would share one (another model, data set, batch) get
-    their first run's folder name added."""
-    labels = {id(g[0]): label(g[0].config) for g in groups}
+    """Each group's label: `label` and every other setting the groups differ in
+    (`differing_settings`: 'float_layers=int8 batch_size=100'); groups that would still share
+    one (they differ in nothing a label shows) get their first run's folder name added."""
+    differing = differing_settings([g[0].config for g in groups])
+    labels = {}
+    for g in groups:
+        shown = setting(g[0].config)
+        extra = " ".join(f"{key}={_value(shown.get(key))}" for key in differing)
+        labels[id(g[0])] = f"{label(g[0].config)} {extra}".strip()
     for g in groups:
         if sum(v == labels[id(g[0])] for v in labels.values()) > 1:
             labels[id(g[0])] += f" ({Path(g[0].run_dir).name})"
     return labels
 
 
-def _mean_curve(
+def mean_curve(
     curves: list[tuple[list[int], list[float]]],
 ) -> tuple[list[int], list[float], list[float]]:
     """Mean and std at the steps every run of the group has."""
@@ -266,51 +341,75 @@ def plot_compare(
     colors: dict[int, str] | None = None,
 ) -> Path:
     """Test accuracy (error bars over seeds) and π_t over all binary weights (±1 std band)
-    over optimizer steps, one curve per setting in its colour (`setting_colors`), in one
-    figure that says what its error bars are (`STD_NOTE`)."""
+    over optimizer steps, one curve per setting in its colour (`setting_colors`) and a line
+    style of its own, the legend below the panels, in one figure that says what its error
+    bars are (`STD_NOTE`) and when they come from fewer than FEW_SEEDS seeds."""
+    from matplotlib.ticker import MaxNLocator
+
     from bnnexport.run.reports import pyplot
 
     plt = pyplot()
     colors = colors or setting_colors(groups, {})
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for group in groups:
-        color, name = colors[id(group[0])], labels[id(group[0])]
+    for index, group in enumerate(groups):
+        style = {"color": colors[id(group[0])], "linestyle": LINE_STYLES[index % len(LINE_STYLES)]}
+        name = labels[id(group[0])]
         name += f" (mean ± std of {len(group)} seeds)" if len(group) > 1 else ""
-        steps, mean, std = _mean_curve([(r.accuracy_steps, r.accuracy) for r in group])
-        left.errorbar(steps, mean, yerr=std if len(group) > 1 else None, marker="o",
-                      markersize=3, capsize=3, color=color, label=name)  # fmt: skip
-        steps, mean, std = _mean_curve([(r.flip_steps, r.flip_rate) for r in group])
-        right.plot(steps, mean, color=color, linewidth=1, label=name)
-        if len(group) > 1:
-            low = [m - s for m, s in zip(mean, std, strict=True)]
-            high = [m + s for m, s in zip(mean, std, strict=True)]
-            right.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+        draw_curves(left, right, group, style, name)
     left.set(xlabel="optimizer step", ylabel="test accuracy (top-1)", title="Test accuracy")
-    pi_label = r"$\pi_t = \log(\mathrm{flips}/(\mathrm{weights} \cdot \mathrm{steps}) + e^{-9})$"
-    right.set(xlabel="optimizer step", ylabel=pi_label, title="Flip rate, all binary weights",
+    right.set(xlabel="optimizer step", ylabel=PI_LABEL, title="Flip rate, all binary weights",
               ylim=(-9.5, 0.5))  # fmt: skip
     for ax in (left, right):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if any(len(group) > 1 for group in groups):
-        fig.text(0.5, 0.005, STD_NOTE, ha="center", va="bottom", fontsize=8)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
+    rows = -(-len(groups) // 2)
+    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8,
+               frameon=False)  # fmt: skip
+    notes = [STD_NOTE] * any(len(g) > 1 for g in groups) + [n for n in [seeds_note(groups)] if n]
+    if notes:
+        fig.text(0.5, 0.005, "; ".join(notes), ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 + 0.045 * rows, 1, 1))
     save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)
 
 
+PI_LABEL = r"$\pi_t = \log(\mathrm{flips}/(\mathrm{weights} \cdot \mathrm{steps}) + e^{-9})$"
+
+
+def draw_curves(accuracy: Any, flips: Any, group: list[RunCurves], style: dict, name: str) -> None:
+    """One setting's curves: its mean test accuracy (error bars over its runs) on `accuracy`,
+    its mean π_t (a ±1 std band) on `flips`."""
+    steps, mean, std = mean_curve([(r.accuracy_steps, r.accuracy) for r in group])
+    accuracy.errorbar(steps, mean, yerr=std if len(group) > 1 else None, marker="o",
+                      markersize=3, capsize=3, label=name, **style)  # fmt: skip
+    steps, mean, std = mean_curve([(r.flip_steps, r.flip_rate) for r in group])
+    flips.plot(steps, mean, linewidth=1, label=name, **style)
+    if len(group) > 1:
+        low = [m - s for m, s in zip(mean, std, strict=True)]
+        high = [m + s for m, s in zip(mean, std, strict=True)]
+        flips.fill_between(steps, low, high, color=style["color"], alpha=0.2, linewidth=0)
+
+
 def table_csv(rows: list[CompareRow]) -> bytes:
-    """The table as CSV: one line per setting, hyperparameters as columns."""
+    """The table as CSV: one line per setting, hyperparameters and every other setting the
+    runs differ in as columns, and π over the last epoch per layer (`last_flip_rate.LAYER`)."""
     keys = [k for k in BOP_KEYS if any(k in r.hyperparameters for r in rows)]
-    columns = ["label", "model", "optimizer", *keys, "runs", "test_accuracy", "test_accuracy_std",
-               "flips", "flips_std", "seconds", "seconds_std", "last_flip_rate",
-               "last_flip_rate_std"]  # fmt: skip
+    settings = [k for k in (rows[0].settings if rows else {}) if k not in keys]
+    layers = list(dict.fromkeys(layer for r in rows for layer in r.layer_flip_rate))
+    columns = ["label", "model", "optimizer", *keys, *settings, "runs", "test_accuracy",
+               "test_accuracy_std", "flips", "flips_std", "seconds", "seconds_std",
+               "last_flip_rate", "last_flip_rate_std",
+               *(f"last_flip_rate.{layer}" for layer in layers),
+               *(f"last_flip_rate_std.{layer}" for layer in layers)]  # fmt: skip
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(columns)
     for r in rows:
-        values = {**r.hyperparameters, **r.__dict__, "runs": len(r.runs)}
+        per_layer = {f"last_flip_rate.{k}": v for k, v in r.layer_flip_rate.items()}
+        per_layer.update({f"last_flip_rate_std.{k}": v for k, v in r.layer_flip_rate_std.items()})
+        values = {**{k: _value(v) for k, v in r.settings.items()}, **r.hyperparameters,
+                  **r.__dict__, "runs": len(r.runs), **per_layer}  # fmt: skip
         writer.writerow([values.get(c, "") for c in columns])
     return text.getvalue().encode()
 
@@ -327,10 +426,13 @@ def compare(run_dirs: list[str | Path], out: str | Path) -> CompareReport:
     out = Path(out)
     with lock_run(out, create=True):
         require_run_directory(out)
-        rows = [summarise(g, labels, colors[id(g[0])]) for g in groups]
+        differing = differing_settings([g[0].config for g in groups])
+        rows = [summarise(g, labels, colors[id(g[0])], differing) for g in groups]
         figure = plot_compare(groups, labels, out / "compare.png", colors)
         table = write_bytes_atomic(out / "compare.csv", table_csv(rows))
-        report = CompareReport(out=str(out), rows=rows, figure=str(figure), table=str(table))
+        notes = [n for n in [seeds_note(groups)] if n]
+        report = CompareReport(out=str(out), rows=rows, figure=str(figure), table=str(table),
+                               notes=notes)  # fmt: skip
         report.save(out / "compare.json")
     return report
 

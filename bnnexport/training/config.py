@@ -24,9 +24,10 @@ from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
-from bnnexport.training.bop import GAMMA, LR, THRESHOLD
+from bnnexport.training.bop import GAMMA, HYPERPARAMETER_RULES, LR, THRESHOLD
 
 DEFAULT_EPOCHS = 5
+BN_EVAL = ("recalibrate", "moving")  # TrainConfig.bn_eval
 
 
 @dataclass
@@ -71,8 +72,11 @@ class TrainConfig:
     # bnnexport.nn.precision: "auto" = bf16 for the binary layers' forward where that is exact
     # (training identical to float32 bit for bit) on bf16 hardware, float32 elsewhere
     precision: str = "auto"
-    # Before each evaluation and checkpoint, re-estimate BatchNorm statistics on this many
-    # training batches (0 = off): flips shift pre-activations faster than running averages follow.
+    # How evaluation and the checkpoint get BatchNorm's statistics: "recalibrate" re-estimates
+    # them on `bn_recalibration_batches` training batches before each (flips shift
+    # pre-activations faster than running averages follow); "moving": the running averages
+    # training kept, as Keras evaluates (the recipes' default: the authors' protocol)
+    bn_eval: str = "recalibrate"
     bn_recalibration_batches: int = 20
     # BatchNorm statistics over the global batch (all processes' samples under torchrun),
     # computed alike in one process and in N (training.distributed.AllReduceBatchNorm);
@@ -85,14 +89,17 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def recalibration_batches(self) -> int:
+        """Training batches BatchNorm's statistics are re-estimated on before an evaluation or
+        a checkpoint: 0 with `bn_eval` "moving"."""
+        return self.bn_recalibration_batches if self.bn_eval == "recalibrate" else 0
 
-# each scheduled hyperparameter: (its option, the test every value must pass, the rule in words)
+
+# each scheduled hyperparameter: (its option, the test every value must pass, the rule in
+# words), the optimizers' own rules (bnnexport.training.bop.HYPERPARAMETER_RULES)
 HYPERPARAMETER_RANGES = {
-    # >= 0 as torch's Adam and the Bop family take it: a warm-up or a cosine decay reaches 0
-    "lr": ("--lr", lambda v: v >= 0, "must be >= 0"),
-    "gamma": ("--gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "threshold": ("--threshold", lambda v: v >= 0, "must be >= 0"),
-    "sigma": ("--sigma", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    key: (f"--{key}", ok, rule) for key, (ok, rule) in HYPERPARAMETER_RULES.items()
 }
 
 
@@ -107,6 +114,8 @@ def validate_config(config: TrainConfig) -> None:
         raise ConfigError("--log-every and --eval-every must be >= 0 (0: the default)")
     if config.precision not in PRECISIONS:
         raise ConfigError(f"--precision {config.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if config.bn_eval not in BN_EVAL:
+        raise ConfigError(f"--bn-eval {config.bn_eval!r} is not one of {', '.join(BN_EVAL)}")
     if config.float_layers not in FLOAT_LAYERS:
         raise ConfigError(
             f"--float-layers {config.float_layers!r} is not one of {', '.join(FLOAT_LAYERS)}"

@@ -1,11 +1,14 @@
 """Data-parallel training under `torchrun`: process-group set-up, who does what, and what makes
-N processes at batch B/N the same experiment as one process at batch B.
+N processes sharing each batch of B the same experiment as one process at batch B.
 
 `torchrun --nproc-per-node=N -m bnnexport train ...` starts N processes; each reads its rank from
-the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK). Gradients are all-reduced by
-DistributedDataParallel before the optimizer step, so Bop sees the same averaged gradient on every
-rank and flips the same weights: the binary weights stay identical everywhere. Only rank 0 writes
-the run directory and prints. Backend: NCCL on GPUs, gloo on CPU.
+the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK). `--batch-size` is the global
+batch, as a recipe's is: each process takes batch-size / N (`process_batch_size`). Gradients
+are all-reduced by DistributedDataParallel before the optimizer step, so Bop sees the same
+averaged gradient on every rank and flips the same weights: the binary weights stay identical
+everywhere. Only rank 0 writes the run directory and prints; the step rows' loss and
+accuracies are the global batch's (`bnnexport.training.trainer.BatchCounts`, all-reduced).
+Backend: NCCL on GPUs, gloo on CPU.
 
 The same experiment as one process takes two more things, both here:
 
@@ -38,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Sampler
 
-from bnnexport.errors import DependencyError
+from bnnexport.errors import ConfigError, DependencyError
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,24 @@ def setup(device: str = "cpu") -> DistributedContext:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     return DistributedContext(rank=rank, world_size=world_size, device=device)
+
+
+def process_batch_size(batch_size: int, world_size: int) -> int:
+    """Each process's share of the global batch `batch_size` (`train --batch-size`, the same
+    experiment in one process and in N); ConfigError naming both numbers when N processes
+    cannot share it evenly.
+
+    Example:
+        >>> process_batch_size(50, 2)
+        25
+    """
+    if batch_size % world_size:
+        raise ConfigError(
+            f"--batch-size {batch_size} cannot be shared evenly by {world_size} processes: it "
+            f"is the global batch (each process takes batch-size / {world_size}); give a "
+            f"multiple of {world_size}"
+        )
+    return batch_size // world_size
 
 
 class GlobalBatches(Sampler[list[int]]):

@@ -9,7 +9,8 @@ and π_t, the paper's flip rate (Eq. 6) *per step*:
 so rows logged every 1 or every 50 steps give comparable curves. `mean_flip_rate` is the same
 over all binary weights together. `{"kind": "epoch"}` rows hold the epoch's accuracies and
 its π (per layer and `mean_flip_rate`): the mean per-step flip fraction over the epoch, in
-the same log form. `{"kind": "eval"}` rows (`train --eval-every N`) hold a test accuracy.
+the same log form, and top-5 beside top-1 (`train_top5_accuracy`, `test_top5_accuracy`).
+`{"kind": "eval"}` rows (`train --eval-every N`) hold a test accuracy, top-1 and top-5.
 
 Example:
     >>> rows = [{"kind": "step", "step": 4, "epoch": 1, "steps": 4, "flips": {"fc": 8},
@@ -91,6 +92,25 @@ def last_epoch_flip_rate(records: Iterable[dict[str, Any]]) -> float:
     return pi(max(sum(fractions), 0.0) / max(steps, 1))
 
 
+def last_epoch_layer_flip_rates(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """π per binary layer over the run's last epoch (what train.json calls `flip_rate`): the
+    last epoch row's `flip_rate`; for runs from before epoch rows held it, computed from that
+    epoch's step rows. {} for a run with no step row."""
+    records = list(records)
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    if epochs and "flip_rate" in epochs[-1]:
+        return {layer: float(rate) for layer, rate in epochs[-1]["flip_rate"].items()}
+    rows = step_rows(records)
+    last = [r for r in rows if r["epoch"] == rows[-1]["epoch"]] if rows else []
+    steps = max(sum(int(r["steps"]) for r in last), 1)
+    rates: dict[str, float] = {}
+    for layer in last[-1].get("flip_rate", {}) if last else {}:
+        fractions = [(math.exp(r["flip_rate"][layer]) - math.exp(-9)) * int(r["steps"])
+                     for r in last if layer in r.get("flip_rate", {})]  # fmt: skip
+        rates[layer] = pi(max(sum(fractions), 0.0) / steps)
+    return rates
+
+
 def accuracy_curve(records: Iterable[dict[str, Any]]) -> tuple[list[int], list[float]]:
     """(steps, test accuracy): the eval rows (`--eval-every`) and the epoch rows, by step."""
     points = {
@@ -142,7 +162,8 @@ def tensorboard_available() -> bool:
 
 def tensorboard_events(records: Iterable[dict[str, Any]]) -> bytes:
     """The rows as TensorBoard scalars (one event file's bytes), by optimizer step: loss,
-    accuracy, π_t per layer and over all weights, hyperparameters; train and test accuracy."""
+    top-1 and top-5 accuracy, flips and π_t per layer and over all weights, hyperparameters;
+    train and test accuracy (top-1 and top-5)."""
     from converters.runtimes import tf
 
     # torch's writer imports TensorFlow when it is installed (it is: the converter's), whose
@@ -156,24 +177,39 @@ def tensorboard_events(records: Iterable[dict[str, Any]]) -> bytes:
         writer = SummaryWriter(log_dir=folder)
         for row in step_rows(records):
             step = int(row["step"])
-            for key in ("loss", "accuracy"):
+            for key in ("loss", "accuracy", "top5_accuracy"):
                 if key in row:
                     writer.add_scalar(f"train/{key}", row[key], step)
             for layer, rate in row.get("flip_rate", {}).items():
                 writer.add_scalar(f"flip_rate/{layer}", rate, step)
             writer.add_scalar("flip_rate/all", mean_flip_rate(row), step)
+            # the flips themselves, summed over the row's steps (π_t is their per-step rate)
+            for layer, flips in row.get("flips", {}).items():
+                writer.add_scalar(f"flips/{layer}", flips, step)
+            if "flips" in row:
+                writer.add_scalar("flips/all", sum(row["flips"].values()), step)
             for key, value in row.items():
                 if "." in key and isinstance(value, (int, float)):  # 'bop.gamma', 'adam.lr'
                     writer.add_scalar(f"hyperparameters/{key}", value, step)
         for row in records:
-            if row.get("kind") == "epoch":
-                writer.add_scalar("epoch/train_accuracy", row["train_accuracy"], row["step"])
-                writer.add_scalar("epoch/train_loss", row["train_loss"], row["step"])
-            if row.get("kind") in ("epoch", "eval") and row.get("test_accuracy") is not None:
-                writer.add_scalar("test/accuracy", row["test_accuracy"], row["step"])
+            _epoch_scalars(writer, row)
         writer.close()
         (event_file,) = Path(folder).glob("*tfevents*")
         return event_file.read_bytes()
+
+
+def _epoch_scalars(writer: Any, row: dict[str, Any]) -> None:
+    """An epoch or eval row's scalars: train loss and accuracies, test accuracies (top-5 in
+    rows from runs that logged it)."""
+    step = row.get("step")
+    if row.get("kind") == "epoch":
+        for key in ("train_accuracy", "train_loss", "train_top5_accuracy"):
+            if row.get(key) is not None:
+                writer.add_scalar(f"epoch/{key}", row[key], step)
+    if row.get("kind") in ("epoch", "eval"):
+        for key, tag in (("test_accuracy", "test/accuracy"), ("test_top5_accuracy", "test/top5")):
+            if row.get(key) is not None:
+                writer.add_scalar(tag, row[key], step)
 
 
 def write_tensorboard(run_dir: str | Path, records: Iterable[dict[str, Any]]) -> Path | None:

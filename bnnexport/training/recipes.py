@@ -31,6 +31,7 @@ from typing import Any
 
 from bnnexport.datasets.imagefolder import IMAGENET as IMAGENET_CROPS
 from bnnexport.errors import DataError
+from bnnexport.training import deviations
 from bnnexport.training.config import TrainConfig
 from bnnexport.training.schedules import (
     Constant,
@@ -39,6 +40,7 @@ from bnnexport.training.schedules import (
     Piecewise,
     Schedule,
     StepDecay,
+    as_schedule,
     parse_schedule,
 )
 
@@ -65,8 +67,12 @@ class Recipe:
     # the data set loader's options, applied on the recipe's own data set (ImageNet's crops)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     l2_first_last: float = 0.0  # L2 on the first and last layers' weights (XNOR-Net)
-    assumptions: tuple[str, ...] = ()  # settings the sources do not give, and what is used
+    # settings the sources do not give and where the recipe departs from the code that
+    # published its number, each with that code's line (bnnexport.training.deviations)
+    assumptions: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)  # hyperparameter: where it is from
+    # how evaluation gets BatchNorm's statistics (TrainConfig.bn_eval): Keras' moving averages
+    bn_eval: str = "moving"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,8 +86,13 @@ CODE = "plumerai/rethinking-bnn-optimization@2823525 bnn_optimization/models/"
 NO_BOP = "unused: adam-latent has no γ or τ"
 # ImageNet's random-resized 224 crops (the data set's default is the images' own size)
 CROPS = {"image_size": IMAGENET_CROPS}
+# the authors' ImageNet pixels: (x - mean) / std per channel (data/imagenet.py:13-14, in 0-255)
+AUTHORS_PIXELS = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 IMAGENET = dict(dataset="imagefolder", optimizer="bop", batch_size=1024, threshold="1e-8",
-                dataset_options=CROPS)  # fmt: skip
+                dataset_options={**CROPS, **AUTHORS_PIXELS})  # fmt: skip
+# BinaryNet as the authors train it: BatchNorm after each max-pool in training (exported in
+# LCE's order, the same function), Keras' BatchNorm ε and momentum (binarynet.py:26, :30-31)
+AUTHORS_BINARYNET = {"pool_first": True, "bn_eps": 1e-3, "bn_momentum": 0.01}
 IMAGENET_NOTE = "γ and Adam's lr decay linearly over the whole run"
 # larq-zoo trains its models with Adam on latent weights (larq_zoo/training/*_experiments.py);
 # γ and τ are Bop's and unused by adam-latent
@@ -135,6 +146,7 @@ RECIPES: dict[str, Recipe] = {
             description="BinaryNet on CIFAR-10 with Bop; Adam for the real-valued parameters",
             model="binarynet", dataset="cifar10", optimizer="bop", epochs=500, batch_size=50,
             gamma="step:1e-4,0.1,100", threshold="1e-8", lr="1e-2",
+            model_kwargs=AUTHORS_BINARYNET, assumptions=deviations.cifar_binarynet("bop_sec52"),
             source=f"{PAPER}, Section 5.2", published="91.3 % test accuracy",
             sources={
                 "epochs": f"{CODE}binarynet.py:93", "batch_size": f"{CODE}binarynet.py:94",
@@ -150,6 +162,7 @@ RECIPES: dict[str, Recipe] = {
             "latent weights clipped to [-1, 1], with the authors' default BinaryNet settings",
             model="binarynet", dataset="cifar10", optimizer="adam-latent", epochs=100,
             batch_size=256, gamma="1e-4", threshold="1e-8", lr="5e-3",
+            model_kwargs=AUTHORS_BINARYNET,
             source=f"{PAPER}, Section 5.2 (the latent-weight baseline it compares with)",
             published="90.9 % test accuracy",
             sources={
@@ -160,7 +173,8 @@ RECIPES: dict[str, Recipe] = {
             },
             assumptions=("published: that Section 5.2's 90.9 % was trained with these "
                          "settings is our reading (the code's only latent-weight set for "
-                         "BinaryNet); the paper does not list them",),
+                         "BinaryNet); the paper does not list them",
+                         *deviations.cifar_binarynet("default")),
         ),
         Recipe(
             name="paper-cifar10-sweep",
@@ -168,6 +182,7 @@ RECIPES: dict[str, Recipe] = {
             "and τ around it (`bnnexport sweep`)",
             model="binarynet", dataset="cifar10", optimizer="bop", epochs=100, batch_size=100,
             gamma="1e-3", threshold="1e-6", lr="1e-2",
+            model_kwargs=AUTHORS_BINARYNET, assumptions=deviations.cifar_binarynet("bop"),
             source=f"{PAPER}, Section 5.1 (hyperparameter analysis, flip-rate curves)",
             published="no single number: accuracy and flip-rate curves per (γ, τ)",
             sources={
@@ -183,6 +198,7 @@ RECIPES: dict[str, Recipe] = {
             model="binary-alexnet", epochs=150, gamma="linear:1e-4,1e-6,150",
             lr="linear:2.5e-3,5e-6,150", **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="41.1 % top-1",
+            assumptions=deviations.BINARY_ALEXNET,
             sources=imagenet_sources("binary_alexnet.py", 65, decay=78),
         ),
         Recipe(
@@ -192,6 +208,7 @@ RECIPES: dict[str, Recipe] = {
             model="xnornet", epochs=100, gamma="linear:1e-4,1e-6,100",
             lr="linear:2.5e-3,5e-6,100", l2_first_last=5e-7, **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="45.9 % top-1",
+            assumptions=deviations.XNORNET,
             sources={**imagenet_sources("xnor.py", 62, decay=81),
                      "l2_first_last": f"{CODE}xnor.py:73, on the layers of :25 and :53"},
         ),
@@ -202,6 +219,7 @@ RECIPES: dict[str, Recipe] = {
             model="birealnet18", epochs=300, gamma="linear:1e-4,1e-6,300",
             lr="linear:2.5e-3,5e-6,300", **IMAGENET,
             source=f"{PAPER}, Section 5.3", published="56.6 % top-1",
+            assumptions=deviations.BIREALNET,
             sources=imagenet_sources("birealnet.py", 74, decay=87),
         ),
         Recipe(
@@ -211,7 +229,7 @@ RECIPES: dict[str, Recipe] = {
             model="binary-densenet28", epochs=120, batch_size=256, lr=DENSENET_LR, **LARQ_ZOO,
             source=f"{BASIC}, TrainBinaryDenseNet28", published="60.91 % top-1 (larq-zoo)",
             sources=DENSENET28_SOURCES,
-            assumptions=(CLIP_13,),
+            assumptions=(deviations.larq_zoo("densenet.py"), CLIP_13,),
         ),
         Recipe(
             name="larq-zoo-binary-densenet37",
@@ -220,7 +238,7 @@ RECIPES: dict[str, Recipe] = {
             model="binary-densenet37", epochs=120, batch_size=192, lr=DENSENET_LR, **LARQ_ZOO,
             source=f"{BASIC}, TrainBinaryDenseNet37", published="62.89 % top-1 (larq-zoo)",
             sources={**DENSENET28_SOURCES, "batch_size": f"{ZOO_BASIC}110"},
-            assumptions=(CLIP_13,),
+            assumptions=(deviations.larq_zoo("densenet.py"), CLIP_13,),
         ),
         Recipe(
             name="larq-zoo-binary-densenet45",
@@ -231,7 +249,7 @@ RECIPES: dict[str, Recipe] = {
             source=f"{BASIC}, TrainBinaryDenseNet45", published="64.59 % top-1 (larq-zoo)",
             sources=zoo_sources(f"{ZOO_BASIC}124", f"{ZOO_BASIC}125",
                                 f"{ZOO_BASIC}126-127, x0.1 (:91) at each step"),
-            assumptions=(CLIP_13,),
+            assumptions=(deviations.larq_zoo("densenet.py"), CLIP_13,),
         ),
         Recipe(
             name="larq-zoo-meliusnet22",
@@ -242,7 +260,7 @@ RECIPES: dict[str, Recipe] = {
             sources=DENSENET28_SOURCES,
             published="62.4 % top-1 (larq-zoo's weights, trained by a setting it does not "
             "publish)",
-            assumptions=(
+            assumptions=(deviations.larq_zoo("meliusnet.py"),
                 "the whole setting: that of BinaryDenseNet-28, by the same authors and of the "
                 "same blocks",
                 CLIP_13,
@@ -257,7 +275,7 @@ RECIPES: dict[str, Recipe] = {
             source=f"{BASIC}, TrainBinaryResNetE18", published="58.32 % top-1 (larq-zoo)",
             sources=zoo_sources(f"{ZOO_BASIC}63", f"{ZOO_BASIC}64",
                                 f"{ZOO_BASIC}66-68, x0.3 at each step (:70-76)"),
-            assumptions=(latent_clip("±1.25"),),
+            assumptions=(deviations.larq_zoo("resnet_e.py"), latent_clip("±1.25"),),
         ),
         Recipe(
             name="larq-zoo-dorefanet",
@@ -268,7 +286,7 @@ RECIPES: dict[str, Recipe] = {
             source=f"{BASIC}, TrainDoReFaNet", published="53.39 % top-1 (larq-zoo)",
             sources=zoo_sources(f"{ZOO_BASIC}171", f"{ZOO_BASIC}172",
                                 f"{ZOO_BASIC}174-177, :179-192"),
-            assumptions=(
+            assumptions=(deviations.larq_zoo("dorefanet.py"),
                 "Adam's ε: torch's 1e-8 (larq-zoo: 1e-5)",
                 "kernels: sign(w) in the forward pass, clipped STE (larq-zoo: mean|w| x sign(w) "
                 "with an identity gradient; BatchNorm follows each, so the scale cancels)",
@@ -287,7 +305,7 @@ RECIPES: dict[str, Recipe] = {
             sources=zoo_sources(f"{ZOO_STAGES}93 (TrainR2BBFP)", f"{ZOO_STAGES}94 (TrainR2BBFP)",
                                 f"{ZOO_STAGES}133, :151-158; {ZOO_COSINE}"),
             published="65.01 % top-1 (larq-zoo, after all four stages)",
-            assumptions=(
+            assumptions=(deviations.larq_zoo("real_to_binary.py"),
                 "the three stages before it (a float ResNet-18 teacher, float and "
                 "binary-activation students) and its distillation from the binary-activation "
                 "model are not reproduced: this recipe trains from scratch",
@@ -303,7 +321,7 @@ RECIPES: dict[str, Recipe] = {
             sources=zoo_sources(f"{ZOO_SOTA}17 (TrainQuickNet)", f"{ZOO_SOTA}18",
                                 f"{ZOO_SOTA}22-27, {ZOO_COSINE}"),
             published="66.9 % top-1 (larq-zoo v1.0)",
-            assumptions=(
+            assumptions=(deviations.larq_zoo("quicknet.py"),
                 "the float parameters: Adam with the same lr (larq-zoo: SGD, momentum 0.9, "
                 "cosine from 0.1 with the same warm-up, sota_experiments.py:29-36)",
                 latent_clip("±1.25"),
@@ -369,13 +387,16 @@ def recipe_config(name: str, steps_per_epoch: int | None = None, **overrides: An
     settings: dict[str, Any] = {
         "model": recipe.model, "dataset": recipe.dataset, "optimizer": recipe.optimizer,
         "epochs": recipe.epochs, "batch_size": recipe.batch_size,
-        "model_kwargs": dict(recipe.model_kwargs), "out": f"runs/{recipe.name}",
-        "l2_first_last": recipe.l2_first_last,
+        "out": f"runs/{recipe.name}", "l2_first_last": recipe.l2_first_last,
+        "bn_eval": recipe.bn_eval,
     }  # fmt: skip
     given = {k: v for k, v in overrides.items() if v is not None}
     settings.update(given)
     own = recipe.dataset_options if settings["dataset"] == recipe.dataset else {}
     settings["dataset_options"] = {**own, **given.get("dataset_options", {})}
+    # the recipe's model options go with its own model (another model has other options)
+    own = recipe.model_kwargs if settings["model"] == recipe.model else {}
+    settings["model_kwargs"] = {**own, **given.get("model_kwargs", {})}
     if "dataset_options" in given:  # an override is what the options became
         given["dataset_options"] = settings["dataset_options"]
     if steps_per_epoch is None:
@@ -397,6 +418,51 @@ RUN_PLACE = ("out", "device", "precision", "num_workers", "log_every", "eval_eve
 def settings_of(recipe: Recipe, key: str) -> Any:
     """The recipe's own value of a TrainConfig field (None where it sets none)."""
     return getattr(recipe, key, None)
+
+
+def rescale_on_resume(
+    config: TrainConfig, changes: dict[str, list], steps_per_epoch: int, step: int
+) -> str | None:
+    """A resumed recipe run given another `--epochs`: the recipe's schedules the user did not
+    set (at the start, `recipe_overrides`, or now, `changes`) rescaled to the new length, as a
+    new run of that length has them, so `compression_note` stays true and no step decay runs
+    on below the recipe's floor. Each one rescaled goes into `config` and `changes` (old,
+    new); returns one line saying what each is at the next step (`step` steps are done; the
+    metrics number that step `step` + 1), or None.
+
+    Example:
+        >>> config = recipe_config("paper-cifar10-bop", steps_per_epoch=4, epochs=2)
+        >>> changes = {"epochs": [2, 3]}
+        >>> config.epochs = 3
+        >>> note = rescale_on_resume(config, changes, steps_per_epoch=4, step=8)
+        >>> note.partition(": ")[0], note.partition(" (")[2]
+        ('recipe paper-cifar10-bop, --epochs 2 -> 3', 'gamma at step 9: 1e-08 -> 1e-06)')
+        >>> changes["gamma"]
+        ['step:0.0001,0.1,2', 'step:0.0001,0.1,3']
+    """
+    if config.recipe is None or "epochs" not in changes:
+        return None
+    recipe = get_recipe(config.recipe)
+    factor = int(config.epochs or recipe.epochs) / recipe.epochs
+    moved = {}
+    for key in ("gamma", "threshold", "lr"):
+        if key in config.recipe_overrides or key in changes:
+            continue  # the user's own value: never rescaled
+        old = getattr(config, key)
+        new = resolve_schedule(getattr(recipe, key), steps_per_epoch, factor)
+        if as_schedule(old) != as_schedule(new):
+            setattr(config, key, new)
+            changes[key] = [old, new]
+            moved[key] = f"{as_schedule(old)(step):g} -> {as_schedule(new)(step):g}"
+    if not moved:
+        return None
+    return (
+        f"recipe {recipe.name}, --epochs {changes['epochs'][0]} -> {config.epochs}: its "
+        f"{', '.join(moved)} schedule{'s are' if len(moved) > 1 else ' is'} the recipe's over "
+        f"{config.epochs} of its {recipe.epochs} epochs from step {step + 1} on, as a new run's ("
+        + "; ".join(f"{key} at step {step + 1}: {values}" for key, values in moved.items())
+        + ")"
+    )
 
 
 def compression_note(config: TrainConfig) -> str | None:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ RESUMABLE = ("lr", "gamma", "threshold", "sigma", "batch_size", "epochs", "data_
 def check_run(run: RunDir, resume: bool, force: bool) -> dict | None:
     """The checkpoint to resume from, or None; refuses before anything is changed."""
     if resume:
+        if not run.checkpoint.is_file() and run.config.is_file():  # stopped before epoch 1 ended
+            raise CheckpointError(
+                f"nothing to resume: {run.root} holds no checkpoint (the run stopped before its "
+                "first epoch ended); run the same command without --resume to start it afresh"
+            )
         if not run.checkpoint.is_file():
             raise CheckpointError(f"nothing to resume: {run.checkpoint} does not exist")
         return load_checkpoint(run.checkpoint)  # its folder: checked by train, once known
@@ -74,6 +80,8 @@ def resumed_config(
             "version of bnnexport"
         )
     saved = TrainConfig(**saved_json)
+    if not checkpoint.get("global_batch"):  # batch_size was each process's then
+        saved.batch_size *= _trained_world_size(source.parent)
     saved.dataset_options = recorded_options(saved.dataset, saved.dataset_options)
     done = int(checkpoint.get("epoch", 0))
     saved.out = config.out  # the run may have been moved or copied since
@@ -99,6 +107,16 @@ def resumed_config(
             changes[name] = [old, new]
         setattr(saved, name, new)
     return saved, changes
+
+
+def _trained_world_size(run_dir: Path) -> int:
+    """How many processes trained a run from before `--batch-size` was the global batch, as
+    its train.json says (1 without one: a run interrupted before its first train.json is
+    taken for a one-process run)."""
+    try:
+        return max(1, int(json.loads((run_dir / "train.json").read_text()).get("world_size", 1)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1
 
 
 def _differing(name: str, new: Any, old: Any) -> tuple[str, Any, Any]:
@@ -132,7 +150,9 @@ def interrupted(run: RunDir, resume: bool, saved_now: bool, device: str) -> Trai
     epoch, epochs = _saved_epochs(run.checkpoint) if resume or saved_now else (0, 0)
     if epoch < 1:  # an `init` checkpoint (epoch 0) holds no training either
         return TrainingInterrupted(
-            f"interrupted before the first checkpoint: no epoch of this run was saved in {run.root}"
+            f"interrupted before the first checkpoint: no epoch of this run was saved in "
+            f"{run.root}; run the same command again to start afresh (it replaces what this run "
+            "wrote there)"
         )
     if not saved_now:  # a resumed run: the options it was given are not in the checkpoint yet
         return TrainingInterrupted(

@@ -1,8 +1,9 @@
 """`sweep(base, gammas, thresholds) -> SweepReport`: the paper's γ/τ analysis (Fig. 2, Section 5.1).
 
 One training run per (γ, τ) setting, in OUT/gamma=G,threshold=T, then OUT/sweep.png (test
-accuracy and flip rate π_t over steps, one curve per setting: `bnnexport.training.compare`'s figure)
-and OUT/sweep.json (the table of final accuracies and flip rates, and each setting's colour,
+accuracy and flip rate π_t over steps, a column per hyperparameter the sweep varies, as the
+paper's Fig. 2: `bnnexport.training.plots.plot_sweep`) and OUT/sweep.json (the table of final
+accuracies and flip rates, over all binary weights and per layer, and each setting's colour,
 which `bnnexport compare` of its runs keeps). The flip rate of a setting is counted over all
 binary weights: π = log(flips / (weights · steps) + e^-9), as in the paper's Eq. 6, over the
 whole run and over the last epoch (`metrics.last_epoch_flip_rate`, as compare and train.json);
@@ -12,7 +13,8 @@ whole run and over the last epoch (`metrics.last_epoch_flip_rate`, as compare an
 (`adam-latent`, which has no γ or τ) runs once, in OUT/optimizer=adam-latent, and with more
 than one optimizer every Bop setting's folder starts with `optimizer=NAME,`. `seeds=N` trains
 every setting N times (seeds base.seed ... base.seed+N-1, in SETTING/seed=S): the table gives
-mean ± sample standard deviation (n - 1) and the figure error bars.
+mean ± sample standard deviation (n - 1) and the figure error bars (with 2 seeds, the figure
+and the report's `notes` say the spread says little).
 
 The paper's claim to check: a higher γ and a lower τ give more flips. `SweepReport.ordering`
 says, for every pair of settings of one optimizer that differ in one of the two, whether the
@@ -68,8 +70,11 @@ class SweepSetting:
     last_epoch_flip_rate_std: float = 0.0
     seconds_std: float = 0.0
     model: str = ""
-    color: str = ""  # its colour in sweep.png, which compare gives it too
+    color: str = ""  # its colour in sweep.png's first column, which compare gives it too
     setting: str = ""  # compare.setting_id: how compare finds this setting's colour
+    # π over the last epoch per binary layer (as train.json's flip_rate), mean and std
+    layer_flip_rate: dict[str, float] = field(default_factory=dict)
+    layer_flip_rate_std: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -203,6 +208,31 @@ def plan_runs(
     return plan
 
 
+def _summary(key: tuple[str, float | None, float | None], configs: list[TrainConfig],
+             reports: list, curves: list) -> SweepSetting:  # fmt: skip
+    """One setting's row from its runs (one per seed): means and sample stds."""
+    from bnnexport.training.compare import layer_mean_std, mean_std, setting_id
+
+    optimizer, gamma, threshold = key
+    layers, layers_std = layer_mean_std(curves)
+    accuracy = mean_std([r.test_accuracy for r in reports])
+    pi_run = mean_std([_run_flip_rate(RunDir(config.out)) for config in configs])
+    pi_last = mean_std([c.last_flip_rate for c in curves])
+    seconds = mean_std([c.seconds for c in curves])
+    return SweepSetting(
+        gamma=gamma, threshold=threshold, run_dir=configs[0].out,
+        test_accuracy=accuracy[0],
+        train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
+        flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
+        seconds=seconds[0], seconds_std=seconds[1], optimizer=optimizer,
+        run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
+        test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
+        last_epoch_flip_rate_std=pi_last[1], model=configs[0].model,
+        setting=setting_id(curves[0].config), layer_flip_rate=layers,
+        layer_flip_rate_std=layers_std,
+    )  # fmt: skip
+
+
 def _sweep(
     base: TrainConfig,
     plan: dict[tuple[str, float | None, float | None], list[TrainConfig]],
@@ -212,45 +242,20 @@ def _sweep(
     optimizers: list[str],
     seeds: int,
 ) -> SweepReport:
-    from bnnexport.training.compare import (
-        group_runs,
-        mean_std,
-        plot_compare,
-        read_run,
-        setting_colors,
-        setting_id,
-        unique_labels,
-    )
+    from bnnexport.training.compare import read_run, seeds_note
+    from bnnexport.training.plots import plot_sweep
 
     start = time.perf_counter()
-    settings, runs = [], []
-    for (optimizer, gamma, threshold), configs in plan.items():
+    settings, groups = [], []
+    for key, configs in plan.items():
         reports = [train(config, force=force, progress=progress) for config in configs]
         curves = [read_run(config.out) for config in configs]
-        runs += curves
-        accuracy = mean_std([r.test_accuracy for r in reports])
-        pi_run = mean_std([_run_flip_rate(RunDir(config.out)) for config in configs])
-        pi_last = mean_std([c.last_flip_rate for c in curves])
-        seconds = mean_std([c.seconds for c in curves])
-        settings.append(
-            SweepSetting(
-                gamma=gamma, threshold=threshold, run_dir=configs[0].out,
-                test_accuracy=accuracy[0],
-                train_accuracy=mean_std([r.train_accuracy for r in reports])[0],
-                flip_rate=pi_run[0], last_epoch_flip_rate=pi_last[0],
-                seconds=seconds[0], seconds_std=seconds[1], optimizer=optimizer,
-                run_dirs=[c.out for c in configs], seeds=[c.seed for c in configs],
-                test_accuracy_std=accuracy[1], flip_rate_std=pi_run[1],
-                last_epoch_flip_rate_std=pi_last[1], model=base.model,
-                setting=setting_id(curves[0].config),
-            )
-        )  # fmt: skip
-    groups = group_runs(runs)
-    colors = setting_colors(groups, {})  # in the plan's order; recorded for compare
-    by_setting = {setting_id(g[0].config): colors[id(g[0])] for g in groups}
-    for setting in settings:
-        setting.color = by_setting[setting.setting]
-    figure = plot_compare(groups, unique_labels(groups), out / "sweep.png", colors)
+        groups.append(curves)
+        settings.append(_summary(key, configs, reports, curves))
+    figure = out / "sweep.png"
+    colors = plot_sweep(groups, list(plan), figure)  # recorded for compare
+    for setting, group in zip(settings, groups, strict=True):
+        setting.color = colors[id(group[0])]
     report = SweepReport(
         out=str(out),
         model=base.model,
@@ -262,6 +267,7 @@ def _sweep(
         figure=str(figure),
         wall_seconds=time.perf_counter() - start,
         seeds=seeds,
+        notes=[n for n in [seeds_note(groups)] if n],
     )
     report.save(out / "sweep.json")
     return report

@@ -42,7 +42,7 @@ from bnnexport.training.config import (
     check_schedules,
     validate_config,
 )
-from bnnexport.training.distributed import DistributedContext, setup
+from bnnexport.training.distributed import DistributedContext, process_batch_size, setup
 from bnnexport.training.metrics import (
     NO_TENSORBOARD,
     TENSORBOARD_FILE,
@@ -57,7 +57,12 @@ from bnnexport.training.resume import (
     interrupted,
     resumed_config,
 )
-from bnnexport.training.trainer import EpochResult, Trainer, evaluate, recalibrate_batchnorm
+from bnnexport.training.trainer import (
+    EpochResult,
+    Trainer,
+    evaluate_counts,
+    recalibrate_batchnorm,
+)
 
 
 @dataclass
@@ -116,9 +121,9 @@ def train(
     line on stderr unless `progress=False`, and in the report's `notes`. `log` is called with
     one line per epoch (epoch k/N, loss, accuracies, seconds) and, unless `progress=False`, with
     a note naming what `resume` removed (always in the report's `resume_removed`); without it
-    the epoch line shows only under the progress bars. Under
-    `torchrun`, every process trains on its share of each batch (`batch_size` is per process)
-    and only rank 0 writes files, reports and logs.
+    the epoch line shows only under the progress bars. Under `torchrun`, every process trains
+    on its share of each batch (`batch_size` is the global batch, batch_size / N per process;
+    ConfigError when N does not divide it) and only rank 0 writes files, reports and logs.
     Ctrl-C raises TrainingInterrupted, saying which checkpoint `--resume` continues from.
     """
     validate_config(config)
@@ -163,6 +168,7 @@ def _train(
             return stored
         files.require_run_directory(run.root)  # what training on will rewrite is bnnexport's
     config.epochs = config.epochs or DEFAULT_EPOCHS
+    process_batch_size(config.batch_size, context.world_size)  # every rank refuses alike
     # here, not in validate_config: on --resume the data set is the run's own, known only now
     check_dataset_options(config.dataset, config.dataset_options)
     # Data and model are loaded before anything in the run directory changes: a bad option
@@ -261,8 +267,9 @@ def _notes(trainer: Trainer) -> list[str]:
     epochs) and what this run will not write: one line each, in train.json's `notes`."""
     from bnnexport.training.recipes import compression_note
 
-    notes = [trainer.data.note] if trainer.data.note else []
-    notes += [n for n in [compression_note(trainer.config)] if n]
+    notes = trainer.data.note.splitlines() if trainer.data.note else []
+    notes += [n for n in [compression_note(trainer.config), trainer.resume_note,
+                          trainer.sharing_note()] if n]  # fmt: skip
     return notes + ([] if tensorboard_available() else [NO_TENSORBOARD])
 
 
@@ -288,8 +295,12 @@ def _prepare_run(
                          "epoch": trainer.start_epoch, "changed": changes})  # fmt: skip
         payload = "".join(_json_line(r) for r in kept).encode()
         write_bytes_atomic(run.metrics, payload, append=True)
-    # the options, and the record of binary kernels they led to (the checkpoint holds it too)
-    write_json_atomic(run.config, {**config.to_json(), "binary_kernels": trainer.kernels.to_json()})
+    # the options, how many processes shared each batch, the record of binary kernels they
+    # led to, the classes' names and the model's source (the checkpoint holds them too)
+    recorded = {"class_names": trainer.data.class_names, "model_source": trainer.model_source}
+    write_json_atomic(run.config, {**config.to_json(), **trainer.data_parallel(),
+                                   "binary_kernels": trainer.kernels.to_json(),
+                                   **recorded})  # fmt: skip
     return removed
 
 
@@ -310,13 +321,14 @@ def _run_epochs(
         epoch_start = time.perf_counter()
         result = trainer.train_epoch(epoch, show)
         epoch_seconds.append(time.perf_counter() - epoch_start)
-        if config.bn_recalibration_batches:
+        if config.recalibration_batches:
             # Every rank does it on its share of the same global batches: with sync_batchnorm
             # the statistics are the global ones everywhere (else DDP broadcasts rank 0's).
-            batches = itertools.islice(trainer.loader(epoch), config.bn_recalibration_batches)
+            batches = itertools.islice(trainer.loader(epoch), config.recalibration_batches)
             recalibrate_batchnorm(trainer.model, batches, device=context.device)
         if context.is_main:
-            test_acc = evaluate(trainer.model, trainer.data.test, device=context.device)
+            test = evaluate_counts(trainer.model, trainer.data.test, device=context.device)
+            test_acc = test.top1
             append_jsonl(
                 run.metrics,
                 [
@@ -326,7 +338,9 @@ def _run_epochs(
                         "epoch": epoch + 1,
                         "train_loss": result.loss,
                         "train_accuracy": result.accuracy,
+                        "train_top5_accuracy": result.top5_accuracy,
                         "test_accuracy": test_acc,
+                        "test_top5_accuracy": test.top5,
                         "seconds": epoch_seconds[-1],
                         "flip_rate": result.flip_rate,
                         "mean_flip_rate": result.mean_flip_rate,

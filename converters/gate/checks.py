@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -87,6 +88,7 @@ class Checked:
     gates: list[GateReport]
     twin: list[GateReport]
     trusted_twin: dict | None = None
+    twin_seconds: float = 0.0  # the twin's translation, conversion and comparison
 
 
 def check_conversion(
@@ -113,10 +115,11 @@ def check_conversion(
                               check_float)  # fmt: skip
         except ConversionMismatchError as error:
             gates, twin, trusted = _refused(error, model, inputs, references, options)
+    start = time.perf_counter()
     if options.twin and twin is None:
         options.step("exact-grid twin: convert and compare")
         twin = check_twin(model, inputs, references, options.gate)
-    return Checked(gates, twin or [], trusted)
+    return Checked(gates, twin or [], trusted, time.perf_counter() - start)
 
 
 @dataclass
@@ -339,7 +342,7 @@ def run_gates(
     Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand.
     Recurring splits are judged where the translator decides signs exactly
     (`TranslationInfo.exact_sources`), each reference arbitrating the others'."""
-    witnesses = WitnessModels(model)
+    witnesses = WitnessModels(model, float_model=check_float)  # the float one only if checked
     probes: dict[str, SignProbe] = {}
 
     def onnx_probe() -> SignProbe:

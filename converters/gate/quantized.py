@@ -45,7 +45,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from converters.errors import AccuracyDropError, ConversionMismatchError, FloatFallbackError
+from converters.errors import (
+    AccuracyDropError,
+    ConversionMismatchError,
+    ConverterError,
+    FloatFallbackError,
+)
 from converters.flatbuffer import constant_tensors, flatbuffer_ops
 from converters.gate.checks import Checked, Checking, WitnessModels, check_twin
 from converters.gate.predicate import GateOptions, Replay, Witness, validate
@@ -409,6 +414,12 @@ def check_int8_io(translated: Translated, inputs: np.ndarray) -> None:
     they are one int8 graph with and without QUANTIZE/DEQUANTIZE at its ends (compared
     dequantized, to within float rounding of a step)."""
     model = open_model("lce", translated.int8_io_flatbuffer)
+    if None in (model.interpreter.input_scales[0], model.interpreter.output_scales[0]):
+        # `converters.quantize.quantize(int8_outputs=True)` gives every output a point
+        raise ConverterError(
+            "--io int8: LCE's converter left the flatbuffer's input or output float (no int8 "
+            "scale): convert with --io float32"
+        )
     scale = model.interpreter.input_scales[0]
     zero = model.interpreter.input_zero_points[0]
     on_grid = (np.clip(np.rint(inputs / scale) + zero, -128, 127) - zero) * scale

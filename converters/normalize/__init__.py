@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from converters.graph import NormalizeReport, OnnxGraph
 from converters.normalize.exporter_idioms import runnable_reference
-from converters.normalize.fixpoint import PIPELINE, check_valid, normalize
+from converters.normalize.fixpoint import PIPELINE, check_valid, normalize, normalized_or_as_is
 from converters.normalize.registry import REWRITES, SIGN_IDIOMS, STEPS, Pass, rewrite
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "OnnxGraph",
     "check_valid",
     "normalize",
+    "normalized_or_as_is",
     "rewrite",
     "runnable_reference",
 ]

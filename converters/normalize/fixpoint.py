@@ -71,6 +71,18 @@ def normalize(
     return normalized, report
 
 
+def normalized_or_as_is(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` as `normalize` writes it, or `model` itself where the normaliser refuses it
+    (a probe then reads what it can: a reader that must not fail on a graph convert would
+    refuse, such as the export gate's)."""
+    from converters.errors import ConverterError
+
+    try:
+        return normalize(model)[0]
+    except ConverterError:
+        return model
+
+
 def _run(
     model: onnx.ModelProto,
     disabled: set[str],

@@ -88,16 +88,20 @@ def quantize(
     model: onnx.ModelProto,
     calibration: np.ndarray | None,
     given: dict[str, QuantPoint] | None = None,
+    int8_outputs: bool = False,
 ) -> Quantized:
     """The quantized model of a normalised graph (module doc). Ranges the graph carries are
     kept; `given` points (by float tensor name: another conversion's `tensor_points`, so a
     batch-N copy is the same model) come next; the others are calibrated on `calibration`
-    (NCHW samples of the model's input).
+    (NCHW samples of the model's input). With `int8_outputs` (int8 input and output types), a
+    graph output that no int8 layer writes (a model ending in a binary layer, or a BatchNorm
+    after its head) gets an activation point of its own, calibrated like the others: its
+    output can then be int8.
 
     Raises ConverterError (exit 2) when a range is missing and there are no samples, or the
     model's opset is older than 13; InputShapeError for samples of another shape."""
     float_model, carried = read_qdq(model)
-    plan = find_units(OnnxGraph.folded(float_model))
+    plan = find_units(OnnxGraph.folded(float_model), int8_outputs)
     for unit in plan.units:  # a trained range after a pool or reshape holds before it too
         if unit.chain and unit.start not in carried and unit.input in carried:
             carried[unit.start] = carried[unit.input]

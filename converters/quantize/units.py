@@ -65,17 +65,22 @@ class UnitPlan:
 
     units: list[Unit] = field(default_factory=list)
     kept_float: dict[str, str] = field(default_factory=dict)
+    # graph outputs no unit writes, quantized all the same (int8 output: `convert --io int8`
+    # of a model ending in a binary layer or another float op)
+    output_points: list[str] = field(default_factory=list)
     # the node that reads each unit's `start` on the way to the unit (its chain's first op,
     # or the layer), by start tensor
     first_readers: dict[str, set[str]] = field(default_factory=dict)
 
     def points(self) -> list[str]:
         """The tensors quantized per tensor, each once, in the order the units list them:
-        every unit's start, its chain, and its output."""
+        every unit's start, its chain, and its output; then the `output_points`."""
         seen: dict[str, None] = {}
         for unit in self.units:
             for tensor in (unit.start, *unit.chain, unit.output):
                 seen.setdefault(tensor)
+        for tensor in self.output_points:
+            seen.setdefault(tensor)
         return list(seen)
 
     def shared(self) -> dict[str, str]:
@@ -84,9 +89,9 @@ class UnitPlan:
         return {t: unit.start for unit in self.units for t in unit.chain}
 
     def outputs(self) -> set[str]:
-        """The units' outputs and chain tensors: quantized for every reader (an int8 op
-        writes them)."""
-        return {unit.output for unit in self.units} | set(self.shared())
+        """The units' outputs, chain tensors and output points: quantized for every reader
+        (an int8 op writes them, or the graph's output is int8)."""
+        return {unit.output for unit in self.units} | set(self.shared()) | set(self.output_points)
 
     def readers(self, tensor: str) -> list[str]:
         """The nodes reading `tensor` on the way to a unit: the only readers of its quantized
@@ -173,10 +178,11 @@ def _read_as_signs(graph: OnnxGraph, tensor: str, binarizing: set[str]) -> bool:
     )
 
 
-def find_units(graph: OnnxGraph) -> UnitPlan:
+def find_units(graph: OnnxGraph, int8_outputs: bool = False) -> UnitPlan:
     """The int8 units of a folded graph (`OnnxGraph.folded`) and the float layers kept float
     (module doc). Layers whose input is binarized and whose kernel is ±1 are binary, not float:
-    they are not listed."""
+    they are not listed. With `int8_outputs`, every graph output no unit writes is an output
+    point too (an int8 output needs a scale)."""
     binary = {m.node_name for m in find_binary_layers_in(graph) if m.binary}
     binarizing = {found.nodes[0] for found in binarizations_in(graph)}
     plan = UnitPlan()
@@ -199,4 +205,7 @@ def find_units(graph: OnnxGraph) -> UnitPlan:
         unit = Unit(_name(node), node.op_type, node.input[0], output, batch_norm, relu, source)
         signs = relu is None and _read_as_signs(graph, output, binarizing)
         plan.units.append(replace(unit, chain=chain, sign_only=signs))
+    if int8_outputs:
+        written = plan.outputs()
+        plan.output_points = [o.name for o in graph.outputs if o.name not in written]
     return plan

@@ -14,8 +14,10 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
+
 from converters.errors import UnsupportedOpError
-from converters.graph import OnnxGraph
+from converters.graph import OnnxGraph, attributes
 from converters.layer_map import TOP, module_path, nearest_module
 from converters.patterns import binarizations_in
 from converters.translate import tf_elementwise, tf_layers, tf_quantized
@@ -79,9 +81,54 @@ def described(graph: OnnxGraph, error: UnsupportedOpError) -> UnsupportedOpError
     node = next((n for n in graph.nodes if (n.name or n.output[0]) == error.node_name), None)
     if node is not None and not error.module:
         error.module = _module_of(graph, node) or ""
+    if not error.hint and node is not None and node.op_type == "Gather":
+        error.hint = permutation_hint(graph, node)
     if not error.hint:
         error.hint = HINTS.get(error.op_type, "")
     return error.listing(SUPPORTED)
+
+
+def permutation_hint(graph: OnnxGraph, node) -> str:  # noqa: ANN001 - an onnx.NodeProto
+    """For a Gather that permutes the channels of an NCHW tensor (`x[:, perm]`,
+    `index_select(x, 1, perm)`), the same permutation in ops that convert: a channel shuffle
+    (`perm` the transpose of a g x C/g grid) as reshape -> transpose -> reshape, any other as
+    a concat of channel slices; "" for any other Gather.
+
+    >>> shuffle = np.arange(6).reshape(2, 3).T.reshape(-1)
+    >>> _permutation_spelling(shuffle)
+    'x.reshape(n, 2, 3, h, w).transpose(1, 2).reshape(n, 6, h, w)'
+    >>> _permutation_spelling(np.array([3, 4, 5, 0, 1, 2]))
+    'torch.cat([x[:, 3:6], x[:, 0:3]], 1)'
+    """
+    indices = graph.const(node.input[1]) if len(node.input) > 1 else None
+    shape = graph.shape(node.input[0])
+    axis = int(attributes(node).get("axis", 0))
+    if indices is None or shape is None or len(shape) != 4 or axis % 4 != 1:
+        return ""
+    perm = np.asarray(indices).reshape(-1)
+    if perm.size < 2 or sorted(perm.tolist()) != list(range(shape[1] or -1)):
+        return ""
+    spelling = _permutation_spelling(perm)
+    ops = "Reshape, Transpose" if spelling.startswith("x.reshape") else "Slice, Concat"
+    return f"its indices permute the channels: x[:, perm] is {spelling}, which converts ({ops})"
+
+
+def _permutation_spelling(perm: np.ndarray) -> str:
+    """PyTorch code for `x[:, perm]` in ops the translator takes."""
+    channels = len(perm)
+    for groups in (g for g in range(2, channels) if channels % g == 0):
+        shuffle = np.arange(channels).reshape(groups, channels // groups).T.reshape(-1)
+        if np.array_equal(perm, shuffle):
+            return (
+                f"x.reshape(n, {groups}, {channels // groups}, h, w).transpose(1, 2)"
+                f".reshape(n, {channels}, h, w)"
+            )
+    starts = [0, *[k for k in range(1, channels) if perm[k] != perm[k - 1] + 1]]
+    ends = [*starts[1:], channels]
+    runs = [(int(perm[a]), int(perm[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+    if len(runs) <= 8:
+        return f"torch.cat([{', '.join(f'x[:, {a}:{b}]' for a, b in runs)}], 1)"
+    return f"torch.cat([x[:, i:i + 1] for i in {perm.tolist()}], 1)"
 
 
 def _binarization_nodes(graph: OnnxGraph) -> set[int]:

@@ -33,7 +33,7 @@ from converters.patterns import (
 )
 from converters.translate import tf_layers
 from converters.translate.coverage import HANDLERS, described, first_unsupported
-from converters.translate.tf_ops import binarize, binarizing_in, tf
+from converters.translate.tf_ops import WeightStore, binarize, binarizing_in, storing_weights, tf
 from converters.translate.values import Layout, Value
 
 
@@ -231,9 +231,9 @@ def _static_shape(graph: OnnxGraph, info: onnx.ValueInfoProto) -> list[int]:
 
 
 def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
-    """Build a `tf.Module` whose `serve` tf.function computes the ONNX graph in NHWC.
+    """Build a `tf.Module` whose `concrete` function computes the ONNX graph in NHWC.
 
-    Returns (module, TranslationInfo). With `witness`, `serve` also outputs every binarization's
+    Returns (module, TranslationInfo). With `witness`, `concrete` also outputs every binarization's
     input (in ONNX's logical layout) as `witness_NNN`, after the model's outputs: a diagnostic
     model for `converters.gate`, whose extra outputs may stop LCE fusing a bconv with the
     binarization after it.
@@ -252,8 +252,10 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     exact: list[str] = []
     scopes: list[ScopeEntry] = []
     errors: list[BaseException] = []
+    weights = WeightStore()
 
     def serve(*args):
+        weights.restart()
         translator = Translator(graph, layers)
         with tensorflow.name_scope(INPUT_SCOPE + "/"):
             for name, arg in zip(names, args, strict=True):
@@ -285,13 +287,17 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         for k, shape in enumerate(shapes)
     ]
     module = tensorflow.Module()
-    module.serve = tensorflow.function(serve, input_signature=specs, autograph=False)
+    # the function itself is not the module's: saving would trace it again for the attribute,
+    # where the signature (`concrete`) is all the converters read
+    function = tensorflow.function(serve, input_signature=specs, autograph=False)
     try:
-        concrete = module.serve.get_concrete_function()
+        with storing_weights(weights):  # large float kernels as variables (WeightStore)
+            concrete = function.get_concrete_function()
     except Exception:
         if errors:
             raise errors[0] from None
         raise
+    module.weights = weights.variables  # tracked, so the SavedModel saves them
     module.concrete = concrete
     info = TranslationInfo(
         binary_layers=len(layers),

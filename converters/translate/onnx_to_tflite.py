@@ -15,8 +15,9 @@ import contextlib
 import ctypes
 import gc
 import tempfile
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -67,6 +68,9 @@ class Translated:
     # with `int8_io`: the same conversion with int8 input and output (no QUANTIZE at the
     # start, no DEQUANTIZE at the end), for a model whose float layers run in int8
     int8_io_flatbuffer: bytes | None = None
+    # where the time went: "translate" (tracing the tf.function and saving the SavedModel),
+    # "lce_converter", and "tflite_converter" when the float model was built
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def translate(
@@ -82,10 +86,13 @@ def translate(
     import larq_compute_engine as lce
 
     size = model.ByteSize()
+    clock = {"translate": -time.perf_counter()}
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         saved = str(Path(tmp) / "saved")
         with releasing(size):  # the traced graph, before the converter copies the model again
             info = save_saved_model(model, saved, witness=witness)
+        clock["translate"] += time.perf_counter()
+        clock["lce_converter"] = -time.perf_counter()
         with releasing(size):
             flatbuffer = lce.convert_saved_model(saved, target="arm")
         int8_flatbuffer = None
@@ -94,8 +101,13 @@ def translate(
             int8_flatbuffer = lce.convert_saved_model(
                 saved, target="arm", inference_input_type=int8, inference_output_type=int8
             )
-        float_flatbuffer = _float_tflite(saved, size) if float_model else None
-    return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer)
+        clock["lce_converter"] += time.perf_counter()
+        float_flatbuffer = None
+        if float_model:
+            clock["tflite_converter"] = -time.perf_counter()
+            float_flatbuffer = _float_tflite(saved, size)
+            clock["tflite_converter"] += time.perf_counter()
+    return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer, clock)
 
 
 def _float_tflite(saved: str, model_bytes: int) -> bytes:

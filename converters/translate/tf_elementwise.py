@@ -68,7 +68,12 @@ def arithmetic(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
         if not const_first:
             return channel_affine(x, 1.0 / vec, zeros)
     t = x.tensor
-    if vec is not None:
+    if stored.size == 1 and x.fan_in is None:
+        # a scalar stays a scalar: TFLite folds a scalar Mul before a conv or dense layer into
+        # its weights, as it does for a Keras quantizer's (DoReFa-Net's k-bit x / 3), where a
+        # per-channel vector stays an op of its own (docs/BENCHMARKS.md "Op parity")
+        stored = stored.reshape(())
+    elif vec is not None:
         stored = vec  # 1-D, see channel_affine
     elif x.layout == Layout.NHWC:
         # a spatial constant, possibly right after a bconv: keep LCE from fusing it (bug 2)
@@ -256,6 +261,9 @@ def transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -
 
 
 def concat(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    folded = _concat_as_padded_add(tr, node)
+    if folded is not None:
+        return folded
     values = [
         v if v is not None else Value(tf().constant(tr.const(n)), Layout.LOGICAL)
         for v, n in zip(inputs, node.input, strict=True)
@@ -270,6 +278,46 @@ def concat(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> V
     if layouts == {Layout.FLAT_IN_NHWC} and axis == 1:
         return Value(tf().concat([v.tensor for v in values], axis=3), Layout.FLAT_IN_NHWC)
     return Value(tf().concat([v.logical() for v in values], axis=axis), Layout.LOGICAL)
+
+
+def _concat_as_padded_add(tr: TranslatorView, node: NodeProto) -> Value | None:
+    """Concat(x, Add(a, b)) on channels, where Concat(x, a) is in the graph too (MeliusNet's
+    improvement block after its dense block: `x[:, -64:] += conv(...)` once the normaliser has
+    read the slices through the dense block's concat), as Concat(x, a) + b zero-padded to its
+    channels: one PAD and one ADD reusing the concat already there, the form larq-zoo writes
+    and LCE's own converter keeps (docs/BENCHMARKS.md "Op parity"), where a second concat of
+    the same x would copy it again. Exact: x + 0 is x (a -0.0 in x becomes +0.0, which every
+    binarization maps to +1 as torch does); None when the graph has no such pair."""
+    if attributes(node).get("axis") not in (1, -3) or any(
+        tr.const(n) is not None for n in node.input
+    ):
+        return None
+    for k, name in enumerate(node.input):
+        add = tr.graph.producer.get(name)
+        if add is None or add.op_type != "Add" or any(tr.const(n) is not None for n in add.input):
+            continue
+        for kept, addend in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+            parts = [*node.input[:k], kept, *node.input[k + 1 :]]
+            twin = next(
+                (c for c in tr.graph.consumers.get(kept, ()) if c.op_type == "Concat"
+                 and c is not node and list(c.input) == parts
+                 and attributes(c).get("axis") == attributes(node).get("axis")),
+                None,
+            )  # fmt: skip
+            if twin is not None:
+                return _padded_add(tr, twin, k, addend)
+    return None
+
+
+def _padded_add(tr: TranslatorView, concat: NodeProto, k: int, addend: str) -> Value | None:
+    """The value of `concat` plus `addend` zero-padded to its channels, at part `k`'s place."""
+    base, b = tr.value(concat.output[0]), tr.value(addend)
+    if base.layout != Layout.NHWC or b.layout != Layout.NHWC:
+        return None
+    channels = [tr.value(n).shape()[1] for n in concat.input]
+    before, after = sum(channels[:k]), sum(channels[k + 1 :])
+    padded = tf().pad(b.tensor, [[0, 0], [0, 0], [0, 0], [before, after]])
+    return Value(base.tensor + padded, Layout.NHWC)
 
 
 # logical axis -> stored axis of a 4-D NHWC value (and of a [N, C] one stored [N, 1, 1, C])

@@ -45,6 +45,7 @@ from converters.translate.tf_ops import (
     subtract_spatial,
     tf,
     unsupported,
+    weight,
 )
 from converters.translate.values import Layout, Value, channel_affine
 
@@ -132,7 +133,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
     if group > 1 and group == cin and kernel.shape[1] == 1:
         mult = kernel.shape[0] // cin
         k = kernel.reshape(cin, mult, *ksize).transpose(2, 3, 0, 1).astype(np.float32)
-        y = tf().nn.depthwise_conv2d(t, k, [1, *strides, 1], mode, dilations=dilations)
+        y = tf().nn.depthwise_conv2d(t, weight(k), [1, *strides, 1], mode, dilations=dilations)
     else:
         k_hwio = np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32)
         per_out = k_hwio.shape[3] // group
@@ -140,7 +141,7 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
         outputs = [
             tf().nn.conv2d(
                 part,
-                tf().constant(k_hwio[..., g * per_out : (g + 1) * per_out]),
+                weight(k_hwio[..., g * per_out : (g + 1) * per_out]),
                 [1, *strides, 1],
                 mode,
                 dilations=[1, *dilations, 1],
@@ -148,6 +149,33 @@ def conv(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Val
             for g, part in enumerate(parts)
         ]
         y = outputs[0] if group == 1 else tf().concat(outputs, axis=3)
+    bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if bias is not None:
+        y = y + tf().constant(bias.astype(np.float32))
+    return Value(y, Layout.NHWC)
+
+
+def conv_transpose(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Value:
+    """Float ConvTranspose (2-D, groups 1, no dilation or output padding): TensorFlow's
+    transposed conv at VALID, its output cropped by the pads. LCE has no binary form of it: a
+    binary one stays float only when allowed (`converters.gate.fallbacks.transposed_refusals`)."""
+    kernel = tr.const(node.input[1])
+    attrs = attributes(node)
+    if kernel is None or kernel.ndim != 4:
+        raise unsupported(node, "only 2-D transposed convolutions with a constant kernel")
+    strides = list(attrs.get("strides", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    if attrs.get("group", 1) != 1 or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        raise unsupported(node, "only groups=1 without dilation")
+    if any(attrs.get("output_padding", [0, 0])) or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        raise unsupported(node, "only explicit pads, without output_padding")
+    x = _nhwc(tr, node, inputs[0]).tensor
+    (h, w), (kh, kw) = _hw(x), kernel.shape[2:]
+    full = [(h - 1) * strides[0] + kh, (w - 1) * strides[1] + kw]
+    k_hwoi = np.transpose(kernel, (2, 3, 1, 0)).astype(np.float32)  # [in, out] -> [kh, kw, out, in]
+    shape = [int(x.shape[0]), *full, kernel.shape[1]]
+    y = tf().nn.conv2d_transpose(x, tf().constant(k_hwoi), shape, [1, *strides, 1], "VALID")
+    y = y[:, pads[0] : full[0] - pads[2], pads[1] : full[1] - pads[3], :]
     bias = tr.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if bias is not None:
         y = y + tf().constant(bias.astype(np.float32))
@@ -380,7 +408,7 @@ def dense(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) -> Va
     if x.layout == Layout.PERMUTED_COLUMNS:
         kernel = kernel[x.perm]
     t = tf().reshape(x.tensor, [x.shape()[0], -1]) if x.layout == Layout.FLAT_IN_NHWC else x.tensor
-    y = tf().matmul(t, tf().constant(kernel.astype(np.float32)))
+    y = tf().matmul(t, weight(kernel))
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         c = tr.const(node.input[2])
         if c is None:
@@ -529,6 +557,7 @@ def batch_norm(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
 
 HANDLERS = {
     "Conv": conv,
+    "ConvTranspose": conv_transpose,
     "MatMul": dense,
     "Gemm": dense,
     "MaxPool": max_pool,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,6 +68,68 @@ def sign_kernel(signs: np.ndarray) -> Any:
     """
     stored = tf().constant(np.asarray(signs, np.int8), name="sign_kernel")
     return tf().cast(stored, tf().float32, name="Const")
+
+
+class WeightStore:
+    """A traced module's large float weights as variables instead of graph constants.
+
+    A constant lives inside the GraphDef, which the SavedModel serialises as one protobuf and
+    LCE's converter parses and imports into MLIR as attributes; a variable goes to the
+    SavedModel's variables files in binary, and the converter freezes it into the same
+    constant before its passes run, so the flatbuffer has the same ops and weights (as LCE's
+    `convert_keras_model` gets them from Keras' variables). DoReFa-Net@64: tracing and saving
+    28.8 -> 6.3 s, LCE's converter 32.0 -> 12.6 s (docs/BENCHMARKS.md "Conversion time").
+
+    The k-th weight a trace asks for is the k-th variable: made on the first trace (outside the
+    graph, `init_scope`), read again by a retrace, which asks in the same order.
+    """
+
+    MIN_ELEMENTS = 1024  # smaller ones stay constants: a variable would cost more than it saves
+
+    def __init__(self) -> None:
+        self.variables: list[Any] = []
+        self._checksums: list[tuple[tuple[int, ...], int]] = []
+        self._next = 0
+
+    def restart(self) -> None:
+        """A new trace of the module's function starts: its weights come in order again."""
+        self._next = 0
+
+    def read(self, array: np.ndarray) -> Any:
+        k, self._next = self._next, self._next + 1
+        checksum = (array.shape, zlib.crc32(np.ascontiguousarray(array)))
+        if k == len(self.variables):
+            with tf().init_scope():
+                self.variables.append(tf().Variable(array, trainable=False, name=f"weight_{k}"))
+            self._checksums.append(checksum)
+        elif self._checksums[k] != checksum:  # never silently another layer's weights
+            raise RuntimeError(f"a retrace asked for weight {k} in another order")
+        return self.variables[k].read_value()
+
+
+_WEIGHTS: contextvars.ContextVar[WeightStore | None] = contextvars.ContextVar(
+    "weights", default=None
+)
+
+
+@contextlib.contextmanager
+def storing_weights(store: WeightStore) -> Iterator[None]:
+    """Inside the block, `weight` puts large float weights into `store`'s variables."""
+    token = _WEIGHTS.set(store)
+    try:
+        yield
+    finally:
+        _WEIGHTS.reset(token)
+
+
+def weight(array: np.ndarray) -> Any:
+    """A float kernel as a tensor: a variable of the `WeightStore` of the module being traced
+    when it is large, else a constant."""
+    values = np.asarray(array, np.float32)
+    store = _WEIGHTS.get()
+    if store is None or values.size < WeightStore.MIN_ELEMENTS:
+        return tf().constant(values)
+    return store.read(values)
 
 
 def pad_constant(x: Any, pads: list[tuple[int, int]], value: float) -> Any:
@@ -136,6 +199,9 @@ class TranslatorView(Protocol):
 
     def const(self, name: str) -> np.ndarray | None:
         """A folded constant input, or None."""
+
+    def value(self, name: str) -> Value:
+        """The translated value of ONNX tensor `name` (translated first when it is not yet)."""
 
     def binarized_source(self, found: Binarization) -> Value:
         """The float tensor a binarization reads, with torch's tie-break at exact zeros."""

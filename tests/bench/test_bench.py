@@ -487,3 +487,26 @@ def test_a_bad_profile_combination_is_one_line_and_changes_nothing(converted_run
     line = _one_line_error(invoke("bench", str(converted_run), *args))
     assert "--profile" in line
     assert snapshot(converted_run) == before
+
+
+def test_report_md_names_the_thread_count_of_each_device_op_profile(tmp_path):
+    """One device row per thread count, each with its op profile: one heading each."""
+    from types import SimpleNamespace
+
+    from bnnexport.bench.report_md import render_markdown
+    from bnnexport.bench.scoring import BackendResult
+
+    profile = [{"node_type": "LceBconv2d", "count": 1, "avg_ms": 1.0, "percent": 80.0}]
+    rows = [
+        BackendResult(name, "pi@board", None, None, 0, None, None, None, None, {},
+                      {"op_types": profile, "threads": threads, "runner": "lce_benchmark_model"})
+        for name, threads in (("lce", 1), ("lce (4 threads)", 4))
+    ]  # fmt: skip
+    report = SimpleNamespace(run_dir="run", samples=0, runs=1, threads=1, backends=rows,
+                             files={}, host={}, device=None)  # fmt: skip
+    headings = [line for line in render_markdown(report, [], tmp_path).splitlines()
+                if line.startswith("## Op profile")]  # fmt: skip
+    assert headings == [
+        "## Op profile on pi@board, 1 thread (lce_benchmark_model)",
+        "## Op profile on pi@board, 4 threads (lce_benchmark_model)",
+    ]

@@ -151,3 +151,19 @@ def test_a_flatbuffer_file_on_a_device(converted, sshd, tmp_path):
     assert row["name"] == "lce" and row["where"] == sshd.destination
     assert row["latency_ms"]["min"] == 15.002 and row["extra"]["peak_memory_mb"] == 9.8
     assert "latency only" in row["extra"]["note"]
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [("compare.png", "is an image"), ("checkpoint.pt", "is a checkpoint (bench the run "
+     "directory it is in)"), ("notes.txt", "is a .txt file")],
+)  # fmt: skip
+def test_a_file_that_is_no_model_is_named_for_what_it_is(tmp_path, name, what):
+    path = tmp_path / name
+    path.write_bytes(b"\x89PNG")
+    line = assert_one_line_error(invoke("bench", path), 2, f"{path} {what}")
+    assert "no such" not in line and "an LCE flatbuffer (.tflite) or an ONNX model" in line
+
+
+def test_a_missing_model_file_is_said_to_be_missing(tmp_path):
+    assert_one_line_error(invoke("bench", tmp_path / "gone.tflite"), 2, "not found")

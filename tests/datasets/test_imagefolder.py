@@ -144,3 +144,36 @@ def test_a_run_recorded_without_an_image_size_rebuilds_imagenets_crops(tmp_path)
     root = write_image_folder(tmp_path / "data", per_class=1)
     options = recorded_options("imagefolder", {})
     assert load_dataset("imagefolder", root, **options).input_shape == (3, 224, 224)
+
+
+def test_the_class_names_are_the_folders_in_the_order_of_their_indices(tmp_path):
+    data = load_imagefolder(write_image_folder(tmp_path, classes=("emu", "cat", "dog")), 16)
+    assert data.class_names == ["cat", "dog", "emu"]
+    path, label = data.train.samples[-1]
+    assert path.parent.name == "emu" and label == 2
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_empty_class_folder_is_refused_in_one_line_naming_it(tmp_path, split):
+    root = write_image_folder(tmp_path / "data")
+    for name in ("train", "val"):
+        (root / name / "fox").mkdir()
+    (root / ("val" if split == "train" else "train") / "fox" / "0.png").write_bytes(
+        (root / "train" / "cat" / "0.png").read_bytes()
+    )
+    with pytest.raises(DataError) as error:
+        load_imagefolder(root, image_size=16)
+    message = str(error.value)
+    assert f"class folder {root / split / 'fox'} holds no images" in message
+    assert "fill it or remove it" in message and "\n" not in message
+
+
+def test_a_grayscale_folder_says_in_one_line_that_it_becomes_rgb(tmp_path):
+    root = write_image_folder(tmp_path / "data")
+    for path in root.rglob("*.png"):
+        Image.open(path).convert("L").save(path)
+    data = load_imagefolder(root, image_size=16)
+    assert data.input_shape == (3, 16, 16)
+    assert "train/cat/0.png is grayscale (mode L): every image is converted to RGB" in data.note
+    assert "\n" not in data.note
+    assert load_imagefolder(write_image_folder(tmp_path / "rgb"), image_size=16).note is None

@@ -178,7 +178,9 @@ def test_binarynet_follows_the_paper_layout():
 def test_init_writes_a_loadable_run_with_binary_kernels_and_nontrivial_batchnorm(tmp_path):
     report = init_run("birealnet18", input_shape=(3, 32, 32), num_classes=10, out=tmp_path / "r")
     checkpoint = load_checkpoint(tmp_path / "r")
-    assert checkpoint["model_kwargs"] == {"num_classes": 10, "input_shape": [3, 32, 32]}
+    assert checkpoint["model_kwargs"] == {
+        "num_classes": 10, "input_shape": [3, 32, 32], "padding_style": "keras"
+    }  # fmt: skip
     model = load_model(tmp_path / "r")
     for _, layer in binary_layers(model):
         assert bool(((layer.weight == 1) | (layer.weight == -1)).all())
@@ -186,6 +188,43 @@ def test_init_writes_a_loadable_run_with_binary_kernels_and_nontrivial_batchnorm
     assert all(bool((bn.running_mean != 0).all()) for bn in bns)
     assert report.binary_layers == 16
     assert json.loads((tmp_path / "r" / "config.json").read_text())["model"] == "birealnet18"
+
+
+KERAS_PADDED = ["birealnet18", "binary-resnet-e18", "real-to-binary-net"]  # since issue 47
+
+
+@pytest.mark.parametrize("name", KERAS_PADDED)
+def test_a_model_padded_as_keras_since_issue_47_rebuilds_older_checkpoints_padded_as_torch(name):
+    assert model_info(name).layout == {"padding_style": ("keras", "torch")}
+
+
+@pytest.mark.slow  # a checkpoint and two builds; the layout mechanism is one for all three
+@pytest.mark.parametrize(
+    "name",
+    [n if n == "birealnet18" else pytest.param(n, marks=pytest.mark.long) for n in KERAS_PADDED],
+)
+def test_a_checkpoint_that_does_not_record_its_padding_style_rebuilds_torchs_padding(
+    tmp_path, name
+):
+    """Runs from before issue 47 padded the stride-2 binary convs with torch's padding=1 and
+    recorded no `padding_style`: they rebuild that model, not larq-zoo's "same" padding."""
+    from bnnexport.run.checkpoint import build_model, save_checkpoint
+
+    init_run(name, input_shape=(3, 64, 64), num_classes=10, out=tmp_path / "r")
+    checkpoint = load_checkpoint(tmp_path / "r")
+    new = build_model(checkpoint)
+    del checkpoint["model_kwargs"]["padding_style"]
+    save_checkpoint(tmp_path / "old.pt", checkpoint)
+    old = build_model(load_checkpoint(tmp_path / "old.pt"))
+    strided = [
+        m for m in old.modules() if getattr(m, "stride", None) == (2, 2) and hasattr(m, "pad_value")
+    ]
+    assert strided and all(m.explicit_pads is None and m.padding == (1, 1) for m in strided)
+    reference = create_model(name, num_classes=10, input_shape=(3, 64, 64), padding_style="torch")
+    reference.load_state_dict(old.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    assert torch.equal(old(x), reference.eval()(x))
+    assert not torch.equal(new(x), old(x))  # the "same" padding reads other windows
 
 
 # binary layers (±1 kernels) per larq-zoo model, from its block structure (docs/LCE_NOTES.md
@@ -266,6 +305,17 @@ def test_zoo_list_shows_a_larq_zoo_model_with_larq_zoos_binary_mac_share():
     (row,) = json.loads(result.output)["models"]
     assert (row["binary_layers"], row["parameters"], row["top1"]) == (34, 6_944_584, 62.4)
     assert round(row["binary_mac_share"], 4) == 0.9714  # larq-zoo's summary: 0.9714
+    assert "MeliusNet" in row["paper"] and "arXiv:2001.05936" in row["paper"]
+
+
+def test_every_zoo_model_names_the_paper_of_its_architecture():
+    from bnnexport.models import list_models
+    from bnnexport.models.papers import paper_of
+    from bnnexport.zoo import zoo_entry
+
+    own = {"mnist-bnn"}  # bnnexport's own: no paper
+    assert all("arXiv:" in paper_of(name) for name in set(list_models()) - own)
+    assert zoo_entry("binarynet").paper == paper_of("binarynet") != ""
 
 
 @pytest.mark.slow
@@ -430,3 +480,106 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     versus_torch = compare(expected, run_lce(result.output, inputs))
     assert versus_torch.argmax_agreement == 1.0
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
+
+
+def _authors_order(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """BinaryNet's forward with every PoolThenNorm in the paper's order (pool, then BatchNorm)."""
+    from bnnexport.models.blocks import PoolThenNorm
+
+    for layer in model.features:
+        x = layer.norm(layer.pool(x)) if isinstance(layer, PoolThenNorm) else layer(x)
+    return model.classifier(x)
+
+
+def test_binarynet_pool_first_evaluates_in_lces_order_as_the_papers_to_the_bit():
+    """Trained in the paper's order (its running statistics are the pooled values'), evaluated
+    BatchNorm first, the order LCE keeps on packed bits: the same outputs bit for bit."""
+    torch.manual_seed(0)
+    model = create_model("binarynet", input_shape=(3, 16, 16), widths=(8, 8, 16, 16, 32, 32),
+                         hidden=16, pool_first=True, bn_eps=1e-3, bn_momentum=0.5)  # fmt: skip
+    for _ in range(3):  # running statistics far from their start
+        model(torch.randn(8, 3, 16, 16) * 2 + 0.5)
+    model.eval()
+    x = torch.randn(16, 3, 16, 16).to(memory_format=torch.channels_last)
+    seen = []
+    model.features[3].norm.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[-1]))
+    with torch.no_grad():
+        assert torch.equal(model(x), _authors_order(model, x))
+    assert seen[0] == 14  # BatchNorm saw the 14x14 map before the pool: LCE's order
+
+
+def test_binarynet_pool_first_keeps_the_papers_order_where_a_scale_is_negative():
+    """A decreasing BatchNorm does not commute with a max: there the order stays the paper's."""
+    torch.manual_seed(0)
+    model = create_model("binarynet", input_shape=(3, 16, 16), widths=(8, 8, 16, 16, 32, 32),
+                         hidden=16, pool_first=True).eval()  # fmt: skip
+    with torch.no_grad():
+        model.features[3].norm.weight[0] = -1.0
+        x = torch.randn(4, 3, 16, 16)
+        assert torch.equal(model(x), _authors_order(model, x))
+
+
+def test_binarynet_pool_first_takes_batchnorm_statistics_after_the_pool_in_training():
+    torch.manual_seed(0)
+    model = create_model("binarynet", input_shape=(3, 16, 16), widths=(8, 8, 16, 16, 32, 32),
+                         hidden=16, pool_first=True)  # fmt: skip
+    pair = model.features[3]
+    pair.norm.momentum = 1.0  # the running mean is the last batch's
+    x = torch.randn(8, 8, 16, 16)
+    pair(x)
+    assert torch.allclose(pair.norm.running_mean, pair.pool(x).mean((0, 2, 3)), atol=1e-6)
+    assert not torch.allclose(pair.norm.running_mean, x.mean((0, 2, 3)), atol=1e-3)
+
+
+# `zoo list` prints the figures stored with the package (bnnexport/models/zoo_figures.json)
+# while the code they came from is unchanged: they must be what the models compute now
+def test_the_stored_zoo_figures_were_made_from_the_current_code():
+    from bnnexport.models import list_models
+    from bnnexport.zoo import fingerprint, stored_figures
+
+    stored = stored_figures()
+    stale = [n for n in list_models() if stored.get(n, {}).get("fingerprint") != fingerprint(n)]
+    assert stale == [], "run `python scripts/zoo_figures.py` and commit zoo_figures.json"
+
+
+@pytest.mark.parametrize(
+    "name", ["mnist-bnn", "binarynet", *[pytest.param(n, marks=pytest.mark.long) for n in ZOO
+                                          if n != "binarynet"]],
+)  # fmt: skip
+def test_the_stored_figures_are_what_the_model_computes(name):
+    from bnnexport.zoo import stored_figures, zoo_entry
+
+    assert stored_figures()[name]["entry"] == zoo_entry(name).to_json()
+
+
+def test_zoo_list_summarises_a_model_whose_code_changed_and_says_so(monkeypatch):
+    import bnnexport.zoo
+
+    real = bnnexport.zoo.fingerprint
+    monkeypatch.setattr(bnnexport.zoo, "fingerprint",
+                        lambda name: "changed" if name == "mnist-bnn" else real(name))  # fmt: skip
+    summarised = []
+    monkeypatch.setattr(bnnexport.zoo, "zoo_entry",
+                        lambda name: summarised.append(name) or real_entry(name))  # fmt: skip
+    result = invoke("zoo", "list", "mnist")
+    assert result.exit_code == 0, result.output
+    assert summarised == ["mnist-bnn"]
+    assert "bnnexport: note: summarised mnist-bnn now: their code changed" in result.stderr
+    assert invoke("zoo", "list", "binarynet").stderr == ""  # unchanged: read, and silent
+
+
+def real_entry(name):
+    from bnnexport.zoo import ZooEntry, stored_figures
+
+    return ZooEntry(**stored_figures()[name]["entry"])
+
+
+@pytest.mark.parametrize(
+    ("pattern", "names"),
+    [("mnist", ["mnist-bnn"]), ("quicknet-*", ["quicknet-large", "quicknet-small"]),
+     ("densenet", ["binary-densenet28", "binary-densenet37", "binary-densenet45"])],
+)  # fmt: skip
+def test_zoo_list_pattern_matches_a_part_of_the_name_or_a_shell_pattern(pattern, names):
+    result = invoke("zoo", "list", pattern, "--json")
+    assert result.exit_code == 0, result.output
+    assert [row["name"] for row in json.loads(result.stdout)["models"]] == names

@@ -98,6 +98,18 @@ def test_zero_padding_after_the_sign_still_counts_as_a_binarized_input():
     assert [(k.name, k.binary_input) for k in record] == [("w", True)]
 
 
+def test_a_binary_transposed_conv_is_in_the_record_with_its_macs():
+    from support.refused_models import Upsampling
+
+    record = find_binary_kernels(Upsampling(), torch.randn(1, 1, 8, 8))
+    kernel = next(k for k in record if k.name == "up.weight")
+    assert (kernel.binarized, kernel.binary_input) == (True, True)
+    assert kernel.layer == "up: conv_transpose2d" and kernel.shape == (16, 16, 2, 2)
+    call = next(c for c in trace_layers(Upsampling(), torch.randn(1, 1, 8, 8)).calls
+                if c.weight == "up.weight")  # fmt: skip
+    assert call.macs == 16 * 4 * 4 * 16 * 2 * 2  # each input value meets out x kh x kw taps
+
+
 def test_a_float_model_has_no_binary_kernel_and_says_how_to_name_them():
     float_net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 2))
     with pytest.raises(NoBinaryKernelError, match="found by tracing.*binary=\\[...\\]"):
@@ -133,6 +145,27 @@ def test_a_model_that_cannot_take_the_input_is_one_line():
     message = str(error.value)
     assert "\n" not in message and "cannot take an input of shape [1, 1, 28, 28]" in message
     assert "to have 3 channels" in message
+
+
+class Raising(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 1, 3, 3))
+
+    def forward(self, x):
+        x = F.conv2d(x, sign(self.w))
+        raise RuntimeError("boom")  # the model's own bug
+
+
+def test_an_error_the_models_own_code_raises_is_the_models_not_the_inputs():
+    from bnnexport.errors import ModelCodeError
+
+    with pytest.raises(ModelCodeError) as error:
+        find_binary_kernels(Raising(), MNIST)
+    line = Raising.forward.__code__.co_firstlineno + 2
+    message = str(error.value)
+    assert message.startswith("Raising's own code raised RuntimeError: boom (")
+    assert f"test_discover.py:{line}, in forward): an error in the model, not in" in message
 
 
 def test_discovery_never_calls_the_onnx_exporter(monkeypatch):

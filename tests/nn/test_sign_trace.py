@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from support.client_nets import index_put_sign
+from support.own_models import approx_sign
 from torch import nn
 
 from bnnexport.errors import FidelityError
@@ -24,21 +26,6 @@ class Ste(torch.autograd.Function):
         return grad
 
 
-def approx_sign(x):
-    """Bi-Real's polynomial through the detach trick: its forward also compares x with 0."""
-    poly = torch.where(
-        x < -1, -1.0, torch.where(x < 0, 2 * x + x * x, torch.where(x < 1, 2 * x - x * x, 1.0))
-    )
-    return torch.where(x >= 0, 1.0, -1.0).detach() - poly.detach() + poly
-
-
-def index_put(x):
-    out = x.new_zeros(x.shape)
-    out[x >= 0] = 1
-    out[x < 0] = -1
-    return out
-
-
 IDIOMS = {
     "torch.sign": torch.sign,
     "where": lambda x: torch.where(x >= 0, 1.0, -1.0),
@@ -47,7 +34,7 @@ IDIOMS = {
     "autograd.Function": Ste.apply,
     "detach trick": approx_sign,
     "bitorch": lambda x: torch.where(torch.sign(x) == 0, torch.ones_like(x), torch.sign(x)),
-    "index-put": index_put,
+    "index-put": index_put_sign,
     "hardtanh then sign": lambda x: torch.sign(F.hardtanh(x)),
     "x > 0": lambda x: torch.where(x > 0, 1.0, -1.0),
 }

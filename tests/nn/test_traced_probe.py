@@ -18,6 +18,8 @@ from converters.gate import OnnxProbe
 from converters.graph import load_onnx
 from converters.normalize import normalize
 
+pytestmark = pytest.mark.slow  # an export per case: ~2 s each
+
 NETS = ["reactnet", "bireal", "xnornet", "irnet", "autograd_ste", "index_put",
         "binarynet_classic", "index_new_linear"]  # fmt: skip
 SHAPE = (1, 3, 16, 16)

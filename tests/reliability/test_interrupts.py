@@ -199,3 +199,39 @@ def test_ctrl_c_swallowed_by_a_library_still_ends_the_command(tmp_path):
         process.kill()  # a hung child must not outlive the test
     assert process.returncode == 130
     assert stderr == "bnnexport: error: interrupted\n"
+
+
+def test_after_ctrl_c_before_the_first_checkpoint_a_plain_rerun_starts_afresh(
+    tmp_path, monkeypatch
+):
+    out, options = tmp_path / "run", tiny_training(tmp_path / "data")
+    with monkeypatch.context() as patched:
+        _interrupt_at(patched, "evaluate_counts")  # epoch 1 steps logged, no checkpoint yet
+        result = invoke("train", *options, "--epochs", "1", "--out", out)
+    assert_one_line_error(result, 130, f"no epoch of this run was saved in {out}; run the same "
+                          "command again to start afresh")  # fmt: skip
+    assert (out / "config.json").is_file() and not (out / "checkpoint.pt").exists()
+    resumed = invoke("train", "--resume", out)
+    assert_one_line_error(resumed, 2, f"nothing to resume: {out} holds no checkpoint",
+                          "run the same command without --resume")  # fmt: skip
+    rows = _step_rows(out)
+    assert rows
+    rerun = invoke("train", *options, "--epochs", "1", "--out", out)  # the same command
+    assert rerun.exit_code == 0, rerun.output[-1500:]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    assert len(_step_rows(out)) == len(rows)  # the interrupted run's rows are gone
+
+
+def _step_rows(run: Path) -> list[dict]:
+    from bnnexport.run.records import read_jsonl
+
+    return [row for row in read_jsonl(run / "metrics.jsonl") if row.get("kind") == "step"]
+
+
+def test_resume_takes_the_run_as_its_value_too(tmp_path):
+    run, _ = _tiny_run(tmp_path)
+    result = invoke("train", "--resume", run, "--epochs", "2")  # as --resume --out RUN
+    assert result.exit_code == 0, result.output[-1500:]
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["epoch"] == 2
+    other = invoke("train", "--resume", run, "--out", tmp_path / "other")
+    assert_one_line_error(other, 2, "two runs; give one (--resume RUN)")

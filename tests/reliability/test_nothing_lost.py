@@ -232,7 +232,8 @@ def test_a_second_writer_gets_one_line_and_changes_nothing(trained_run, args):
         args = [args[0], str(trained_run), *args[1:]]
     with another_writer(trained_run):
         result = invoke(*args)
-    assert_one_line_error(result, 2, "being written by another bnnexport command")
+    line = assert_one_line_error(result, 2, "being written by another bnnexport command")
+    assert ("use another --out" in line) == (args[0] == "train")  # only train has --out here
     assert snapshot(trained_run) == before
 
 

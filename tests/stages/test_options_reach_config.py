@@ -11,7 +11,7 @@ import json
 
 import click
 import pytest
-from support.cli import run_in_process
+from support.cli import invoke, run_in_process
 from support.image_folders import write_plain_folder
 
 from bnnexport.cli.bench import bench_command
@@ -45,6 +45,8 @@ TRAIN_OPTIONS = {
     "per_process_batchnorm": (None, "sync_batchnorm", False),
     "float_layers": ("int8", "float_layers", "int8"),
     "recipe": ("paper-cifar10-sweep", "recipe", "paper-cifar10-sweep"),
+    # the recipe evaluates with the moving statistics: the option given wins over it
+    "bn_eval": ("recalibrate", "bn_eval", "recalibrate"),
 }
 # options that are how a command runs or where it writes, not what it trains
 NOT_TRAINING = {
@@ -112,3 +114,33 @@ def test_the_deprecated_amp_flag_reaches_the_config_as_precision_amp(tmp_path):
     args = [*tiny_training(tmp_path / "data"), "--epochs", "1", "--amp", "--out", out]
     assert run_in_process("train", *args).returncode == 0
     assert json.loads((out / "config.json").read_text())["precision"] == "amp"
+
+
+@pytest.mark.parametrize("spelling", ["--torch-device", "--train-device"])
+def test_pipeline_takes_trains_device_spelling_and_the_deprecated_one(spelling, monkeypatch):
+    import bnnexport.pipeline
+
+    seen = []
+
+    def capture(config, *args, **kwargs):
+        seen.append(config.device)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bnnexport.pipeline, "pipeline", capture)
+    invoke("pipeline", spelling, "cuda:1")
+    assert seen == ["cuda:1"]
+
+
+def test_pipeline_resume_takes_the_run_as_its_value_as_train_does(monkeypatch, tmp_path):
+    import bnnexport.pipeline
+
+    seen = []
+
+    def capture(config, *args, resume=False, **kwargs):
+        seen.append((config.out, resume))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bnnexport.pipeline, "pipeline", capture)
+    invoke("pipeline", "--resume", tmp_path / "run")
+    invoke("pipeline", "--out", tmp_path / "other")
+    assert seen == [(str(tmp_path / "run"), True), (str(tmp_path / "other"), False)]

@@ -210,7 +210,12 @@ def test_convert_refuses_a_graph_that_lost_binary_layers_the_record_lists(tmp_pa
     cli_json("init", "--model", "support.own_models:latent_detach_bnn", "--out", run)
     cli_json("export", run, "--samples", 20)
     result = run_in_process("convert", run, "--disable-rewrite", "ste-detach")
-    assert_one_line_error(result, 1, "(unrecognised): the model's record lists 2 binary layers")
+    line = assert_one_line_error(result, 1, "the model's record lists 2 binary layers, the ONNX "
+                                 "graph shows 0")  # fmt: skip
+    for k in (0, 1):  # each lost layer by its node, kernel, module and where its input comes from
+        assert (f"/blocks/blocks.{k}/Conv: kernel blocks.{k}.weight (conv2d in module "
+                f"'blocks.{k}') is binary in the record, float in the graph") in line  # fmt: skip
+        assert f"its input comes from Add node '/blocks/blocks.{k}/Add_1'" in line
     assert not (run / "model-arm64.tflite").exists()
 
 

@@ -271,4 +271,7 @@ def test_the_imagenet_recipe_keeps_imagenets_224_crops(plain_folder, tmp_path):
     assert result.returncode == 0, result.stderr
     assert _input_shape(out) == [3, 224, 224]  # the 32x32 images' own size would be 32
     config = json.loads((out / "config.json").read_text())
-    assert config["dataset_options"] == {"image_size": "imagenet", "val_split": 0.34}
+    assert config["dataset_options"] == {  # the authors' pixel mean and std come with it
+        "image_size": "imagenet", "val_split": 0.34,
+        "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+    }  # fmt: skip

@@ -20,8 +20,8 @@ import pytest
 from support import own_models
 from support.cli import run_in_process
 from support.guarantees import assert_one_line_error
-from support.own_matrix import export_and_convert, module, pipeline, train
-from support.ties import plant_in_run
+from support.own_matrix import convert_cell, module_cell, pipeline_cell, train_run
+from support.ties import TieSite, plant_in_run
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ MODELS = ["latent_detach_bnn", "plus_minus_one_bnn", "reactnet_bnn", "dw_bnn"]
 SAMPLES = 100
 
 
-def converted(cell, model: str, what: str):
+def assert_converted(cell, model: str, what: str):
     print(f"\n{what} {model}: {cell}")
     assert cell.converted, cell.refusal
     assert cell.lce_bconv2d == cell.binary_layers == len(own_models.KERNELS[model])
@@ -45,7 +45,7 @@ def trained(tmp_path_factory):
         if model not in runs:
             root = tmp_path_factory.mktemp(model)
             run = root / "run"
-            train(model, "mnist5k", root, run)
+            train_run(model, "mnist5k", root, run)
             assert run_in_process("export", run, "--samples", SAMPLES).returncode == 0
             runs[model] = run
         return runs[model]
@@ -60,36 +60,40 @@ PLANTED = [pytest.param(MODELS[0], marks=pytest.mark.long), *MODELS[1:]]
 @pytest.mark.parametrize("model", PLANTED)
 def test_train_then_convert_replays_a_planted_tie(trained, model):
     run = trained(model)
-    tie = plant_in_run(run, own_models.FIRST_BATCHNORM[model])
-    cell = converted(export_and_convert(run, SAMPLES), model, f"train+convert mnist5k {tie}")
+    tie = plant_in_run(run, TieSite(*own_models.TIE_SITES[model]))
+    cell = assert_converted(convert_cell(run, SAMPLES), model, f"train+convert mnist5k {tie}")
     assert cell.replayed["PyTorch vs ONNX Runtime (export)"] >= 1
     assert cell.replayed["LCE vs ONNX Runtime"] + cell.replayed["LCE vs PyTorch"] >= 1
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_convert_module_converts_the_trained_module(trained, model, tmp_path):
-    converted(module(trained(model), SAMPLES, tmp_path / "m.tflite"), model, "convert_module")
+    assert_converted(
+        module_cell(trained(model), SAMPLES, tmp_path / "m.tflite"), model, "convert_module"
+    )
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_pipeline_on_flat_backgrounds(model, tmp_path):
-    converted(pipeline(model, "flat", tmp_path, tmp_path / "run", SAMPLES), model, "pipeline flat")
+    assert_converted(
+        pipeline_cell(model, "flat", tmp_path, tmp_path / "run", SAMPLES), model, "pipeline flat"
+    )
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("model", MODELS)
 def test_pipeline_on_mnist5k(model, tmp_path):
-    cell = pipeline(model, "mnist5k", tmp_path, tmp_path / "run", 1000)
-    converted(cell, model, "pipeline mnist5k")
+    cell = pipeline_cell(model, "mnist5k", tmp_path, tmp_path / "run", 1000)
+    assert_converted(cell, model, "pipeline mnist5k")
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("model", MODELS)
 def test_train_then_convert_and_convert_module_on_flat_backgrounds(model, tmp_path):
     run = tmp_path / "run"
-    train(model, "flat", tmp_path, run)
-    converted(export_and_convert(run, SAMPLES), model, "train+convert flat")
-    converted(module(run, SAMPLES, tmp_path / "m.tflite"), model, "convert_module flat")
+    train_run(model, "flat", tmp_path, run)
+    assert_converted(convert_cell(run, SAMPLES), model, "train+convert flat")
+    assert_converted(module_cell(run, SAMPLES, tmp_path / "m.tflite"), model, "convert_module flat")
 
 
 def test_a_translator_bug_in_a_model_of_your_own_is_still_refused(trained, monkeypatch):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from support.cli import run_in_process
 from support.guarantees import assert_one_line_error
-from support.ties import PlantedTie, plant_in_run
+from support.ties import PlantedTie, TieSite, plant_in_run
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def planted(tmp_path_factory) -> tuple[Path, PlantedTie, dict, dict]:
     run = tmp_path_factory.mktemp("ties") / "run"
     cli_json("train", "--model", "support.own_models:latent_detach_bnn", *TRAIN, "--out", run)
     cli_json("export", run, *SAMPLES)
-    tie = plant_in_run(run, "stem.1", lce_side(run))
+    tie = plant_in_run(run, TieSite("stem.1.bias"), lce_side(run))
     exported = cli_json("export", run, *SAMPLES)
     converted = cli_json("convert", run, "--target", "arm64")
     return run, tie, exported, converted

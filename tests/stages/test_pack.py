@@ -74,7 +74,21 @@ def test_binary_kernels_take_one_32nd_of_their_float32_bytes(trained_run):
     size = (trained_run / "model.safetensors").stat().st_size
     assert size == report.packed_bytes
     assert size < report.binary_float32_bytes / 32 + report.real_bytes + 8192
-    assert report.ratio == pytest.approx(size / report.float32_bytes)
+    assert report.file_ratio == pytest.approx(size / report.float32_bytes)
+    assert report.binary_kernel_ratio == 1 / 32
+
+
+def test_the_pipeline_line_names_which_ratio_it_prints(trained_run):
+    from types import SimpleNamespace
+
+    from bnnexport.pipeline import PipelineReport
+
+    stage = pack(trained_run).to_json()
+    no_bench = SimpleNamespace(to_table=lambda: "")
+    report = PipelineReport(str(trained_run), {"pack": stage}, {"pack": 0.1}, no_bench, None)
+    line = report.to_table().splitlines()[1]
+    assert f"file_ratio={stage['file_ratio']:.4g}, binary_kernel_ratio=0.03125)" in line
+    assert " ratio=" not in line
 
 
 def test_bit_is_one_iff_the_weight_is_minus_one(trained_run):

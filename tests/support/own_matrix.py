@@ -52,7 +52,7 @@ def _refused(result) -> Cell:
     return Cell(False, lines[-1] if lines else f"exit {result.returncode}")
 
 
-def _converted(exported: dict, converted: dict) -> Cell:
+def _cell_of(exported: dict, converted: dict) -> Cell:
     return Cell(
         True,
         replayed={
@@ -65,7 +65,7 @@ def _converted(exported: dict, converted: dict) -> Cell:
     )
 
 
-def train(model: str, data: str, root: Path, run: Path) -> dict:
+def train_run(model: str, data: str, root: Path, run: Path) -> dict:
     """Train `model` (an own_models factory) on `data` into `run`; its report."""
     args = ["train", "--model", f"support.own_models:{model}", *TRAIN,
             *data_options(data, root), "--out", run, "--json"]  # fmt: skip
@@ -74,7 +74,7 @@ def train(model: str, data: str, root: Path, run: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def export_and_convert(run: Path, samples: int) -> Cell:
+def convert_cell(run: Path, samples: int) -> Cell:
     """`export RUN` then `convert RUN` of a trained run."""
     exported = run_in_process("export", str(run), "--samples", str(samples), "--json")
     if exported.returncode:
@@ -82,10 +82,10 @@ def export_and_convert(run: Path, samples: int) -> Cell:
     converted = run_in_process("convert", str(run), "--target", "arm64", "--json")
     if converted.returncode:
         return _refused(converted)
-    return _converted(_json(exported), _json(converted))
+    return _cell_of(_json(exported), _json(converted))
 
 
-def pipeline(model: str, data: str, root: Path, run: Path, samples: int) -> Cell:
+def pipeline_cell(model: str, data: str, root: Path, run: Path, samples: int) -> Cell:
     args = ["pipeline", "--model", f"support.own_models:{model}", *TRAIN,
             *data_options(data, root), "--samples", samples, *BENCH, "--out", run,
             "--json"]  # fmt: skip
@@ -93,10 +93,10 @@ def pipeline(model: str, data: str, root: Path, run: Path, samples: int) -> Cell
     if result.returncode:
         return _refused(result)
     stages = json.loads(result.stdout)["stages"]
-    return _converted(stages["export"], stages["convert"])
+    return _cell_of(stages["export"], stages["convert"])
 
 
-def module(run: Path, samples: int, out: Path) -> Cell:
+def module_cell(run: Path, samples: int, out: Path) -> Cell:
     """`convert_module` of the run's trained module on the run's first `samples` test samples
     (an exported run: samples.npz)."""
     import torch

@@ -277,12 +277,14 @@ def three_channel_bnn(num_classes: int = 10) -> nn.Module:
     return UnexportableBNN(num_classes, (3, 28, 28))
 
 
-# the BatchNorm whose output the model binarizes first (tests/support/ties.py plants there)
-FIRST_BATCHNORM = {
-    "latent_detach_bnn": "stem.1",
-    "plus_minus_one_bnn": "bn0",
-    "reactnet_bnn": "stem.1",
-    "dw_bnn": "blocks.0.bn0",
+# where tests/support/ties.py can plant a tie: a bias before a binarization whose one flipped
+# sign moves the logits (ReActNet's binary head sees only 32 signs: its last binarization)
+# (the bias's name, the binarization's index), as `support.ties.TieSite` takes them
+TIE_SITES = {
+    "latent_detach_bnn": ("stem.1.bias", 0),
+    "plus_minus_one_bnn": ("bn0.bias", 0),
+    "reactnet_bnn": ("blocks.1.act.zeta", 2),
+    "dw_bnn": ("blocks.0.bn0.bias", 0),
 }
 
 KERNELS = {

@@ -72,9 +72,22 @@ def test_the_figure_says_its_error_bars_are_the_sample_std(tmp_path, monkeypatch
 
     said = []
     monkeypatch.setattr(Figure, "text", lambda self, x, y, text, **kw: said.append(text))
-    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
+    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1, 2)]
     compare(runs, tmp_path / "cmp")
     assert said == [STD_NOTE] and "sample standard deviation (n - 1)" in STD_NOTE
+
+
+def test_error_bars_from_fewer_than_three_seeds_come_with_a_warning(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    said = []
+    monkeypatch.setattr(Figure, "text", lambda self, x, y, text, **kw: said.append(text))
+    report = compare(
+        [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)], tmp_path / "c"
+    )
+    assert report.notes == ["error bars from 2 seeds: fewer than 3 give a spread that says little "
+                            "(run more with --seeds)"]  # fmt: skip
+    assert said == [f"{STD_NOTE}; {report.notes[0]}"]
 
 
 def test_a_setting_keeps_the_colour_its_sweep_gave_it(tmp_path):
@@ -96,6 +109,40 @@ def test_two_models_with_one_optimizer_setting_are_told_apart_in_the_legend(tmp_
     write_bytes_atomic(runs[1] / "config.json", json.dumps(config).encode())
     labels = [row.label for row in compare(runs, tmp_path / "cmp").rows]
     assert labels == ["mnist-bnn bop γ=0.001 τ=1e-06", "small_bnn bop γ=0.001 τ=1e-06"]
+
+
+def test_labels_and_the_table_show_every_other_setting_the_runs_differ_in(tmp_path):
+    """A QAT run and a float run at another batch and precision: both were labelled 'mnist-bnn
+    bop γ=0.001 τ=1e-06'."""
+    qat, plain = fake_run(tmp_path / "qat"), fake_run(tmp_path / "float")
+    config = json.loads((qat / "config.json").read_text())
+    config.update(float_layers="int8", batch_size=100, precision="bf16")
+    write_bytes_atomic(qat / "config.json", json.dumps(config).encode())
+    report = compare([qat, plain], tmp_path / "cmp")
+    assert [row.label for row in report.rows] == [
+        "mnist-bnn bop γ=0.001 τ=1e-06 batch_size=100 float_layers=int8 precision=bf16",
+        "mnist-bnn bop γ=0.001 τ=1e-06 batch_size=50 float_layers=float32 precision=auto",
+    ]
+    table = list(csv.DictReader(io.StringIO((tmp_path / "cmp" / "compare.csv").read_text())))
+    assert [(r["float_layers"], r["batch_size"], r["precision"]) for r in table] == [
+        ("int8", "100", "bf16"), ("float32", "50", "auto"),
+    ]  # fmt: skip
+
+
+def test_pi_over_the_last_epoch_per_layer_is_in_the_rows_and_the_table(tmp_path):
+    runs = [fake_run(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
+    (row,) = compare(runs, tmp_path / "cmp").rows
+    assert row.layer_flip_rate == {"a": -4.5} and row.layer_flip_rate_std == {
+        "a": pytest.approx(0.5**0.5)
+    }  # seeds 0 and 1: π -4 and -5
+    (line,) = csv.DictReader(io.StringIO((tmp_path / "cmp" / "compare.csv").read_text()))
+    assert float(line["last_flip_rate.a"]) == -4.5
+
+
+def test_runs_from_before_a_setting_existed_are_the_setting_of_its_old_value():
+    old = {"model": "mnist-bnn", "gamma": 1e-3}
+    assert setting_id(old) == setting_id({**old, "bn_eval": "recalibrate", "world_size": 2})
+    assert setting_id(old) != setting_id({**old, "bn_eval": "moving"})
 
 
 def test_compare_cli_prints_the_table_and_refuses_a_non_run_in_one_line(tmp_path):
@@ -147,3 +194,57 @@ def test_a_bad_sweep_option_is_one_line_and_writes_nothing(tmp_path, args, fragm
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith("bnnexport: error: ") and fragment in lines[0]
     assert not out.exists()
+
+
+def _drawn(monkeypatch, module) -> list:
+    """The figures `module` saves, kept for inspection."""
+    figures: list = []
+    monkeypatch.setattr(
+        module, "save_figure_atomic", lambda fig, path, dpi=100: figures.append(fig)
+    )
+    return figures
+
+
+def test_sweep_png_has_a_column_per_varied_hyperparameter_its_value_the_colour(
+    tmp_path, monkeypatch
+):
+    """10 settings (5 γ x 2 τ) and the baseline: a γ column and a τ column, a curve coloured by
+    the column's hyperparameter and styled by the other, legends below the data."""
+    from bnnexport.training import plots
+    from bnnexport.training.compare import read_run
+
+    figures = _drawn(monkeypatch, plots)
+    gammas, keys, groups = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5), [], []
+    for gamma in gammas:
+        for threshold in (1e-6, 0.0):
+            run = fake_run(tmp_path / f"{gamma:g}-{threshold:g}", gamma=gamma)
+            config = json.loads((run / "config.json").read_text())
+            write_bytes_atomic(
+                run / "config.json", json.dumps({**config, "threshold": threshold}).encode()
+            )
+            groups.append([read_run(run)])
+            keys.append(("bop", gamma, threshold))
+    groups.append([read_run(fake_run(tmp_path / "latent", optimizer="adam-latent"))])
+    keys.append(("adam-latent", None, None))
+    colors = plots.plot_sweep(groups, keys, tmp_path / "sweep.png")
+    (figure,) = figures
+    accuracy = [ax for ax in figure.axes if ax.get_ylabel().startswith("test accuracy")]
+    assert [ax.get_title().split(" varies")[0] for ax in accuracy] == ["γ", "τ"]
+    lines = accuracy[0].get_lines()
+    styles = {(line.get_color(), line.get_linestyle()) for line in lines}
+    assert len(styles) == 11  # every curve told apart
+    assert len({colors[id(g[0])] for g in groups[:-1]}) == 5  # the first column: one per γ
+    for ax in figure.axes:
+        if ax.get_legend() is not None:  # below its panel, outside the data
+            box = ax.get_legend().get_window_extent()
+            assert box.y1 < ax.get_window_extent().y0
+
+
+def test_accuracy_png_marks_whole_epochs(tmp_path, monkeypatch):
+    from bnnexport.training import plots
+
+    figures = _drawn(monkeypatch, plots)
+    run = fake_run(tmp_path / "run")
+    plots.plot_training(run)
+    ticks = figures[0].axes[0].get_xticks()
+    assert len(ticks) and all(float(t).is_integer() for t in ticks)

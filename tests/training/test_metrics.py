@@ -149,6 +149,36 @@ def test_tensorboard_scalars_are_written(logged_run):
     assert [e.step for e in events.Scalars("flip_rate/all")] == [3, 4]
 
 
+def test_tensorboard_shows_the_flips_and_top5(logged_run):
+    """The flips themselves beside their rate, per layer and over all weights, and top-5."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = logged_run
+    events = EventAccumulator(str(out))
+    events.Reload()
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
+    assert [e.value for e in events.Scalars("flips/all")] == [
+        sum(r["flips"].values()) for r in rows
+    ]
+    assert [e.value for e in events.Scalars("flips/features.2")] == [
+        r["flips"]["features.2"] for r in rows
+    ]
+    assert {"train/top5_accuracy", "test/top5", "epoch/train_top5_accuracy"} <= set(
+        events.Tags()["scalars"]
+    )
+
+
+@pytest.mark.slow
+def test_every_row_holds_top5_beside_top1(logged_run):
+    out, _ = logged_run
+    test = ("test_accuracy", "test_top5_accuracy")
+    pairs = {"step": [("accuracy", "top5_accuracy")], "eval": [test],
+             "epoch": [("train_accuracy", "train_top5_accuracy"), test]}  # fmt: skip
+    for row in read_jsonl(out / "metrics.jsonl"):
+        for top1, top5 in pairs[row["kind"]]:
+            assert 0.0 <= row[top1] <= row[top5] <= 1.0, row
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -166,3 +196,20 @@ def test_a_bad_metrics_or_sigma_option_is_one_line_and_leaves_the_run(trained_ru
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bnnexport: error: ") and fragment in lines[0]
     assert snapshot(trained_run) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bn_eval,tracked", [("moving", 4), ("recalibrate", 2)])
+def test_bn_eval_moving_keeps_the_running_averages_training_kept(tmp_path, bn_eval, tracked):
+    """--bn-eval moving evaluates and saves what training tracked over its 4 steps (as Keras
+    evaluates); recalibrate replaces it by averages over 2 training batches."""
+    import torch
+
+    out = tmp_path / bn_eval
+    config = TrainConfig(model_kwargs={"width": 8, "hidden": 16}, epochs=1, batch_size=16,
+                         dataset="support.data_parallel:tiny_mnist", bn_eval=bn_eval,
+                         bn_recalibration_batches=2, precision="float32", out=str(out))  # fmt: skip
+    train(config, progress=False)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    counts = {int(v) for k, v in state.items() if k.endswith("num_batches_tracked")}
+    assert counts == {tracked}

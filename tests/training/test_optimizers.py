@@ -8,7 +8,7 @@ from torch import nn
 
 from bnnexport.nn.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_latent
 from bnnexport.nn.quantizers import SteSign
-from bnnexport.training.bop import Bop, Bop2ndOrder
+from bnnexport.training.bop import HYPERPARAMETER_RULES, Bop, Bop2ndOrder
 from bnnexport.training.composite import CaseOptimizer, bop_with_adam
 from bnnexport.training.flips import FlipCounter, flip_rate
 from bnnexport.training.schedules import LinearDecay, StepDecay, as_schedule
@@ -379,6 +379,48 @@ def test_a_schedule_that_leaves_its_range_is_refused_naming_the_step(gamma, step
     with pytest.raises(ValueError, match=f"at step {step} "):
         optimizer.set_schedule("gamma", gamma)
     assert optimizer.param_groups[0]["gamma"] == 1e-3  # refused: nothing changed
+
+
+def _steps(optimizer: Bop, weight: torch.Tensor, count: int) -> None:
+    for _ in range(count):
+        weight.grad = torch.full_like(weight, 1e-3)
+        optimizer.step()
+
+
+def test_a_schedule_that_leaves_its_range_after_its_own_course_is_refused_at_that_step():
+    """A step decay by 2 from 0.5 passes its own course (steps 0-1) and reaches γ = 2 at step
+    2, as `train --gamma step:0.5,2,1` is refused at step 2 of the run's: the step is refused
+    before it changes a weight or a moving average."""
+    weight = torch.ones(3, requires_grad=True)
+    optimizer = Bop([weight], gamma="step:0.5,2,1", threshold=0.0)
+    _steps(optimizer, weight, 2)
+    momentum, before = optimizer.state[weight]["momentum"].clone(), weight.detach().clone()
+    with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\].*, got 2 at step 2 of"):
+        _steps(optimizer, weight, 1)
+    assert torch.equal(optimizer.state[weight]["momentum"], momentum)
+    assert torch.equal(weight, before) and optimizer.steps == 2
+
+
+def test_a_gamma_that_underflows_to_zero_in_float32_is_refused_naming_the_step():
+    """1e-303 is a Python float above 0, and 0 in the float32 Bop computes m in (m would stop)."""
+    with pytest.raises(ValueError, match=r"above 0 in float32\), got 1e-303 at step 1 of"):
+        Bop([torch.ones(3, requires_grad=True)], gamma="step:1e-3,1e-300,1")
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), "linear:1e-6,inf,10"])
+def test_a_threshold_that_is_not_finite_is_refused(threshold):
+    with pytest.raises(ValueError, match="threshold must be a finite number >= 0"):
+        Bop([torch.ones(3, requires_grad=True)], threshold=threshold)
+
+
+def test_the_optimizers_and_train_refuse_by_the_same_rules():
+    from bnnexport.errors import ConfigError
+    from bnnexport.training.config import HYPERPARAMETER_RANGES, TrainConfig, check_schedules
+
+    for key, (ok, rule) in HYPERPARAMETER_RULES.items():
+        assert HYPERPARAMETER_RANGES[key][1:] == (ok, rule)
+    with pytest.raises(ConfigError, match=r"--gamma step:1e-3,1e-300,1: 1e-303 at step 1,"):
+        check_schedules(TrainConfig(gamma="step:1e-3,1e-300,1"))
 
 
 def test_one_cycle_lr_with_its_defaults_cycles_adam_and_leaves_bop_alone():

@@ -53,7 +53,11 @@ def test_sweep_on_mnist5k_writes_runs_figure_and_table(tmp_path):
     picked = report["settings"][2:0:-1]
     rows = compare([s["run_dir"] for s in picked], tmp_path / "cmp").rows
     assert [r.color for r in rows] == [s["color"] for s in picked]
-    assert len({s["color"] for s in report["settings"]}) == 4
+    # sweep.png's first column colours a curve by its γ (its line style is τ's)
+    colors = {(s["gamma"], s["threshold"]): s["color"] for s in report["settings"]}
+    assert colors[(1e-2, 0.0)] == colors[(1e-2, 1e-6)] != colors[(1e-4, 0.0)]
+    layers = {"features.2", "features.5", "classifier.1"}
+    assert all(set(s["layer_flip_rate"]) == layers for s in report["settings"])
     for row, setting in zip(rows, picked, strict=True):
         trained = json.loads((Path(setting["run_dir"]) / "train.json").read_text())
         assert (

@@ -40,3 +40,26 @@ def test_rare_ops_convert_exactly(tmp_path):
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
     histogram = result.op_histogram
     assert {"LEAKY_RELU", "SOFTMAX", "LOG_SOFTMAX"} <= set(histogram), histogram
+
+
+class Upsampling(nn.Module):
+    """A float transposed conv (3x3/2, padded, with a bias) after a binary block."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.block = BinaryBlock(16, 16)
+        self.up = nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1)
+        self.fc = nn.Linear(8 * 15 * 15, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.up(self.block(self.stem(x))), 1))
+
+
+def test_a_float_transposed_conv_converts_exactly(tmp_path):
+    torch.manual_seed(0)
+    result, versus_torch = convert_net(Upsampling(), (1, 3, 8, 8), tmp_path)
+    assert result.lce_bconv2d == result.binary_layers == 1, result.op_histogram
+    assert result.op_histogram.get("TRANSPOSE_CONV") == 1, result.op_histogram
+    assert versus_torch.argmax_agreement == 1.0
+    assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)

@@ -35,11 +35,24 @@ class BinaryThenTwoBit(nn.Module):
         return self.fc(torch.flatten(self.bn2(self.two_bit(x)), 1))
 
 
-def test_two_bit_activations_convert_exactly_and_only_the_binary_layer_is_a_bconv(tmp_path):
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
     torch.manual_seed(0)
-    result, versus_torch = convert_net(BinaryThenTwoBit().eval(), (1, 3, 8, 8), tmp_path)
+    return convert_net(BinaryThenTwoBit().eval(), (1, 3, 8, 8), tmp_path_factory.mktemp("k"))
+
+
+def test_two_bit_activations_convert_exactly_and_only_the_binary_layer_is_a_bconv(converted):
+    result, versus_torch = converted
     assert result.lce_bconv2d == result.binary_layers == 1, result.op_histogram
     assert result.op_histogram["ROUND"] == 1 and result.op_histogram["CONV_2D"] == 2
     assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0
     assert versus_torch.argmax_agreement == 1.0
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
+
+
+def test_the_quantizers_division_by_a_scalar_folds_into_the_next_conv(converted):
+    """x * 3 -> Round -> / 3 -> conv: TFLite folds the scalar division into the conv's weights,
+    as it does in LCE's native conversion of DoReFa-Net (docs/BENCHMARKS.md "Op parity"); a
+    per-channel vector there stayed a MUL of its own."""
+    result, _ = converted
+    assert result.op_histogram["MUL"] == 1, result.op_histogram

@@ -24,6 +24,7 @@ from support.converter_nets import (
 import converters.translate.onnx_to_tf as onnx_to_tf
 import converters.translate.onnx_to_tflite as onnx_to_tflite
 import converters.translate.tf_layers as tf_layers
+import converters.translate.tf_ops as tf_ops
 from converters.graph import load_onnx
 from converters.normalize import normalize
 from converters.runtimes import run_lce, tf
@@ -148,3 +149,56 @@ def test_int8_sign_kernels_give_the_same_flatbuffer_as_float_ones(tmp_path, monk
     assert abs(int8.lce_bytes - as_float.lce_bytes) <= 64  # tensor names and constant order
     x = grid_inputs(16, (1, 3, 8, 8))
     assert np.array_equal(run_lce(int8.output, x), run_lce(as_float.output, x))
+
+
+class FloatHeadNet(nn.Module):
+    """A float stem, a binary conv block and a float dense head of 2048 x 10 weights: one
+    kernel above `WeightStore.MIN_ELEMENTS` (the head), one below (the stem's 864)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Conv2d(3, 32, 3, padding=1)
+        self.block = BinaryBlock(32, 32)
+        self.head = nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.block(self.first(x)), 1))
+
+
+HEAD_WEIGHTS = 32 * 8 * 8 * 10
+
+
+@pytest.mark.slow  # traces and saves a model
+def test_large_float_kernels_are_saved_as_variables_not_in_the_graph(tmp_path):
+    torch.manual_seed(0)
+    model, _ = normalize(load_onnx(export(FloatHeadNet(), (1, 3, 8, 8), tmp_path / "net.onnx")))
+    onnx_to_tf.save_saved_model(model, tmp_path / "saved")
+    graph = (tmp_path / "saved" / "saved_model.pb").stat().st_size
+    variables = sum(p.stat().st_size for p in (tmp_path / "saved" / "variables").rglob("*"))
+    # the head's kernel in the binary variables files, not in the GraphDef LCE has to parse
+    assert variables >= 4 * HEAD_WEIGHTS > graph, (variables, graph)
+
+
+@pytest.mark.slow  # runs TensorFlow's and LCE's converters twice
+def test_float_kernels_as_variables_give_the_same_flatbuffer_as_constants(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    net = FloatHeadNet()
+    (tmp_path / "variables").mkdir()
+    (tmp_path / "constants").mkdir()
+    stored, _ = convert_net(net, (1, 3, 8, 8), tmp_path / "variables")
+    monkeypatch.setattr(tf_ops.WeightStore, "MIN_ELEMENTS", 10**9)  # every kernel a constant
+    constants, _ = convert_net(net, (1, 3, 8, 8), tmp_path / "constants")
+    assert stored.op_histogram == constants.op_histogram
+    assert abs(stored.lce_bytes - constants.lce_bytes) <= 256  # tensor names
+    x = grid_inputs(16, (1, 3, 8, 8))
+    assert np.array_equal(run_lce(stored.output, x), run_lce(constants.output, x))
+
+
+def test_a_retrace_asking_for_its_weights_in_another_order_is_refused():
+    store = tf_ops.WeightStore()
+    first, second = np.ones((32, 32), np.float32), np.zeros((32, 32), np.float32)
+    store.read(first)
+    store.read(second)
+    store.restart()
+    with pytest.raises(RuntimeError, match="another order"):
+        store.read(second)
