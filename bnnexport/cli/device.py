@@ -59,26 +59,29 @@ def _checked_binary(binary: str | None) -> Path | None:
     return None if binary is None else check_local_binary(binary, "aarch64").resolve()
 
 
-def _announce(state: dict[str, Any], as_json: bool) -> None:
-    """The bench arguments on stdout (one line, or one JSON object); notes on stderr."""
+def _announce(state: dict[str, Any], as_json: bool, serving: str | None = None) -> None:
+    """Notes on stderr (and `serving`, how to stop it), then the bench arguments on stdout (one
+    line, or one JSON object): whoever reads that line has every note before it."""
     import shlex
 
     from deploy.emulator import SUITE
 
-    if as_json:
-        click.echo(json.dumps({**state, "emulated": True, "note": EMULATION_NOTE}))
-    else:
-        click.echo(" ".join(shlex.quote(arg) for arg in state["bench_args"]))
     notes = [
         f"emulated aarch64 device (Debian {SUITE} arm64 under qemu-user) on "
         f"{state['destination']} port {state['port']}, key {state['ssh_key']}: `bnnexport "
-        "bench RUN_DIR` takes the options above to run there",
+        "bench RUN_DIR` takes the options on stdout to run there",
         EMULATION_NOTE,
     ]
     if state["benchmark_binary"] is None:
         notes.append(NO_BINARY_NOTE)
     for note in notes:
         click.echo(f"bnnexport: note: {note}", err=True)
+    if serving:
+        click.echo(f"bnnexport: {serving}", err=True)
+    if as_json:
+        click.echo(json.dumps({**state, "emulated": True, "note": EMULATION_NOTE}))
+    else:
+        click.echo(" ".join(shlex.quote(arg) for arg in state["bench_args"]))
 
 
 @click.group("device")
@@ -109,9 +112,8 @@ def emulate_command(session: str | None, benchmark_binary: str | None, as_json: 
     progress = lambda line: click.echo(f"bnnexport: {line}", err=True)  # noqa: E731
 
     def ready(state: dict[str, Any]) -> None:
-        _announce(state, as_json)
-        click.echo("bnnexport: serving; stop it with Ctrl-C or `bnnexport device stop"
-                   f" --dir {state['session']}`", err=True)  # fmt: skip
+        stop = f"serving; stop it with Ctrl-C or `bnnexport device stop --dir {state['session']}`"
+        _announce(state, as_json, stop)
 
     try:
         serve(_session(session), default_cache(), binary, ready, progress)
@@ -165,8 +167,7 @@ def start_command(session: str | None, benchmark_binary: str | None, as_json: bo
             raise EmulatorUnavailableError(f"no emulated device after {START_TIMEOUT:.0f} s "
                                            f"(log: {log})")  # fmt: skip
         time.sleep(0.2)
-    _announce(state, as_json)
-    click.echo(f"bnnexport: stop it with `bnnexport device stop --dir {folder}`", err=True)
+    _announce(state, as_json, f"stop it with `bnnexport device stop --dir {folder}`")
 
 
 @device_command.command("stop", short_help="Stop the emulated device and all that ran on it.")
