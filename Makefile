@@ -70,6 +70,14 @@ device-tools:
 # only contends for the same two cores (on a busy 2-core machine a training step took 10x longer).
 PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
+# The device tests run LCE's real aarch64 lce_benchmark_model on the emulated device where this
+# checkout has it beside it (CI clones the repository with ../shared next to it; a user's clone
+# has none, and the tests then run the stand-in). A value of your own wins:
+# `make test BNNEXPORT_LCE_BENCHMARK_AARCH64=/path/to/lce_benchmark_model_aarch64`. The test
+# session's header says which tool ran.
+SHARED ?= ../shared
+export BNNEXPORT_LCE_BENCHMARK_AARCH64 ?= $(abspath $(wildcard $(SHARED)/tools/lce_benchmark_model_aarch64))
+
 test-quick: install
 	$(PYTEST) -m "not slow and not long"
 

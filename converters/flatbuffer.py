@@ -300,6 +300,41 @@ def constant_tensors(flatbuffer_bytes: bytes | str | Path, tensor_type: str) -> 
     return found
 
 
+def output_step(flatbuffer_bytes: bytes | str | Path) -> float | None:
+    """What one int8 step of the first output is worth: the scale of the int8 tensor a final
+    DEQUANTIZE makes it from (an int8 flatbuffer's float output); None for a float output.
+
+    Example:
+        >>> output_step("model-arm64-int8.tflite")                      # doctest: +SKIP
+        0.0421872921288
+    """
+    buf = read_flatbuffer(flatbuffer_bytes)
+    ops = flatbuffer_ops(buf)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        tensors = [_table(buf, _deref(buf, at)) for at in _vector(buf, _field(buf, subgraph, 0))]
+        output = _int_vector(buf, _field(buf, subgraph, 2))[0]
+        producer = next(op for op in ops if op.outputs and op.outputs[0] == _tensor_name(
+            buf, tensors[output]))  # fmt: skip
+        if producer.op_type != "DEQUANTIZE" or producer.input_types[0] != "INT8":
+            return None
+        names = [_tensor_name(buf, t) for t in tensors]
+        quantization = _field(buf, tensors[names.index(producer.inputs[0])], 4)
+        scales = _field(buf, _table(buf, _deref(buf, quantization)), 2) if quantization else None
+        if scales is None:
+            return None
+        start = _deref(buf, scales)
+        return float(struct.unpack_from("<f", buf, start + 4)[0])
+    except (struct.error, IndexError, StopIteration, ValueError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+
+
+def _tensor_name(buf: bytes, tensor: tuple[int, list[int]]) -> str:
+    at = _field(buf, tensor, 3)
+    return _string(buf, at) if at is not None else ""
+
+
 def metadata(flatbuffer_bytes: bytes | str | Path) -> dict[str, bytes]:
     """The flatbuffer's metadata: each entry's name and the bytes of its buffer (TFLite's own,
     such as `min_runtime_version`, and any `with_metadata` added)."""

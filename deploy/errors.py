@@ -48,3 +48,13 @@ class BenchmarkOutputError(DeviceError):
 
 class UnknownRunnerError(DeviceError, ValueError):
     """No device runner of that name is registered (`deploy.runners`); the message names them."""
+
+
+class EmulatorUnavailableError(DeviceError):
+    """The emulated aarch64 device cannot run on this machine (no root, Debian packages
+    missing, binfmt not registrable, sshd not starting); the message says why."""
+
+
+class EmulatorStateError(DeviceError):
+    """`bnnexport device stop` / `status` found no emulated device running in that folder, or
+    `start` found one already there."""

@@ -64,10 +64,49 @@ class DeviceIdentity:
     cores: int
     os: str
     board: str | None = None
+    # why its CPU is thought emulated (uname -m and /proc/cpuinfo name different architectures:
+    # qemu-user), None where nothing says so; its timings are then not the named CPU's
+    emulated: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the identity as a JSON-ready dict."""
         return dataclasses.asdict(self)
+
+
+# /proc/cpuinfo keys only one architecture family's kernel writes
+_CPUINFO_FAMILY = {"vendor_id": "x86", "cpu family": "x86", "cpu implementer": "arm",
+                   "cpu architecture": "arm"}  # fmt: skip
+
+
+def _uname_family(machine: str) -> str | None:
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return "x86"
+    return "arm" if machine.startswith(("aarch64", "arm")) else None
+
+
+def emulation(machine: str, cpuinfo: list[str]) -> str | None:
+    """Why a device whose `uname -m` is `machine` runs emulated, or None: under user-mode
+    emulation (qemu-user) the kernel, and so /proc/cpuinfo, is the host's (a full-system
+    emulator shows the emulated CPU and is not seen).
+
+    Example:
+        >>> amd = ["vendor_id\t: AuthenticAMD", "model name\t: AMD EPYC"]
+        >>> print(emulation("aarch64", amd))  # doctest: +ELLIPSIS
+        uname -m says aarch64 but /proc/cpuinfo describes an x86 CPU (AMD EPYC): user-mode...
+        >>> emulation("aarch64", ["CPU implementer\t: 0x41", "CPU part\t: 0xd08"]) is None
+        True
+    """
+    keys = {line.partition(":")[0].strip().lower(): line.partition(":")[2].strip()
+            for line in cpuinfo if ":" in line}  # fmt: skip
+    described = {family for key, family in _CPUINFO_FAMILY.items() if key in keys}
+    running = _uname_family(machine)
+    if running is None or len(described) != 1 or running in described:
+        return None
+    model = keys.get("model name")
+    return (
+        f"uname -m says {machine} but /proc/cpuinfo describes an {described.pop()} CPU"
+        f"{f' ({model})' if model else ''}: user-mode emulation (qemu-user)"
+    )
 
 
 def _last_line(text: str) -> str:
@@ -283,4 +322,5 @@ class SshClient:
             cores=int(cores) if cores.isdigit() else 0,
             os=os_name or "unknown",
             board=first("board") or None,
+            emulated=emulation(first("machine"), sections.get("cpuinfo", [])),
         )

@@ -1,9 +1,9 @@
 """The floor plan: docs/ARCHITECTURE.md's "Layout" lists every module of the three packages and
 nothing else, and the plan it shows holds. bnnexport/ and converters/ keep a few top-level
 modules, no module is over 600 lines, the translator has its room, deploy/ holds the SSH client,
-its errors and one package per registered runner, no module name is used twice across the
-three packages, and tests/ mirrors the packages. (The import rules between rooms are
-tests/test_imports.py's.)"""
+its errors, the emulated device and one package per registered runner, no module name is used
+twice across the three packages, and tests/ mirrors the packages. (The import rules between
+rooms are tests/test_imports.py's.)"""
 
 from __future__ import annotations
 
@@ -85,8 +85,9 @@ def test_the_translators_modules_live_only_in_converters_translate():
     assert translator and outside == []
 
 
-def test_deploys_top_level_is_the_ssh_client_its_errors_and_the_runners():
-    assert _entries(ROOT / "deploy") == ["__init__.py", "errors.py", "runners/", "ssh.py"]
+def test_deploys_top_level_is_the_ssh_client_its_errors_the_emulated_device_and_the_runners():
+    assert _entries(ROOT / "deploy") == ["__init__.py", "emulator.py", "errors.py", "runners/",
+                                         "ssh.py"]  # fmt: skip
 
 
 def test_deploy_runners_holds_the_registry_and_one_package_per_registered_runner():

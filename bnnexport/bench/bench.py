@@ -122,8 +122,7 @@ class BenchReport(Report):
         footer = [
             f"{self.samples} samples, {self.runs} timed runs at batch 1, {self.threads} thread(s)"
         ]
-        if self.device:
-            footer.append(f"device: {self.device.get('destination')}: {self.device.get('uname')}")
+        footer += device_footer(self.device, self.backends)
         if self.profile is not None:
             footer.append(self.profile["summary"])
         if self.int8_profile is not None:
@@ -133,6 +132,26 @@ class BenchReport(Report):
         if self.report_md:
             footer.append(f"report: {self.report_md}")
         return "\n".join(lines + [""] + footer)
+
+
+def device_footer(device: dict[str, Any] | None, backends: list[BackendResult]) -> list[str]:
+    """The table's lines on the device: who it is, which tool ran there, whether its latency
+    is emulated, and how far an int8 flatbuffer's outputs are from the host's in steps."""
+    if not device:
+        return []
+    lines = [f"device: {device.get('destination')}: {device.get('uname')}"]
+    tools = {b.extra["tool"]["label"] for b in backends if (b.extra.get("tool") or {}).get("label")}
+    lines += [f"device tool: {tool}" for tool in sorted(tools)]
+    if device.get("emulated"):
+        lines.append(f"device latencies are emulated, not ARM timings: {device['emulated']}")
+    for b in backends:
+        if b.extra.get("max_steps"):
+            lines.append(
+                f"{b.name}: up to {b.extra['max_steps']} int8 output step(s) apart on "
+                f"{b.extra['samples_differing']} of {b.samples} samples (how LCE's ARM build "
+                'computes int8: docs/LCE_NOTES.md "int8 on ARM")'
+            )
+    return lines
 
 
 def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:

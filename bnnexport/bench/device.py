@@ -205,8 +205,9 @@ def device_rows(
     runner, where = connected.runner, connected.client.destination
     samples, note = _samples(runner, connected.flatbuffer, scoring, device.batch)
     settings = run_settings(device, options, lce=connected.lce_settings)
-    measured = runner.measure(connected.client, connected.flatbuffer, settings, samples)
-    measured.extra["lce_settings"] = connected.lce_settings
+    measured = _labelled(
+        runner.measure(connected.client, connected.flatbuffer, settings, samples), connected
+    )
     note = measured.note or note
     if note:
         measured.extra["note"] = note
@@ -216,9 +217,12 @@ def device_rows(
               measured.latency, measured.extra)
     ]  # fmt: skip
     if outputs is not None and scoring.host_lce is not None and samples.copy is not None:
-        versus = {"reference": f"host {name}"}
+        versus = {"reference": f"host {name}", "emulated": measured.extra["emulated"],
+                  **steps_apart(samples.copy, outputs, scoring.host_lce)}  # fmt: skip
         rows.append(score(f"{name} vs host {name}", where, samples.copy, outputs, labels,
                           scoring.host_lce, {}, versus))  # fmt: skip
+        if versus["max_steps"]:
+            print(f"bnnexport: note: {int8_note(name, versus)}", file=sys.stderr)
     if note:
         print(f"bnnexport: note: {note}", file=sys.stderr)
     return rows, measured.raw
@@ -251,8 +255,61 @@ def _latency_row(
     samples = Samples(scoring.inputs, scoring.labels, int(scoring.reference.shape[1]))
     settings = run_settings(device, options, threads, connected.lce_settings)
     measured = connected.runner.latency(connected.client, connected.flatbuffer, settings, samples)
+    return _scored(f"lce ({threads} threads)", connected, _labelled(measured, connected), scoring)
+
+
+def _labelled(measured: Measurement, connected: Connected) -> Measurement:
+    """A device row's provenance in its fields: the LCE settings it ran with, and why its
+    latency is emulated (None: nothing says so; `deploy.ssh.emulation`)."""
     measured.extra["lce_settings"] = connected.lce_settings
-    return _scored(f"lce ({threads} threads)", connected, measured, scoring)
+    measured.extra["emulated"] = connected.identity.get("emulated")
+    return measured
+
+
+def steps_apart(copy: Path, outputs: np.ndarray, host: np.ndarray) -> dict[str, Any]:
+    """How far the device's outputs of an int8 flatbuffer are from the host's, in steps of its
+    int8 output (`output_step`; None for a float output): the most, on how many samples any,
+    and how many binarizations read a dequantized tensor (`binarized_dequantized`). LCE's ARM
+    and x86 builds compute int8 differently (docs/LCE_NOTES.md "int8 on ARM"), so whole steps
+    are expected; a binarization of a dequantized tensor may take the other sign on ARM.
+
+    Example:
+        >>> steps_apart(Path("model-arm64-b40.tflite"), device, host)  # doctest: +SKIP
+        {'output_step': 0.0421, 'max_steps': 3, 'samples_differing': 5, ...}
+    """
+    from converters.flatbuffer import flatbuffer_ops, output_step
+
+    ops = flatbuffer_ops(copy)
+    dequantized = {op.outputs[0] for op in ops if op.op_type == "DEQUANTIZE" and op.outputs}
+    read = sum(1 for op in ops if op.op_type == "LceQuantize" and op.inputs[0] in dequantized)
+    found = {"output_step": output_step(copy), "max_steps": None, "samples_differing": None,
+             "binarized_dequantized": read}  # fmt: skip
+    if found["output_step"] is None:
+        return found
+    steps = np.abs(outputs.astype(np.float64) - host) / found["output_step"]
+    steps = np.rint(steps).reshape(len(outputs), -1)
+    found.update(max_steps=int(steps.max(initial=0)),
+                 samples_differing=int((steps.max(axis=1, initial=0) > 0).sum()))  # fmt: skip
+    return found
+
+
+def int8_note(name: str, versus: dict[str, Any]) -> str:
+    """One line on an int8 flatbuffer's device outputs some whole steps from the host's."""
+    dequantized = versus.get("binarized_dequantized") or 0
+    sign = (
+        f"; {dequantized} binarization(s) here read a dequantized tensor, where ARM's DEQUANTIZE "
+        "leaves a value at the zero point a residue of about 1e-9 of either sign (the host: 0), "
+        "so those signs may differ"
+        if dequantized
+        else ""
+    )
+    return (
+        f"{name} on the device is up to {versus['max_steps']} int8 output step(s) of "
+        f"{versus['output_step']:.4g} from the host's LCE on {versus['samples_differing']} "
+        "sample(s): LCE's ARM build computes int8 so (it rounds requantization ties away from "
+        f'zero, its x86 build rounds them up{sign}; docs/LCE_NOTES.md "int8 on ARM"), not a '
+        "fault of the flatbuffer"
+    )
 
 
 def _scored(

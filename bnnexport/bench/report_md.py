@@ -276,6 +276,12 @@ def _machines(host: dict[str, Any], device: dict[str, Any] | None) -> list[str]:
             f"- device `{device.get('destination')}`: {device.get('cpu_model')}, "
             f"{device.get('cores')} cores{board}, {device.get('os')}; `{device.get('uname')}`"
         )
+        if device.get("emulated"):
+            lines.append(
+                f"- **emulated**: {device['emulated']}. The device rows' latencies are the "
+                "emulator's on the host's CPU, not ARM timings; their outputs are the ARM "
+                "build's."
+            )
     return lines
 
 
@@ -302,13 +308,23 @@ def _device_sections(b: Any) -> list[str]:
         ]
         if b.extra.get("peak_memory_mb") is not None:
             lines += ["", f"Peak memory footprint: {b.extra['peak_memory_mb']} MB."]
+    if b.extra.get("max_steps") is not None:
+        lines += [
+            "",
+            f"`{b.name}`: the device's outputs are up to {b.extra['max_steps']} int8 output "
+            f"step(s) of {b.extra['output_step']:.4g} from the host's on "
+            f"{b.extra['samples_differing']} of {b.samples} samples. LCE's ARM and x86 builds "
+            "compute int8 differently: ARM rounds requantization ties away from zero (x86: up), "
+            "and its DEQUANTIZE leaves a value at the zero point a residue of about 1e-9, whose "
+            "sign a binarization after it reads (x86: exactly 0, so +1); "
+            f"{b.extra.get('binarized_dequantized') or 0} binarization(s) in this flatbuffer "
+            'read a dequantized tensor (docs/LCE_NOTES.md "int8 on ARM"). These rows are the '
+            "flatbuffer as the ARM build computes it, not a fault of the conversion.",
+        ]
     if b.extra.get("runner") != "lce_benchmark_model":
         return lines
-    lines += [
-        "",
-        "lce_benchmark_model reports min/mean/std only, so the device's median "
-        "and p90 are not given.",
-    ]
+    missing = "p90" if b.latency_ms.get("median") is not None else "median or p90"
+    lines += ["", f"This lce_benchmark_model prints no {missing}: not given for the device."]
     if b.extra.get("accuracy_batch"):
         lines += [
             "",
@@ -318,6 +334,8 @@ def _device_sections(b: Any) -> list[str]:
             f"{b.extra['accuracy_seconds']:.1f} s with upload and fetch; row "
             "`lce vs host lce` compares its outputs with the host's LCE interpreter.",
         ]
+    if b.extra.get("tool"):
+        lines += ["", f"Tool: `{b.extra['tool']['label']}` ({b.extra['tool']['path']})."]
     if b.extra.get("note"):
         lines += ["", f"Note: {b.extra['note']}."]
     return lines

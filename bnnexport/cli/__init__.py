@@ -21,6 +21,7 @@ from bnnexport.cli.bench import bench_command
 from bnnexport.cli.common import fail
 from bnnexport.cli.compare import compare_command
 from bnnexport.cli.convert import convert_command
+from bnnexport.cli.device import device_command
 from bnnexport.cli.export import export_command
 from bnnexport.cli.init import init_command
 from bnnexport.cli.pack import pack_command
@@ -101,3 +102,4 @@ main.add_command(init_command)
 main.add_command(compare_command)
 main.add_command(recipes_command)
 main.add_command(sweep_command)
+main.add_command(device_command)

@@ -1,31 +1,46 @@
-"""`bnnexport bench --device` end to end on the emulated aarch64 device
-(tests/support/aarch64_device.py); and grouped binary convs there, where the stand-in refuses a
-grouped LceBconv2d under the tool's default kernels, as the real tool does.
+"""`bnnexport bench --device` end to end on the emulated aarch64 device (deploy/emulator.py, the
+`arm_device` fixture), the device `bnnexport device start` serves, and grouped binary convs
+there.
 
 A trained, exported and converted run with its batch-32 copy; bench runs the LCE flatbuffer on
-the device with `lce_benchmark_model`: the user's real binary when BNNEXPORT_LCE_BENCHMARK_AARCH64
-names one, else the aarch64 stand-in of test_aarch64.py, which computes a real flatbuffer with
-the NumPy reference interpreter tests/support/lce_reference.py (on aarch64, under qemu). Either
-way the device must compute what the host's LCE computes: the same top-1, argmax agreement 1 and
-outputs within float tolerance (the float flatbuffer) or one int8 output step (the int8 one).
-The stand-in's latency lines are made up; only its outputs are the model's.
+the device with `lce_benchmark_model`: LCE's real aarch64 build when
+BNNEXPORT_LCE_BENCHMARK_AARCH64 names it (`make test` does where ../shared/tools has it), else
+the aarch64 stand-in, which computes a real flatbuffer with the NumPy reference interpreter
+tests/support/lce_reference.py (ARM's int8 rounding; under qemu). The float flatbuffer's outputs
+must be the host LCE's (argmax agreement 1, float tolerance). The int8 one's may differ from the
+host's by whole output steps, because ARM's int8 kernels round requantization ties away from zero
+where LCE's x86 build rounds them up (docs/LCE_NOTES.md "int8 on ARM"): the device must compute
+what ARM's rounding gives (lce_reference with `rounding="arm"`, bit for bit on every int8 tensor
+against the real tool), bench must report the difference in steps, and top-1 may move only on the
+samples that differ. With the stand-in, that first check tests the stand-in; its latency lines
+are made up. Each test prints which tool it ran.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from support.aarch64_device import cache_dir
 from support.cli import invoke
 from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
-from support.lce_reference import int8_output_step
+from support.device_runs import (
+    assert_int8_device_follows_arm,
+    assert_labelled,
+    bench_on,
+    emulated_device_args,
+    tool,
+)
+from support.processes import processes_mentioning
 from support.stand_in import REAL_BINARY, write_stand_in
 
 from bnnexport.run.checkpoint import load_model
+from converters.flatbuffer import flatbuffer_ops
 
 SAMPLES = 40
 BATCH = 32  # 2 chunks on the device, the last one padded
@@ -43,48 +58,13 @@ def copied_run(_trained_run_template, tmp_path_factory):
     return run
 
 
-def _binary(arm_device, tmp_path) -> str:
-    if REAL_BINARY:
-        print(f"\nlce_benchmark_model: the real binary {REAL_BINARY}")
-        return REAL_BINARY
-    print("\nlce_benchmark_model: the aarch64 Python stand-in (NumPy reference interpreter)")
-    return str(write_stand_in(tmp_path / "lce_benchmark_model", None))
-
-
 def _bench(run, arm_device, binary, *args):
-    argv = [
-        str(run),
-        "--runs",
-        "2",
-        "--warmup",
-        "1",
-        "--samples",
-        str(SAMPLES),
-        "--device",
-        arm_device.destination,
-        "--port",
-        str(arm_device.port),
-        "--ssh-key",
-        str(arm_device.key),
-        "--remote-tmp",
-        arm_device.remote_tmp,
-        "--runner",
-        "lce_benchmark_model",
-        "--benchmark-binary",
-        binary,
-        "--timeout",
-        "900",
-        "--json",
-        *args,
-    ]
-    for option in arm_device.options:
-        argv += ["--ssh-option", option]
-    return invoke("bench", *argv)
+    return bench_on(run, emulated_device_args(arm_device, binary), SAMPLES, *args)
 
 
 @pytest.mark.slow
 def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, tmp_path):
-    binary = _binary(arm_device, tmp_path)
+    binary = tool(tmp_path)
     # the issue's acceptance command: accuracy, the op profile by layer, two thread counts
     args = ("--device-batch", str(BATCH), "--profile", "--threads", "1,2")
     result = _bench(copied_run, arm_device, binary, *args)
@@ -99,6 +79,14 @@ def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, t
     modules = {name for name, _ in load_model(copied_run).named_modules()} | {"(input)"}
     assert profile["notes"] == [] and {t["layer"] for t in profile["layers"]} <= modules
     assert any(t["binary"] and "LceBconv2d" in t["op_types"] for t in profile["layers"])
+    op_types = {op for t in profile["layers"] for op in t["op_types"]}
+    assert {"LceBconv2d", "LceQuantize", "LceBMaxPool2d"} <= op_types
+    if REAL_BINARY:  # this build has no XNNPACK: every op is a row of its own, in plan order
+        flat = [op.op_type for op in flatbuffer_ops(copied_run / "model-arm64.tflite")]
+        assert [o["node_type"] for o in device["extra"]["ops"]] == flat
+        assert {"CONV_2D", "FULLY_CONNECTED", "MAX_POOL_2D"} <= op_types
+    assert_labelled(device, binary)
+    assert data["device"]["emulated"] == device["extra"]["emulated"]
     extra = device["extra"]
     assert extra["accuracy_model"] == f"model-arm64-b{BATCH}.tflite"
     assert (extra["accuracy_batch"], extra["accuracy_invocations"]) == (BATCH, 2)
@@ -129,25 +117,26 @@ def int8_run(copied_run, tmp_path_factory):
 def test_bench_runs_the_int8_flatbuffer_beside_the_float_one_on_the_device(
     int8_run, arm_device, tmp_path
 ):
-    binary = _binary(arm_device, tmp_path)
+    binary = tool(tmp_path)
     result = _bench(int8_run, arm_device, binary, "--device-batch", str(BATCH), "--profile")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     rows = {(b["name"], b["where"] == "host"): b for b in data["backends"]}
-    host, device = rows[("lce-int8", True)], rows[("lce-int8", False)]
-    versus_host = rows[("lce-int8 vs host lce-int8", False)]
+    device, versus_host = rows[("lce-int8", False)], rows[("lce-int8 vs host lce-int8", False)]
     assert device["extra"]["accuracy_model"] == f"model-arm64-int8-b{BATCH}.tflite"
     assert device["size_bytes"] < rows[("lce", False)]["size_bytes"]
-    # the device computes what the host's LCE computes, int8 included (either binary)
-    assert device["top1"] == host["top1"] and versus_host["argmax_agreement"] == 1.0
-    step = int8_output_step(int8_run / "model-arm64-int8.tflite")
-    assert versus_host["max_abs_diff"] <= step * 1.001  # one step of the int8 output
+    assert_labelled(device, binary)
     change = data["int8_profile"]["change"]
     assert change["summary"].startswith("int8 device profile: float layers")
     assert {r["layer"] for r in change["layers"]} >= {"features.0", "classifier.3"}
     report = (int8_run / "report.md").read_text()
     assert "## What int8 changed, by PyTorch layer" in report
     assert arm_device.leftovers() == []
+    # the device computes what ARM's int8 rounding gives (with the real tool: LCE's ARM kernels)
+    assert_int8_device_follows_arm(rows, int8_run, SAMPLES, BATCH)
+    if versus_host["extra"]["max_steps"]:
+        assert "LCE's ARM build computes int8 so" in result.stderr
+        assert "int8 output step(s)" in report
 
 
 # --- grouped binary convs: what LCE's default kernels run ------------------------------------
@@ -175,6 +164,38 @@ def _bench_file(flatbuffer, arm_device, binary):
 
 
 @pytest.fixture
+def tool_and_log(arm_device, tmp_path):
+    """(tool, log): the tool the device tests run, and the file of this machine the stand-in
+    logs each argv to (None for the real tool, which logs nothing)."""
+    log = arm_device.host_tmp.parent / "grouped-stand-in.log"
+    log.unlink(missing_ok=True)
+    binary = tool(tmp_path, f"{Path(arm_device.remote_tmp).parent}/{log.name}")
+    return binary, None if REAL_BINARY else log
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_a_grouped_model_benches_on_the_device_with_the_tools_default_kernels(
+    arm_device, tool_and_log, tmp_path, seeded
+):
+    """bnnexport writes a grouped binary conv as one LceBconv2d per group, so LCE's default
+    kernels run it: bench passes no kernel flag (the stand-in, which refuses a grouped
+    LceBconv2d without one, logs what it got; the real tool runs it)."""
+    from bnnexport import convert_module
+
+    binary, log = tool_and_log
+    report = convert_module(_GroupedBinary(), torch.randn(1, 3, 8, 8), out=tmp_path / "g.tflite")
+    assert report.lce_bconv2d == 2 and report.lce_settings == {}
+    _, row = _bench_file(tmp_path / "g.tflite", arm_device, binary)
+    assert row["name"] == "lce" and row["latency_ms"]["mean"] > 0
+    assert row["extra"]["lce_settings"] == {}
+    if log is not None:
+        argvs = [json.loads(line) for line in log.read_text().splitlines()]
+        assert argvs and not any("use_indirect_bgemm" in arg for argv in argvs for arg in argv)
+    assert arm_device.leftovers() == []
+
+
+@pytest.fixture
 def logged_stand_in(arm_device, tmp_path):
     """(stand-in, log): the stand-in logging each argv to a file the host reads."""
     log = arm_device.host_tmp.parent / "grouped-stand-in.log"
@@ -184,33 +205,15 @@ def logged_stand_in(arm_device, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore")
-def test_a_grouped_model_benches_on_the_device_with_the_tools_default_kernels(
-    arm_device, logged_stand_in, tmp_path, seeded
-):
-    """bnnexport writes a grouped binary conv as one LceBconv2d per group: the stand-in, which
-    refuses a grouped LceBconv2d under the default kernels as the real tool does, runs it with
-    no kernel flag at all."""
-    from bnnexport import convert_module
-
-    binary, log = logged_stand_in
-    report = convert_module(_GroupedBinary(), torch.randn(1, 3, 8, 8), out=tmp_path / "g.tflite")
-    assert report.lce_bconv2d == 2 and report.lce_settings == {}
-    _, row = _bench_file(tmp_path / "g.tflite", arm_device, binary)
-    assert row["name"] == "lce" and row["latency_ms"]["mean"] > 0
-    assert row["extra"]["lce_settings"] == {}
-    argvs = [json.loads(line) for line in log.read_text().splitlines()]
-    assert argvs and not any("use_indirect_bgemm" in arg for argv in argvs for arg in argv)
-    assert arm_device.leftovers() == []
-
-
-@pytest.mark.slow
 def test_a_grouped_lce_bconv2d_runs_on_the_device_only_with_indirect_bgemm(
     arm_device, logged_stand_in, tmp_path
 ):
-    """A flatbuffer holding LCE's own grouped LceBconv2d (another tool's): the tool's default
-    kernels refuse it on the device, so bench tells the runner `--use_indirect_bgemm=true` and
-    says why in a note."""
+    """A flatbuffer holding LCE's own grouped LceBconv2d (another tool's), which LCE's optimized
+    BGEMM kernel refuses: bench tells the runner `--use_indirect_bgemm=true` and says why in a
+    note. The stand-in, whatever tool the session has: it refuses the flatbuffer without the
+    flag as that kernel does and logs the flag bench passed (the real aarch64 build here runs
+    it either way, its default bconv kernel being LCE's reference one: docs/LCE_NOTES.md "int8
+    on ARM")."""
     binary, log = logged_stand_in
     theirs = lce_grouped_flatbuffer(tmp_path / "theirs.tflite")
     client = arm_device.client()
@@ -223,9 +226,43 @@ def test_a_grouped_lce_bconv2d_runs_on_the_device_only_with_indirect_bgemm(
     assert "Grouped binary convolutions are not supported with this kernel." in refused.stdout
     assert "Benchmarking failed." in refused.stdout
 
-    result, row = _bench_file(theirs, arm_device, binary)
+    result, row = _bench_file(theirs, arm_device, str(binary))
     assert row["extra"]["lce_settings"] == {"use_indirect_bgemm": True}
     assert "theirs.tflite needs use_indirect_bgemm=True" in result.stderr
     argvs = [json.loads(line) for line in log.read_text().splitlines()]
     assert all("--use_indirect_bgemm=true" in argv for argv in argvs[1:])  # [0]: the refusal
     assert arm_device.leftovers() == []
+
+
+# --- the device `bnnexport device start` serves ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_device_start_serves_a_device_bench_runs_on_and_stop_leaves_nothing_running(
+    copied_run, arm_device, tmp_path, monkeypatch
+):
+    """The product command end to end (`arm_device` only makes sure the device can run here):
+    start it, bench the run on it with the tool, stop it; then nothing it started runs."""
+    binary = tool(tmp_path)
+    monkeypatch.setenv("BNNEXPORT_CACHE", str(cache_dir()))
+    session = tmp_path / "product-device"
+    started = invoke("device", "start", "--dir", session, "--benchmark-binary", binary, "--json")
+    try:
+        assert started.exit_code == 0, started.output
+        state = json.loads(started.stdout)
+        assert "not an ARM CPU's" in started.stderr
+        assert invoke("device", "status", "--dir", session).stdout.split() == state["bench_args"]
+        result = bench_on(copied_run, state["bench_args"], SAMPLES, "--device-batch", str(BATCH))
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        device = next(b for b in data["backends"] if b["name"] == "lce" and b["where"] != "host")
+        host = next(b for b in data["backends"] if b["name"] == "lce" and b["where"] == "host")
+        assert device["top1"] == host["top1"] and device["extra"]["note"] is None
+        assert_labelled(device, binary)
+    finally:
+        stopped = invoke("device", "stop", "--dir", session)
+    assert stopped.exit_code == 0, stopped.output
+    assert processes_mentioning(str(session)) == []
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", state["port"]), timeout=1).close()
+    assert "no emulated device serves" in invoke("device", "status", "--dir", session).stdout

@@ -4,7 +4,10 @@ interpreter computes, sample by sample, and it refuses an op it does not know in
 
 Tolerances (docs/LCE_NOTES.md "Reference interpreter"): float
 flatbuffers within 1e-4 (float32 summation order); int8 flatbuffers within one step of the int8
-output's scale (the requantization is ruy's, found by experiment: observed exact).
+output's scale (the requantization is ruy's, found by experiment: observed exact). These compare
+with the x86 host build's rounding; the stand-in computes with the ARM build's (`rounding="arm"`,
+docs/LCE_NOTES.md "int8 on ARM"), which tests/deploy/test_bench_aarch64.py checks against LCE's
+real aarch64 tool.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ def test_the_int8_flatbuffer_computes_what_lces_interpreter_computes(converted):
     assert np.array_equal(ours.argmax(1), theirs.argmax(1))
     step = lce_reference.int8_output_step(flatbuffer)
     assert np.abs(ours - theirs).max() <= step * 1.001  # one step of the int8 output
+
+
+def test_arms_requantization_sends_a_negative_tie_away_from_zero_where_the_hosts_rounds_up():
+    """-14 * 2**30 / 2**31 = -7, then one right shift: -3.5, a tie (and +3.5, and -3.25)."""
+    acc, q, shift = np.array([-14, 14, -13]), np.int64(1 << 30), np.int64(-1)
+    assert lce_reference._requantize(acc, q, shift, "x86").tolist() == [-3, 4, -3]
+    assert lce_reference._requantize(acc, q, shift, "arm").tolist() == [-4, 4, -3]
+    with pytest.raises(ValueError, match="rounding 'risc-v'"):
+        lce_reference.load(__file__, rounding="risc-v")
 
 
 def test_the_interpreter_runs_any_batch_size_of_a_batch_one_flatbuffer(converted):

@@ -12,6 +12,7 @@ from deploy.errors import (
     DeviceUnreachableError,
     RemoteCommandError,
 )
+from deploy.ssh import emulation
 
 
 def test_run_returns_the_remote_output(sshd):
@@ -67,6 +68,7 @@ def test_identity_describes_this_machine(sshd):
     assert identity.cores == int(cores)
     assert identity.cpu_model not in ("", "unknown")
     assert identity.os != "unknown"
+    assert identity.emulated is None  # this machine's own kernel and CPU
 
 
 def test_closed_port_is_unreachable(sshd):
@@ -90,3 +92,15 @@ def test_unknown_host_key_is_refused_because_checking_stays_on(sshd, tmp_path):
     ]
     with pytest.raises(DeviceAuthError, match="Host key verification failed"):
         sshd.client(options=options).run(["true"])
+
+
+def test_a_device_whose_cpuinfo_is_another_architectures_is_emulated():
+    x86 = ["processor\t: 0", "vendor_id\t: AuthenticAMD", "model name\t: AMD EPYC", "flags\t: sse"]
+    arm = ["processor\t: 0", "CPU implementer\t: 0x41", "CPU architecture: 8", "CPU part\t: 0xd08"]
+    said = emulation("aarch64", x86)
+    assert said.startswith(
+        "uname -m says aarch64 but /proc/cpuinfo describes an x86 CPU (AMD EPYC)"
+    )
+    assert emulation("aarch64", arm) is None  # a Raspberry Pi 4
+    assert emulation("x86_64", x86) is None and emulation("x86_64", arm).startswith("uname -m")
+    assert emulation("aarch64", []) is None  # nothing read: nothing said

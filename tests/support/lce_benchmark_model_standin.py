@@ -8,8 +8,10 @@ deploy/runners/lce_benchmark_model/chunked_accuracy.py):
 (else it aborts, as the real tool does); `--output_filepath` gets the raw little-endian outputs.
 What it computes: for a real TFLite/LCE flatbuffer, the model itself, by the NumPy reference
 interpreter lce_reference.py beside it (which travels with it: support/stand_in.py packs both
-into one executable zip); asked for outputs, an op that interpreter lacks is one "ERROR: ..."
-line naming it and exit 1, never a made-up answer (a latency-only run does not look). For
+into one executable zip), with the ARM build's int8 rounding (requantization ties away from
+zero, as the real aarch64 tool computes; docs/LCE_NOTES.md "int8 on ARM"); asked for outputs,
+an op that interpreter lacks is one "ERROR: ..." line naming it and exit 1, never a made-up
+answer (a latency-only run does not look). For
 the tests' JSON graphs ({"classes": C}; 10 classes for any other file) a formula:
 out[i, j] = sum_k x[i, k] * cos(0.01 * (k + 1) * (j + 1)), j < C. Its timing, memory and
 profile lines are made up, in the tool's format.
@@ -119,7 +121,7 @@ def outputs(graph, path, shape):
             classes = 10
         j = np.arange(1, classes + 1)[None, :]
         return (x.astype(np.float64) @ np.cos(0.01 * k * j)).astype("<f4")
-    model = load(graph)
+    model = load(graph, rounding="arm")  # what LCE's aarch64 build computes, int8 included
     dtype = np.dtype(model.tensors[model.inputs[0]].dtype).newbyteorder("<")
     try:
         return model.run(np.fromfile(path, dtype).reshape(shape))  # checks every op first

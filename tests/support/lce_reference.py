@@ -119,7 +119,7 @@ BUILTIN = {
     0: "ADD", 1: "AVERAGE_POOL_2D", 2: "CONCATENATION", 3: "CONV_2D", 4: "DEPTHWISE_CONV_2D",
     6: "DEQUANTIZE", 9: "FULLY_CONNECTED", 17: "MAX_POOL_2D", 18: "MUL", 19: "RELU", 21: "RELU6",
     22: "RESHAPE", 34: "PAD", 39: "TRANSPOSE", 40: "MEAN", 41: "SUB", 43: "SQUEEZE",
-    114: "QUANTIZE",
+    49: "SPLIT", 114: "QUANTIZE",
 }  # fmt: skip
 
 
@@ -164,6 +164,7 @@ class Model:
 
     def __init__(self, buf):
         self.buf = buf
+        self.rounding = "x86"  # `load(path, rounding)` sets it
         model = _ref(buf, 0)
         codes = []
         for at in _items(buf, _get(buf, model, 1)):
@@ -201,7 +202,11 @@ class Model:
         values[self.inputs[0]] = np.asarray(inputs, first.dtype).reshape((-1,) + first.shape[1:])
         for op in self.ops:
             args = [values[i] if i >= 0 else None for i in op.inputs]
-            values[op.outputs[0]] = KERNELS[op.name](self, op, args)
+            result = KERNELS[op.name](self, op, args)  # a tuple for an op of several outputs
+            results = result if isinstance(result, tuple) else (result,)
+            for index, value in zip(op.outputs, results, strict=True):
+                values[index] = value
+        self.last_values = values  # every tensor by index (benchmarks/int8_on_arm.py reads them)
         return values[self.outputs[0]]
 
     def tensor(self, op, k):
@@ -209,10 +214,19 @@ class Model:
         return self.tensors[op.outputs[0] if k == -1 else op.inputs[k]]
 
 
-def load(path):
-    """The model of a flatbuffer file."""
+ROUNDINGS = ("x86", "arm")  # whose int8 requantization: LCE's x86 host build, or its ARM build
+
+
+def load(path, rounding="x86"):
+    """The model of a flatbuffer file, computing int8 requantization as LCE's x86 build does
+    (`rounding="x86"`, the host's interpreter) or as its aarch64 build does ("arm", what
+    `lce_benchmark_model` computes on a device, and so the stand-in)."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding {rounding!r}: one of {ROUNDINGS}")
     with open(path, "rb") as file:
-        return Model(file.read())
+        model = Model(file.read())
+    model.rounding = rounding
+    return model
 
 
 def int8_output_step(path):
@@ -291,15 +305,28 @@ def _quantize_multiplier(real):
     return np.where(tiny, 0, q), np.where(tiny, 0, shift)
 
 
-def _requantize(acc, q, shift):
-    """MultiplyByQuantizedMultiplier as ruy (TFLite's int8 GEMM) applies it, in int64: a left
-    shift for shift > 0, a rounding high multiply by the Q31 multiplier, then a rounding right
-    shift, both rounding ties up (docs/LCE_NOTES.md: not the reference kernels' ties away)."""
+def _requantize(acc, q, shift, rounding="x86"):
+    """MultiplyByQuantizedMultiplier, in int64: a left shift for shift > 0, a rounding high
+    multiply by the Q31 multiplier (ties up), then a rounding right shift whose ties go up as
+    ruy's x86 kernels (LCE's host build) round them, or away from zero as the ARM build does
+    (`rounding="arm"`: TFLite's RoundingDivideByPOT; docs/LCE_NOTES.md "int8 on ARM", found by
+    comparing the real aarch64 tool's int8 tensors with this: bit for bit equal then). The ARM
+    build rounds so in its int8 GEMM (CONV_2D, and FULLY_CONNECTED, which takes the same GEMM);
+    its DEPTHWISE_CONV_2D rounds ties up like the x86 build (`_tie_rounding`)."""
     acc = acc.astype(np.int64) * np.left_shift(np.int64(1), np.maximum(shift, 0))
     high = (acc * q + (1 << 30)) >> 31
     right = np.maximum(-shift, 0)
+    if rounding == "arm":
+        mask = np.left_shift(np.int64(1), right) - 1
+        threshold = (mask >> 1) + (high < 0)  # a negative tie rounds down: away from zero
+        return (high >> right) + ((high & mask) > threshold)
     half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
     return (high + half) >> right
+
+
+def _tie_rounding(m, op):
+    """The requantization rounding `op` gets in the build `m.rounding` names."""
+    return "x86" if op.name == "DEPTHWISE_CONV_2D" else m.rounding
 
 
 def _int8_output(m, op, acc, input_scale, weight_scale, activation):
@@ -307,7 +334,8 @@ def _int8_output(m, op, acc, input_scale, weight_scale, activation):
     out = m.tensor(op, -1)
     effective = float(input_scale) * weight_scale.astype(np.float64) / float(out.scale[0])
     q, shift = _quantize_multiplier(effective)
-    return _activate(m, out, _requantize(acc, q, shift) + int(out.zero_point[0]), activation)
+    requantized = _requantize(acc, q, shift, _tie_rounding(m, op))
+    return _activate(m, out, requantized + int(out.zero_point[0]), activation)
 
 
 def _offset(m, op, x):
@@ -408,9 +436,18 @@ def op_quantize(m, op, args):
 
 
 def op_dequantize(m, op, args):
+    """(q - z) * s in float32 on the x86 build; on the ARM build one fused multiply-add,
+    q * s + float32(-z * s), so a value at the zero point becomes that rounding's residue
+    (a few 1e-9, either sign) instead of 0 (docs/LCE_NOTES.md "int8 on ARM")."""
     tensor = m.tensor(op, 0)
-    q = args[0].astype(np.int32) - int(tensor.zero_point[0])
-    return (q.astype(np.float32) * np.float32(tensor.scale[0])).astype(np.float32)
+    scale, zero = np.float32(tensor.scale[0]), int(tensor.zero_point[0])
+    if (
+        m.rounding == "arm"
+    ):  # exact in float64 (a 24-bit scale times an 8-bit integer), rounded once
+        offset = np.float64(np.float32(-zero * np.float64(scale)))
+        return (args[0].astype(np.float64) * np.float64(scale) + offset).astype(np.float32)
+    q = args[0].astype(np.int32) - zero
+    return (q.astype(np.float32) * scale).astype(np.float32)
 
 
 def op_add(m, op, args):
@@ -469,6 +506,13 @@ def op_concatenation(m, op, args):
 
 def op_transpose(m, op, args):
     return np.transpose(args[0], [int(a) for a in args[1]])
+
+
+def op_split(m, op, args):
+    """SPLIT(axis, x) into num_splits equal parts (a grouped conv's per-group inputs); any type,
+    the values moved as they are."""
+    axis, x = int(np.asarray(args[0]).reshape(-1)[0]), args[1]
+    return tuple(np.split(x, m.option(op, 0, "<i", 1), axis=axis % x.ndim))
 
 
 # --- LCE's custom ops ------------------------------------------------------------------------
@@ -558,7 +602,11 @@ def op_lce_bconv2d(m, op, args):
     zero = float(out.zero_point[0]) if out.dtype == np.int8 else 0.0
     folded_multiplier = (-multiplier.astype(np.float64) / scale).astype(np.float32)
     folded_bias = (bias + depth * multiplier.astype(np.float64)) / scale + zero
-    y = doubled.astype(np.float32) * folded_multiplier + folded_bias.astype(np.float32)
+    if m.rounding == "arm":  # one fused multiply-add: exact in float64, rounded once
+        y = doubled * folded_multiplier.astype(np.float64) + folded_bias.astype(np.float32)
+        y = y.astype(np.float32)
+    else:
+        y = doubled.astype(np.float32) * folded_multiplier + folded_bias.astype(np.float32)
     if out.dtype == np.float32:
         return y
     return np.clip(_round_away(y), -128, 127).astype(np.int8)
@@ -572,5 +620,5 @@ KERNELS = {
     "MEAN": op_mean,
     "CONCATENATION": op_concatenation, "LceQuantize": op_lce_quantize,
     "LceDequantize": op_lce_dequantize, "LceBMaxPool2d": op_lce_bmaxpool2d,
-    "LceBconv2d": op_lce_bconv2d, "TRANSPOSE": op_transpose,
+    "LceBconv2d": op_lce_bconv2d, "TRANSPOSE": op_transpose, "SPLIT": op_split,
 }  # fmt: skip

@@ -7,6 +7,9 @@
 - `plus_minus_one_bnn`: ±1 `nn.Parameter` kernels used as they are, a custom
   `torch.autograd.Function` STE, an XNOR-Net++-style learned per-channel scale Γ after each
   binary conv, and a binary head written as `x @ w.t()`.
+- `grouped_bnn`: a binary 3x3 conv in two groups of 32 channels (±1 `nn.Parameter` kernels
+  through a custom STE) between a float stem and a float head: what the device tests run as
+  "a grouped model" (bnnexport writes one LceBconv2d per group).
 - `reactnet_bnn`: ReActNet's RSign (`torch.sign(x - β)`, a learned per-channel threshold, the
   plain sign STE'd with the detach trick) and RPReLU, XNOR-Net's per-output-channel α = mean|W|
   times sign(W) computed in forward from latent weights, and a binary `F.linear` head.
@@ -120,6 +123,29 @@ class PlusMinusOneBNN(nn.Module):
 
 def plus_minus_one_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
     return PlusMinusOneBNN(num_classes, tuple(input_shape))
+
+
+class GroupedBNN(nn.Module):
+    """Float stem (and BatchNorm) -> sign STE -> ±1 3x3 conv in 2 groups of 32 channels ->
+    BatchNorm -> max pool -> float head."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 28, 28)) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        self.stem = nn.Conv2d(channels, 64, 3, padding=1)
+        self.bn0 = nn.BatchNorm2d(64)
+        self.grouped = nn.Parameter(sign(torch.randn(64, 32, 3, 3)))
+        self.bn1 = nn.BatchNorm2d(64)
+        self.head = nn.Linear(64 * (height // 2) * (width // 2), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = SignSTE.apply(self.bn0(self.stem(x)))
+        x = F.max_pool2d(self.bn1(F.conv2d(x, self.grouped, padding=1, groups=2)), 2)
+        return self.head(x.flatten(1))
+
+
+def grouped_bnn(num_classes: int = 10, input_shape=(1, 28, 28)) -> nn.Module:
+    return GroupedBNN(num_classes, tuple(input_shape))
 
 
 class RSign(nn.Module):
@@ -267,6 +293,7 @@ KERNELS = {
     "reactnet_bnn": ["blocks.0.weight", "blocks.1.weight", "head"],
     "dw_bnn": ["blocks.0.weight", "blocks.2.weight", "fc"],
     "unexportable_bnn": ["weight"],
+    "grouped_bnn": ["grouped"],
 }
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deploy.emulator import free_port, keygen
+
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd")
 SFTP_CANDIDATES = (
     "/usr/lib/openssh/sftp-server",
@@ -85,20 +87,6 @@ class Sshd(LoopbackSsh):
     def closed_port() -> int:
         """A port on 127.0.0.1 where nothing listens: an unreachable device."""
         return free_port()
-
-
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def keygen(path: Path) -> None:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bnnexport-test", "-f", str(path)],
-        check=True,
-    )
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The `lce_benchmark_model` runner's `DeviceRunner`: the tool's options in, a `Measurement` out.
 
-Latency (min / mean / std: the tool prints no percentiles), the op profile and peak memory come
-from one benchmark run of the batch-1 flatbuffer (`benchmark_tool`); the outputs for
+Latency (min / mean / std, and the median where the tool prints one), the op profile and peak
+memory come from one benchmark run of the batch-1 flatbuffer (`benchmark_tool`); the outputs for
 accuracy from the flatbuffer converted at batch N (`Samples.copy`), run in N-sample chunks
 (`chunked_accuracy`). Without the copy, or with a binary that has no `--output_filepath`,
 it measures latency only and its note says why.
@@ -88,10 +88,10 @@ def measurement(run: DeviceRun, job: AccuracyJob | None, threads: int, runner: s
     the registered runner `runner`."""
     parsed = run.result
     measured = run.outputs is not None and job is not None
-    # benchmark_model prints no percentiles: median and p90 stay unknown rather than invented
+    # benchmark_model prints no p90 (and older builds no median): unknown rather than invented
     latency = {
         "min": parsed.min_ms,
-        "median": None,
+        "median": parsed.median_ms,
         "p90": None,
         "mean": parsed.mean_ms,
         "std": parsed.std_ms,
@@ -109,5 +109,6 @@ def measurement(run: DeviceRun, job: AccuracyJob | None, threads: int, runner: s
         "accuracy_seconds": run.accuracy_seconds,
         "note": run.note,
         "threads": threads,
+        "tool": None if run.tool is None else run.tool.to_json(),
     }
     return Measurement(latency, extra, run.outputs, run.raw, run.note)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import re
 import shlex
 from collections.abc import Iterator
@@ -80,13 +81,15 @@ class OpTypeTime:
 
 @dataclasses.dataclass
 class BenchmarkResult:
-    """What `lce_benchmark_model` reported. It prints no percentiles, so none are invented."""
+    """What `lce_benchmark_model` reported. Older builds print no percentiles, newer ones (on
+    LiteRT's benchmark code) a median with p5 and p95; none is invented where none is printed."""
 
     count: int
     min_ms: float
     max_ms: float
     mean_ms: float
     std_ms: float
+    median_ms: float | None = None
     init_ms: float | None = None
     first_inference_ms: float | None = None
     warmup_avg_ms: float | None = None
@@ -229,6 +232,7 @@ def parse_benchmark_output(text: str) -> BenchmarkResult:
         max_ms=values["max"] / 1000.0,
         mean_ms=values["avg"] / 1000.0,
         std_ms=values["std"] / 1000.0,
+        median_ms=values["median"] / 1000.0 if "median" in values else None,
         init_ms=timings.get("init"),
         first_inference_ms=timings.get("first inference"),
         warmup_avg_ms=timings.get("warmup (avg)"),
@@ -292,6 +296,59 @@ def benchmark_command(
     return argv
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolIdentity:
+    """Which `lce_benchmark_model` ran: its file's format and SHA-256, so every device row says
+    what produced it (LCE's ELF build, or a script standing in for it)."""
+
+    path: str  # where it ran on the device
+    uploaded: bool  # from --benchmark-binary (else the device's own, from its PATH)
+    format: str  # "ELF aarch64", "script (#!/usr/bin/env python3)", "unknown"
+    sha256: str
+
+    @property
+    def label(self) -> str:
+        """One line: `lce_benchmark_model: ELF aarch64, sha256 415e454c4af8`."""
+        return f"{Path(self.path).name}: {self.format}, sha256 {self.sha256[:12]}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The identity as a JSON-ready dict, with its label."""
+        return {**dataclasses.asdict(self), "label": self.label}
+
+
+def file_format(header: bytes) -> str:
+    """What a binary's first bytes say it is: `ELF <architecture>`, `script (<its #! line>)`,
+    or `unknown`.
+
+    Example:
+        >>> file_format(b"#!/usr/bin/env python3\\nPK..."), file_format(b"MZ")
+        ('script (#!/usr/bin/env python3)', 'unknown')
+    """
+    arch = elf_architecture(header[:20])
+    if arch is not None:
+        return f"ELF {arch}"
+    if header.startswith(b"#!"):
+        return f"script ({header.splitlines()[0].decode(errors='replace').strip()})"
+    return "unknown"
+
+
+def local_identity(binary: Path, remote_path: str) -> ToolIdentity:
+    """The identity of a local binary uploaded to `remote_path`."""
+    data = binary.read_bytes()
+    return ToolIdentity(
+        remote_path, True, file_format(data[:128]), hashlib.sha256(data).hexdigest()
+    )
+
+
+def remote_identity(client: Any, remote_path: str) -> ToolIdentity:
+    """The identity of the device's own binary at `remote_path` (coreutils od and sha256sum)."""
+    quoted = shlex.quote(remote_path)
+    header = client.run(f"od -An -tx1 -N128 {quoted}", timeout=60).stdout.split()
+    digest = client.run(f"sha256sum {quoted}", timeout=120).stdout.split()
+    raw = bytes(int(b, 16) for b in header)
+    return ToolIdentity(remote_path, False, file_format(raw), digest[0] if digest else "")
+
+
 def check_local_binary(binary: str | Path, uname_m: str) -> Path:
     """Raise unless `binary` is a local file whose ELF architecture can run on `uname_m`."""
     binary = Path(binary)
@@ -302,14 +359,16 @@ def check_local_binary(binary: str | Path, uname_m: str) -> Path:
     return binary
 
 
-def device_binary(client: Any, work: str, binary: Path | None, uname_m: str) -> str:
-    """The path of `lce_benchmark_model` on the device: `binary` uploaded into `work`, or the
-    device's own from its PATH (its ELF architecture checked against `uname_m`)."""
+def device_binary(
+    client: Any, work: str, binary: Path | None, uname_m: str
+) -> tuple[str, ToolIdentity]:
+    """The path of `lce_benchmark_model` on the device and its identity: `binary` uploaded into
+    `work`, or the device's own from its PATH (its ELF architecture checked against `uname_m`)."""
     if binary is not None:
         remote_binary = f"{work}/{BINARY_NAME}"
         client.put(binary, remote_binary)
         client.run(["chmod", "+x", remote_binary], timeout=60)
-        return remote_binary
+        return remote_binary, local_identity(binary, remote_binary)
     found = client.run(f"command -v {BINARY_NAME}", timeout=60, check=False)
     remote_binary = found.stdout.strip()
     if found.returncode != 0 or not remote_binary:
@@ -317,27 +376,37 @@ def device_binary(client: Any, work: str, binary: Path | None, uname_m: str) -> 
             f"{BINARY_NAME} is not on the PATH of {client.destination}; "
             f"pass --benchmark-binary PATH to upload one (see deploy/README.md)"
         )
-    header = client.run(f"od -An -tx1 -N20 {shlex.quote(remote_binary)}", timeout=60).stdout.split()
-    arch = elf_architecture(bytes(int(b, 16) for b in header))
+    identity = remote_identity(client, remote_binary)
+    arch = identity.format[4:] if identity.format.startswith("ELF ") else None
     check_architecture(f"{client.destination}:{remote_binary}", arch, uname_m)
-    return remote_binary
+    return remote_binary, identity
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """A working directory on the device with the benchmark binary and a flatbuffer in it."""
+
+    work: str
+    binary: str  # the tool's path on the device
+    graph: str  # the flatbuffer's path on the device
+    tool: ToolIdentity
 
 
 @contextlib.contextmanager
 def staged_graph(
     client: Any, flatbuffer: str | Path, binary: str | Path | None
-) -> Iterator[tuple[str, str, str]]:
+) -> Iterator[Staged]:
     """A fresh working directory on the device holding `flatbuffer` and the benchmark binary
-    (`binary` uploaded after its architecture is checked, else the device's own): yields
-    (directory, binary, flatbuffer) paths on the device; the directory is removed afterwards."""
+    (`binary` uploaded after its architecture is checked, else the device's own); removed
+    afterwards."""
     uname_m = client.run(["uname", "-m"], timeout=60).stdout.strip()
     if binary is not None:
         binary = check_local_binary(binary, uname_m)
     with client.workdir() as work:
-        remote_binary = device_binary(client, work, binary, uname_m)
+        remote_binary, tool = device_binary(client, work, binary, uname_m)
         graph = f"{work}/{Path(flatbuffer).name}"
         client.put(flatbuffer, graph)
-        yield work, remote_binary, graph
+        yield Staged(work, remote_binary, graph, tool)
 
 
 def run_lce_benchmark(
@@ -356,10 +425,10 @@ def run_lce_benchmark(
     `client` is a `deploy.ssh.SshClient`. Without `binary`, `lce_benchmark_model` must be on the
     device's PATH. Returns the parsed result and the raw output.
     """
-    with staged_graph(client, flatbuffer, binary) as (work, remote_binary, graph):
+    with staged_graph(client, flatbuffer, binary) as staged:
         argv = benchmark_command(
-            remote_binary,
-            graph,
+            staged.binary,
+            staged.graph,
             threads,
             runs,
             warmup_runs,
@@ -367,5 +436,7 @@ def run_lce_benchmark(
             max_secs=timeout,
             use_indirect_bgemm=use_indirect_bgemm,
         )
-        done = client.run(argv, timeout=timeout, cwd=work, merge_stderr=True, limit_remote=True)
+        done = client.run(
+            argv, timeout=timeout, cwd=staged.work, merge_stderr=True, limit_remote=True
+        )
     return parse_benchmark_output(done.stdout), done.stdout

@@ -43,6 +43,7 @@ from deploy.errors import DeviceError, RemoteCommandError
 from deploy.runners.lce_benchmark_model.benchmark_tool import (
     BINARY_NAME,
     BenchmarkResult,
+    ToolIdentity,
     benchmark_command,
     parse_benchmark_output,
     staged_graph,
@@ -111,6 +112,7 @@ class DeviceRun:
     invocations: int = 0  # one per chunk, each loading the model once
     note: str | None = None  # why there are no outputs, when there are none
     accuracy_seconds: float | None = None  # wall time of upload, all chunks and fetch
+    tool: ToolIdentity | None = None  # which lce_benchmark_model ran
 
 
 def accuracy_command(
@@ -216,10 +218,11 @@ def run_on_device(
     One temporary directory on the device holds the binary (if uploaded), both flatbuffers and
     the samples; it is removed in every case. Errors are `deploy.errors` exceptions.
     """
-    with staged_graph(client, flatbuffer, options.binary or None) as (work, remote_binary, graph):
+    with staged_graph(client, flatbuffer, options.binary or None) as staged:
+        work, remote_binary = staged.work, staged.binary
         argv = benchmark_command(
             remote_binary,
-            graph,
+            staged.graph,
             options.threads,
             options.runs,
             options.warmup_runs,
@@ -230,7 +233,7 @@ def run_on_device(
         done = client.run(
             argv, timeout=options.timeout, cwd=work, merge_stderr=True, limit_remote=True
         )
-        run = DeviceRun(parse_benchmark_output(done.stdout), done.stdout)
+        run = DeviceRun(parse_benchmark_output(done.stdout), done.stdout, tool=staged.tool)
         if accuracy is None:
             return run
         if not supports_output_file(client, remote_binary):

@@ -14,6 +14,7 @@ from deploy.runners.lce_benchmark_model.benchmark_tool import (
     benchmark_command,
     check_architecture,
     elf_architecture,
+    file_format,
     parse_benchmark_output,
 )
 
@@ -151,3 +152,23 @@ def test_the_tool_runs_its_default_kernels_unless_the_settings_ask_for_indirect_
             accuracy_command("t", "m.tflite", "chunk", job, options),
         ]
         assert all([a for a in argv if "bgemm" in a] == flags for argv in argvs)
+
+
+# LiteRT's benchmark code (the aarch64 build here) prints percentiles on its count lines
+LITERT_LINES = """INFO: count=1 curr=109272 p5=109272 median=109272 p95=109272
+INFO: count=3 first=52127 curr=47519 min=47519 max=62426 avg=54024 std=6231 p5=47519 median=52127 p95=62426
+INFO: Inference timings in us: Init: 80820, First inference: 109272, Warmup (avg): 109272, Inference (avg): 54024
+"""  # noqa: E501
+
+
+def test_a_median_the_tool_prints_is_read_and_none_is_invented_where_it_prints_none():
+    result = parse_benchmark_output(LITERT_LINES)
+    assert (result.count, result.min_ms, result.mean_ms) == (3, 47.519, 54.024)
+    assert result.median_ms == 52.127
+    assert parse_benchmark_output(SPACE_OUTPUT).median_ms is None
+
+
+def test_what_a_tool_is_comes_from_its_first_bytes():
+    assert file_format(elf_header(0xB7)) == "ELF aarch64"
+    assert file_format(b"#!/usr/bin/env python3\nPK\x03\x04") == "script (#!/usr/bin/env python3)"
+    assert file_format(b"\x00\x01") == "unknown"
