@@ -22,9 +22,10 @@ origins it comes from: their `x` is the binarization's **source**. Sources are l
 order of their first origin call, the order the exporter writes the binarization nodes in.
 
 The calls a forward pass makes are the same on every input of one shape (a model without
-data-dependent control flow), so a later pass finds each origin again by its position in the
-sequence of calls (`SignReplay`); a pass that calls something else at such a position is
-refused, never matched up by guess.
+data-dependent control flow), so a later pass finds each origin again as the n-th call of its
+function (`SignReplay`; calls of other functions in between, a hook's included, cannot shift
+it); a pass whose origin reads a tensor of another shape is refused, never matched up by
+guess.
 
 Example:
     >>> import torch

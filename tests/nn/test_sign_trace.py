@@ -9,29 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support.client_nets import index_put_sign
+from support.converter_nets import PlainSign
 from support.own_models import approx_sign
 from torch import nn
 
 from bnnexport.errors import FidelityError
 from bnnexport.nn.sign_trace import SignReplay, trace_binarizations
 
-
-class Ste(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.sign()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
 IDIOMS = {
     "torch.sign": torch.sign,
     "where": lambda x: torch.where(x >= 0, 1.0, -1.0),
     "cast-compare": lambda x: (x >= 0).float() * 2 - 1,
     "sign-add-sign": lambda x: torch.sign(torch.sign(x) + 0.1),
-    "autograd.Function": Ste.apply,
+    "autograd.Function": PlainSign.apply,
     "detach trick": approx_sign,
     "bitorch": lambda x: torch.where(torch.sign(x) == 0, torch.ones_like(x), torch.sign(x)),
     "index-put": index_put_sign,
