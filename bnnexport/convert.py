@@ -84,6 +84,10 @@ class ConvertReport(Report):
     samples: int
     random_inputs: bool
     batch: int  # the batch the flatbuffer takes (`--batch N`)
+    # how the flatbuffer takes its image input, as its metadata says ("nhwc", "nchw"; None:
+    # no NCHW image input, taken as the ONNX model takes it), and its input shape so
+    input_layout: str | None
+    input_shape: list[int]
     onnx_bytes: int
     lce_bytes: int
     tflite_float_bytes: int | None  # None: not built (only `--format tflite` builds it)
@@ -275,30 +279,6 @@ def _require_dynamic_batch(onnx_path: Path, batch: int) -> None:
             )
 
 
-def torch_reference(model: Any, onnx_path: Path, sample: np.ndarray) -> Reference:
-    """PyTorch as a `converters.gate.checks.Reference`: outputs, sign probe and exact-grid twin.
-    A model of your own gets the probe of its traced binarizations, matched with the ONNX graph
-    on `sample`, and no twin (its initializers are not its parameters); where they cannot be
-    matched, it is checked through ONNX Runtime (`Reference.unprobed`)."""
-    from bnnexport.export import torch_outputs
-    from bnnexport.nn import torch_probe as probes
-    from converters.gate.checks import Reference
-
-    def outputs(x: np.ndarray) -> np.ndarray:
-        return torch_outputs(model, x)
-
-    if probes.has_quantizers(model):
-        return Reference(
-            name="PyTorch", outputs=outputs, probe=lambda: probes.TorchProbe(model, onnx_path),
-            twin_outputs=probes.twin_outputs(model), twin_probe=probes.twin_probe(model),
-        )  # fmt: skip
-    try:
-        probe = probes.sign_probe(model, onnx_path, sample)
-    except probes.UntraceableModel as why:
-        return Reference(name="PyTorch", outputs=outputs, unprobed=str(why))
-    return Reference(name="PyTorch", outputs=outputs, probe=lambda: probe)
-
-
 def convert_run(
     path: str | Path,
     target: str = "arm64",
@@ -315,6 +295,7 @@ def convert_run(
     calibration_samples: str | Path | None = None,
     io: str = "float32",
     max_accuracy_drop: float | None = 1.0,
+    input_layout: str | None = None,
 ) -> ConvertReport:
     """Convert a run's model.onnx (or any MODEL.onnx) to an LCE flatbuffer for `target`.
 
@@ -350,6 +331,9 @@ def convert_run(
         io: int8: "int8" for int8 input and output (no QUANTIZE / DEQUANTIZE at the ends).
         max_accuracy_drop: int8: refuse (exit 1) a model whose top-1 on the run's labelled
             samples is more than this many points below the float model's; None: no limit.
+        input_layout: how the flatbuffer takes the image input: "nhwc" (what an app on the
+            device feeds) or "nchw" (PyTorch's layout); None: the target's, NHWC for both
+            (`converters.lce.DEFAULT_INPUT_LAYOUT`). The flatbuffer's metadata says which.
 
     Raises:
         FidelityError (exit 1) when the flatbuffer disagrees with ONNX Runtime or PyTorch
@@ -394,6 +378,7 @@ def convert_run(
         trust_twin=trust_twin, recorded_layers=recorded_layers(kernels),
         float_layers=float_layers, calibration=_calibration(calibration_samples), io=io,
         max_accuracy_drop=max_accuracy_drop, metadata=class_names_metadata(names),
+        input_layout=input_layout,
     )  # fmt: skip
     convert = convert_onnx if batch == 1 else functools.partial(convert_batched, batch=batch)
     loaded = time.perf_counter()  # the model, the samples and TensorFlow's import: "load"
@@ -465,10 +450,15 @@ def _checks_of(
     run)."""
     if run is None:
         return None, None, []
+    from bnnexport.export import torch_outputs
+    from bnnexport.nn.torch_probe import torch_reference
+
     inputs, labels = load_samples(run, samples)
     if loaded is None:
         return inputs, labels, []
-    return inputs, labels, [torch_reference(loaded.model, onnx_path, inputs[0])]
+    model = loaded.model
+    outputs = functools.partial(torch_outputs, model)
+    return inputs, labels, [torch_reference(model, onnx_path, inputs[0], outputs)]
 
 
 def _calibration(path: str | Path | None) -> np.ndarray | None:
@@ -539,6 +529,7 @@ def convert_batched_copy(
     convert-int8.json records. Returns its path; FidelityError (exit 1) when the gate refuses
     it."""
     from converters.batch import batched_path
+    from converters.flatbuffer import input_layout
     from converters.gate import GateOptions
     from converters.lce import ConvertOptions
 
@@ -552,6 +543,7 @@ def convert_batched_copy(
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), on_step=Steps("bench", progress),
         recorded_layers=recorded_layers(loaded.kernels if loaded else None),
+        input_layout=input_layout(output) if output.is_file() else None,  # the batch-1's
     )  # fmt: skip
     if int8:  # the same int8 model as the batch-1 flatbuffer
         recorded = _int8_record(run, output)

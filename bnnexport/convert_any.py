@@ -51,6 +51,7 @@ def convert_module(
     float_layers: str = "float32",
     calibration: Any = None,
     io: str = "float32",
+    input_layout: str | None = None,
 ) -> ConvertReport:
     """Convert any PyTorch BNN (`nn.Module`) to an LCE flatbuffer at `out`.
 
@@ -74,6 +75,10 @@ def convert_module(
     `torch_argmax_agreement` is its agreement with the float module. `io="int8"` gives it int8
     input and output.
 
+    An image input (N, C, H, W in PyTorch) is taken as `input_layout` says: "nhwc" (channels
+    last, what an app on the device feeds) or "nchw"; None: the target's, NHWC
+    (`bnnexport convert --input-layout`). `samples` stay NCHW, as the module takes them.
+
     Example:
         >>> import torch, torch.nn as nn
         >>> from bnnexport import convert_module
@@ -86,11 +91,14 @@ def convert_module(
         PyTorch / ONNX Runtime; the converter's errors as for `convert_run`.
     """
     from bnnexport.export import onnx_export, torch_outputs
+    from converters.flatbuffer import INPUT_LAYOUTS
     from converters.gate import compare
     from converters.runtimes import run_lce
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
+    if input_layout not in (None, *INPUT_LAYOUTS):
+        raise ValueError(f"input_layout must be nhwc, nchw or None, got {input_layout!r}")
     out = Path(out)
     onnx_path = out.with_suffix(".onnx")
     refusal = refusal_path(out, None)
@@ -130,6 +138,7 @@ def convert_module(
         trust_twin=trust_twin, recorded_layers=recorded_layers(kernels),
         float_layers=float_layers, io=io, max_accuracy_drop=None,
         calibration=None if calibration is None else _module_inputs(calibration, shape),
+        input_layout=input_layout,
     )  # fmt: skip
     try:
         result = convert_onnx(onnx_path, out, target=target, inputs=inputs, options=options)

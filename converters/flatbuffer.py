@@ -1,12 +1,16 @@
 """A minimal TFLite flatbuffer reader: the operators a model holds, its signature's outputs, its
-constant tensors of one element type, and its metadata (with the one writer: metadata added).
+constant tensors of one element type, and its metadata (with the one writer: metadata added),
+the input layout the metadata declares, and a batch put in that layout.
 
 Enough of the schema to list operators (LCE's custom ops by name, e.g. `LceBconv2d`) with their
 tensors' names, shapes and element types, and to read a constant's values, without importing
 TensorFlow. A flatbuffer's `metadata` is TFLite's list of named buffers, which interpreters
 ignore and apps read (TFLite's C++ `FlatBufferModel::ReadAllMetadata`): `with_metadata` adds
 entries (bnnexport writes the class names there) through TF's generated schema, `metadata`
-reads them back.
+reads them back. Every flatbuffer bnnexport converts from a model with an image input says there
+how it takes that input (`input_layout`: "nhwc", TFLite's convention, or "nchw", PyTorch's and
+ONNX's), and `to_input_layout` turns bnnexport's NCHW samples into it: the one place on this
+machine where samples meet a flatbuffer's layout (docs/LCE_NOTES.md "Input layout").
 
 Example:
     >>> from converters.flatbuffer import op_histogram
@@ -25,8 +29,21 @@ from typing import Any
 
 import numpy as np
 
-from converters.errors import InvalidModelError
-from converters.runtimes import read_flatbuffer
+from converters.errors import InputShapeError, InvalidModelError
+
+
+def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:
+    """The bytes of a TFLite flatbuffer; InvalidModelError when missing or not a flatbuffer."""
+    if isinstance(path_or_bytes, bytes):
+        data = path_or_bytes
+    else:
+        path = Path(path_or_bytes)
+        if not path.is_file():
+            raise InvalidModelError(f"no such flatbuffer: {path}")
+        data = path.read_bytes()
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise InvalidModelError("not a TFLite flatbuffer (no TFL3 identifier)")
+    return data
 
 
 def _table(buf: bytes, pos: int) -> tuple[int, list[int]]:
@@ -330,6 +347,22 @@ def output_step(flatbuffer_bytes: bytes | str | Path) -> float | None:
         raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
 
 
+def input_shapes(flatbuffer_bytes: bytes | str | Path) -> list[list[int]]:
+    """The shape of each input of the main subgraph, in input order (as the interpreter takes
+    them: NHWC for a flatbuffer whose `input_layout` is "nhwc")."""
+    buf = read_flatbuffer(flatbuffer_bytes)
+    try:
+        model = _table(buf, _deref(buf, 0))
+        subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+        tensors = _vector(buf, _field(buf, subgraph, 0))
+        return [
+            list(_int_vector(buf, _field(buf, _table(buf, _deref(buf, tensors[k])), 0)))
+            for k in _int_vector(buf, _field(buf, subgraph, 1))
+        ]
+    except (struct.error, IndexError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+
+
 def _tensor_name(buf: bytes, tensor: tuple[int, list[int]]) -> str:
     at = _field(buf, tensor, 3)
     return _string(buf, at) if at is not None else ""
@@ -384,3 +417,71 @@ def with_metadata(flatbuffer_bytes: bytes, entries: dict[str, bytes]) -> bytes:
 
 def _text(value: str | bytes | None) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# the metadata entry saying how the flatbuffer takes its image input, and what it may say:
+# "nhwc" (channels last: TFLite's convention, what a device app feeds) or "nchw" (PyTorch's and
+# ONNX's layout, the samples' own); docs/LCE_NOTES.md "Input layout"
+LAYOUT_ENTRY = "input_layout"
+INPUT_LAYOUTS = ("nhwc", "nchw")
+
+
+def layout_metadata(layout: str | None) -> dict[str, bytes]:
+    """The metadata entry declaring `layout` ({} for None: a model with no image input).
+
+    Example:
+        >>> layout_metadata("nhwc"), layout_metadata(None)
+        ({'input_layout': b'nhwc'}, {})
+    """
+    if layout is None:
+        return {}
+    if layout not in INPUT_LAYOUTS:
+        raise ValueError(f"input layout must be one of {', '.join(INPUT_LAYOUTS)}, got {layout!r}")
+    return {LAYOUT_ENTRY: layout.encode()}
+
+
+def input_layout(flatbuffer_bytes: bytes | str | Path) -> str | None:
+    """The input layout the flatbuffer's metadata declares ("nhwc" or "nchw"); None when it
+    declares none (another tool's flatbuffer, a model with no image input, or one bnnexport
+    wrote before it declared a layout: those took NCHW), and it is then fed as it is."""
+    declared = metadata(flatbuffer_bytes).get(LAYOUT_ENTRY)
+    if declared is None:
+        return None
+    layout = declared.decode(errors="replace")
+    if layout not in INPUT_LAYOUTS:
+        raise InvalidModelError(f"the flatbuffer declares an unknown input layout {layout!r}")
+    return layout
+
+
+def to_input_layout(inputs: np.ndarray, layout: str | None) -> np.ndarray:
+    """A batch of NCHW samples (bnnexport's, as PyTorch and ONNX take them) as a flatbuffer of
+    input layout `layout` takes it: transposed to NHWC for "nhwc", as it is otherwise; float32
+    and C-contiguous either way.
+
+    Example:
+        >>> to_input_layout(np.zeros((2, 3, 4, 5)), "nhwc").shape
+        (2, 4, 5, 3)
+    """
+    inputs = np.asarray(inputs, np.float32)
+    if layout == "nhwc":
+        if inputs.ndim != 4:
+            raise InputShapeError(
+                f"an NHWC flatbuffer takes images (N, C, H, W here), not inputs of shape "
+                f"{tuple(inputs.shape)}"
+            )
+        inputs = inputs.transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(inputs)
+
+
+def nchw_shape(shape: list[int], layout: str | None) -> list[int]:
+    """The NCHW shape of the batches `to_input_layout` turns into a flatbuffer input of
+    `shape` and `layout` (`shape` itself unless "nhwc").
+
+    Example:
+        >>> nchw_shape([1, 28, 28, 1], "nhwc"), nchw_shape([1, 10], None)
+        ([1, 1, 28, 28], [1, 10])
+    """
+    shape = [int(d) for d in shape]
+    if layout == "nhwc" and len(shape) == 4:
+        return [shape[0], shape[3], shape[1], shape[2]]
+    return shape

@@ -15,7 +15,10 @@ empty when LCE's default kernels, an app's default, run it; the gate itself runs
 BGEMM, which runs every flatbuffer LCE writes).
 
 It converts at the ONNX file's batch (a dynamic one becomes 1); `converters.batch` converts at
-batch N, through this same function.
+batch N, through this same function. An image input (rank 4, NCHW in the ONNX file) is taken in
+`ConvertOptions.input_layout`, by default the target's (`DEFAULT_INPUT_LAYOUT`: NHWC, what a
+device app feeds); the flatbuffer's metadata declares it, and the check samples, NCHW, are put
+in it where they meet a flatbuffer (docs/LCE_NOTES.md "Input layout").
 
 The flatbuffer is written to a temporary file and renamed into place only at the end, so a
 failed conversion never leaves one behind.
@@ -40,7 +43,14 @@ import numpy as np
 import onnx
 
 from converters.errors import ConverterError
-from converters.flatbuffer import flatbuffer_ops, op_histogram, with_metadata
+from converters.flatbuffer import (
+    INPUT_LAYOUTS,
+    flatbuffer_ops,
+    input_layout,
+    input_shapes,
+    op_histogram,
+    with_metadata,
+)
 from converters.gate import GateOptions, GateReport
 from converters.gate.checks import Reference, check_conversion
 from converters.gate.fallbacks import (
@@ -59,9 +69,13 @@ from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
 from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
 from converters.runtimes import lce_kernel_settings, run_lce
-from converters.translate import first_unsupported, translate
+from converters.translate import first_unsupported, image_inputs, translate
 
 TARGETS = ("arm64", "arm32")
+# how an image input is taken when not asked: TFLite's convention, what an app on an ARM device
+# feeds (camera frames are HWC), on both targets: they are one LCE target, "arm", and the same
+# TFLite apps (docs/LCE_NOTES.md "Input layout")
+DEFAULT_INPUT_LAYOUT = {"arm64": "nhwc", "arm32": "nhwc"}
 RANDOM_SAMPLES = 16
 # `ConversionResult.stage_seconds`, in order, adding up to `seconds`: the normaliser and the
 # checks before TensorFlow; tracing the translated tf.function and saving it (TensorFlow's
@@ -89,6 +103,11 @@ class ConversionResult:
     batch: int  # the batch the flatbuffer takes
     onnx_bytes: int
     lce_bytes: int
+    # how the flatbuffer takes its image input, as its metadata declares it ("nhwc", "nchw";
+    # None: the model has no NCHW image input and is taken as the ONNX model takes it), and
+    # its input shape in that layout
+    input_layout: str | None = None
+    input_shape: list[int] = field(default_factory=list)
     tflite_float_bytes: int | None = None  # None: no float model asked for, none built
     float_output: Path | None = None
     seconds: float = 0.0
@@ -174,6 +193,9 @@ class ConvertOptions:
     # entries added to the flatbuffer's metadata after every check (name -> bytes: what an
     # app on the device reads, e.g. bnnexport's class names); `converters.flatbuffer`
     metadata: dict[str, bytes] = field(default_factory=dict, compare=False)
+    # how an image input is taken: "nhwc" or "nchw" (`INPUT_LAYOUTS`); None: the target's
+    # (`DEFAULT_INPUT_LAYOUT`). Given for a model with no NCHW image input: refused
+    input_layout: str | None = None
 
     def step(self, line: str) -> None:
         """Report that the step `line` starts (to `on_step`, when there is one)."""
@@ -234,6 +256,7 @@ def convert_onnx(
     unsupported = first_unsupported(graph)  # the first in graph order, before TensorFlow too
     if unsupported is not None:
         raise unsupported
+    layout = _input_layout(model, options.input_layout, target)
     # the graph's folded constants and the original are each a copy of the weights: drop both
     # before the converters run (docs/LCE_NOTES.md "Conversion memory")
     del graph
@@ -248,9 +271,10 @@ def convert_onnx(
     float_model = write_float_tflite is not None  # built only when asked: a second converter
     options.step(f"translate to TensorFlow, run the LCE{' and TFLite' * float_model} converter")
     if quantized is not None:
-        translated = translate(quantized.model, float_model=False, int8_io=options.io == "int8")
+        translated = translate(quantized.model, float_model=False, int8_io=options.io == "int8",
+                               input_layout=layout)  # fmt: skip
     else:
-        translated = translate(model, float_model=float_model)
+        translated = translate(model, float_model=float_model, input_layout=layout)
     stage_seconds = {"normalise": normalised - start, **translated.seconds}
     # TensorFlow's and LCE's import on first use, before the translator's own clock
     stage_seconds["translate"] += (
@@ -299,6 +323,8 @@ def convert_onnx(
         batch=translated.info.input_shapes[0][0],
         onnx_bytes=onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
+        input_layout=input_layout(flatbuffer),
+        input_shape=input_shapes(flatbuffer)[0],
         tflite_float_bytes=float_bytes,
         float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
         seconds=time.perf_counter() - start,
@@ -324,6 +350,21 @@ def _with_metadata(flatbuffer: bytes, entries: dict[str, bytes], inputs: np.ndar
     return written
 
 
+def _input_layout(model: onnx.ModelProto, asked: str | None, target: str) -> str:
+    """How the translator takes an image input: `asked`, else the target's default.
+    ConverterError (exit 2) for a layout asked of a model with no NCHW image input (a flat
+    input, or one already channels-last as tf2onnx writes a Keras model): it is taken as the
+    ONNX model takes it, whatever the layout."""
+    if asked is not None and not image_inputs(OnnxGraph(model)):
+        first = OnnxGraph(model).inputs[0]
+        shape = [d.dim_value or d.dim_param or "?" for d in first.type.tensor_type.shape.dim]
+        raise ConverterError(
+            f"--input-layout {asked}: the model has no NCHW image input (input {first.name!r} "
+            f"of shape {shape} is taken as the ONNX model takes it); leave the option out"
+        )
+    return asked or DEFAULT_INPUT_LAYOUT[target]
+
+
 def _convs_by_input_type(flatbuffer: bytes) -> dict[str, int]:
     """How many CONV_2D and DEPTHWISE_CONV_2D ops read FLOAT32 and how many INT8."""
     convs = [op for op in flatbuffer_ops(flatbuffer) if op.op_type in FLOAT_CONVS]
@@ -335,7 +376,7 @@ FLOAT_CONVS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 
 
 def _check_int8_options(options: ConvertOptions, write_float_tflite: object) -> None:
-    """ConverterError (exit 2) for int8 settings that cannot apply."""
+    """ConverterError (exit 2) for int8 settings that cannot apply, and an unknown layout."""
     if options.float_layers not in FLOAT_LAYERS:
         raise ConverterError(
             f"unknown float layer precision {options.float_layers!r}; choose one of "
@@ -347,6 +388,11 @@ def _check_int8_options(options: ConvertOptions, write_float_tflite: object) -> 
         raise ConverterError("int8 input and output need the float layers in int8")
     if options.float_layers == "int8" and write_float_tflite is not None:
         raise ConverterError("the float TFLite model is not written for an int8 conversion")
+    if options.input_layout not in (None, *INPUT_LAYOUTS):
+        raise ConverterError(
+            f"unknown input layout {options.input_layout!r}; choose one of "
+            f"{', '.join(INPUT_LAYOUTS)}"
+        )
 
 
 def _input_shape(model: onnx.ModelProto) -> list[int]:

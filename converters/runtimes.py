@@ -4,8 +4,10 @@ Every session and interpreter in `converters`, `bnnexport` and `benchmarks` come
 the conversion gate, `bench`'s scoring and `bench`'s timing run the same runtime with the same
 settings. One way per runtime runs a model: `open_model(kind, model, threads)` gives a
 `RuntimeModel` whose `run(inputs)` takes any batch (NCHW float32, the ONNX model's own layout,
-chunked to the batch the model takes) and whose `run_one(x1)` is the one bare call a benchmark
-times; `run_onnx`, `run_lce` and `run_tflite` are `run` on a file, its bytes or an open session.
+chunked to the batch the model takes; put in the input layout a flatbuffer declares, NHWC by
+default, by `feed`) and whose `run_one(x1)` is the one bare call a benchmark times, on a batch
+`feed` gave; `run_onnx`, `run_lce` and `run_tflite` are `run` on a file, its bytes or an open
+session.
 
 - `open_model`: a `RuntimeModel` in one of `RUNTIMES`: "onnxruntime" (`OrtModel`), "tflite"
   (`TfliteModel`, the stock interpreter, for the float model) or "lce" (`LceModel`);
@@ -19,8 +21,10 @@ times; `run_onnx`, `run_lce` and `run_tflite` are `run` on a file, its bytes or 
   flatbuffers") or LCE's default kernels, and `lce_batch_predict` to run it on whole batches;
 - `lce_kernel_settings`: what LCE's interpreter must be told to run a flatbuffer (nothing, or
   indirect BGEMM for a grouped `LceBconv2d`, which LCE's default kernel refuses);
-- `check_input_shape`: a batch refused in one line unless it fits the model's input;
-- `read_flatbuffer`: a flatbuffer's bytes, refused unless it is one.
+- `check_input_shape`: a batch refused in one line unless it fits the model's input.
+
+A flatbuffer's bytes (`read_flatbuffer`) and the input layout it declares (`input_layout`,
+`to_input_layout`) are `converters.flatbuffer`'s.
 
 A file that a runtime cannot load raises `InvalidModelError` (one line), never a traceback.
 TensorFlow, LCE and ONNX Runtime are imported inside the functions that need them. Comparing
@@ -62,6 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from converters.errors import InputShapeError, InvalidModelError
+from converters.flatbuffer import input_layout, nchw_shape, read_flatbuffer, to_input_layout
 
 if TYPE_CHECKING:
     import onnx
@@ -185,20 +190,6 @@ def probe_session(
     return session, first if isinstance(first, int) and first > 0 else 1
 
 
-def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:
-    """The bytes of a TFLite flatbuffer; InvalidModelError when missing or not a flatbuffer."""
-    if isinstance(path_or_bytes, bytes):
-        data = path_or_bytes
-    else:
-        path = Path(path_or_bytes)
-        if not path.is_file():
-            raise InvalidModelError(f"no such flatbuffer: {path}")
-        data = path.read_bytes()
-    if len(data) < 8 or data[4:8] != b"TFL3":
-        raise InvalidModelError("not a TFLite flatbuffer (no TFL3 identifier)")
-    return data
-
-
 def tflite_interpreter(flatbuffer: str | Path | bytes, threads: int = 1) -> TfliteInterpreter:
     """The stock TFLite interpreter for a float flatbuffer, tensors allocated."""
     data = read_flatbuffer(flatbuffer)
@@ -311,16 +302,24 @@ def _batched(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch:
 class RuntimeModel(ABC):
     """A model opened in one runtime (`open_model`), run on NCHW float32 batches.
 
-    `run(inputs)`: the first output for any number of samples, after `check_input_shape`, in
-    chunks of the batch the model takes (the last one padded). `run_one(x)`: one bare call on
-    `x`, a batch the model takes (bench's batch-1 sample), nothing checked or copied: the call a
-    benchmark times. `input_shape` is the first input's shape as the runtime reports it."""
+    `run(inputs)`: the first output for any number of samples, after `check_input_shape`,
+    given the model's input layout (`feed`), in chunks of the batch the model takes (the last
+    one padded). `feed(inputs)`: a batch of NCHW samples as the model itself takes it, NHWC for
+    a flatbuffer that declares so (`converters.flatbuffer.to_input_layout`), as it is
+    otherwise. `run_one(x)`: one bare call on `x`, a batch `feed` gave of the batch the model
+    takes (bench's batch-1 sample), nothing checked or copied: the call a benchmark times.
+    `input_shape` is the shape of the NCHW batches `run` takes (the runtime's own first input
+    shape, in NCHW); `input_layout` what the flatbuffer declares (None: fed as it is)."""
 
     kind: ClassVar[str]
 
-    def __init__(self, input_shape: Sequence[Any], label: str) -> None:
-        self.input_shape = list(input_shape)
-        self.label = label
+    def __init__(
+        self, input_shape: Sequence[Any], label: str, input_layout: str | None = None
+    ) -> None:
+        self.input_layout = input_layout
+        shape = list(input_shape)
+        self.input_shape = nchw_shape(shape, input_layout) if input_layout else shape
+        self.label = label if input_layout != "nhwc" else f"{label} (NHWC input, fed NCHW)"
 
     @property
     def batch(self) -> int | None:
@@ -328,10 +327,14 @@ class RuntimeModel(ABC):
         first = self.input_shape[0]
         return int(first) if isinstance(first, (int, np.integer)) and first > 0 else None
 
+    def feed(self, inputs: np.ndarray) -> np.ndarray:
+        """NCHW samples as the model takes them (float32, C-contiguous)."""
+        return to_input_layout(inputs, self.input_layout)
+
     def run(self, inputs: np.ndarray) -> np.ndarray:
         """The first output on `inputs`, chunked to the model's batch."""
         check_input_shape(self.input_shape, np.asarray(inputs), self.label)
-        return _batched(self.run_one, inputs, self.batch)
+        return _batched(self.run_one, self.feed(inputs), self.batch)
 
     @abstractmethod
     def run_one(self, x: np.ndarray) -> np.ndarray:
@@ -358,12 +361,13 @@ class TfliteModel(RuntimeModel):
 
     kind = "tflite"
 
-    def __init__(self, interpreter: TfliteInterpreter) -> None:
+    def __init__(self, interpreter: TfliteInterpreter, input_layout: str | None = None) -> None:
         self.interpreter = interpreter
         source = interpreter.get_input_details()[0]
         self.input_index = source["index"]
         self.output_index = interpreter.get_output_details()[0]["index"]
-        super().__init__([int(d) for d in source["shape"]], "the TFLite flatbuffer")
+        shape = [int(d) for d in source["shape"]]
+        super().__init__(shape, "the TFLite flatbuffer", input_layout)
 
     def run_one(self, x: np.ndarray) -> np.ndarray:
         self.interpreter.set_tensor(self.input_index, x)
@@ -372,25 +376,26 @@ class TfliteModel(RuntimeModel):
 
 
 class LceModel(RuntimeModel):
-    """An LCE flatbuffer in LCE's interpreter (`lce_interpreter`: indirect BGEMM)."""
+    """An LCE flatbuffer in LCE's interpreter (`lce_interpreter`: indirect BGEMM), with the
+    input layout its metadata declares (`open_model` reads it; None: fed as it is)."""
 
     kind = "lce"
 
-    def __init__(self, interpreter: LceInterpreter) -> None:
+    def __init__(self, interpreter: LceInterpreter, input_layout: str | None = None) -> None:
         self.interpreter = interpreter
         self.predict = lce_batch_predict(interpreter)  # one call, without predict()'s loop
         # a flatbuffer converted with int8 input and output (`convert --io int8`) takes and
         # gives int8: `run` and `run_one` quantize float inputs and dequantize outputs with
         # its own scales and zero points (docs/LCE_NOTES.md "int8 around binary layers")
         self.int8_io = np.dtype(interpreter.input_types[0]) == np.int8
-        super().__init__(list(interpreter.input_shapes[0]), "the LCE flatbuffer")
+        shape = list(interpreter.input_shapes[0])
+        super().__init__(shape, "the LCE flatbuffer", input_layout)
 
     def run(self, inputs: np.ndarray) -> np.ndarray:
         check_input_shape(self.input_shape, np.asarray(inputs), self.label)
         if self.batch == 1 and not self.int8_io:  # LCE's predict: a sample at a time
-            x = np.ascontiguousarray(inputs, dtype=np.float32)
-            return np.asarray(self.interpreter.predict(x))
-        return _batched(self.run_one, inputs, self.batch)
+            return np.asarray(self.interpreter.predict(self.feed(inputs)))
+        return _batched(self.run_one, self.feed(inputs), self.batch)
 
     def run_one(self, x: np.ndarray) -> np.ndarray:
         if not self.int8_io:
@@ -410,14 +415,15 @@ def open_model(
 ) -> RuntimeModel:
     """`model` (a file or its bytes) opened in the runtime `kind`, one of `RUNTIMES`, with
     `threads` threads (for ONNX Runtime, 0 lets it choose; `optimize` is its `ort_session`
-    switch). InvalidModelError when the runtime cannot load it."""
+    switch); a flatbuffer with the input layout its metadata declares. InvalidModelError when
+    the runtime cannot load it."""
     if kind == "onnxruntime":
         label = str(model) if isinstance(model, (str, Path)) else "(in memory)"
         return OrtModel(ort_session(model, threads, optimize=optimize), label)
     if kind == "tflite":
-        return TfliteModel(tflite_interpreter(model, threads))
+        return TfliteModel(tflite_interpreter(model, threads), input_layout(model))
     if kind == "lce":
-        return LceModel(lce_interpreter(model, threads))
+        return LceModel(lce_interpreter(model, threads), input_layout(model))
     raise ValueError(f"unknown runtime {kind!r}; choose one of {', '.join(RUNTIMES)}")
 
 
@@ -444,7 +450,8 @@ def run_lce(
     flatbuffer: str | Path | bytes | LceInterpreter, inputs: np.ndarray, num_threads: int = 1
 ) -> np.ndarray:
     """Outputs of LCE's interpreter (indirect BGEMM, the fast x86 kernels) for an NCHW batch:
-    `open_model("lce")`'s `run`, or `LceModel`'s on an interpreter opened here."""
+    `open_model("lce")`'s `run` (in the input layout the flatbuffer declares), or `LceModel`'s
+    on an interpreter opened here (fed as it is: an interpreter does not keep the metadata)."""
     if _opened(flatbuffer):
         return LceModel(flatbuffer).run(inputs)
     return open_model("lce", flatbuffer, num_threads).run(inputs)
@@ -454,7 +461,8 @@ def run_tflite(
     flatbuffer: str | Path | bytes | TfliteInterpreter, inputs: np.ndarray, num_threads: int = 1
 ) -> np.ndarray:
     """Outputs of the stock TFLite interpreter (float model) for an NCHW batch:
-    `open_model("tflite")`'s `run`, or `TfliteModel`'s on an interpreter opened here."""
+    `open_model("tflite")`'s `run` (in the input layout the flatbuffer declares), or
+    `TfliteModel`'s on an interpreter opened here (fed as it is)."""
     if _opened(flatbuffer):
         return TfliteModel(flatbuffer).run(inputs)
     return open_model("tflite", flatbuffer, num_threads).run(inputs)

@@ -11,7 +11,8 @@ LCE interpreter on the same flatbuffer family (row `lce vs host lce`); a run's i
 (`model-arm64-int8.tflite`, with its own batched copy) gets the rows `lce-int8` and
 `lce-int8 vs host lce-int8` the same way. Without the copy, or with
 a binary that has no `--output_filepath`, the device row has latency only and a one-line note
-says why.
+says why. The samples go to the runner with the input layout the flatbuffer it feeds declares
+(`Samples.input_layout`, read here from its metadata): the runner puts them in it.
 
 Example:
     >>> from bnnexport.bench.device import copy_batch
@@ -156,10 +157,11 @@ def ensure_batched_copy(
 
 
 def _check_copy(copy: Path, inputs: np.ndarray, batch: int) -> None:
-    """Raise CheckpointError unless the copy takes exactly `batch` samples of the inputs' shape."""
-    from converters.runtimes import lce_interpreter
+    """Raise CheckpointError unless the copy takes exactly `batch` samples of the inputs' shape
+    (NCHW: an NHWC copy's shape is compared in NCHW)."""
+    from converters.flatbuffer import input_layout, input_shapes, nchw_shape
 
-    shape = [int(d) for d in lce_interpreter(copy, 1).input_shapes[0]]
+    shape = nchw_shape(input_shapes(copy)[0], input_layout(copy))
     expected = [batch, *inputs.shape[1:]]
     if shape != expected:
         raise CheckpointError(
@@ -173,11 +175,13 @@ def _samples(
 ) -> tuple[Samples, str | None]:
     """The samples for the runner, with the batched copy where its outputs need one, and a
     note when that copy is missing."""
+    from converters.flatbuffer import input_layout
     from deploy.runners import Samples
 
     per_sample = int(scoring.reference.shape[1])
     if not runner.batched_copy:
-        return Samples(scoring.inputs, scoring.labels, per_sample), None
+        layout = input_layout(flatbuffer)
+        return Samples(scoring.inputs, scoring.labels, per_sample, input_layout=layout), None
     batch = copy_batch(len(scoring.inputs), batch)
     copy = batched_path(flatbuffer, batch)
     if not copy.is_file():
@@ -189,7 +193,8 @@ def _samples(
         )
         return Samples(scoring.inputs, scoring.labels, per_sample, None, batch), note
     _check_copy(copy, scoring.inputs, batch)
-    return Samples(scoring.inputs, scoring.labels, per_sample, copy, batch), None
+    layout = input_layout(copy)  # the copy is what the runner feeds the samples
+    return Samples(scoring.inputs, scoring.labels, per_sample, copy, batch, layout), None
 
 
 def device_rows(
@@ -250,9 +255,11 @@ def _latency_row(
     threads: int,
 ) -> BackendResult:
     """The runner's latency at `threads`, with the samples it may score on the way."""
+    from converters.flatbuffer import input_layout
     from deploy.runners import Samples
 
-    samples = Samples(scoring.inputs, scoring.labels, int(scoring.reference.shape[1]))
+    per_sample, layout = int(scoring.reference.shape[1]), input_layout(connected.flatbuffer)
+    samples = Samples(scoring.inputs, scoring.labels, per_sample, input_layout=layout)
     settings = run_settings(device, options, threads, connected.lce_settings)
     measured = connected.runner.latency(connected.client, connected.flatbuffer, settings, samples)
     return _scored(f"lce ({threads} threads)", connected, _labelled(measured, connected), scoring)

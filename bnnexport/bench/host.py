@@ -107,21 +107,24 @@ def onnxruntime_backend(onnx_path: Path, threads: int, x1: np.ndarray) -> Factor
         raise InvalidModelError(
             f"{onnx_path} has {len(inputs)} inputs ({names}); bench runs models with one input"
         )
-    return model.run, (lambda: model.run_one(x1))
+    x = model.feed(x1)
+    return model.run, (lambda: model.run_one(x))
 
 
 def tflite_float_backend(float_path: Path, threads: int, x1: np.ndarray) -> Factory:
     from converters.runtimes import open_model
 
     model = open_model("tflite", float_path, threads)
-    return model.run, (lambda: model.run_one(x1))
+    x = model.feed(x1)  # in the input layout it declares, before the timing: an app feeds it so
+    return model.run, (lambda: model.run_one(x))
 
 
 def lce_backend(lce_path: Path, threads: int, x1: np.ndarray) -> Factory:
     from converters.runtimes import open_model
 
     model = open_model("lce", lce_path, threads)  # run_one: one call, no per-sample loop
-    return model.run, (lambda: model.run_one(x1))
+    x = model.feed(x1)  # in the input layout it declares (NHWC by default), before the timing
+    return model.run, (lambda: model.run_one(x))
 
 
 def usable_backends(
@@ -205,7 +208,7 @@ def host_identity() -> dict[str, str]:
 
 def require_flatbuffer(path: Path) -> None:
     from converters.errors import InvalidModelError
-    from converters.runtimes import read_flatbuffer
+    from converters.flatbuffer import read_flatbuffer
 
     try:
         read_flatbuffer(path)

@@ -77,8 +77,9 @@ def bench_model_file(
     """`bench` for a model file that is not in a run directory: an LCE flatbuffer or an ONNX
     model (with its partner when `model_family` finds one: ONNX Runtime is then the reference).
 
-    Samples come from `samples_file` (.npz with `inputs`, NCHW float32, and optional `labels`),
-    else they are standard-normal inputs of the model's input shape: the report says so
+    Samples come from `samples_file` (.npz with `inputs`, NCHW float32, and optional `labels`;
+    a flatbuffer that declares NHWC is fed them transposed, one that declares no layout as
+    they are), else they are standard-normal inputs of the model's input shape: the report says so
     (`random_inputs`), and there is no accuracy without labels. On `device`, the flatbuffer's
     latency (and, with the python runner, its outputs); `lce_benchmark_model` gives latency,
     op profile and peak memory only, since accuracy there needs a run's batched copy (batch N).
@@ -147,13 +148,16 @@ def _file_outputs(path: Path) -> dict[str, Path]:
 
 
 def _input_shape(onnx_path: Path | None, flatbuffer: Path | None) -> list[int]:
-    """The model's input shape (NCHW: bnnexport's flatbuffers take the ONNX model's layout)."""
+    """The shape of the samples bench feeds: the ONNX model's input (NCHW), or the
+    flatbuffer's in NCHW where it declares NHWC (`RuntimeModel.input_shape`: bnnexport's
+    samples are NCHW, and the flatbuffer is fed them in its layout), as it is where it declares
+    no layout (another tool's: give samples in its own layout)."""
     if onnx_path is not None:
         from converters.runtimes import ort_session
 
         return [
             d if isinstance(d, int) else 1 for d in ort_session(onnx_path).get_inputs()[0].shape
         ]
-    from converters.runtimes import lce_interpreter
+    from converters.flatbuffer import input_layout, input_shapes, nchw_shape
 
-    return [int(d) for d in lce_interpreter(flatbuffer, 1).input_shapes[0]]
+    return nchw_shape(input_shapes(flatbuffer)[0], input_layout(flatbuffer))

@@ -118,6 +118,19 @@ from bnnexport.cli.common import (
     help="int8: the flatbuffer's input and output types (int8: no QUANTIZE / DEQUANTIZE at the "
     "ends; feed it inputs quantized with its input scale and zero point).",
 )
+@choice_option(
+    "--input-layout",
+    "input_layout",
+    choices=["nhwc", "nchw"],
+    default=None,
+    help="How the flatbuffer takes its image input: nhwc (channels last, TFLite's convention: "
+    "what an app on the device feeds, camera frames in HWC; no TRANSPOSE op in the model) or "
+    "nchw (PyTorch's and ONNX's layout, turned NHWC by a TRANSPOSE inside the model). The "
+    "flatbuffer's metadata (input_layout) and convert.json say which; samples stay NCHW and are "
+    "transposed wherever bnnexport feeds the flatbuffer. A model with no NCHW image input (a "
+    "flat input, or tf2onnx's channels-last one) is taken as the ONNX model takes it, and the "
+    "option is refused for it. [default: nhwc, for arm64 and arm32]",
+)
 @click.option(
     "--max-accuracy-drop",
     type=click.FloatRange(min=0),
@@ -145,6 +158,7 @@ def convert_command(
     float_layers: str | None,
     calibration_samples: str | None,
     io: str,
+    input_layout: str | None,
     max_accuracy_drop: float,
     as_json: bool,
 ) -> None:
@@ -205,5 +219,6 @@ def convert_command(
         calibration_samples=calibration_samples,
         io=io,
         max_accuracy_drop=max_accuracy_drop,
+        input_layout=input_layout,
     )
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from copy import deepcopy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -51,6 +52,9 @@ from converters.gate import Witness
 from converters.gate.twin import grid_round, twin_initializers
 from converters.graph import OnnxGraph, load_onnx
 from converters.patterns import binarizations_in
+
+if TYPE_CHECKING:
+    from converters.gate.checks import Reference
 
 
 class TorchProbe:
@@ -374,3 +378,27 @@ def twin_outputs(model: nn.Module) -> Callable[[onnx.ModelProto, np.ndarray], np
 def twin_probe(model: nn.Module) -> Callable[[onnx.ModelProto], TorchProbe]:
     """A `TorchProbe` of PyTorch's own exact-grid twin, for `converters.gate.checks.check_twin`."""
     return lambda twin: TorchProbe(twin_model(model, twin), twin)
+
+
+def torch_reference(
+    model: torch.nn.Module,
+    onnx_path: Path,
+    sample: np.ndarray,
+    outputs: Callable[[np.ndarray], np.ndarray],
+) -> Reference:
+    """PyTorch as a `converters.gate.checks.Reference`: its `outputs` on NCHW samples, sign probe
+    and exact-grid twin. A model of your own gets the probe of its traced binarizations, matched
+    with the ONNX graph on `sample`, and no twin (its initializers are not its parameters);
+    where they cannot be matched, it is checked through ONNX Runtime (`Reference.unprobed`)."""
+    from converters.gate.checks import Reference
+
+    if has_quantizers(model):
+        return Reference(
+            name="PyTorch", outputs=outputs, probe=lambda: TorchProbe(model, onnx_path),
+            twin_outputs=twin_outputs(model), twin_probe=twin_probe(model),
+        )  # fmt: skip
+    try:
+        probe = sign_probe(model, onnx_path, sample)
+    except UntraceableModel as why:
+        return Reference(name="PyTorch", outputs=outputs, unprobed=str(why))
+    return Reference(name="PyTorch", outputs=outputs, probe=lambda: probe)

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from converters.errors import ConversionMismatchError, ZeroSignError
-from converters.flatbuffer import signature_outputs
+from converters.flatbuffer import input_layout, signature_outputs, to_input_layout
 from converters.gate.agreement import compare
 from converters.gate.inconclusive import inconclusive
 from converters.gate.predicate import (
@@ -107,6 +107,7 @@ def check_conversion(
     refusal: ZeroSignError, ConversionMismatchError or InconclusiveCheckError."""
     options.step(f"gate: LCE against {len(references) + 1} reference(s) on {len(inputs)} samples")
     check_zero_free(model, zero_sensitive, inputs, "check sample")
+    layout = translated.input_layout or "nchw"  # the twin is translated as the flatbuffer is
     twin: list[GateReport] | None = None
     trusted = None
     with releasing(model.ByteSize()):  # the gate's sessions and interpreters, before the twin's
@@ -114,11 +115,11 @@ def check_conversion(
             gates = run_gates(onnx_path, model, translated, inputs, references, options.gate,
                               check_float)  # fmt: skip
         except ConversionMismatchError as error:
-            gates, twin, trusted = _refused(error, model, inputs, references, options)
+            gates, twin, trusted = _refused(error, model, inputs, references, options, layout)
     start = time.perf_counter()
     if options.twin and twin is None:
         options.step("exact-grid twin: convert and compare")
-        twin = check_twin(model, inputs, references, options.gate)
+        twin = check_twin(model, inputs, references, options.gate, layout)
     return Checked(gates, twin or [], trusted, time.perf_counter() - start)
 
 
@@ -148,18 +149,23 @@ class WitnessModels:
 
     The extra outputs can stop LCE fusing a bconv with the binarization after it, so a witness
     is not the shipped flatbuffer; the gate uses it only on samples where its logits are the
-    shipped flatbuffer's own. Built on first use: most conversions meet no tie.
+    shipped flatbuffer's own. It takes its input in the shipped flatbuffer's `input_layout`.
+    Built on first use: most conversions meet no tie.
     """
 
-    def __init__(self, model: onnx.ModelProto, float_model: bool = True):
+    def __init__(
+        self, model: onnx.ModelProto, float_model: bool = True, input_layout: str | None = None
+    ):
         self.model = model
         self.float_model = float_model  # False: LCE's witness only (an int8 model's)
+        self.input_layout = input_layout or "nchw"
         self._flatbuffers: dict[str, bytes] | None = None
         self.sources: list[str] = []
 
     def _convert(self) -> dict[str, bytes]:
         if self._flatbuffers is None:
-            translated = translate(self.model, float_model=self.float_model, witness=True)
+            translated = translate(self.model, float_model=self.float_model, witness=True,
+                                   input_layout=self.input_layout)  # fmt: skip
             self.sources = translated.info.witness_sources
             self._flatbuffers = {
                 "LCE": translated.flatbuffer, "float TFLite": translated.float_flatbuffer or b""
@@ -182,20 +188,27 @@ class WitnessModels:
 
 
 def _named_outputs(flatbuffer: bytes, runtime: str) -> Callable[[np.ndarray], dict]:
-    """A runner returning a flatbuffer's outputs by signature name (LCE reorders them)."""
+    """A runner returning a flatbuffer's outputs by signature name (LCE reorders them), on an
+    NCHW sample given the flatbuffer's input layout."""
+    layout = input_layout(flatbuffer)
     if runtime == "LCE":
         order = signature_outputs(flatbuffer)
         interpreter = lce_interpreter(flatbuffer)
         batch = int(interpreter.input_shapes[0][0])
         if batch == 1:
-            return lambda x: dict(zip(order, interpreter.predict(x), strict=True))
+            return lambda x: dict(
+                zip(order, interpreter.predict(to_input_layout(x, layout)), strict=True)
+            )
         # a batch-N copy (converters.batch): the one sample repeated, its first row kept
         whole = lce_batch_predict(interpreter)
         return lambda x: {
-            k: v[:1] for k, v in zip(order, whole([np.repeat(x, batch, axis=0)]), strict=True)
+            k: v[:1]
+            for k, v in zip(
+                order, whole([to_input_layout(np.repeat(x, batch, axis=0), layout)]), strict=True
+            )
         }
     runner = tflite_interpreter(flatbuffer).get_signature_runner()
-    return lambda x: runner(input_0=x)
+    return lambda x: runner(input_0=to_input_layout(x, layout))
 
 
 def binarization_inputs(
@@ -239,8 +252,10 @@ def check_twin(
     inputs: np.ndarray,
     references: Sequence[Reference],
     options: GateOptions,
+    input_layout: str = "nchw",
 ) -> list[GateReport]:
-    """Convert the exact-grid twin of `model` and require LCE to agree with ONNX Runtime and
+    """Convert the exact-grid twin of `model` (its image input in `input_layout`, as the
+    flatbuffer it stands for) and require LCE to agree with ONNX Runtime and
     each reference's own twin with no tie at all (`converters.gate.twin`). The twin's inputs of
     binarizations made from a plain Sign are not required to be zero-free: the twin is built
     from the normalised graph, where both runtimes map 0 to +1 there, so its (common) exact
@@ -248,7 +263,7 @@ def check_twin(
     on the real samples (`check_zero_free`)."""
     twin = exact_grid_twin(model)
     x = grid_inputs(inputs[:TWIN_SAMPLES])
-    flatbuffer = translate(twin, float_model=False).flatbuffer
+    flatbuffer = translate(twin, float_model=False, input_layout=input_layout).flatbuffer
     lce_out = run_lce(flatbuffer, x)
     strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
     ort_out = run_onnx(twin.SerializeToString(), x)
@@ -294,13 +309,14 @@ def twin_verdict(
     inputs: np.ndarray,
     references: Sequence[Reference],
     options: Checking,
+    input_layout: str = "nchw",
 ) -> tuple[list[GateReport] | None, str]:
     """(the twin's reports, or None when it failed or did not run; what it said, in words)."""
     if not options.twin:
         return None, "not run (twin check disabled)"
     options.step("exact-grid twin: convert and compare")
     try:
-        reports = check_twin(model, inputs, references, options.gate)
+        reports = check_twin(model, inputs, references, options.gate, input_layout)
     except ConversionMismatchError as error:
         return None, f"failed: {error}"
     worst = max(r.max_abs_diff for r in reports)
@@ -313,12 +329,13 @@ def _refused(
     inputs: np.ndarray,
     references: Sequence[Reference],
     options: Checking,
+    input_layout: str,
 ) -> tuple[list[GateReport], list[GateReport] | None, dict]:
     """After the real-weight gate refused: run the twin and raise `error`, with the twin's
     verdict in its diagnostics, or the InconclusiveCheckError that explains it (a degenerate
     model, `converters.gate.inconclusive`). With `options.trust_twin`, an inconclusive model
     whose twin passes is accepted: returns (no gate reports, the twin's, the record)."""
-    twin, said = twin_verdict(model, inputs, references, options)
+    twin, said = twin_verdict(model, inputs, references, options, input_layout)
     rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
     found = inconclusive(error, OnnxProbe(model), inputs, rows, options.gate, said)
     if found is None:
@@ -342,7 +359,8 @@ def run_gates(
     Runtime when it is written. One ONNX Runtime probe and one witness conversion, on demand.
     Recurring splits are judged where the translator decides signs exactly
     (`TranslationInfo.exact_sources`), each reference arbitrating the others'."""
-    witnesses = WitnessModels(model, float_model=check_float)  # the float one only if checked
+    # the float one only if checked; both take the input as the flatbuffer does
+    witnesses = WitnessModels(model, float_model=check_float, input_layout=translated.input_layout)
     probes: dict[str, SignProbe] = {}
 
     def onnx_probe() -> SignProbe:

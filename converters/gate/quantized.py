@@ -274,7 +274,8 @@ def check_quantized(
     options.step(f"gate: LCE int8 against the int8 model in ONNX Runtime on {len(inputs)} samples")
     reference = run_onnx(qdq_model.SerializeToString(), inputs)
     candidate = stats.outputs = run_lce(translated.flatbuffer, inputs)
-    witness = CachedWitness(WitnessModels(qdq_model, float_model=False).witness("LCE"))
+    layout = translated.input_layout  # the witness and the twin take the flatbuffer's input
+    witness = CachedWitness(WitnessModels(qdq_model, False, layout).witness("LCE"))
     probe: list[QuantProbe] = []
 
     def build() -> QuantProbe:
@@ -288,7 +289,7 @@ def check_quantized(
     twin = []
     if options.twin:
         options.step("exact-grid twin of the float graph: convert and compare")
-        twin = check_twin(float_model, inputs, (), options.gate)
+        twin = check_twin(float_model, inputs, (), options.gate, layout or "nchw")
     return Checked([gate], twin)
 
 

@@ -2,9 +2,10 @@
 
 In: an ONNX `ModelProto` as `converters.normalize` leaves it (NCHW, static shapes, every
 binarization in its canonical form). Out: `Translated`, the LCE flatbuffer's bytes, the float
-TFLite flatbuffer's bytes when asked for, and `TranslationInfo` (the binary layers it emitted,
-the input shapes, with `witness` the sources of the extra outputs). Nothing is written to disk
-but a temporary SavedModel; checking the result is the gate's (`converters.gate`).
+TFLite flatbuffer's bytes when asked for, each declaring its input layout in its metadata, and
+`TranslationInfo` (the binary layers it emitted, the input shapes and layout, with `witness` the
+sources of the extra outputs). Nothing is written to disk but a temporary SavedModel; checking
+the result is the gate's (`converters.gate`).
 
 - `onnx_to_tflite`: `translate`, the whole room in one call, TensorFlow's memory released
   between its steps (`releasing`, `release_memory`);
@@ -23,7 +24,8 @@ but a temporary SavedModel; checking the result is the gate's (`converters.gate`
   plan: `plan_binary_groups`, which the gate reads too).
 
 May import: `converters.errors`, `converters.graph`, `converters.patterns`,
-`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`), and onnx, numpy,
+`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`), `converters.flatbuffer`
+(the metadata declaring the input layout), and onnx, numpy,
 TensorFlow, LCE. Never the gate, the normaliser, `converters.lce` or `converters.batch`, which
 sit above it (`tests/test_imports.py`).
 
@@ -38,7 +40,12 @@ from __future__ import annotations
 
 from converters.translate.coverage import SUPPORTED, first_unsupported
 from converters.translate.groups import GroupPlan, plan_binary_groups
-from converters.translate.onnx_to_tf import TranslationInfo, build_module, save_saved_model
+from converters.translate.onnx_to_tf import (
+    TranslationInfo,
+    build_module,
+    image_inputs,
+    save_saved_model,
+)
 from converters.translate.onnx_to_tflite import Translated, release_memory, releasing, translate
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
     "TranslationInfo",
     "build_module",
     "first_unsupported",
+    "image_inputs",
     "plan_binary_groups",
     "release_memory",
     "releasing",

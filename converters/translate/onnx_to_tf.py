@@ -3,8 +3,12 @@
 The translator walks the ONNX graph backwards from its outputs (so constant chains and
 patterns absorbed into a binary layer are never emitted on their own) and writes each node as
 TensorFlow ops. Binary layers (`converters.patterns`) are emitted in the exact forms of
-docs/LCE_NOTES.md "Binary ops"; everything else as plain TensorFlow. The model's input and output
-keep ONNX's layout (NCHW), so the converted model is a drop-in replacement for the ONNX one.
+docs/LCE_NOTES.md "Binary ops"; everything else as plain TensorFlow. An image input (a rank-4
+input in ONNX's NCHW layout, `image_inputs`) is taken in the layout asked for: "nhwc", stored as
+the NHWC tensor the translator works in, so the model has no TRANSPOSE at its input, or "nchw",
+ONNX's own, turned NHWC inside the model; any other input (an input already channels-last, as
+tf2onnx writes a Keras model, or a flat one) is taken as the ONNX model takes it. Outputs keep
+ONNX's layout (docs/LCE_NOTES.md "Input layout").
 
 Example:
     >>> from converters.translate.onnx_to_tf import save_saved_model
@@ -22,7 +26,7 @@ import numpy as np
 import onnx
 
 from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
-from converters.graph import OnnxGraph
+from converters.graph import OnnxGraph, attributes
 from converters.layer_map import INPUT_SCOPE, OUTPUT_SCOPE, ScopeEntry, nearest_module, scope_name
 from converters.patterns import (
     NUDGE_THROUGH,
@@ -207,8 +211,11 @@ class TranslationInfo:
     binary_layers: int
     binary_emitted: list[str]
     input_names: list[str]
-    input_shapes: list[list[int]]
+    input_shapes: list[list[int]]  # the ONNX model's (NCHW for an image input)
     output_names: list[str]
+    # how the image inputs are taken ("nhwc" or "nchw"); None: the model has no image input,
+    # every input is taken as the ONNX model takes it
+    input_layout: str | None = None
     # with `witness`: the ONNX binarization sources and int8 activations behind outputs
     # witness_000, witness_001, ...
     witness_sources: list[str] = field(default_factory=list)
@@ -230,14 +237,51 @@ def _static_shape(graph: OnnxGraph, info: onnx.ValueInfoProto) -> list[int]:
     return [int(d) for d in shape]
 
 
-def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
-    """Build a `tf.Module` whose `concrete` function computes the ONNX graph in NHWC.
+def image_inputs(graph: OnnxGraph) -> list[str]:
+    """The graph's image inputs: rank 4, in ONNX's NCHW layout. A rank-4 input that only
+    Transposes to NCHW read is channels-last already (tf2onnx's NHWC input of a Keras model):
+    no image input in this sense, it is taken as it is."""
+    found = []
+    for info in graph.inputs:
+        if len(info.type.tensor_type.shape.dim) != 4:
+            continue
+        readers = graph.consumers.get(info.name, ())
+        to_nchw = [
+            n for n in readers
+            if n.op_type == "Transpose" and list(attributes(n).get("perm", [])) == [0, 3, 1, 2]
+        ]  # fmt: skip
+        if not readers or len(to_nchw) < len(readers):
+            found.append(info.name)
+    return found
+
+
+def _input_value(arg, layout: str | None) -> Value:  # noqa: ANN001 (a traced tf.Tensor)
+    """The Value of a traced input: an image input stored NHWC, as given ("nhwc") or turned so
+    at the input ("nchw"); any other input (`layout` None) as it is."""
+    if layout == "nhwc":
+        return Value(arg, Layout.NHWC)
+    if layout == "nchw":
+        return Value(tf().transpose(arg, [0, 2, 3, 1]), Layout.NHWC)
+    return Value(arg, Layout.LOGICAL)
+
+
+def _nhwc(shape: list[int]) -> list[int]:
+    return [shape[0], shape[2], shape[3], shape[1]]
+
+
+def build_module(  # noqa: ANN201
+    model: onnx.ModelProto, witness: bool = False, input_layout: str = "nchw"
+):
+    """Build a `tf.Module` whose `concrete` function computes the ONNX graph in NHWC, its image
+    inputs taken in `input_layout` ("nhwc" or "nchw"; module doc).
 
     Returns (module, TranslationInfo). With `witness`, `concrete` also outputs every binarization's
     input (in ONNX's logical layout) as `witness_NNN`, after the model's outputs: a diagnostic
     model for `converters.gate`, whose extra outputs may stop LCE fusing a bconv with the
     binarization after it.
     """
+    if input_layout not in ("nhwc", "nchw"):
+        raise ValueError(f"input layout must be nhwc or nchw, got {input_layout!r}")
     graph = OnnxGraph.folded(model)
     unsupported = first_unsupported(graph)
     if unsupported is not None:  # the first in graph order, before TensorFlow traces anything
@@ -246,6 +290,8 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
     layers = find_binary_layers_in(graph)
     shapes = [_static_shape(graph, i) for i in graph.inputs]
     names = [i.name for i in graph.inputs]
+    images = image_inputs(graph)
+    layouts = [input_layout if name in images else None for name in names]
     outputs = [o.name for o in graph.outputs]
     emitted: list[str] = []
     witnessed: list[str] = []
@@ -258,12 +304,8 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         weights.restart()
         translator = Translator(graph, layers)
         with tensorflow.name_scope(INPUT_SCOPE + "/"):
-            for name, arg in zip(names, args, strict=True):
-                if len(arg.shape) == 4:  # NCHW in, NHWC inside
-                    value = Value(tensorflow.transpose(arg, [0, 2, 3, 1]), Layout.NHWC)
-                else:
-                    value = Value(arg, Layout.LOGICAL)
-                translator.values[name] = value
+            for name, arg, layout in zip(names, args, layouts, strict=True):
+                translator.values[name] = _input_value(arg, layout)
         try:
             values = [translator.value(o) for o in outputs]
             with tensorflow.name_scope(OUTPUT_SCOPE + "/"):
@@ -283,8 +325,10 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         return result
 
     specs = [
-        tensorflow.TensorSpec(shape, tensorflow.float32, name=f"input_{k}")
-        for k, shape in enumerate(shapes)
+        tensorflow.TensorSpec(
+            _nhwc(shape) if layout == "nhwc" else shape, tensorflow.float32, name=f"input_{k}"
+        )
+        for k, (shape, layout) in enumerate(zip(shapes, layouts, strict=True))
     ]
     module = tensorflow.Module()
     # the function itself is not the module's: saving would trace it again for the attribute,
@@ -305,6 +349,7 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
         input_names=names,
         input_shapes=shapes,
         output_names=outputs,
+        input_layout=input_layout if images else None,
         witness_sources=list(witnessed),
         scopes=list(scopes),
         exact_sources=list(exact),
@@ -313,9 +358,10 @@ def build_module(model: onnx.ModelProto, witness: bool = False):  # noqa: ANN201
 
 
 def save_saved_model(
-    model: onnx.ModelProto, directory: str | Path, witness: bool = False
+    model: onnx.ModelProto, directory: str | Path, witness: bool = False, input_layout: str = "nchw"
 ) -> TranslationInfo:
-    """Translate `model` and save it as a TensorFlow SavedModel in `directory`."""
-    module, info = build_module(model, witness)
+    """Translate `model` (its image inputs in `input_layout`) and save it as a TensorFlow
+    SavedModel in `directory`."""
+    module, info = build_module(model, witness, input_layout)
     tf().saved_model.save(module, str(directory), signatures={"serving_default": module.concrete})
     return info

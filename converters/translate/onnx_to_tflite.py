@@ -1,6 +1,7 @@
 """An ONNX model through the translator and the converters: the LCE flatbuffer and, when asked,
 the stock TFLite converter's float flatbuffer, with the memory TensorFlow leaves behind released
-between the steps.
+between the steps. Each flatbuffer declares its input layout in its metadata from the start
+(`converters.flatbuffer.input_layout`), so whatever runs it, the gate first, feeds that layout.
 
 Example:
     >>> from converters.translate import translate
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import onnx
 
+from converters.flatbuffer import layout_metadata, with_metadata
 from converters.runtimes import tf
 from converters.translate.onnx_to_tf import TranslationInfo
 
@@ -72,14 +74,24 @@ class Translated:
     # "lce_converter", and "tflite_converter" when the float model was built
     seconds: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def input_layout(self) -> str | None:
+        """How the flatbuffers take the image input ("nhwc", "nchw"; None: no image input)."""
+        return self.info.input_layout
+
 
 def translate(
-    model: onnx.ModelProto, float_model: bool, witness: bool = False, int8_io: bool = False
+    model: onnx.ModelProto,
+    float_model: bool,
+    witness: bool = False,
+    int8_io: bool = False,
+    input_layout: str = "nchw",
 ) -> Translated:
-    """Translate `model` to a SavedModel (`converters.translate.onnx_to_tf`, with every
-    binarization's input and int8 activation as an extra output when `witness`) and convert it
-    with LCE (target "arm"), with `int8_io` also with int8 input and output types, and, with
-    `float_model`, the stock TFLite converter."""
+    """Translate `model` to a SavedModel (`converters.translate.onnx_to_tf`: its image inputs
+    taken in `input_layout`, with every binarization's input and int8 activation as an extra
+    output when `witness`) and convert it with LCE (target "arm"), with `int8_io` also with int8
+    input and output types, and, with `float_model`, the stock TFLite converter. Every
+    flatbuffer declares its input layout in its metadata."""
     from converters.translate.onnx_to_tf import save_saved_model
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
@@ -90,7 +102,7 @@ def translate(
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
         saved = str(Path(tmp) / "saved")
         with releasing(size):  # the traced graph, before the converter copies the model again
-            info = save_saved_model(model, saved, witness=witness)
+            info = save_saved_model(model, saved, witness=witness, input_layout=input_layout)
         clock["translate"] += time.perf_counter()
         clock["lce_converter"] = -time.perf_counter()
         with releasing(size):
@@ -107,6 +119,11 @@ def translate(
             clock["tflite_converter"] = -time.perf_counter()
             float_flatbuffer = _float_tflite(saved, size)
             clock["tflite_converter"] += time.perf_counter()
+    declared = layout_metadata(info.input_layout)
+    flatbuffer, float_flatbuffer, int8_flatbuffer = (
+        with_metadata(f, declared) if f is not None and declared else f
+        for f in (flatbuffer, float_flatbuffer, int8_flatbuffer)
+    )
     return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer, clock)
 
 

@@ -50,12 +50,19 @@ class RunSettings:
     use_indirect_bgemm: bool | None = None
 
 
+# the input layouts a flatbuffer's metadata may declare (bnnexport's `input_layout` entry)
+INPUT_LAYOUTS = ("nhwc", "nchw")
+
+
 @dataclasses.dataclass(frozen=True)
 class Samples:
     """The test samples whose outputs a runner computes on the device.
 
     `copy` is the flatbuffer converted at batch `batch`, for a runner whose outputs need one
     (`batched_copy`); None when there is none, and that runner then measures latency only.
+    `input_layout` is what the flatbuffer the samples are fed to declares (bench reads its
+    metadata on the host): "nhwc" takes them with the channels last; "nchw" or None (no
+    layout declared) as they are. A runner sends `fed()`, never `inputs` itself.
     """
 
     inputs: np.ndarray  # float32, NCHW, one sample per row
@@ -63,6 +70,26 @@ class Samples:
     outputs_per_sample: int
     copy: Path | None = None
     batch: int = 1
+    input_layout: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_layout not in (None, *INPUT_LAYOUTS):
+            raise ValueError(f"unknown input layout {self.input_layout!r}")
+
+    def fed(self) -> np.ndarray:
+        """The inputs as the flatbuffer takes them: float32, C-contiguous, NHWC for an "nhwc"
+        flatbuffer (the one place of the device side that puts samples in a flatbuffer's
+        layout, as `converters.flatbuffer.to_input_layout` is on the host).
+
+        Example:
+            >>> nchw = np.zeros((2, 3, 4, 5), np.float32)
+            >>> Samples(nchw, np.zeros(2), 10, input_layout="nhwc").fed().shape
+            (2, 4, 5, 3)
+        """
+        inputs = np.asarray(self.inputs, np.float32)
+        if self.input_layout == "nhwc":
+            inputs = inputs.transpose(0, 2, 3, 1)
+        return np.ascontiguousarray(inputs)
 
 
 @dataclasses.dataclass

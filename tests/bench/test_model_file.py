@@ -71,6 +71,27 @@ def test_samples_file_with_labels_gives_accuracy(converted, tmp_path):
     assert onnx_top1 == pytest.approx(float(np.mean(logits.argmax(1) == np.arange(12) % 4)))
 
 
+def test_an_nhwc_flatbuffer_is_fed_the_nchw_samples_in_nhwc(converted, tmp_path):
+    """The flatbuffer declares NHWC input (convert_module's default): bench feeds it the
+    samples file's NCHW inputs transposed, so its outputs are ONNX Runtime's on the same
+    samples and its top-1 the interpreter's own on NHWC inputs, computed here."""
+    from larq_compute_engine.tflite.python.interpreter import Interpreter
+
+    from converters.flatbuffer import input_layout, input_shapes
+
+    flatbuffer = converted / "net-arm64.tflite"
+    assert (input_layout(flatbuffer), input_shapes(flatbuffer)) == ("nhwc", [[1, 7, 7, 2]])
+    inputs = np.random.default_rng(2).standard_normal((12, 2, 7, 7)).astype(np.float32)
+    labels = np.arange(12) % 4
+    np.savez(tmp_path / "mine.npz", inputs=inputs, labels=labels)
+    result = bench_file(str(flatbuffer), "--samples-file", str(tmp_path / "mine.npz"), "--json")
+    assert result.exit_code == 0, result.output
+    lce = json.loads(result.stdout)["backends"][1]
+    assert lce["name"] == "lce" and lce["argmax_agreement"] == 1.0  # vs ONNX Runtime
+    nhwc = Interpreter(flatbuffer.read_bytes()).predict(inputs.transpose(0, 2, 3, 1).copy())
+    assert lce["top1"] == pytest.approx(float(np.mean(nhwc.argmax(1) == labels)))
+
+
 @pytest.mark.parametrize(
     "labels, fragment",
     [([0, 36, 40, 3], "labels up to 40 but the model has 36 classes"), ([0, -3, 1, 2], "label -3")],

@@ -122,13 +122,16 @@ def test_the_batched_copy_is_named_after_the_batch_1_file():
 def test_convert_run_writes_a_gated_batched_copy(trained_run):
     from bnnexport.convert import convert_run
     from bnnexport.export import export_onnx
+    from converters.flatbuffer import input_layout
     from converters.runtimes import lce_interpreter, run_lce
 
     export_onnx(trained_run, samples=40)
     report = convert_run(trained_run, samples=40, batched_copy=16)
     copy = trained_run / "model-arm64-b16.tflite"
     assert report.batched_copy["output"] == str(copy) and copy.is_file()
-    assert list(lce_interpreter(copy).input_shapes[0]) == [16, 1, 28, 28]
+    # NHWC, as the batch-1 flatbuffer it copies declares (arm64's default input layout)
+    assert list(lce_interpreter(copy).input_shapes[0]) == [16, 28, 28, 1]
+    assert input_layout(copy) == input_layout(trained_run / "model-arm64.tflite") == "nhwc"
     assert report.batched_copy["argmax_agreement"] == 1.0 and report.batched_copy["samples"] == 40
     with np.load(trained_run / "samples.npz") as data:
         inputs = data["inputs"][:40].astype(np.float32)

@@ -204,6 +204,52 @@ def test_binary_without_output_filepath_gives_latency_and_one_note(arm_device, s
 BATCH_MODEL = "tf.TensorSpec([1, 8, 8, 32]"
 
 
+@pytest.fixture(scope="module")
+def tiny_b4(tmp_path_factory) -> Path:
+    """The tiny model of support/sshd_fixture.py converted at batch 4, declaring NHWC input as
+    bnnexport's flatbuffers do (its C, 32, is not its H or W: a wrong layout is other bytes)."""
+    from support.sshd_fixture import TINY_MODEL_SOURCE
+
+    from converters.flatbuffer import layout_metadata, with_metadata
+
+    pytest.importorskip("larq_compute_engine")
+    folder, batch = tmp_path_factory.mktemp("tiny-b4"), 4
+    assert BATCH_MODEL in TINY_MODEL_SOURCE and "[1, -1]" in TINY_MODEL_SOURCE
+    source = TINY_MODEL_SOURCE.replace(BATCH_MODEL, f"tf.TensorSpec([{batch}, 8, 8, 32]")
+    (folder / "make.py").write_text(source.replace("[1, -1]", f"[{batch}, -1]"))
+    subprocess.run(
+        [sys.executable, str(folder / "make.py"), str(folder)], check=True, capture_output=True
+    )
+    flatbuffer = folder / f"tiny-b{batch}.tflite"
+    made = (folder / "tiny.tflite").read_bytes()
+    flatbuffer.write_bytes(with_metadata(made, layout_metadata("nhwc")))
+    return flatbuffer
+
+
+@pytest.mark.slow
+def test_the_lce_benchmark_model_runner_feeds_an_nhwc_copy_nhwc_samples(arm_device, tiny_b4):
+    """bench's NCHW samples go up as the raw bytes of the layout the batched copy declares
+    (`Samples.fed()`): the device's outputs are the host interpreter's on NHWC inputs. Run by
+    the stand-in (the reference interpreter on the real flatbuffer) or the real tool."""
+    from support.device_runs import tool
+
+    from converters.flatbuffer import input_layout
+    from converters.runtimes import run_lce
+    from deploy.runners import RunSettings, Samples
+    from deploy.runners.lce_benchmark_model.benchmark_runner import LceBenchmarkModel
+
+    nchw = np.random.default_rng(5).standard_normal((4, 32, 8, 8)).astype(np.float32)
+    layout = input_layout(tiny_b4)
+    assert layout == "nhwc"
+    samples = Samples(nchw, np.zeros(4, np.int64), 10, tiny_b4, 4, input_layout=layout)
+    binary = tool(tiny_b4.parent)
+    settings = RunSettings(runs=1, warmup=0, timeout=900, benchmark_binary=binary)
+    measured = LceBenchmarkModel().measure(arm_device.client(), tiny_b4, settings, samples)
+    # the host's LCE on the same copy, fed NHWC by the flatbuffer's own declaration
+    np.testing.assert_allclose(measured.outputs, run_lce(tiny_b4, nchw), rtol=1e-4, atol=1e-4)
+    assert arm_device.leftovers() == []
+
+
 # make test's bench tests run the real tool through the same protocol (two chunks, the last one
 # padded, against the host's LCE: tests/deploy/test_bench_aarch64.py); this one, three chunks of
 # a tiny model straight through run_on_device, is the long tier's
@@ -213,20 +259,9 @@ BATCH_MODEL = "tf.TensorSpec([1, 8, 8, 32]"
     reason="set BNNEXPORT_LCE_BENCHMARK_AARCH64 to the real "
     "lce_benchmark_model_aarch64 to run it under emulation",
 )
-def test_real_binary_agrees_with_the_host_interpreter(arm_device, tmp_path):
-    from support.sshd_fixture import TINY_MODEL_SOURCE
-
+def test_real_binary_agrees_with_the_host_interpreter(arm_device, tiny_b4):
     print(f"\nlce_benchmark_model: the real binary {REAL_BINARY}")
-    pytest.importorskip("larq_compute_engine")
-    batch = 4
-    assert BATCH_MODEL in TINY_MODEL_SOURCE and "[1, -1]" in TINY_MODEL_SOURCE
-    source = TINY_MODEL_SOURCE.replace(BATCH_MODEL, f"tf.TensorSpec([{batch}, 8, 8, 32]")
-    (tmp_path / "make.py").write_text(source.replace("[1, -1]", f"[{batch}, -1]"))
-    subprocess.run(
-        [sys.executable, str(tmp_path / "make.py"), str(tmp_path)], check=True, capture_output=True
-    )
-    flatbuffer = tmp_path / f"tiny-b{batch}.tflite"
-    (tmp_path / "tiny.tflite").rename(flatbuffer)
+    batch, flatbuffer = 4, tiny_b4
     inputs = np.random.default_rng(3).standard_normal((10, 8, 8, 32)).astype(np.float32)
     from converters.runtimes import lce_batch_predict, lce_interpreter
 

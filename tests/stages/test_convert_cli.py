@@ -13,6 +13,7 @@ import torch.nn as nn
 from support.cli import invoke
 from support.converter_nets import PlainSign, StemAndBinaryConv, binary_conv, export, sign
 from support.fresh_run import fresh_run
+from support.guarantees import assert_one_line_error
 
 from bnnexport.export import export_onnx
 
@@ -80,12 +81,71 @@ def test_float_tflite_runs_in_the_stock_interpreter(converted):
     assert check.argmax_agreement == 1.0 and check.max_abs_diff < 1e-3
 
 
+def test_the_arm64_flatbuffer_takes_nhwc_input_with_no_transpose(converted):
+    from converters.flatbuffer import input_layout, input_shapes
+
+    run, report = converted
+    assert (report["input_layout"], report["input_shape"]) == ("nhwc", [1, 28, 28, 1])
+    assert "TRANSPOSE" not in report["op_histogram"], report["op_histogram"]
+    saved = json.loads((run / "convert.json").read_text())
+    assert (saved["input_layout"], saved["input_shape"]) == ("nhwc", [1, 28, 28, 1])
+    for flatbuffer in ("model-arm64.tflite", "model-float.tflite"):  # declared in the metadata
+        assert input_layout(run / flatbuffer) == "nhwc"
+        assert input_shapes(run / flatbuffer) == [[1, 28, 28, 1]]
+
+
+def test_input_layout_nchw_keeps_the_onnx_input_and_one_transpose(tmp_path):
+    from converters.flatbuffer import input_layout, input_shapes
+
+    path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "plain.onnx")
+    result = invoke("convert", path, "--input-layout", "nchw", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["input_layout"], report["input_shape"]) == ("nchw", [1, 2, 7, 7])
+    assert report["argmax_agreement"] == 1.0
+    flatbuffer = tmp_path / "plain-arm64.tflite"
+    assert (input_layout(flatbuffer), input_shapes(flatbuffer)) == ("nchw", [[1, 2, 7, 7]])
+    assert _input_transposes(flatbuffer) == 1  # NCHW turned NHWC inside the model
+
+
+def _input_transposes(flatbuffer) -> int:
+    """The TRANSPOSE ops reading a tensor of the flatbuffer's input shape (the flatten at the
+    end of StemAndBinaryConv has a TRANSPOSE of its own, to NCHW order)."""
+    from converters.flatbuffer import flatbuffer_ops, input_shapes
+
+    shape = input_shapes(flatbuffer)[0]
+    ops = flatbuffer_ops(flatbuffer)
+    return sum(op.op_type == "TRANSPOSE" and op.input_shapes[0] == shape for op in ops)
+
+
+def test_help_explains_the_input_layout(tmp_path):
+    result = invoke("convert", "--help")
+    text = " ".join(result.stdout.split())
+    assert "--input-layout [nhwc|nchw]" in text and "no TRANSPOSE op in the model" in text
+    assert "[default: nhwc, for arm64 and arm32]" in text
+
+
+def test_an_unknown_input_layout_is_one_line_exit_2(tmp_path):
+    path = tmp_path / "plain.onnx"
+    path.write_bytes(b"")  # never read: the option is refused first
+    assert_one_line_error(invoke("convert", path, "--input-layout", "nwhc"), 2, "nwhc")
+
+
+def test_an_input_layout_for_a_model_without_an_image_input_is_one_line_exit_2(tmp_path):
+    path = export(nn.Sequential(nn.Linear(16, 4)), (1, 16), tmp_path / "flat.onnx")
+    result = invoke("convert", path, "--input-layout", "nhwc")
+    assert_one_line_error(result, 2, "--input-layout nhwc: the model has no NCHW image input")
+    assert not (tmp_path / "flat-arm64.tflite").exists()
+
+
 def test_raw_onnx_without_dataset_is_checked_on_random_inputs(tmp_path):
     path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "plain.onnx")
     result = invoke("convert", path, "--target", "arm32", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["random_inputs"] and report["lce_bconv2d"] == 1
+    assert report["input_layout"] == "nhwc" and report["input_shape"] == [1, 7, 7, 2]
+    assert _input_transposes(tmp_path / "plain-arm32.tflite") == 0  # (flatten keeps its own)
     assert report["output"] == str(tmp_path / "plain-arm32.tflite")
     assert (tmp_path / "plain-arm32.tflite").is_file()
     # only --format tflite builds (and writes) the float model: its converter is a second one

@@ -20,6 +20,27 @@ def test_dynamo_exporter_converts_a_plain_torch_bnn(tmp_path):
     assert report.rewrites["index-put"] == 4 and report.zero_free_signs == []
     assert report.argmax_agreement == 1.0 and report.torch_argmax_agreement == 1.0
     assert (tmp_path / "n.onnx").is_file() and (tmp_path / "n.tflite").is_file()
+    # the target's input layout: NHWC, no TRANSPOSE at the input
+    assert (report.input_layout, report.input_shape) == ("nhwc", [1, 16, 16, 3])
+    assert "TRANSPOSE" not in report.op_histogram
+
+
+@pytest.mark.slow
+def test_input_layout_nchw_keeps_the_modules_own_input_one_flag_away(tmp_path):
+    from converters.flatbuffer import input_layout
+
+    report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                            input_layout="nchw", samples=4)  # fmt: skip
+    assert (report.input_layout, report.input_shape) == ("nchw", [1, 3, 16, 16])
+    assert report.op_histogram["TRANSPOSE"] == 1 and report.argmax_agreement == 1.0
+    assert input_layout(tmp_path / "n.tflite") == "nchw"
+
+
+def test_an_unknown_input_layout_is_refused_before_exporting(tmp_path):
+    with pytest.raises(ValueError, match="input_layout must be nhwc, nchw or None, got 'hwc'"):
+        convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
+                       input_layout="hwc")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_unknown_exporter_is_refused_before_exporting(tmp_path):

@@ -195,19 +195,26 @@ open(out + "/tiny.tflite", "wb").write(lce.convert_saved_model(out + "/saved_mod
 
 @pytest.fixture(scope="session")
 def tiny_flatbuffer(tmp_path_factory) -> Path:
-    """A tiny LCE flatbuffer (one LceBconv2d); converted in a subprocess, TF stays out of pytest."""
+    """A tiny LCE flatbuffer (one LceBconv2d) taking NHWC input, as its metadata declares, as
+    bnnexport's do (`converters.flatbuffer.input_layout`); converted in a subprocess, TF stays
+    out of pytest."""
+    from converters.flatbuffer import layout_metadata, with_metadata
+
     pytest.importorskip("larq_compute_engine")
     root = tmp_path_factory.mktemp("tiny")
     (root / "make.py").write_text(TINY_MODEL_SOURCE)
     subprocess.run(
         [sys.executable, str(root / "make.py"), str(root)], check=True, capture_output=True
     )
-    return root / "tiny.tflite"
+    flatbuffer = root / "tiny.tflite"
+    flatbuffer.write_bytes(with_metadata(flatbuffer.read_bytes(), layout_metadata("nhwc")))
+    return flatbuffer
 
 
 @pytest.fixture(scope="session")
 def tiny_samples(tmp_path_factory) -> Path:
-    """12 NCHW samples for the tiny model, labels 0..9."""
+    """12 NCHW samples for the tiny model (bnnexport's samples: `Samples.fed()` gives them the
+    flatbuffer's NHWC), labels 0..9."""
     rng = np.random.default_rng(1)
     path = tmp_path_factory.mktemp("samples") / "samples.npz"
     np.savez(

@@ -21,8 +21,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
 from deploy.runners.lce_benchmark_model.chunked_accuracy import (
     AccuracyJob,
@@ -58,7 +56,7 @@ class LceBenchmarkModel:
         outputs with the copy on the device."""
         job = None
         if samples is not None and samples.copy is not None:
-            inputs = np.ascontiguousarray(samples.inputs, np.float32)
+            inputs = samples.fed()  # raw bytes in the copy's own input layout
             job = AccuracyJob(samples.copy, inputs, samples.batch, samples.outputs_per_sample)
         run = run_on_device(client, flatbuffer, tool_options(settings), job)
         return measurement(run, job, settings.threads, self.name)  # type: ignore[attr-defined]

@@ -5,10 +5,12 @@ tool itself can compute outputs (docs/LCE_NOTES.md "aarch64 device"):
 `--input_layer_value_files=x:PATH` feeds a raw file of exactly the input tensor's bytes and
 `--output_filepath=PATH` writes the raw bytes of every output after the run. Its input shape is
 fixed by the flatbuffer, so accuracy needs a flatbuffer converted at batch N
-(`model-arm64-bN.tflite`): the samples go up as ONE raw float32 file (padded to a multiple of N),
-are cut into N-sample chunks on the device (`split`), and each chunk is one invocation with
+(`model-arm64-bN.tflite`): the samples go up as ONE raw float32 file (padded to a multiple of N)
+in the copy's own input layout (`Samples.fed()`: N,H,W,C for an NHWC flatbuffer, bnnexport's
+default), are cut into N-sample chunks on the device (`split`), and each chunk is one invocation
+with
 
-    --graph=MODEL-bN --input_layer=x --input_layer_shape=N,C,H,W --input_layer_value_files=x:CHUNK
+    --graph=MODEL-bN --input_layer=x --input_layer_shape=N,H,W,C --input_layer_value_files=x:CHUNK
     --output_filepath=CHUNK.out --num_runs=1 --warmup_runs=0 --warmup_min_secs=0 --min_secs=0
     --enable_op_profiling=false --num_threads=T
 

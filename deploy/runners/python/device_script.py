@@ -3,9 +3,10 @@
 interpreter.
 
 Standalone on purpose: it is copied to the device and run there, so it imports only the standard
-library, numpy and larq_compute_engine. Inputs in the samples file are NCHW float32 (`inputs`) with
-int64 `labels`; a flatbuffer that takes NHWC gets them transposed (bnnexport's own converter keeps
-the NCHW interface, so they go in as they are).
+library, numpy and larq_compute_engine. Inputs in the samples file (`inputs`, float32, with int64
+`labels`) are in the flatbuffer's own input layout, as the python runner sends them
+(`Samples.fed()`: NHWC for a flatbuffer that declares so, bnnexport's default): the script feeds
+them as they are and refuses, in one line, samples of another shape; it never guesses a layout.
 
 Example (on the device):
     python3 device_script.py --model model-arm64.tflite --samples samples.npz --runs 100 \
@@ -61,18 +62,16 @@ def load_interpreter(model_path: str, threads: int):
     return Interpreter(flatbuffer, num_threads=threads, use_indirect_bgemm=True)
 
 
-def match_layout(batch: np.ndarray, model_shape: list) -> np.ndarray:
-    """Give NCHW samples the model's layout: as they are, or transposed to NHWC."""
-    batch = np.asarray(batch, dtype=np.float32)
+def model_inputs(batch: np.ndarray, model_shape: list) -> np.ndarray:
+    """Samples of exactly the model's input shape per sample, as float32; SystemExit (one line)
+    otherwise: NCHW samples for an NHWC model are refused, not transposed here."""
+    batch = np.ascontiguousarray(batch, dtype=np.float32)
     if list(batch.shape[1:]) == list(model_shape[1:]):
-        return np.ascontiguousarray(batch)
-    if batch.ndim == 4:
-        nhwc = batch.transpose(0, 2, 3, 1)
-        if list(nhwc.shape[1:]) == list(model_shape[1:]):
-            return np.ascontiguousarray(nhwc)
+        return batch
+    nhwc = " (NCHW samples for an NHWC model? transpose them (0, 2, 3, 1))" * (batch.ndim == 4)
     raise SystemExit(
         f"runner: samples have shape {list(batch.shape[1:])} per sample but "
-        f"the model takes {list(model_shape[1:])}"
+        f"the model takes {list(model_shape[1:])}{nhwc}"
     )
 
 
@@ -83,7 +82,7 @@ def run(model: str, samples: str | None, runs: int, threads: int, warmup: int) -
     inputs = labels = None
     if samples:
         with np.load(samples) as data:
-            inputs = match_layout(data["inputs"], shape)
+            inputs = model_inputs(data["inputs"], shape)
             labels = np.asarray(data["labels"], dtype=np.int64) if "labels" in data else None
     # timing input: a real sample when there is one (binary nets may branch on data), else noise
     probe = (
@@ -131,7 +130,9 @@ def main(argv: list | None = None) -> int:
     """Parse arguments, run, print one JSON object (or a short text summary)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="the LCE flatbuffer (.tflite)")
-    parser.add_argument("--samples", help="npz with `inputs` (NCHW float32) and `labels` (int64)")
+    parser.add_argument(
+        "--samples", help="npz with `inputs` (float32, the model's input layout) and `labels`"
+    )
     parser.add_argument("--runs", type=int, default=100, help="timed runs at batch 1")
     parser.add_argument("--warmup", type=int, default=10, help="untimed runs before timing")
     parser.add_argument("--threads", type=int, default=1, help="interpreter threads")

@@ -119,8 +119,8 @@ class PythonRunner:
             path = None
             if samples is not None:
                 path = Path(tmp) / "samples.npz"
-                # exactly the host's samples
-                np.savez(path, inputs=samples.inputs, labels=samples.labels)
+                # exactly the host's samples, in the flatbuffer's input layout
+                np.savez(path, inputs=samples.fed(), labels=samples.labels)
             result, outputs = run_remote_runner(
                 client,
                 flatbuffer,

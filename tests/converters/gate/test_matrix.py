@@ -181,11 +181,9 @@ def test_a_larq_zoo_architecture_has_no_op_kind_more_often_than_lce_native(conve
     if "error" in native:
         pytest.skip(f"larq-zoo builds no {name} at {size}x{size}: {native['error']}")
     run = conversions(name, size, 0)["run"]
+    # TRANSPOSE included: arm64's flatbuffer takes NHWC input, as native's does, so no
+    # TRANSPOSE turns an NCHW input NHWC inside the model (`convert --input-layout`)
     beyond = kinds_beyond(op_kinds(run / "model-arm64.tflite"), native["op_kinds"])
-    # the TRANSPOSE turning the NCHW input NHWC inside the model is issue 47's item 2 (an
-    # NHWC input, `convert --input-layout`), not an op this item folds: left out here until
-    # that item lands
-    beyond.pop("TRANSPOSE", None)
     assert beyond == {}, f"op kinds more often than native (ours, native): {beyond}"
 
 

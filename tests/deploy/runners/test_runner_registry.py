@@ -4,7 +4,6 @@ bench's device rows calling nothing but the protocol. No device: fake clients an
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +54,7 @@ class FakeRunner:
 
     def __init__(self):
         self.calls = []
+        self.layouts = []  # the input layout of the samples each `measure` was given
 
     def available(self, client, settings):
         return self.can_run
@@ -64,6 +64,7 @@ class FakeRunner:
 
     def measure(self, client, flatbuffer, settings, samples):
         self.calls.append(("measure", settings.threads))
+        self.layouts.append(samples.input_layout)
         outputs = 2 * samples.inputs.reshape(len(samples.inputs), -1)
         return Measurement({"min": float(settings.threads)}, {"threads": settings.threads}, outputs)
 
@@ -153,10 +154,11 @@ def _scoring() -> Scoring:
     return Scoring(inputs, np.array([3, 3, 3]), reference, host_lce=reference)
 
 
-def test_bench_rows_come_from_the_protocol_of_a_runner_of_ones_own(own_runner, tmp_path):
+def test_bench_rows_come_from_the_protocol_of_a_runner_of_ones_own(own_runner, tiny_flatbuffer):
+    """(The flatbuffer only declares an input layout here: the fake runner never runs it.)"""
     device = DeviceTarget("me@fake", runner="fake")
     options = BenchOptions(threads=2, scaling_threads=(1, 4))
-    connected = Connected(FakeClient(), {}, own_runner, Path(tmp_path / "model-arm64.tflite"))
+    connected = Connected(FakeClient(), {}, own_runner, tiny_flatbuffer)
     rows, raw = device_rows(connected, device, options, _scoring())
     # outputs from the flatbuffer itself: scored against PyTorch, no `lce vs host lce` row
     assert [(r.name, r.where, r.top1, r.argmax_agreement) for r in rows] == [
@@ -169,5 +171,6 @@ def test_bench_rows_come_from_the_protocol_of_a_runner_of_ones_own(own_runner, t
         ("lce (4 threads)", 4.0, 0),
     ]
     assert own_runner.calls == [("measure", 2), ("latency", 1), ("latency", 4)]
+    assert own_runner.layouts == ["nhwc"]  # what the flatbuffer declares, for the runner
     first = file_device_rows(connected, device, options, _scoring())[0]
     assert (first.name, first.latency_ms["min"], "note" in first.extra) == ("lce", 2.0, False)

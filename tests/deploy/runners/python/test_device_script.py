@@ -44,12 +44,22 @@ def test_latency_stats():
     }
 
 
-def test_layout_follows_the_model():
+def test_samples_of_the_models_input_shape_go_in_as_they_are():
+    nhwc = np.zeros((2, 8, 6, 32), np.float64)
+    inputs = device_script.model_inputs(nhwc, [1, 8, 6, 32])
+    assert inputs.shape == (2, 8, 6, 32) and inputs.dtype == np.float32
+
+
+def test_nchw_samples_for_an_nhwc_model_are_refused_not_transposed():
+    """The runner sends samples in the layout the flatbuffer declares (`Samples.fed()`): the
+    script never guesses one, so a layout gone wrong is one line, not wrong outputs."""
     nchw = np.zeros((2, 32, 8, 6), np.float32)
-    assert device_script.match_layout(nchw, [1, 32, 8, 6]).shape == (2, 32, 8, 6)
-    assert device_script.match_layout(nchw, [1, 8, 6, 32]).shape == (2, 8, 6, 32)
-    with pytest.raises(SystemExit, match="the model takes"):
-        device_script.match_layout(nchw, [1, 28, 28, 1])
+    with pytest.raises(SystemExit) as refused:
+        device_script.model_inputs(nchw, [1, 8, 6, 32])
+    assert str(refused.value) == (
+        "runner: samples have shape [32, 8, 6] per sample but the model takes [8, 6, 32] "
+        "(NCHW samples for an NHWC model? transpose them (0, 2, 3, 1))"
+    )
 
 
 @pytest.mark.slow
@@ -57,6 +67,9 @@ def test_device_script_runs_as_a_copied_script(tiny_flatbuffer, tiny_samples, tm
     """Copied alone into a directory and run with -I (no project on sys.path), as on a device."""
     copy = tmp_path / "device_script.py"
     copy.write_text(Path(device_script.__file__).read_text())
+    with np.load(tiny_samples) as data:  # as the python runner sends them: the model's NHWC
+        labels = data["labels"]
+        np.savez(tmp_path / "nhwc.npz", inputs=data["inputs"].transpose(0, 2, 3, 1), labels=labels)
     done = subprocess.run(
         [
             sys.executable,
@@ -65,7 +78,7 @@ def test_device_script_runs_as_a_copied_script(tiny_flatbuffer, tiny_samples, tm
             "--model",
             str(tiny_flatbuffer),
             "--samples",
-            str(tiny_samples),
+            str(tmp_path / "nhwc.npz"),
             "--runs",
             "7",
             "--json",
@@ -81,7 +94,5 @@ def test_device_script_runs_as_a_copied_script(tiny_flatbuffer, tiny_samples, tm
     assert result["latency_ms"]["runs"] == 7 and result["accuracy"]["samples"] == 12
     with np.load(tmp_path / "out.npz") as data:
         outputs = data["outputs"]
-    with np.load(tiny_samples) as data:
-        labels = data["labels"]
     assert outputs.shape == (12, 10)
     assert result["accuracy"]["top1"] == pytest.approx(np.mean(outputs.argmax(1) == labels))

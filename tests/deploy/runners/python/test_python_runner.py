@@ -11,33 +11,34 @@ import pytest
 from support.processes import processes_mentioning
 
 from deploy.errors import DeviceTimeoutError, MissingBinaryError
-from deploy.runners.python.python_runner import run_remote_runner
+from deploy.runners import RunSettings, Samples
+from deploy.runners.python.python_runner import PythonRunner, run_remote_runner
 
 
 @pytest.mark.slow
-def test_remote_runner_measures_latency_and_accuracy_on_the_device(
+def test_the_python_runner_feeds_an_nhwc_flatbuffer_nhwc_samples_and_scores_them(
     sshd, tiny_flatbuffer, tiny_samples
 ):
+    """bench's NCHW samples go to the device in the layout the flatbuffer declares (NHWC
+    here, `Samples.fed()`): the device's outputs are the host interpreter's on NHWC inputs."""
     from larq_compute_engine.tflite.python.interpreter import Interpreter
 
-    result, outputs = run_remote_runner(
-        sshd.client(),
-        tiny_flatbuffer,
-        samples=tiny_samples,
-        runs=20,
-        python=sys.executable,
-        timeout=300,
-    )
-    latency = result["latency_ms"]
-    assert result["runtime"] == "lce-python" and latency["runs"] == 20
-    assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
+    from converters.flatbuffer import input_layout
+
     with np.load(tiny_samples) as data:
         inputs, labels = data["inputs"], data["labels"]
+    assert input_layout(tiny_flatbuffer) == "nhwc" and inputs.shape[1:] == (32, 8, 8)
+    samples = Samples(inputs, labels, 10, input_layout=input_layout(tiny_flatbuffer))
+    settings = RunSettings(runs=20, remote_python=sys.executable, timeout=300)
+    measured = PythonRunner().measure(sshd.client(), tiny_flatbuffer, settings, samples)
+    latency = measured.latency
+    assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
     reference = Interpreter(tiny_flatbuffer.read_bytes(), use_indirect_bgemm=True).predict(
         inputs.transpose(0, 2, 3, 1).copy()
     )
-    np.testing.assert_allclose(outputs, reference, rtol=1e-5, atol=1e-5)
-    assert result["accuracy"]["top1"] == pytest.approx(np.mean(reference.argmax(1) == labels))
+    np.testing.assert_allclose(measured.outputs, reference, rtol=1e-5, atol=1e-5)
+    accuracy = measured.extra["device_accuracy"]
+    assert accuracy["top1"] == pytest.approx(np.mean(reference.argmax(1) == labels))
     assert sshd.leftovers() == []
 
 
