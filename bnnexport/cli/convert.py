@@ -124,7 +124,7 @@ from bnnexport.cli.common import (
     choices=["nhwc", "nchw"],
     default=None,
     help="How the flatbuffer takes its image input: nhwc (channels last, TFLite's convention: "
-    "what an app on the device feeds, camera frames in HWC; no TRANSPOSE op in the model) or "
+    "what an app on the device feeds, camera frames in HWC; no TRANSPOSE op at its input) or "
     "nchw (PyTorch's and ONNX's layout, turned NHWC by a TRANSPOSE inside the model). The "
     "flatbuffer's metadata (input_layout) and convert.json say which; samples stay NCHW and are "
     "transposed wherever bnnexport feeds the flatbuffer. A model with no NCHW image input (a "

@@ -121,7 +121,7 @@ def _input_transposes(flatbuffer) -> int:
 def test_help_explains_the_input_layout(tmp_path):
     result = invoke("convert", "--help")
     text = " ".join(result.stdout.split())
-    assert "--input-layout [nhwc|nchw]" in text and "no TRANSPOSE op in the model" in text
+    assert "--input-layout [nhwc|nchw]" in text and "no TRANSPOSE op at its input" in text
     assert "[default: nhwc, for arm64 and arm32]" in text
 
 
