@@ -83,6 +83,7 @@ def measure(
     lce_grouped: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     from bnnexport import convert_module
+    from converters.flatbuffer import input_layout, to_input_layout
     from converters.runtimes import lce_interpreter
 
     contenders = [(binary, groups, False) for binary in (True, False) for groups in groups_list]
@@ -104,7 +105,8 @@ def measure(
                 warnings.simplefilter("ignore")
                 report = convert_module(block, torch.from_numpy(x), out=out, samples=8)
             interpreter = lce_interpreter(out.read_bytes())
-            calls[name] = lambda i=interpreter: i.predict(x)
+            fed = to_input_layout(x, input_layout(out))  # NHWC: convert_module's default
+            calls[name] = lambda i=interpreter, fed=fed: i.predict(fed)
             rows[name] = {
                 "binary": binary,
                 "groups": groups,

@@ -133,10 +133,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples_file = args.flatbuffer.parent / "samples.npz"
     if not args.flatbuffer.is_file() or not samples_file.is_file():
         p.error(f"{args.flatbuffer}: needs the flatbuffer and its run's samples.npz")
+    from converters.flatbuffer import input_layout, to_input_layout
     from deploy.emulator import default_cache, ensure_rootfs, running_device
 
     with np.load(samples_file) as data:
         inputs = data["inputs"][[int(k) for k in args.samples.split(",")]]
+    # NCHW samples in the layout the flatbuffer declares, as bench feeds the device
+    inputs = to_input_layout(inputs, input_layout(args.flatbuffer))
     folder = Path(tempfile.mkdtemp(prefix="int8-on-arm-"))
     ops = every_tensor(args.flatbuffer, folder / "all.tflite")
     with running_device(folder / "session", ensure_rootfs(default_cache(), log)[0]) as device:

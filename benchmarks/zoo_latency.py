@@ -57,7 +57,7 @@ from bnnexport.run.checkpoint import load_model
 from bnnexport.run.directory import RunDir
 from bnnexport.run.samples import load_samples
 from bnnexport.summary import summarize
-from converters.flatbuffer import op_kinds
+from converters.flatbuffer import input_layout, op_kinds
 from converters.runtimes import LceModel, lce_interpreter, open_model
 
 BACKENDS = ("pytorch", "onnxruntime", "tflite-float", "lce", "lce-app", "lce-native")
@@ -66,8 +66,10 @@ BACKENDS = ("pytorch", "onnxruntime", "tflite-float", "lce", "lce-app", "lce-nat
 def app_lce_call(flatbuffer: Path, settings: dict[str, bool], x1: np.ndarray) -> Any:
     """One batch-1 call of `flatbuffer` in LCE's interpreter as an app opens it: LCE's default
     kernels, plus `settings` (convert.json's `lce_settings`) where the flatbuffer needs them."""
-    model = LceModel(lce_interpreter(flatbuffer, 1, default_kernels=not settings))
-    return lambda: model.run_one(x1)
+    opened = lce_interpreter(flatbuffer, 1, default_kernels=not settings)
+    model = LceModel(opened, input_layout(flatbuffer))
+    x = model.feed(x1)  # in the layout the flatbuffer declares, before the timing, as bench
+    return lambda: model.run_one(x)
 
 
 def native_call(model: str, size: int, tmp: Path, x1: np.ndarray, python: Path) -> tuple:

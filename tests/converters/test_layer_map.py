@@ -96,7 +96,9 @@ class HandWritten(nn.Module):
 SHAPE = (1, 2, 8, 8)
 
 
-def _convert(net: nn.Module, tmp_path: Path, dynamo: bool) -> tuple[Path, Path]:
+def _convert(
+    net: nn.Module, tmp_path: Path, dynamo: bool, input_layout: str | None = None
+) -> tuple[Path, Path]:
     from converters.lce import ConvertOptions, convert_onnx
 
     onnx_path = tmp_path / "net.onnx"
@@ -105,8 +107,8 @@ def _convert(net: nn.Module, tmp_path: Path, dynamo: bool) -> tuple[Path, Path]:
     model = onnx.load(str(onnx_path))  # one file: the dynamo exporter may write NAME.onnx.data
     onnx.save(model, str(onnx_path))
     x = grid_inputs(4, SHAPE)
-    result = convert_onnx(onnx_path, tmp_path / "net.tflite", inputs=x,
-                          options=ConvertOptions(twin=False))  # fmt: skip
+    options = ConvertOptions(twin=False, input_layout=input_layout)
+    result = convert_onnx(onnx_path, tmp_path / "net.tflite", inputs=x, options=options)
     return onnx_path, result.output
 
 
@@ -145,10 +147,18 @@ def legacy(tmp_path_factory) -> tuple[nn.Module, Path, Path]:
     return net, *_convert(net, tmp_path_factory.mktemp("legacy"), dynamo=False)
 
 
+@pytest.fixture(scope="module")
+def legacy_nchw(tmp_path_factory) -> tuple[nn.Module, Path, Path]:
+    """The same, converted with NCHW input: the model then turns its input NHWC itself."""
+    torch.manual_seed(0)
+    net = HandWritten().eval()
+    return net, *_convert(net, tmp_path_factory.mktemp("nchw"), dynamo=False, input_layout="nchw")
+
+
 def _check_named(net: nn.Module, onnx_path: Path, flatbuffer: Path) -> None:
     check_conv_ops_name_their_modules(net, flatbuffer, onnx_path)
     mapped = op_layers(flatbuffer, onnx_path)
-    assert "(input)" in {m.layer for m in mapped}  # the NCHW -> NHWC transpose of the input
+    assert "(input)" not in {m.layer for m in mapped}  # NHWC input (the default): no transpose
     # the binarizations LCE runs as LceQuantize are named after the torch code that wrote them
     # (the sign() calls in HandWritten.forward and Shortcut.forward), not after the conv
     quantize = [m for m in mapped if m.op_type == "LceQuantize"]
@@ -159,6 +169,16 @@ def _check_named(net: nn.Module, onnx_path: Path, flatbuffer: Path) -> None:
 @pytest.mark.slow
 def test_every_op_of_a_legacy_export_names_its_module(legacy):
     _check_named(*legacy)
+
+
+@pytest.mark.slow
+def test_the_input_transpose_of_an_nchw_flatbuffer_is_the_input_layer(legacy_nchw):
+    """`--input-layout nchw`: the one TRANSPOSE turning the input NHWC is `(input)` (a row of
+    its own in bench's time by layer), and the convs still name their modules."""
+    net, onnx_path, flatbuffer = legacy_nchw
+    check_conv_ops_name_their_modules(net, flatbuffer, onnx_path)
+    mapped = op_layers(flatbuffer, onnx_path)
+    assert [m.op_type for m in mapped if m.layer == "(input)"] == ["TRANSPOSE"]
 
 
 @pytest.mark.slow

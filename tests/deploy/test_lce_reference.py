@@ -22,6 +22,7 @@ import pytest
 from support import lce_reference
 from support.stand_in import write_stand_in
 
+from converters.flatbuffer import input_layout, to_input_layout
 from converters.runtimes import run_lce
 
 pytestmark = pytest.mark.slow  # a conversion to float and to int8 flatbuffers
@@ -44,9 +45,15 @@ def converted(_trained_run_template, tmp_path_factory):
         return run, samples["inputs"][:SAMPLES], samples["labels"][:SAMPLES]
 
 
+def _reference(flatbuffer, inputs):
+    """The reference interpreter's outputs on NCHW samples, fed in the layout the flatbuffer
+    declares, as bench feeds it (the interpreter takes its input tensor as it is)."""
+    return lce_reference.load(flatbuffer).run(to_input_layout(inputs, input_layout(flatbuffer)))
+
+
 def test_the_float_flatbuffer_computes_what_lces_interpreter_computes(converted):
     run, inputs, labels = converted
-    ours = lce_reference.load(run / "model-arm64.tflite").run(inputs)
+    ours = _reference(run / "model-arm64.tflite", inputs)
     theirs = run_lce(run / "model-arm64.tflite", inputs)
     assert ours.shape == theirs.shape == (SAMPLES, 10)
     assert np.array_equal(ours.argmax(1), theirs.argmax(1))
@@ -56,7 +63,7 @@ def test_the_float_flatbuffer_computes_what_lces_interpreter_computes(converted)
 def test_the_int8_flatbuffer_computes_what_lces_interpreter_computes(converted):
     run, inputs, _ = converted
     flatbuffer = run / "model-arm64-int8.tflite"
-    ours = lce_reference.load(flatbuffer).run(inputs)
+    ours = _reference(flatbuffer, inputs)
     theirs = run_lce(flatbuffer, inputs)
     assert np.array_equal(ours.argmax(1), theirs.argmax(1))
     step = lce_reference.int8_output_step(flatbuffer)
@@ -75,7 +82,8 @@ def test_arms_requantization_sends_a_negative_tie_away_from_zero_where_the_hosts
 def test_the_interpreter_runs_any_batch_size_of_a_batch_one_flatbuffer(converted):
     run, inputs, _ = converted
     model = lce_reference.load(run / "model-arm64.tflite")
-    np.testing.assert_allclose(model.run(inputs[:3])[1:], model.run(inputs[1:3]), atol=1e-6)
+    nhwc = to_input_layout(inputs[:3], input_layout(run / "model-arm64.tflite"))
+    np.testing.assert_allclose(model.run(nhwc)[1:], model.run(nhwc[1:]), atol=1e-6)
 
 
 def _with_builtin(flatbuffer, old: int, new: int) -> bytes:
@@ -100,10 +108,10 @@ def test_an_op_the_interpreter_lacks_is_one_error_line_from_the_stand_in(convert
     graph.write_bytes(_with_builtin(run / "model-arm64.tflite", 17, 28))
     with pytest.raises(lce_reference.UnsupportedOp, match="BUILTIN_28"):
         lce_reference.load(graph).check_supported()
-    inputs[:1].astype("<f4").tofile(tmp_path / "x.bin")
+    to_input_layout(inputs[:1], input_layout(graph)).astype("<f4").tofile(tmp_path / "x.bin")
     tool = write_stand_in(tmp_path / "lce_benchmark_model", None)
     argv = [sys.executable, str(tool), f"--graph={graph}", "--num_runs=1", "--input_layer=x",
-            "--input_layer_shape=1,1,28,28", f"--input_layer_value_files=x:{tmp_path / 'x.bin'}",
+            "--input_layer_shape=1,28,28,1", f"--input_layer_value_files=x:{tmp_path / 'x.bin'}",
             f"--output_filepath={tmp_path / 'out.bin'}"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
@@ -132,7 +140,6 @@ def test_the_zoo_models_compute_what_lces_interpreter_computes(model, size, tmp_
     with np.load(run / "samples.npz") as samples:
         inputs = samples["inputs"][:16]
     for name in ("model-arm64.tflite", "model-arm64-int8.tflite"):
-        ours = lce_reference.load(run / name).run(inputs)
-        theirs = run_lce(run / name, inputs)
+        ours, theirs = _reference(run / name, inputs), run_lce(run / name, inputs)
         assert np.array_equal(ours.argmax(1), theirs.argmax(1)), name
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=FLOAT_TOLERANCE, err_msg=name)

@@ -142,12 +142,14 @@ def test_the_emulated_device_computes_your_own_int8_model_as_lce_does(own_int8_r
     computes what LCE's host interpreter computes."""
     from support import lce_reference
 
+    from converters.flatbuffer import input_layout, to_input_layout
     from converters.runtimes import run_lce
 
     flatbuffer = own_int8_run[0] / "model-arm64-int8.tflite"
     with np.load(own_int8_run[0] / "samples.npz") as samples:
         inputs = samples["inputs"][:50]
-    ours, theirs = lce_reference.load(flatbuffer).run(inputs), run_lce(flatbuffer, inputs)
+    fed = to_input_layout(inputs, input_layout(flatbuffer))  # as bench feeds the device
+    ours, theirs = lce_reference.load(flatbuffer).run(fed), run_lce(flatbuffer, inputs)
     assert np.array_equal(ours.argmax(1), theirs.argmax(1))
     assert np.abs(ours - theirs).max() <= lce_reference.int8_output_step(flatbuffer) * 1.001
 

@@ -90,7 +90,10 @@ def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> Non
 def _arm_outputs(copy: Path, inputs: np.ndarray, batch: int) -> np.ndarray:
     """The batch-N copy run by the reference with ARM's rules, chunk by chunk as the device runs
     it (a constant of the copy may carry its batch: another batch would not broadcast)."""
+    from converters.flatbuffer import input_layout, to_input_layout
+
     model = lce_reference.load(copy, rounding="arm")
+    inputs = to_input_layout(inputs, input_layout(copy))  # as bench sends them up
     padded = np.concatenate(
         [inputs, np.zeros((-len(inputs) % batch, *inputs.shape[1:]), inputs.dtype)]
     )

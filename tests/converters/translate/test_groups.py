@@ -143,7 +143,8 @@ def test_a_grouped_flatbuffer_runs_in_an_interpreter_made_the_way_an_app_makes_i
 
     _convert(GroupedBinary(64, 2, padding="one"), tmp_path, "legacy")
     ours = (tmp_path / "n.tflite").read_bytes()
-    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    # NHWC, as the flatbuffer declares (arm64's default): what an app feeds it
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 3)).astype(np.float32)
     by_default = Interpreter(ours, num_threads=1).predict(x)
     indirect = Interpreter(ours, num_threads=1, use_indirect_bgemm=True).predict(x)
     np.testing.assert_array_equal(by_default, indirect)
