@@ -242,42 +242,53 @@ def probe_identity(connection: Connection) -> DeviceIdentity:
     return parse_identity(connection.run(IDENTITY_SCRIPT, timeout=60).stdout)
 
 
-def parse_identity(text: str) -> DeviceIdentity:
-    """The identity in what `IDENTITY_SCRIPT` printed (sections after `@name` lines)."""
+def _sections(text: str) -> dict[str, list[str]]:
+    """The lines after each `@name` line, by name, blank ones dropped."""
     sections: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
         if line.startswith("@"):
             current = line[1:].strip()
             sections[current] = []
-        elif current:
-            sections[current].append(line)
-    given = lambda key: [x.strip() for x in sections.get(key, []) if x.strip()]  # noqa: E731
+        elif current and line.strip():
+            sections[current].append(line.strip())
+    return sections
 
-    def field(key: str, *names: str) -> str:
-        for line in sections.get(key, []):
-            label, _, value = line.partition(":")
-            if label.strip().lower() in names and value.strip():
-                return value.strip()
-        return ""
 
-    os_name = next((line.split("=", 1)[1].strip().strip('"') for line in sections.get("os", [])
-                    if line.startswith("PRETTY_NAME=")), "")  # fmt: skip
-    android = given("android")
-    if not os_name and len(android) == 2:
-        os_name = f"Android {android[1]}"
-    cores, machine = (given("cores") or [""])[0], (given("machine") or [""])[0]
+def _labelled(lines: list[str], *names: str) -> str:
+    """The value of the first `NAME: value` line whose name is one of `names`, else ""."""
+    for line in lines:
+        label, _, value = line.partition(":")
+        if label.strip().lower() in names and value.strip():
+            return value.strip()
+    return ""
+
+
+def _os_name(sections: dict[str, list[str]]) -> str:
+    """os-release's PRETTY_NAME, else `Android RELEASE` from getprop, else "unknown"."""
+    for line in sections.get("os", []):
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    android = sections.get("android", [])
+    return f"Android {android[1]}" if len(android) == 2 else "unknown"
+
+
+def parse_identity(text: str) -> DeviceIdentity:
+    """The identity in what `IDENTITY_SCRIPT` printed (sections after `@name` lines)."""
+    sections = _sections(text)
+    first = lambda key: (sections.get(key) or [""])[0]  # noqa: E731
+    cores = first("cores")
     return DeviceIdentity(
-        uname=(given("uname") or [""])[0],
-        machine=machine,
+        uname=first("uname"),
+        machine=first("machine"),
         # lscpu names ARM cores (Cortex-A72); x86 /proc/cpuinfo has "model name"
-        cpu_model=field("lscpu", "model name")
-        or field("cpuinfo", "model name", "hardware")
+        cpu_model=_labelled(sections.get("lscpu", []), "model name")
+        or _labelled(sections.get("cpuinfo", []), "model name", "hardware")
         or "unknown",
         cores=int(cores) if cores.isdigit() else 0,
-        os=os_name or "unknown",
-        board=(given("board") or android[:1] or [None])[0],
-        emulated=emulation(machine, sections.get("cpuinfo", [])),
+        os=_os_name(sections),
+        board=first("board") or first("android") or None,
+        emulated=emulation(first("machine"), sections.get("cpuinfo", [])),
     )
 
 
