@@ -130,12 +130,16 @@ def test_a_bad_address_is_a_bad_device_error(address, reach, said):
 
 
 @pytest.mark.parametrize(
-    "device", [["--device", "adbb:R58M12"], ["--device", "adb:R58M12", "--ssh-key", "k"]]
+    ("device", "said"),
+    [
+        (["--device", "adbb:R58M12"], "'adbb:R58M12': no transport reads 'adbb:'"),
+        (["--device", "adb:R58M12", "--ssh-key", "k"], "--ssh-key does not apply to adb:SERIAL"),
+    ],
 )
-def test_bench_says_a_bad_device_in_one_line_with_exit_2(device, tmp_path):
+def test_bench_says_a_bad_device_in_one_line_with_exit_2(device, said, tmp_path):
     result = invoke("bench", tmp_path / "run", *device)
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("bnnexport: error: ") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"bnnexport: error: {said}") and result.stderr.count("\n") == 1
 
 
 def test_bench_help_explains_both_device_forms():
