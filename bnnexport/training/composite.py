@@ -3,7 +3,9 @@
 `CaseOptimizer` gives each parameter to exactly one optimizer, the role of larq's
 CaseOptimizer; `bop_with_adam` (and its variants) build one for a model, `latent_adam` is the
 latent-weight baseline: Adam on real weights that the layers binarize in the forward pass
-(STE), clipped to [-1, 1].
+(STE), clipped to [-1, 1]. `OPTIMIZERS` registers each by name (`register_optimizer`) with the
+hyperparameters it takes (`Hyperparameter`): what `bnnexport train` offers and TrainConfig,
+the trainer, resume, sweep and compare read.
 
 Which parameters are binary kernels (`binary_kernels`): what `bnnexport.nn.discover.
 find_binary_kernels`, the one function every stage's record comes from, decides: the ones you
