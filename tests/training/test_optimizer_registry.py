@@ -28,6 +28,7 @@ def toy(*args: object) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": path})  # fmt: skip
 
 
+@pytest.mark.slow  # a process of its own: about 3 s of imports
 def test_train_help_offers_a_registered_optimizer_and_its_hyperparameter():
     result = toy("train", "--help")
     assert result.returncode == 0, result.stderr
