@@ -154,7 +154,7 @@ def _from_recipe(
 
     if resume:
         raise ConfigError("--recipe with --resume: a resumed run keeps its own configuration")
-    given = {name: getattr(options, name) for name in explicit if name != "out"}
+    given = {name: options.value(name) for name in explicit if name != "out"}
     return recipe_config(recipe, **given, out=out)
 
 
