@@ -1,29 +1,50 @@
 """Adding an optimizer touches its own module and one test: `support/toy_optimizer.py`
 declares a toy optimizer with one hyperparameter (β) and registers it, nothing else in
 bnnexport names it, and here it reaches `bnnexport train --help`, a sweep, config.json, the
-optimizer the trainer builds, and `bnnexport compare`. Each command runs in a process of its
-own, where the toy's module is imported before the command line is built."""
+optimizer the trainer builds, and `compare`. Each command runs in a process of its own, where
+the toy's module is imported before the command line is built; `compare` runs here, with the
+toy registered for its call only."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.image_folders import tiny_training
 
 from bnnexport.run.records import read_jsonl
+from bnnexport.training.compare import compare
+from bnnexport.training.composite import OPTIMIZERS
 
 TESTS = Path(__file__).resolve().parents[1]
+MODULE = "support.toy_optimizer"
+
+
+@contextlib.contextmanager
+def toy_registered() -> Iterator[None]:
+    """The toy registered in this process (its module imported afresh), and unregistered."""
+    before = dict(OPTIMIZERS)
+    sys.modules.pop(MODULE, None)
+    try:
+        importlib.import_module(MODULE)
+        yield
+    finally:
+        sys.modules.pop(MODULE, None)
+        OPTIMIZERS.clear()
+        OPTIMIZERS.update(before)
 
 
 def toy(*args: object) -> subprocess.CompletedProcess:
     """`bnnexport ARGS` with the toy optimizer registered."""
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "support.toy_optimizer", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", MODULE, *map(str, args)],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": path})  # fmt: skip
 
@@ -48,8 +69,22 @@ def test_a_registered_optimizers_hyperparameter_reaches_config_trainer_and_compa
     assert (config["optimizer"], config["beta"]) == ("toy", 0.25)
     steps = [row for row in read_jsonl(run / "metrics.jsonl") if row["kind"] == "step"]
     assert steps and {row["bop.beta"] for row in steps} == {0.25}  # what the trainer built
-    result = toy("compare", run, "--out", tmp_path / "compare", "--json")
-    assert result.returncode == 0, result.stderr
-    row = json.loads(result.stdout)["rows"][0]
-    assert row["hyperparameters"] == {"beta": 0.25, "lr": 0.001}
-    assert row["label"] == "mnist-bnn toy β=0.25"
+    with toy_registered():  # compare reads the registry when it runs: here, in this process
+        row = compare([run], tmp_path / "compare").rows[0]
+    assert row.hyperparameters == {"beta": 0.25, "lr": 0.001}
+    assert row.label == "mnist-bnn toy β=0.25"
+
+
+def test_a_taken_name_or_a_hyperparameter_declared_otherwise_is_refused():
+    from dataclasses import replace
+
+    from bnnexport.training.composite import SIGMA_OPTION, OptimizerEntry, register_optimizer
+
+    bop = OPTIMIZERS["bop"]
+    with pytest.raises(ValueError, match="'bop' is registered already"):
+        register_optimizer(bop)
+    other_sigma = replace(SIGMA_OPTION, default=0.5)  # config.json has one "sigma"
+    entry = OptimizerEntry("bop3", bop.factory, (other_sigma,), (), "another σ")
+    with pytest.raises(ValueError, match="'sigma' is declared otherwise"):
+        register_optimizer(entry)
+    assert "bop3" not in OPTIMIZERS
