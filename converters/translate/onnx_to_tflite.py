@@ -117,13 +117,13 @@ def lce_flatbuffer(saved: str, int8_io: bool = False) -> tuple[bytes, int]:
     every binarization of an int8 tensor then reading it as int8: the flatbuffer and how many
     `LceQuantize` ops were rewired so.
 
-    LCE's converter binarizes an int8 tensor as int8 only when nothing else reads it: TFLite's
-    quantize pass folds a DEQUANTIZE into its readers only when every reader runs in int8, so
-    a float residual ADD reading the same tensor leaves the `LceQuantize` on its dequantized
-    copy, and a second fake quantization of the tensor is merged with the first. On LCE's ARM
-    build that copy's zero point is a residue of about 1e-9 that may binarize to -1
-    (docs/LCE_NOTES.md "int8 on ARM"); `binarize_int8_directly` rewires those `LceQuantize`
-    ops to the int8 tensor, whose zero point binarizes to +1 exactly on every runtime."""
+    LCE's converter binarizes an int8 tensor as int8 when the binarization is its only reader;
+    when a float op reads it too (the residual ADD after Bi-Real-Net's and QuickNet's int8
+    stems and shortcut convs), it writes one DEQUANTIZE and has the `LceQuantize` read that
+    float copy, whose zero point LCE's ARM build makes a residue of about 1e-9 that may
+    binarize to -1 (docs/LCE_NOTES.md "int8 around binary layers", "int8 on ARM").
+    `binarize_int8_directly` rewires those `LceQuantize` ops to the int8 tensor, whose zero
+    point binarizes to +1 on every runtime."""
     import larq_compute_engine as lce
 
     types = {"inference_input_type": tf().int8, "inference_output_type": tf().int8}
