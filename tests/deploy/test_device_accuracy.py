@@ -79,7 +79,7 @@ def test_a_grouped_model_of_ones_own_computes_on_the_device_what_lces_arm_build_
 
 
 # the binarizations of an int8 tensor a residual ADD reads too, which LCE's converter leaves on
-# its DEQUANTIZE: QuickNet-Small's stem and three shortcut convs, Bi-Real-Net-18's stem
+# its DEQUANTIZE: QuickNet-Small's stem and three transition convs, Bi-Real-Net-18's stem
 REWIRED = {"quicknet-small": 4, "birealnet18": 1}
 
 
