@@ -20,6 +20,7 @@ from converters.errors import (
     AccuracyDropError,
     ConversionMismatchError,
     FloatFallbackError,
+    InvalidModelError,
 )
 from converters.flatbuffer import binarize_int8_directly, flatbuffer_ops
 from converters.gate.predicate import Witness
@@ -285,6 +286,11 @@ def _every_output(interpreter, x: np.ndarray) -> list[np.ndarray]:
     """Each output of a many-output flatbuffer for the samples `x`, stacked over samples."""
     per_sample = [interpreter.predict(sample[None]) for sample in x]
     return [np.stack([np.asarray(s[k]) for s in per_sample]) for k in range(len(per_sample[0]))]
+
+
+def test_rewiring_the_binarizations_of_a_truncated_flatbuffer_is_refused():
+    with pytest.raises(InvalidModelError, match="truncated or corrupt flatbuffer"):
+        binarize_int8_directly(b"TFL3TFL3")
 
 
 @pytest.mark.slow
