@@ -23,9 +23,10 @@ but a temporary SavedModel; checking the result is the gate's (`converters.gate`
   plan: `plan_binary_groups`, which the gate reads too).
 
 May import: `converters.errors`, `converters.graph`, `converters.patterns`,
-`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`), and onnx, numpy,
-TensorFlow, LCE. Never the gate, the normaliser, `converters.lce` or `converters.batch`, which
-sit above it (`tests/test_imports.py`).
+`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`),
+`converters.flatbuffer` (LCE's flatbuffer read back, its int8 binarizations rewired), and onnx,
+numpy, TensorFlow, LCE. Never the gate, the normaliser, `converters.lce` or `converters.batch`,
+which sit above it (`tests/test_imports.py`).
 
 Example:
     >>> from converters.translate import translate

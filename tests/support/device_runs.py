@@ -100,10 +100,10 @@ def _arm_outputs(copy: Path, inputs: np.ndarray, batch: int) -> np.ndarray:
 
 def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: int) -> None:
     """The int8 flatbuffer on the device: what LCE's ARM build computes (the reference with
-    `rounding="arm"`), bench's steps from the host are those, and top-1 and argmax move only on
-    samples that differ. Float sums (MEAN) add in another order on ARM than in the reference:
-    a value near a tie may then round one step the other way, so steps may be one off and a
-    few samples more or fewer may differ."""
+    `rounding="arm"`), no binarization of it reads a dequantized tensor, bench's steps from the
+    host are those, and top-1 and argmax move only on samples that differ. Float sums (MEAN)
+    add in another order on ARM than in the reference: a value near a tie may then round one
+    step the other way, so steps may be one off and a few samples more or fewer may differ."""
     from converters.runtimes import run_lce
 
     inputs, labels = _run_samples(run, samples)
@@ -113,6 +113,8 @@ def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: i
     host, device = rows[("lce-int8", True)], rows[("lce-int8", False)]
     versus = rows[("lce-int8 vs host lce-int8", False)]
     step = lce_reference.int8_output_step(copy) if versus["extra"]["output_step"] else None
+    # the conversion binarizes every int8 tensor as int8, never ARM's DEQUANTIZE of it
+    assert versus["extra"]["binarized_dequantized"] == 0
     slack = max(1, samples // 10)
     agree = float((arm.argmax(1) == x86.argmax(1)).mean())
     assert abs(versus["argmax_agreement"] - agree) <= slack / samples
