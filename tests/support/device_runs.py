@@ -74,17 +74,34 @@ def _run_samples(run: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> None:
-    """The float flatbuffer on the device: the host LCE's outputs within float rounding."""
+    """The float flatbuffer on the device: the host LCE's outputs within float rounding, or
+    PyTorch's on every sample. The second holds where a binarization's input lies within float
+    rounding of 0 (an initialised model on random inputs): LCE's ARM build applies a bconv's
+    output transform as one fused multiply-add, the x86 build rounds twice, and the sign may
+    differ (docs/LCE_NOTES.md "int8 on ARM"); the host's gate replayed that tie, the device's
+    outputs are then PyTorch's."""
     from converters.runtimes import run_lce
 
     inputs, _ = _run_samples(run, samples)
     host, device = rows[("lce", True)], rows[("lce", False)]
     versus = rows[("lce vs host lce", False)]
-    scale = max(1.0, float(np.abs(run_lce(run / "model-arm64.tflite", inputs)).max()))
-    assert versus["argmax_agreement"] == 1.0
-    assert versus["max_abs_diff"] <= FLOAT_TOLERANCE * scale, (versus["max_abs_diff"], scale)
-    assert (device["top1"], device["argmax_agreement"]) == (host["top1"], host["argmax_agreement"])
+    tolerance = FLOAT_TOLERANCE * max(
+        1.0, float(np.abs(run_lce(run / "model-arm64.tflite", inputs)).max())
+    )
     assert versus["extra"]["max_steps"] is None  # no int8 output, no steps
+    if versus["argmax_agreement"] == 1.0 and versus["max_abs_diff"] <= tolerance:
+        assert (device["top1"], device["argmax_agreement"]) == (
+            host["top1"],
+            host["argmax_agreement"],
+        )
+        return
+    # device vs PyTorch, on every sample
+    assert device["argmax_agreement"] == 1.0, (versus, device)
+    assert device["max_abs_diff"] <= tolerance, (
+        versus["max_abs_diff"],
+        device["max_abs_diff"],
+        tolerance,
+    )
 
 
 def _arm_outputs(copy: Path, inputs: np.ndarray, batch: int) -> np.ndarray:
