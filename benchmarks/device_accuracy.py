@@ -78,7 +78,7 @@ def measure(run: Path, device: Any, binary: str, batch: int) -> dict[str, Any]:
     from bnnexport.bench.options import BenchOptions, DeviceTarget
 
     target = DeviceTarget(
-        host=device.destination, port=device.port, ssh_key=str(device.key),
+        address=device.destination, port=device.port, ssh_key=str(device.key),
         ssh_options=tuple(device.ssh_options), runner="lce_benchmark_model",
         benchmark_binary=binary, remote_tmp=device.remote_tmp, timeout=3600, batch=batch,
     )  # fmt: skip

@@ -7,7 +7,9 @@ aarch64 device by `lce_benchmark_model --output_filepath` (all outputs, concaten
 host by LCE's interpreter (its default kernels and indirect BGEMM), and by the tests' NumPy
 reference interpreter (tests/support/lce_reference.py) with the x86 build's requantization
 rounding and with the ARM build's. Per op: how many values differ from the device's, and by how
-many steps of the tensor's scale (int8), words (bit-packed int32) or how much (float32).
+many steps of the tensor's scale (int8), words (bit-packed int32) or how much (float32). And
+per binarization of an int8 tensor, how many of the device's signs are not `q < z` of its own
+int8 tensor (the `DEQUANTIZE` on the way, where LCE's converter leaves one, may flip them).
 
     sudo .venv/bin/python benchmarks/int8_on_arm.py runs/mnist/model-arm64-int8.tflite \\
         --benchmark-binary PATH/lce_benchmark_model --samples 0,1,2,3
@@ -124,6 +126,33 @@ def difference(device: np.ndarray, other: np.ndarray, op: dict[str, Any]) -> str
     return f"{int(differing.sum())}, max {int(np.abs(device.astype(int) - other).max())} steps"
 
 
+def binarization_signs(flatbuffer: Path, device: list[np.ndarray]) -> list[list[Any]]:
+    """Per `LceQuantize` of an int8 tensor (reading it, or a DEQUANTIZE of it) in one sample's
+    device tensors: how it reads it, the zero point, how many values sit there, and how many of
+    the device's sign bits differ from `q < z` of the device's own int8 tensor (docs/LCE_NOTES.md
+    "int8 on ARM": ARM's DEQUANTIZE makes the zero point a residue of either sign)."""
+    from support import lce_reference
+
+    model = lce_reference.load(flatbuffer)
+    made_by = {op.outputs[0]: n for n, op in enumerate(model.ops)}
+    rows = []
+    for n, op in enumerate(model.ops):
+        source, how = made_by.get(op.inputs[0]), "int8"
+        if op.name != "LceQuantize" or source is None:
+            continue
+        if model.ops[source].name == "DEQUANTIZE":
+            source, how = made_by.get(model.ops[source].inputs[0]), "DEQUANTIZE"
+        tensor = model.tensors[model.ops[source].outputs[0]] if source is not None else None
+        if tensor is None or tensor.type != 9:  # a float tensor's binarization
+            continue
+        q, zero = device[source], int(tensor.zero_point[0])
+        words = device[n].reshape(*q.shape[:-1], -1).view(np.uint32)
+        bits = (words[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+        negative = bits.reshape(*q.shape[:-1], -1)[..., : q.shape[-1]] == 1
+        rows.append([n, how, zero, int((q == zero).sum()), int((negative != (q < zero)).sum())])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__)
     p.add_argument("flatbuffer", type=Path)
@@ -145,17 +174,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with running_device(folder / "session", ensure_rootfs(default_cache(), log)[0]) as device:
         raw = on_device(device.client(), folder / "all.tflite", inputs, args.benchmark_binary)
     host = on_host(folder / "all.tflite", inputs)
-    rows = []
+    rows, signs = [], []
     for k, blob in enumerate(raw):
         device_tensors = split(blob, ops)
+        sample = args.samples.split(",")[k]
         for n, op in enumerate(ops):
             found = [difference(device_tensors[n], host[h][k][n], op) for h in host]
-            rows.append(
-                [args.samples.split(",")[k], n, op["op"], np.dtype(op["dtype"]).name, *found]
-            )
+            rows.append([sample, n, op["op"], np.dtype(op["dtype"]).name, *found])
+        signs += [[sample, *row] for row in binarization_signs(args.flatbuffer, device_tensors)]
     head = ["sample", "op", "type", "dtype", *(f"vs {h}" for h in host)]
-    result = {"machine": machine(), "flatbuffer": str(args.flatbuffer), "head": head, "rows": rows}
-    emit(result, f"values differing from the device's\n{table(head, rows)}", args.json)
+    sign_head = ["sample", "LceQuantize", "reads", "zero point", "values there", "signs not q < z"]
+    result = {"machine": machine(), "flatbuffer": str(args.flatbuffer), "head": head, "rows": rows,
+              "sign_head": sign_head, "signs": signs}  # fmt: skip
+    emit(result, f"values differing from the device's\n{table(head, rows)}\n\nbinarizations "
+         f"of int8 tensors on the device\n{table(sign_head, signs)}", args.json)  # fmt: skip
     return result
 
 

@@ -193,6 +193,83 @@ def flatbuffer_ops(flatbuffer_bytes: bytes | str | Path) -> list[FlatOp]:
     return ops
 
 
+INT8 = 9  # TENSOR_TYPES' INT8
+
+
+def _per_tensor_int8(buf: bytes, tensor: tuple[int, list[int]]) -> bool:
+    """Whether a tensor is int8, quantized per tensor (one scale)."""
+    kind, quantization = _field(buf, tensor, 1), _field(buf, tensor, 4)
+    if kind is None or struct.unpack_from("<b", buf, kind)[0] != INT8 or quantization is None:
+        return False
+    scales = _field(buf, _table(buf, _deref(buf, quantization)), 2)
+    return scales is not None and struct.unpack_from("<I", buf, _deref(buf, scales))[0] == 1
+
+
+def _main_ops(buf: bytes) -> list[tuple[str, tuple[int, list[int]]]]:
+    """Each operator of the main subgraph in execution order: its type and its table."""
+    model = _table(buf, _deref(buf, 0))
+    codes = _op_codes(buf, model)
+    subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+    operators = _field(buf, subgraph, 3)
+    ops = []
+    for at in _vector(buf, operators) if operators else []:
+        op = _table(buf, _deref(buf, at))
+        index = _field(buf, op, 0)
+        ops.append((codes[struct.unpack_from("<I", buf, index)[0] if index else 0], op))
+    return ops
+
+
+def _dequantized_int8(buf: bytes, ops: list[tuple[str, tuple[int, list[int]]]]) -> dict[int, int]:
+    """The float tensor each `DEQUANTIZE` of a per-tensor int8 tensor writes -> that int8
+    tensor (tensor indices of the main subgraph)."""
+    model = _table(buf, _deref(buf, 0))
+    subgraph = _table(buf, _deref(buf, _vector(buf, _field(buf, model, 2))[0]))
+    tensors = [_table(buf, _deref(buf, at)) for at in _vector(buf, _field(buf, subgraph, 0))]
+    found = {}
+    for kind, op in ops:
+        ins, outs = (_int_vector(buf, _field(buf, op, f)) for f in (1, 2))
+        if kind == "DEQUANTIZE" and ins and outs and _per_tensor_int8(buf, tensors[ins[0]]):
+            found[outs[0]] = ins[0]
+    return found
+
+
+def binarize_int8_directly(flatbuffer_bytes: bytes | str | Path) -> tuple[bytes, int]:
+    """The flatbuffer with every `LceQuantize` that reads a `DEQUANTIZE` of an int8 activation
+    reading that int8 tensor itself, and how many it rewired (0: the bytes as they were). Only
+    the `LceQuantize`'s input index changes, in place: the `DEQUANTIZE` stays, for its other
+    readers (a residual ADD) or, if it has none left, as an unread op.
+
+    Why: LCE's converter leaves a binarization of an int8 tensor on the dequantized float one
+    when a float op (a residual ADD) reads that tensor too, and LCE's aarch64 build dequantizes
+    the zero point to a residue of about 1e-9 of either sign, which then binarizes to -1 where
+    the model (and the x86 build) says +1; an `LceQuantize` reading int8 compares the integer
+    with the zero point, exactly (docs/LCE_NOTES.md "int8 on ARM"). On every runtime whose
+    `DEQUANTIZE` maps the zero point to 0 the two compute the same signs.
+
+    Example:
+        >>> rewired, count = binarize_int8_directly(flatbuffer)          # doctest: +SKIP
+        >>> count                                                         # doctest: +SKIP
+        4
+    """
+    buf = bytearray(read_flatbuffer(flatbuffer_bytes))
+    try:
+        ops = _main_ops(buf)
+        dequantized = _dequantized_int8(buf, ops)
+        rewired = 0
+        for kind, op in ops:
+            at = _field(buf, op, 1)
+            if kind != "LceQuantize" or at is None:
+                continue
+            first = _deref(buf, at) + 4  # the first input's tensor index
+            source = dequantized.get(struct.unpack_from("<i", buf, first)[0])
+            if source is not None:
+                struct.pack_into("<i", buf, first, source)
+                rewired += 1
+    except (struct.error, IndexError, UnicodeDecodeError, TypeError) as error:
+        raise InvalidModelError(f"truncated or corrupt flatbuffer ({error})") from None
+    return bytes(buf), rewired
+
+
 def op_histogram(flatbuffer_bytes: bytes | str | Path) -> dict[str, int]:
     """How many times each operator occurs in a TFLite flatbuffer (all subgraphs).
 

@@ -120,7 +120,7 @@ class ConversionResult:
     # what LCE's interpreter must be told to run the flatbuffer besides its defaults (empty:
     # an app's default interpreter runs it; `converters.runtimes.lce_kernel_settings`)
     lce_settings: dict[str, bool] = field(default_factory=dict)
-    # with float_layers "int8": `converters.int8_result.Int8Result.to_json()`
+    # with float_layers "int8": the int8 census and checks (`converters.gate.quantized.check_int8`)
     int8: dict | None = None
     int8_conv2d: int = 0  # CONV_2D and DEPTHWISE_CONV_2D reading int8
     # where `seconds` went, stage by stage (`STAGES`; docs/BENCHMARKS.md "Conversion time")
@@ -224,7 +224,7 @@ def convert_onnx(
         inputs: NCHW float32 samples for the gate; random normal ones when None. The float
             TFLite model, a side product, is checked on the first 100 of them.
         options: the gate's thresholds, allowed float layers, the twin check; with
-            `float_layers` "int8" the int8 conversion (`_int8_check`).
+            `float_layers` "int8" the int8 conversion (`converters.gate.quantized.check_int8`).
         references: models besides ONNX Runtime the flatbuffer must match (PyTorch; with
             int8, none: the int8 model is checked against its own quantized reference).
         labels: class indices of `inputs` (-1 for none), for an int8 model's top-1 against

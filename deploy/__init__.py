@@ -1,6 +1,10 @@
-"""What runs on or talks to a device: the SSH client, the device runners, an emulated device.
+"""What runs on or talks to a device: the transports (SSH, ADB) behind one connection protocol,
+the device runners, an emulated device.
 
-`ssh` is the client (the system's OpenSSH), `errors` the one-line errors of talking to a device,
+`connection` is the seam: the `Connection` protocol every transport implements and the runners
+are typed against, with what transports share; `transports` imports each transport and opens
+a `--device` address (`ssh`: the system's OpenSSH, `USER@HOST`; `adb`: the Android Debug
+Bridge, `adb:SERIAL`). `errors` holds the one-line errors of talking to a device,
 `runners/` the ways to run an LCE flatbuffer on a device, one package per runner behind one
 protocol (`runners/registry.py`), and `emulator` a Debian arm64 device under qemu-user on this
 machine (`bnnexport device`, and the device tests' fixture). Never imports bnnexport or
@@ -9,8 +13,9 @@ the standard library, numpy and larq_compute_engine, because it is copied to the
 run there.
 
 Example:
-    >>> from deploy.ssh import SshClient
+    >>> from deploy.connection import Reach
+    >>> from deploy.transports import open_device
     >>> from deploy.runners.lce_benchmark_model import run_lce_benchmark
-    >>> client = SshClient("pi@raspberrypi.local")                      # doctest: +SKIP
+    >>> client = open_device("adb:R58M12ABCDE", Reach())                # or "pi@raspberrypi.local"
     >>> result, _ = run_lce_benchmark(client, "model-arm64.tflite")     # doctest: +SKIP
 """

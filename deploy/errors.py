@@ -18,12 +18,18 @@ class DeviceError(Exception):
     exit_code = 2
 
 
+class BadDeviceError(DeviceError, ValueError):
+    """The device's address is spelt in no form a transport reads, or comes with options its
+    transport does not take (`deploy.transports`)."""
+
+
 class DeviceUnreachableError(DeviceError):
     """The host does not answer: closed port, unknown name, no route, connect timeout."""
 
 
 class DeviceAuthError(DeviceError):
-    """SSH refused us: key not accepted, or the host key is unknown or has changed."""
+    """The device refused us: an SSH key not accepted or a host key unknown or changed, an
+    Android device that has not authorized this machine for USB debugging."""
 
 
 class MissingBinaryError(DeviceError):

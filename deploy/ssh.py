@@ -1,8 +1,10 @@
-"""A small client over the system's OpenSSH `ssh` and `scp`.
+"""A small client over the system's OpenSSH `ssh` and `scp`: the `ssh` transport.
 
 Using the system client means ~/.ssh/config, keys, the agent and known_hosts behave as the user
 expects. Host-key checking stays as configured (on by default); `BatchMode=yes` makes every
 failure an error instead of a prompt. Every error becomes one `deploy.errors` exception.
+`SshClient` is a `deploy.connection.Connection`; its transport reads `USER@HOST` (or an alias),
+the `--device` form without a prefix.
 
 Example:
     >>> client = SshClient("pi@raspberrypi.local", port=22, identity_file="~/.ssh/id_ed25519")
@@ -16,21 +18,26 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import shlex
 import subprocess
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from deploy.errors import (
-    DeviceAuthError,
-    DeviceError,
-    DeviceTimeoutError,
-    DeviceUnreachableError,
-    RemoteCommandError,
+from deploy.connection import (
+    DeviceIdentity,
+    Reach,
+    Transport,
+    check_address,
+    checked,
+    command_name,
+    last_line,
+    local_timeout,
+    probe_identity,
+    register_transport,
+    run_here,
+    shell_script,
+    temporary_workdir,
 )
+from deploy.errors import DeviceAuthError, DeviceError, DeviceUnreachableError
 
 _UNREACHABLE = (
     "connection refused",
@@ -50,68 +57,6 @@ _AUTH = (
     "remote host identification has changed",
     "no matching host key",
 )
-# exit codes of coreutils `timeout`: 124 when the limit hit, 137 when it had to SIGKILL
-_TIMEOUT_CODES = (124, 137)
-
-
-@dataclasses.dataclass
-class DeviceIdentity:
-    """Who the device is: enough to tell one benchmark's machine from another's."""
-
-    uname: str
-    machine: str
-    cpu_model: str
-    cores: int
-    os: str
-    board: str | None = None
-    # why its CPU is thought emulated (uname -m and /proc/cpuinfo name different architectures:
-    # qemu-user), None where nothing says so; its timings are then not the named CPU's
-    emulated: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the identity as a JSON-ready dict."""
-        return dataclasses.asdict(self)
-
-
-# /proc/cpuinfo keys only one architecture family's kernel writes
-_CPUINFO_FAMILY = {"vendor_id": "x86", "cpu family": "x86", "cpu implementer": "arm",
-                   "cpu architecture": "arm"}  # fmt: skip
-
-
-def _uname_family(machine: str) -> str | None:
-    if machine in ("x86_64", "amd64", "i386", "i686"):
-        return "x86"
-    return "arm" if machine.startswith(("aarch64", "arm")) else None
-
-
-def emulation(machine: str, cpuinfo: list[str]) -> str | None:
-    """Why a device whose `uname -m` is `machine` runs emulated, or None: under user-mode
-    emulation (qemu-user) the kernel, and so /proc/cpuinfo, is the host's (a full-system
-    emulator shows the emulated CPU and is not seen).
-
-    Example:
-        >>> amd = ["vendor_id\t: AuthenticAMD", "model name\t: AMD EPYC"]
-        >>> print(emulation("aarch64", amd))  # doctest: +ELLIPSIS
-        uname -m says aarch64 but /proc/cpuinfo describes an x86 CPU (AMD EPYC): user-mode...
-        >>> emulation("aarch64", ["CPU implementer\t: 0x41", "CPU part\t: 0xd08"]) is None
-        True
-    """
-    keys = {line.partition(":")[0].strip().lower(): line.partition(":")[2].strip()
-            for line in cpuinfo if ":" in line}  # fmt: skip
-    described = {family for key, family in _CPUINFO_FAMILY.items() if key in keys}
-    running = _uname_family(machine)
-    if running is None or len(described) != 1 or running in described:
-        return None
-    model = keys.get("model name")
-    return (
-        f"uname -m says {machine} but /proc/cpuinfo describes an {described.pop()} CPU"
-        f"{f' ({model})' if model else ''}: user-mode emulation (qemu-user)"
-    )
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 class SshClient:
@@ -173,7 +118,7 @@ class SshClient:
 
     def _classify(self, stderr: str, what: str) -> DeviceError:
         text = stderr.lower()
-        line = _last_line(stderr) or "no message"
+        line = last_line(stderr) or "no message"
         if any(marker in text for marker in _AUTH):
             return DeviceAuthError(f"SSH refused {what} on {self.destination}: {line}")
         if any(marker in text for marker in _UNREACHABLE):
@@ -181,21 +126,7 @@ class SshClient:
         return DeviceError(f"{what} on {self.destination} failed: {line}")
 
     def _exec(self, argv: list[str], timeout: float, what: str) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as error:
-            raise DeviceTimeoutError(
-                f"{what} on {self.destination} did not finish within {timeout:g} s"
-            ) from error
-        except FileNotFoundError as error:
-            raise DeviceError(f"{argv[0]} not found on this machine; install OpenSSH") from error
+        return run_here(argv, timeout, what, self.destination, "install OpenSSH")
 
     def run(
         self,
@@ -213,32 +144,13 @@ class SshClient:
         Raises `DeviceUnreachableError` / `DeviceAuthError` for SSH failures, `DeviceTimeoutError`
         past the limit and, with `check`, `RemoteCommandError` when the command fails.
         """
-        script = command if isinstance(command, str) else shlex.join(command)
-        if merge_stderr:
-            script = f"{{ {script} ; }} 2>&1"
-        if limit_remote:
-            script = f"exec timeout -k 5 {int(timeout)} sh -c {shlex.quote(script)}"
-        if cwd:
-            script = f"cd {shlex.quote(cwd)} && {script}"
-        if self.remote_path:
-            path = ":".join(shlex.quote(p) for p in self.remote_path)
-            script = f"PATH={path}:$PATH; export PATH; {script}"
-        name = (command.split() if isinstance(command, str) else list(command))[0]
-        # a margin over the device-side limit, so that limit fires first and says so
-        local_timeout = timeout + 30 if limit_remote else timeout
-        done = self._exec([*self.ssh_args(), script], local_timeout, f"`{Path(name).name}`")
+        limit = timeout if limit_remote else None
+        script = shell_script(command, cwd, merge_stderr, limit, self.remote_path)
+        argv = [*self.ssh_args(), script]
+        done = self._exec(argv, local_timeout(timeout, limit_remote), f"`{command_name(command)}`")
         if done.returncode == 255:  # ssh's own failure, not the command's
             raise self._classify(done.stderr, "the connection")
-        if limit_remote and done.returncode in _TIMEOUT_CODES:
-            raise DeviceTimeoutError(
-                f"`{Path(name).name}` on {self.destination} ran past {timeout:g} s and was stopped"
-            )
-        if check and done.returncode != 0:
-            line = _last_line(done.stderr) or _last_line(done.stdout) or "no message"
-            raise RemoteCommandError(
-                f"`{Path(name).name}` failed on {self.destination} (exit {done.returncode}): {line}"
-            )
-        return done
+        return checked(done, command, self.destination, timeout, limit_remote, check)
 
     def _remote(self, path: str) -> str:
         return f"{self.destination}:{path}"
@@ -259,68 +171,34 @@ class SshClient:
         if done.returncode != 0:
             raise self._classify(done.stderr, f"fetching {Path(remote).name}")
 
-    @contextlib.contextmanager
-    def workdir(self) -> Iterator[str]:
+    def workdir(self) -> contextlib.AbstractContextManager[str]:
         """Make a fresh directory on the device (mktemp -d), yield its path, always remove it."""
-        template = f"{self.remote_tmp.rstrip('/')}/bnnexport.XXXXXXXX"
-        work = self.run(["mktemp", "-d", template]).stdout.strip()
-        if not work.startswith(self.remote_tmp.rstrip("/") + "/bnnexport."):
-            raise DeviceError(f"mktemp on {self.destination} returned an unexpected path: {work!r}")
-        failed = False
-        try:
-            yield work
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            try:
-                self.run(["rm", "-rf", "--", work], timeout=120)
-            except DeviceError as error:
-                if not failed:  # never hide the error that brought us here
-                    raise DeviceError(
-                        f"could not remove {work} on {self.destination}: {error}"
-                    ) from error
-                print(f"warning: could not remove {work} on {self.destination}", file=sys.stderr)
+        return temporary_workdir(self, self.remote_tmp)
 
     def identity(self) -> DeviceIdentity:
         """Ask the device who it is: uname -a, CPU model, cores, OS name, board (if any)."""
-        script = (
-            "echo @uname; uname -a; echo @machine; uname -m; echo @cores; nproc; "
-            "echo @lscpu; lscpu 2>/dev/null; echo @cpuinfo; cat /proc/cpuinfo 2>/dev/null; "
-            "echo @os; cat /etc/os-release 2>/dev/null; "
-            "echo @board; tr -d '\\000' < /proc/device-tree/model 2>/dev/null; echo"
-        )
-        sections: dict[str, list[str]] = {}
-        current = None
-        for line in self.run(script, timeout=60).stdout.splitlines():
-            if line.startswith("@"):
-                current = line[1:].strip()
-                sections[current] = []
-            elif current:
-                sections[current].append(line)
-        first = lambda key: next((x.strip() for x in sections.get(key, []) if x.strip()), "")  # noqa: E731
+        return probe_identity(self)
 
-        def field(key: str, *names: str) -> str:
-            for line in sections.get(key, []):
-                label, _, value = line.partition(":")
-                if label.strip().lower() in names and value.strip():
-                    return value.strip()
-            return ""
 
-        os_name = ""
-        for line in sections.get("os", []):
-            if line.startswith("PRETTY_NAME="):
-                os_name = line.split("=", 1)[1].strip().strip('"')
-        cores = first("cores")
-        return DeviceIdentity(
-            uname=first("uname"),
-            machine=first("machine"),
-            # lscpu names ARM cores (Cortex-A72); x86 /proc/cpuinfo has "model name"
-            cpu_model=field("lscpu", "model name")
-            or field("cpuinfo", "model name", "hardware")
-            or "unknown",
-            cores=int(cores) if cores.isdigit() else 0,
-            os=os_name or "unknown",
-            board=first("board") or None,
-            emulated=emulation(first("machine"), sections.get("cpuinfo", [])),
-        )
+def _open(address: str, reach: Reach) -> SshClient:
+    check_address(address, "an SSH destination")
+    return SshClient(
+        address,
+        port=reach.port,
+        identity_file=reach.identity_file,
+        options=reach.options,
+        remote_tmp=reach.remote_tmp or "/tmp",
+    )
+
+
+register_transport(
+    Transport(
+        "ssh",
+        prefix="",
+        form="USER@HOST",
+        summary="a device over SSH, or an ~/.ssh/config alias (the system's OpenSSH client, so "
+        "aliases, keys and known_hosts apply; with --port, --ssh-key, --ssh-option)",
+        open=_open,
+        takes=frozenset({"port", "identity_file", "options"}),
+    )
+)

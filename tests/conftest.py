@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 # a script run on the emulated device, not a module: --doctest-modules must not import it
-collect_ignore = ["support/lce_benchmark_model_standin.py"]
+# support/toy_optimizer.py registers an optimizer on import: only ever in a process of its own
+collect_ignore = ["support/lce_benchmark_model_standin.py", "support/toy_optimizer.py"]
 
 pytest_plugins = ["support.sshd_fixture", "support.aarch64_device"]
 

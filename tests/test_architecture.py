@@ -1,7 +1,8 @@
 """The floor plan: docs/ARCHITECTURE.md's "Layout" lists every module of the three packages and
 nothing else, and the plan it shows holds. bnnexport/ and converters/ keep a few top-level
-modules, no module is over 600 lines, the translator has its room, deploy/ holds the SSH client,
-its errors, the emulated device and one package per registered runner, no module name is used
+modules, no module is over 600 lines, the translator has its room, deploy/ holds the connection
+seam, one module per registered transport, its errors, the emulated device and one package per
+registered runner, no module name is used
 twice across the three packages, and tests/ mirrors the packages. (The import rules between
 rooms are tests/test_imports.py's.)"""
 
@@ -85,9 +86,26 @@ def test_the_translators_modules_live_only_in_converters_translate():
     assert translator and outside == []
 
 
-def test_deploys_top_level_is_the_ssh_client_its_errors_the_emulated_device_and_the_runners():
-    assert _entries(ROOT / "deploy") == ["__init__.py", "emulator.py", "errors.py", "runners/",
-                                         "ssh.py"]  # fmt: skip
+def test_deploys_top_level_is_the_seam_a_module_per_transport_the_emulator_and_the_runners():
+    import deploy.transports  # noqa: F401  (registers every transport)
+    from deploy.connection import transports
+
+    modules = [f"{t.open.__module__.rpartition('.')[2]}.py" for t in transports()]
+    assert _entries(ROOT / "deploy") == sorted(
+        ["__init__.py", "connection.py", "emulator.py", "errors.py", "runners/",
+         "transports.py", *modules]
+    )  # fmt: skip
+    assert len(modules) == len(set(modules)) >= 2  # ssh and adb, each in its own module
+
+
+def test_every_transport_implements_the_connection_protocol():
+    from deploy.connection import Connection, Reach, transports
+    from deploy.transports import open_device
+
+    for transport in transports():
+        address = f"{transport.prefix}someone@somewhere" if transport.prefix else "pi@raspberrypi"
+        reach = Reach(**{name: 1 for name in transport.takes if name == "port"})
+        assert isinstance(open_device(address, reach), Connection), transport.name
 
 
 def test_deploy_runners_holds_the_registry_and_one_package_per_registered_runner():

@@ -220,7 +220,7 @@ def test_benchmark_scripts_imports_of_their_siblings_are_in_the_graph():
 
 
 # deploy/: what every runner may use; all else a runner imports is in its own package
-RUNNERS_SHARE = {"deploy.errors", "deploy.ssh", "deploy.runners.registry"}
+RUNNERS_SHARE = {"deploy.errors", "deploy.connection", "deploy.runners.registry"}
 
 
 def _runner_package(name: str) -> str | None:
@@ -239,6 +239,26 @@ def test_a_runner_package_imports_only_its_own_modules_and_what_runners_share():
         and target not in RUNNERS_SHARE and _runner_package(target) != own
     ]  # fmt: skip
     assert offending == []
+
+
+def _transport_modules() -> set[str]:
+    import deploy.transports  # noqa: F401  (registers every transport)
+    from deploy.connection import transports
+
+    return {t.open.__module__ for t in transports()}
+
+
+def test_only_deploy_transports_imports_a_transport():
+    """The seam: bench and the runners reach a device through `deploy.transports` and the
+    `Connection` protocol, never through a transport's module (the emulator serves an SSH
+    device and makes its client)."""
+    transport = _transport_modules()
+    offending = [
+        f"{name} imports {target}"
+        for name in MODULES if name not in ("deploy.transports", "deploy.emulator")
+        for target in _edges(name, type_checking=True) if target in transport
+    ]  # fmt: skip
+    assert transport and offending == []
 
 
 def test_inside_deploy_only_the_runners_package_imports_a_runner():

@@ -154,6 +154,16 @@ def device_footer(device: dict[str, Any] | None, backends: list[BackendResult]) 
     return lines
 
 
+def _bench_inputs(run: RunDir, samples: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The run's samples, once bench's outputs are known to be replaceable (a file of the
+    user's fails now, not after timing) and the samples to be the model's."""
+    for name in ("bench.json", "report.md"):
+        files.require_replaceable(run.root / name)
+    inputs, labels = load_samples(run, samples)
+    _require_input_shape(run, inputs)
+    return inputs, labels
+
+
 def _require_input_shape(run: RunDir, inputs: np.ndarray) -> None:
     """Samples of another model (e.g. a stale samples.npz after `train --force`) are refused."""
     from bnnexport.run.checkpoint import load_checkpoint
@@ -199,45 +209,26 @@ def bench(
     Writes RUN_DIR/bench.json and (with `write_report`) RUN_DIR/report.md with plots.
     """
     run = RunDir(run_dir).require()
-    for name in ("bench.json", "report.md"):  # a file of the user's fails now, not after timing
-        files.require_replaceable(run.root / name)
+    inputs, labels = _bench_inputs(run, options.samples)
     target, threads = options.target, options.threads
-    inputs, labels = load_samples(run, options.samples)
-    _require_input_shape(run, inputs)
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
     int8 = run.flatbuffer(target, int8=True) if any(b[0] == INT8 for b in backends) else None
     int8_only = int8 is not None and not run.flatbuffer(target).is_file()
-    connected = _connect(device, run, target, int8_only) if device is not None else None
-    if device is not None and connected is not None and connected.runner.batched_copy:
-        if not int8_only:
-            ensure_batched_copy(run.root, target, len(inputs), device.batch, progress)
-        if int8 is not None:
-            ensure_batched_copy(run.root, target, len(inputs), device.batch, progress, int8=True)
+    on, connected = OnDevice(target, int8, int8_only), None
+    if device is not None:
+        connected = _connect(device, run, target, int8_only)
+        _prepare_copies(run, connected, device, on, len(inputs), progress)
     # PyTorch comes first: the reference for every other backend
     results, host_outputs = measure_host(backends, inputs, labels, options, progress, run.samples)
     reference = host_outputs[results[0].name]
-    identity = raw = None
+    identity = raw = profile = int8_profile = None
     if device is not None and connected is not None:
         scoring = Scoring(inputs, labels, reference, host_outputs.get("lce"))
-        rows, raw = [], None
-        if not int8_only:
-            rows, raw = device_rows(connected, device, options, scoring)
+        rows, raw = _device_results(connected, device, options, scoring, on, host_outputs)
         results.extend(rows)
-        if int8 is not None:  # the int8 flatbuffer beside the float one
-            on_int8 = dataclasses.replace(connected, flatbuffer=int8)
-            scoring = dataclasses.replace(scoring, host_lce=host_outputs.get(INT8))
-            rows, more = device_rows(on_int8, device, options, scoring, INT8)
-            results.extend(rows)
-            raw = "\n".join(log for log in (raw, more) if log) or None
-        results.extend(scaling_rows(connected, device, options, scoring))
         identity = connected.identity
-    profile = int8_profile = None
-    if device is not None and device.profile and connected is not None:
-        name = INT8 if int8_only else "lce"
-        profile = device_profile(results, connected.flatbuffer, run.onnx, name)
-        if int8 is not None and not int8_only:
-            int8_profile = device_profile(results, int8, run.onnx, INT8)
-            int8_profile["change"] = profile_change(profile, int8_profile)
+        if device.profile:
+            profile, int8_profile = _profiles(results, connected, run.onnx, on)
     report = BenchReport(
         run_dir=str(run.root),
         samples=len(inputs),
@@ -258,6 +249,71 @@ def bench(
         logs.append(write_bytes_atomic(run.root / "bench_device.log", raw.encode()))
     save_results(report, run.root / "bench.json", write_report, companions=logs)
     return report
+
+
+@dataclasses.dataclass(frozen=True)
+class OnDevice:
+    """Which flatbuffers go to the device: the target's, and its int8 one (None: none) beside
+    the float one, or alone (`int8_only`: a run trained with int8 float layers has no other)."""
+
+    target: str
+    int8: Path | None
+    int8_only: bool
+
+
+def _prepare_copies(
+    run: RunDir,
+    connected: Connected,
+    device: DeviceTarget,
+    on: OnDevice,
+    samples: int,
+    progress: bool,
+) -> None:
+    """The batched copies a runner that scores through one needs, made before any timing."""
+    if not connected.runner.batched_copy:
+        return
+    if not on.int8_only:
+        ensure_batched_copy(run.root, on.target, samples, device.batch, progress)
+    if on.int8 is not None:
+        ensure_batched_copy(run.root, on.target, samples, device.batch, progress, int8=True)
+
+
+def _device_results(
+    connected: Connected,
+    device: DeviceTarget,
+    options: BenchOptions,
+    scoring: Scoring,
+    on: OnDevice,
+    host_outputs: dict[str, np.ndarray],
+) -> tuple[list[BackendResult], str | None]:
+    """The device's rows (float, then int8 beside it, then the thread scaling) and the
+    runner's raw log."""
+    rows, raw = [], None
+    if not on.int8_only:
+        rows, raw = device_rows(connected, device, options, scoring)
+    if on.int8 is not None:
+        on_int8 = dataclasses.replace(connected, flatbuffer=on.int8)
+        int8_scoring = dataclasses.replace(scoring, host_lce=host_outputs.get(INT8))
+        int8_rows, more = device_rows(on_int8, device, options, int8_scoring, INT8)
+        rows.extend(int8_rows)
+        raw = "\n".join(log for log in (raw, more) if log) or None
+    rows.extend(scaling_rows(connected, device, options, scoring))
+    return rows, raw
+
+
+def _profiles(
+    results: list[BackendResult], connected: Connected, onnx_path: Path, on: OnDevice
+) -> tuple[dict | None, dict | None]:
+    """The device's op profile by PyTorch layer, and the int8 flatbuffer's beside it with what
+    changed."""
+    profile = device_profile(
+        results, connected.flatbuffer, onnx_path, INT8 if on.int8_only else "lce"
+    )
+    if on.int8 is None or on.int8_only:
+        return profile, None
+    int8_profile = device_profile(results, on.int8, onnx_path, INT8)
+    int8_profile["change"] = profile_change(profile, int8_profile)
+    return profile, int8_profile
 
 
 def save_results(

@@ -36,6 +36,7 @@ from converters.batch import batched_path
 
 if TYPE_CHECKING:
     from bnnexport.bench.options import BenchOptions, DeviceTarget
+    from deploy.connection import Connection
     from deploy.runners import DeviceRunner, Measurement, RunSettings, Samples
 
 DEFAULT_BATCH = 64
@@ -52,7 +53,7 @@ class Connected:
     """A device reached and checked before any host work: its client, identity and runner, and
     what LCE must be told to run the flatbuffer (`lce_settings`: {} for its defaults)."""
 
-    client: Any
+    client: Connection
     identity: dict[str, Any]
     runner: DeviceRunner
     flatbuffer: Path
@@ -119,21 +120,16 @@ def needs_batched_copy(device: DeviceTarget) -> bool:
     return any(runner.batched_copy for runner in candidates(device.runner, device.profile))
 
 
-def reach_device(device: DeviceTarget) -> tuple[Any, dict[str, Any], DeviceRunner]:
-    """Reach the device and check what will run there: (SSH client, identity, runner). A wrong
-    host name, a refused key or a benchmark binary of another architecture fails here in
-    seconds, one line (DeviceError / WrongArchitectureError), before any long work."""
+def reach_device(device: DeviceTarget) -> tuple[Connection, dict[str, Any], DeviceRunner]:
+    """Reach the device by its transport and check what will run there: (connection,
+    identity, runner). A wrong host name or serial, a refused key or a benchmark binary of
+    another architecture fails here in seconds, one line (DeviceError /
+    WrongArchitectureError), before any long work."""
     from deploy.runners import pick_runner
-    from deploy.ssh import SshClient
+    from deploy.transports import open_device
 
-    client = SshClient(
-        device.host,
-        port=device.port,
-        identity_file=device.ssh_key,
-        options=device.ssh_options,
-        remote_tmp=device.remote_tmp,
-    )
-    identity = {"destination": device.host, **client.identity().to_json()}
+    client = open_device(device.address, device.reach())
+    identity = {"destination": client.destination, **client.identity().to_json()}
     settings = run_settings(device)
     runner = pick_runner(device.runner, client, settings, profile=device.profile)
     runner.preflight(identity["machine"], settings)
@@ -267,7 +263,7 @@ def _latency_row(
 
 def _labelled(measured: Measurement, connected: Connected) -> Measurement:
     """A device row's provenance in its fields: the LCE settings it ran with, and why its
-    latency is emulated (None: nothing says so; `deploy.ssh.emulation`)."""
+    latency is emulated (None: nothing says so; `deploy.connection.emulation`)."""
     measured.extra["lce_settings"] = connected.lce_settings
     measured.extra["emulated"] = connected.identity.get("emulated")
     return measured

@@ -1,5 +1,6 @@
 """What a bench measures and where: `BenchOptions` (runs, threads, samples, target) and
-`DeviceTarget` (the SSH device and its runner), shared by the host and the device halves.
+`DeviceTarget` (the device, the way to reach it, and its runner), shared by the host and the
+device halves.
 
 Example:
     >>> BenchOptions(runs=10).threads, DeviceTarget("pi@raspberrypi.local").runner
@@ -9,25 +10,38 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deploy.connection import Reach
 
 
 @dataclasses.dataclass(frozen=True)
 class DeviceTarget:
-    """Where and how `bench` runs the LCE flatbuffer on a device over SSH.
+    """Where and how `bench` runs the LCE flatbuffer on a device, over any transport of
+    `deploy.transports` (`address`: `USER@HOST` over SSH, `adb:SERIAL` over ADB).
 
     Example:
-        >>> DeviceTarget("pi@raspberrypi.local", port=2222).runner
+        >>> DeviceTarget("pi@raspberrypi.local", port=2222).reach().port
+        2222
+        >>> DeviceTarget("adb:R58M12ABCDE").runner
         'auto'
+        >>> DeviceTarget("adb:R58M12ABCDE", port=2222)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        deploy.errors.BadDeviceError: --port does not apply to adb:SERIAL (adb:R58M12ABCDE)
     """
 
-    host: str  # `user@host` or an ~/.ssh/config alias
-    port: int | None = None
+    address: str  # `user@host` or an ~/.ssh/config alias (SSH), `adb:SERIAL` (ADB)
+    port: int | None = None  # SSH only, as are the key and the options
     ssh_key: str | None = None
     ssh_options: tuple[str, ...] = ()  # `-o KEY=VALUE` options
     runner: str = "auto"  # a name of `deploy.runners`, or auto (the first the device can run)
     benchmark_binary: str | None = None  # a local lce_benchmark_model to upload
     remote_python: str = "python3"
-    remote_tmp: str = "/tmp"  # where working directories go on the device
+    # where working directories go on the device; None: the transport's own (/tmp over SSH,
+    # /data/local/tmp over ADB)
+    remote_tmp: str | None = None
     timeout: float = 600.0  # seconds one device command may run
     batch: int = 64  # accuracy with lce_benchmark_model: the batch-N copy's N (capped by samples)
     # the device's op profile by PyTorch layer (bnnexport.bench.profile); needs a runner that
@@ -36,8 +50,16 @@ class DeviceTarget:
 
     def __post_init__(self) -> None:
         from deploy.runners import check_runner
+        from deploy.transports import open_device
 
+        open_device(self.address, self.reach())  # a bad address fails here, contacting nothing
         check_runner(self.runner, self.profile)
+
+    def reach(self) -> Reach:
+        """How to reach the device besides its address, for `deploy.transports.open_device`."""
+        from deploy.connection import Reach
+
+        return Reach(self.remote_tmp, self.port, self.ssh_key, self.ssh_options)
 
 
 @dataclasses.dataclass(frozen=True)

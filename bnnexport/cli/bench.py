@@ -17,6 +17,7 @@ from bnnexport.cli.common import (
     locks_run,
 )
 from deploy.runners import candidates, runner_choices, runner_names
+from deploy.transports import device_help
 
 if TYPE_CHECKING:
     from bnnexport.bench.options import BenchOptions, DeviceTarget
@@ -48,22 +49,21 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--device",
-    metavar="USER@HOST",
-    help="Also run the LCE flatbuffer on this device over SSH (the system's OpenSSH "
-    "client: ~/.ssh/config aliases, keys and known_hosts apply).",
+    metavar="USER@HOST|adb:SERIAL",
+    help=f"Also run the LCE flatbuffer on this device. {device_help()}",
 )
-@click.option("--port", type=click.IntRange(1, 65535), help="SSH port of the device.")
+@click.option("--port", type=click.IntRange(1, 65535), help="SSH port of the device (SSH only).")
 @click.option(
     "--ssh-key",
     type=click.Path(dir_okay=False),
-    help="Private key for the device (ssh -i); otherwise ssh's own choice.",
+    help="Private key for the device (ssh -i; SSH only); otherwise ssh's own choice.",
 )
 @click.option(
     "--ssh-option",
     "ssh_options",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Extra ssh option (ssh -o), repeatable, e.g. UserKnownHostsFile=PATH.",
+    help="Extra ssh option (ssh -o; SSH only), repeatable, e.g. UserKnownHostsFile=PATH.",
 )
 @choice_option(
     "--runner",
@@ -88,9 +88,8 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--remote-tmp",
-    default="/tmp",
-    show_default=True,
-    help="Directory on the device for the temporary working directory (removed after).",
+    help="Directory on the device for the temporary working directory (removed after); "
+    "default: /tmp over SSH, /data/local/tmp over ADB.",
 )
 @click.option(
     "--timeout",
@@ -191,7 +190,7 @@ def device_target(options: dict[str, Any]) -> DeviceTarget | None:
     if not options["device"]:
         return None
     return DeviceTarget(
-        host=options["device"],
+        address=options["device"],
         port=options["port"],
         ssh_key=options["ssh_key"],
         ssh_options=tuple(options["ssh_options"]),

@@ -8,6 +8,7 @@ from bnnexport.cli.common import count_option, emit, given_options, handle_error
 from bnnexport.cli.train import train_command, train_config
 from bnnexport.training.composite import OPTIMIZERS
 from bnnexport.training.config import TrainConfig
+from bnnexport.training.sweep import on_grid
 
 DEFAULTS = TrainConfig()
 
@@ -54,7 +55,8 @@ def _numbers(_ctx: click.Context, param: click.Parameter, value: str) -> list[fl
     show_default=True,
     callback=_optimizers,
     help=f"Optimizers, comma-separated ({', '.join(OPTIMIZERS)}): each Bop variant runs every "
-    "(γ, τ); adam-latent, the latent-weight baseline, runs once (it has no γ or τ).",
+    f"(γ, τ); one that has no γ or τ ({', '.join(n for n in OPTIMIZERS if not on_grid(n))}) "
+    "runs once.",
 )
 @count_option(
     "--seeds",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -26,9 +26,14 @@ from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
-from bnnexport.training.composite import OPTIMIZERS
-from bnnexport.training.config import BN_EVAL, DEFAULT_EPOCHS, TrainConfig, default_out
-from bnnexport.training.schedules import SCHEDULE_FORMS
+from bnnexport.training.composite import OPTIMIZERS, Hyperparameter, all_hyperparameters
+from bnnexport.training.config import (
+    BN_EVAL,
+    DEFAULT_EPOCHS,
+    TrainConfig,
+    config_keys,
+    default_out,
+)
 from bnnexport.training.train import train
 
 DEFAULTS = TrainConfig()
@@ -71,40 +76,74 @@ def train_config(values: dict[str, Any], given: set[str]) -> tuple[TrainConfig, 
     `values` holds every option of train by its parameter name (as click parsed it; `device`
     is the torch device), `given` the names the user typed. With `--recipe`, the recipe's
     settings with every given option applied over them (`bnnexport.training.recipes.recipe_config`).
-    An optional `optimizers` entry (sweep's list) is what `--sigma` is checked against.
+    An optional `optimizers` entry (sweep's list) is what a hyperparameter given is checked
+    against (`refuse_unused`).
     """
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
     resume = bool(values.get("resume"))
     epochs = values["epochs"]
-    config = TrainConfig(
-        model=values["model"], dataset=values["dataset"], data_dir=values["data_dir"],
-        dataset_options=dataset_options(*(values[k] for k in DATASET_OPTIONS)),
-        optimizer=values["optimizer"], init_sign=values["init_sign"],
-        binary=list(values["binary"] or []), gamma=number_or_schedule(values["gamma"]),
-        threshold=number_or_schedule(values["threshold"]), lr=number_or_schedule(values["lr"]),
-        sigma=number_or_schedule(values["sigma"]),
-        epochs=epochs if epochs is not None or resume else DEFAULT_EPOCHS,
-        batch_size=values["batch_size"], seed=values["seed"],
-        out=values["out"] or default_out(values["model"], values["dataset"]),
-        device=values["device"], precision="amp" if values["amp"] else values["precision"],
-        log_every=values["log_every"], eval_every=values["eval_every"],
-        metrics_csv=values["metrics_csv"], sync_batchnorm=not values["per_process_batchnorm"],
-        bn_eval=values["bn_eval"],
-        float_layers=values["float_layers"],
-    )  # fmt: skip
-    explicit = {name for name in given if name in fields}
+    own = all_hyperparameters()
+    config = TrainConfig.from_json({
+        "model": values["model"], "dataset": values["dataset"], "data_dir": values["data_dir"],
+        "dataset_options": dataset_options(*(values[k] for k in DATASET_OPTIONS)),
+        "optimizer": values["optimizer"], "init_sign": values["init_sign"],
+        "binary": list(values["binary"] or []),
+        **{name: _hyperparameter_value(h, values[name]) for name, h in own.items()},
+        "epochs": epochs if epochs is not None or resume else DEFAULT_EPOCHS,
+        "batch_size": values["batch_size"], "seed": values["seed"],
+        "out": values["out"] or default_out(values["model"], values["dataset"]),
+        "device": values["device"],
+        "precision": "amp" if values["amp"] else values["precision"],
+        "log_every": values["log_every"], "eval_every": values["eval_every"],
+        "metrics_csv": values["metrics_csv"],
+        "sync_batchnorm": not values["per_process_batchnorm"],
+        "bn_eval": values["bn_eval"], "float_layers": values["float_layers"],
+    })  # fmt: skip
+    explicit = {name for name in given if name in config_keys()}
     explicit |= {"precision"} if "amp" in given else set()
     explicit |= {"sync_batchnorm"} if "per_process_batchnorm" in given else set()
     if given & set(DATASET_OPTIONS):  # each is checked against the run's own on --resume
         explicit.add("dataset_options")
-    optimizers = values.get("optimizers") or [config.optimizer]
-    if "sigma" in given and "bop2" not in optimizers and not resume:
-        raise ConfigError(
-            f"--sigma is bop2's second-moment rate; --optimizer {','.join(optimizers)} has none"
-        )
+    if not resume:
+        refuse_unused(given, values.get("optimizers") or [config.optimizer])
     if values.get("recipe") is not None:
         config = _from_recipe(values["recipe"], config, explicit, resume, values["out"])
     return config, explicit
+
+
+def refuse_unused(given: set[str], optimizers: list[str]) -> None:
+    """ConfigError when a hyperparameter given belongs to none of `optimizers` (unless it is
+    declared `refused_elsewhere=False`): `--sigma` with `--optimizer bop` would do nothing."""
+    for name, hyperparameter in all_hyperparameters().items():
+        if name not in given or not hyperparameter.refused_elsewhere:
+            continue
+        if not any(name in OPTIMIZERS[o].names for o in optimizers):
+            owners = " and ".join(n for n, e in OPTIMIZERS.items() if name in e.names)
+            raise ConfigError(f"{hyperparameter.flag} is {owners}'s {hyperparameter.what}; "
+                              f"--optimizer {','.join(optimizers)} has none")  # fmt: skip
+
+
+def _hyperparameter_value(hyperparameter: Hyperparameter, text: str) -> float | str:
+    """The option's text as a number or, where the optimizer takes one, a schedule."""
+    if hyperparameter.schedulable:
+        return number_or_schedule(text)
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{hyperparameter.flag} {text!r}: not a number") from None
+
+
+def hyperparameter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per registered optimizer hyperparameter (`composite.OPTIMIZERS`), its flag,
+    default and help as its optimizer declares them, in `all_hyperparameters`' order."""
+    for hyperparameter in reversed(all_hyperparameters().values()):
+        command = click.option(
+            hyperparameter.flag,
+            hyperparameter.name,
+            default=str(hyperparameter.default),
+            show_default=True,
+            help=hyperparameter.help,
+        )(command)
+    return command
 
 
 def _from_recipe(
@@ -115,7 +154,7 @@ def _from_recipe(
 
     if resume:
         raise ConfigError("--recipe with --resume: a resumed run keeps its own configuration")
-    given = {name: getattr(options, name) for name in explicit if name != "out"}
+    given = {name: options.value(name) for name in explicit if name != "out"}
     return recipe_config(recipe, **given, out=out)
 
 
@@ -182,9 +221,7 @@ def _from_recipe(
     "--optimizer",
     choices=sorted(OPTIMIZERS),
     default=DEFAULTS.optimizer,
-    help="bop: Bop on binary kernels + Adam on real parameters; adam-latent: Adam on "
-    "real latent weights binarized with the STE (the baseline; binary kernels start "
-    "Glorot-uniform, a model of your own's too).",
+    help="; ".join(f"{name}: {entry.summary}" for name, entry in OPTIMIZERS.items()) + ".",
 )
 @click.option(
     "--init-sign",
@@ -200,32 +237,7 @@ def _from_recipe(
     "(`w1,blocks.*.conv.weight`), when tracing the model cannot tell (it asks for this); "
     "recorded in config.json. [default: found by tracing one forward pass]",
 )
-@click.option(
-    "--gamma",
-    default=str(DEFAULTS.gamma),
-    show_default=True,
-    help=f"Bop adaptivity rate γ in (0, 1]: {SCHEDULE_FORMS}.",
-)
-@click.option(
-    "--threshold",
-    default=str(DEFAULTS.threshold),
-    show_default=True,
-    help=f"Bop flip threshold τ >= 0 (finite): {SCHEDULE_FORMS}.",
-)
-@click.option(
-    "--lr",
-    default=str(DEFAULTS.lr),
-    show_default=True,
-    help="Adam learning rate >= 0 for real-valued parameters (and latent weights with "
-    f"adam-latent): {SCHEDULE_FORMS}.",
-)
-@click.option(
-    "--sigma",
-    default=str(DEFAULTS.sigma),
-    show_default=True,
-    help="bop2's second-moment rate σ in (0, 1]: v <- v + σ(g² - v); a number or a schedule. "
-    "Refused with any other optimizer.",
-)
+@hyperparameter_options
 @count_option(
     "--epochs",
     default=None,
@@ -345,39 +357,8 @@ def _from_recipe(
 )
 @json_option
 @handle_errors
-def train_command(
-    model,
-    dataset,
-    data_dir,
-    image_size,
-    mean,
-    std,
-    val_split,
-    optimizer,
-    init_sign,
-    binary,
-    gamma,
-    threshold,
-    lr,
-    sigma,
-    epochs,
-    batch_size,
-    seed,
-    out,
-    log_every,
-    eval_every,
-    metrics_csv,
-    resume,
-    force,
-    device,
-    precision,
-    amp,
-    per_process_batchnorm,
-    bn_eval,
-    float_layers,
-    recipe,
-    as_json,
-) -> None:
+def train_command(resume: str | None, out: str | None, force: bool, as_json: bool,
+                  **options: Any) -> None:  # fmt: skip
     """Train a BNN and write checkpoint, metrics and plots into a run directory.
 
     Data-parallel: `torchrun --nproc-per-node=N -m bnnexport train ...` (gloo on CPU, NCCL on
@@ -390,15 +371,13 @@ def train_command(
     bench results and report) and names it. Progress bars appear only on a terminal and never
     with --json; one line per epoch goes to stderr in every case (a CI log, `| tee`).
     """
-    ctx = click.get_current_context()
-    ctx.params.update(resume=resume is not None, out=resumed_out(resume, out))
-    resume = ctx.params["resume"]
-    config, explicit = train_config(ctx.params, given_options(ctx))
+    values = {**options, "resume": resume is not None, "out": resumed_out(resume, out)}
+    config, explicit = train_config(values, given_options(click.get_current_context()))
     # what train chose for the user (a recipe's scaled schedules, ...) is in report.notes and,
     # without --json, one `bnnexport: note:` line each
     report = train(
         config,
-        resume=resume,
+        resume=values["resume"],
         force=force,
         progress=None if not as_json else False,
         explicit=explicit,

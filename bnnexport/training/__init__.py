@@ -4,7 +4,8 @@
   checks), `trainer.py` (one job's model, optimizer, data and epochs), `resume.py` (what a
   resumed run keeps or changes, what Ctrl-C says);
 - `bop.py` (Bop, Bop2ndOrder, BopNormalized, the scheduled Adam), `composite.py` (Bop for the
-  binary kernels, Adam for the rest), `flips.py` (flip counts, π_t), `schedules.py`;
+  binary kernels, Adam for the rest; `OPTIMIZERS`, the registry of optimizers and the
+  hyperparameters each declares), `flips.py` (flip counts, π_t), `schedules.py`;
 - `distributed.py` (torchrun), `recipes.py` (the paper's settings), `metrics.py`, `plots.py`;
 - `sweep.py` and `compare.py`: the paper's γ/τ analysis, runs side by side.
 

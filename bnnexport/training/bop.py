@@ -60,6 +60,9 @@ THRESHOLD = 1e-6
 LR = 1e-3
 
 
+SIGMA = 1e-2  # Bop2ndOrder's second-moment rate
+
+
 def _positive_in_float32(value: float) -> bool:
     """In (0, 1], and still above 0 once rounded to float32, the precision Bop's moving
     averages compute in (a γ of 1e-300 is 0 there: m would never move)."""
@@ -392,7 +395,7 @@ class Bop2ndOrder(Bop):
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
         gamma: float | str | Schedule = GAMMA,
         threshold: float | str | Schedule = THRESHOLD,
-        sigma: float | str | Schedule = 1e-2,
+        sigma: float | str | Schedule = SIGMA,
         eps: float = 1e-10,
     ) -> None:
         self.eps = eps

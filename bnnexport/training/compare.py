@@ -46,6 +46,7 @@ from bnnexport.run.directory import RunDir, lock_run
 from bnnexport.run.files import require_run_directory, write_bytes_atomic
 from bnnexport.run.records import read_jsonl
 from bnnexport.run.reports import Report, save_figure_atomic
+from bnnexport.training.composite import OPTIMIZERS, OptimizerEntry, all_hyperparameters
 from bnnexport.training.metrics import (
     accuracy_curve,
     last_epoch_flip_rate,
@@ -62,9 +63,10 @@ from bnnexport.training.metrics import (
 NOT_THE_SETTING = ("seed", "out", "device", "num_workers", "log_every", "eval_every",
                    "metrics_csv", "data_dir", "recipe", "recipe_overrides", "world_size",
                    "batch_size_per_process", "binary_kernels")  # fmt: skip
-BOP_KEYS = ("gamma", "threshold", "sigma", "lr")
-# what every label shows (`label`); any other setting is added where the runs differ in it
-LABELLED = ("model", "optimizer", *BOP_KEYS)
+# what every label shows (`label`): the model, the optimizer and the hyperparameters its
+# registry entry declares (`composite.all_hyperparameters`); any other setting is added where
+# the runs differ in it
+LABELLED = ("model", "optimizer")
 # settings config.json gained later, with the value of runs from before them
 ADDED_SETTINGS = {"bn_eval": "recalibrate", "float_layers": "float32", "precision": "float32"}
 
@@ -119,17 +121,20 @@ def differing_settings(configs: list[dict[str, Any]]) -> list[str]:
         ['batch_size']
     """
     settings = [setting(config) for config in configs]
-    keys = sorted({key for s in settings for key in s} - set(LABELLED))
+    labelled = {*LABELLED, *all_hyperparameters()}
+    keys = sorted({key for s in settings for key in s} - labelled)
     return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
 
 
+def optimizer_of(config: dict[str, Any]) -> OptimizerEntry:
+    """The registry entry of a run's optimizer; Bop's for a run of one not registered here."""
+    return OPTIMIZERS.get(config.get("optimizer", "bop"), OPTIMIZERS["bop"])
+
+
 def hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer's own settings from a run's config.json: lr for adam-latent, γ, τ and lr
-    for Bop (σ too for bop2)."""
-    optimizer = config.get("optimizer", "bop")
-    keys = ("lr",) if optimizer == "adam-latent" else ("gamma", "threshold", "lr")
-    keys += ("sigma",) if optimizer == "bop2" else ()
-    return {k: config[k] for k in keys if k in config}
+    """The optimizer's own settings from a run's config.json, those its registry entry
+    declares: lr for adam-latent, γ, τ and lr for Bop (σ too for bop2)."""
+    return {k: config[k] for k in optimizer_of(config).names if k in config}
 
 
 @dataclass
@@ -220,11 +225,11 @@ class CompareReport(Report):
 def label(config: dict[str, Any]) -> str:
     """'mnist-bnn bop γ=0.001 τ=1e-06' / 'mnist-bnn adam-latent lr=0.001': the model, the
     optimizer and its settings (`unique_labels` adds the other settings runs differ in)."""
-    names = {"gamma": "γ", "threshold": "τ", "sigma": "σ", "lr": "lr"}
-    settings = hyperparameters(config)
-    if config.get("optimizer", "bop") != "adam-latent":
-        settings.pop("lr", None)  # Adam's lr beside Bop is in the table, not every label
-    text = " ".join(f"{names[k]}={v:g}" if isinstance(v, float) else f"{names[k]}={v}"
+    symbols = {k: h.symbol for k, h in all_hyperparameters().items()}
+    # those the entry labels (Adam's lr beside Bop is in the table, not every label)
+    labelled = optimizer_of(config).labelled
+    settings = {k: v for k, v in hyperparameters(config).items() if k in labelled}
+    text = " ".join(f"{symbols[k]}={v:g}" if isinstance(v, float) else f"{symbols[k]}={v}"
                     for k, v in settings.items())  # fmt: skip
     model = str(config.get("model", "")).rpartition(":")[2]  # module:factory by its factory
     return f"{model} {config.get('optimizer', 'bop')} {text}".strip()
@@ -394,7 +399,7 @@ def draw_curves(accuracy: Any, flips: Any, group: list[RunCurves], style: dict, 
 def table_csv(rows: list[CompareRow]) -> bytes:
     """The table as CSV: one line per setting, hyperparameters and every other setting the
     runs differ in as columns, and π over the last epoch per layer (`last_flip_rate.LAYER`)."""
-    keys = [k for k in BOP_KEYS if any(k in r.hyperparameters for r in rows)]
+    keys = [k for k in all_hyperparameters() if any(k in r.hyperparameters for r in rows)]
     settings = [k for k in (rows[0].settings if rows else {}) if k not in keys]
     layers = list(dict.fromkeys(layer for r in rows for layer in r.layer_flip_rate))
     columns = ["label", "model", "optimizer", *keys, *settings, "runs", "test_accuracy",

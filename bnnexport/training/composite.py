@@ -3,7 +3,9 @@
 `CaseOptimizer` gives each parameter to exactly one optimizer, the role of larq's
 CaseOptimizer; `bop_with_adam` (and its variants) build one for a model, `latent_adam` is the
 latent-weight baseline: Adam on real weights that the layers binarize in the forward pass
-(STE), clipped to [-1, 1].
+(STE), clipped to [-1, 1]. `OPTIMIZERS` registers each by name (`register_optimizer`) with the
+hyperparameters it takes (`Hyperparameter`): what `bnnexport train` offers and TrainConfig,
+the trainer, resume, sweep and compare read.
 
 Which parameters are binary kernels (`binary_kernels`): what `bnnexport.nn.discover.
 find_binary_kernels`, the one function every stage's record comes from, decides: the ones you
@@ -28,6 +30,7 @@ from __future__ import annotations
 import warnings
 from collections import ChainMap
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +40,9 @@ from bnnexport.nn.discover import BinaryKernels, BinarySpec, find_binary_kernels
 from bnnexport.nn.layers import set_latent
 from bnnexport.training.bop import (
     GAMMA,
+    HYPERPARAMETER_RULES,
     LR,
+    SIGMA,
     THRESHOLD,
     Bop,
     Bop2ndOrder,
@@ -45,9 +50,7 @@ from bnnexport.training.bop import (
     ScheduledAdam,
     require_plus_minus_one,
 )
-from bnnexport.training.schedules import (
-    Schedule,
-)
+from bnnexport.training.schedules import SCHEDULE_FORMS, Schedule
 
 Predicate = Callable[[str, nn.Parameter], bool]
 
@@ -353,7 +356,7 @@ def bop2_with_adam(
     gamma: float | str | Schedule = GAMMA,
     threshold: float | str | Schedule = THRESHOLD,
     lr: float | str | Schedule = LR,
-    sigma: float | str | Schedule = 1e-2,
+    sigma: float | str | Schedule = SIGMA,
     groups: list[dict[str, Any]] | None = None,
     **options: Any,
 ) -> CaseOptimizer:
@@ -379,9 +382,145 @@ def bop_normalized_with_adam(
     )
 
 
-OPTIMIZERS: dict[str, Callable[..., CaseOptimizer]] = {
-    "bop": bop_with_adam,
-    "adam-latent": latent_adam,
-    "bop2": bop2_with_adam,
-    "bop-normalized": bop_normalized_with_adam,
-}
+@dataclass(frozen=True)
+class Hyperparameter:
+    """One hyperparameter of an optimizer, declared once: `bnnexport train --NAME` (its help
+    and default), config.json's key NAME, the range every value must stay in (`ok`, `rule`),
+    whether it may follow a schedule, and its symbol in `bnnexport compare`'s labels.
+
+    `what` names it in a refusal ("--sigma is bop2's second-moment rate; --optimizer bop has
+    none"); `refused_elsewhere=False` lets it be given to an optimizer without it, unused."""
+
+    name: str
+    symbol: str
+    default: float
+    help: str
+    what: str
+    ok: Callable[[float], bool]
+    rule: str
+    schedulable: bool = True
+    refused_elsewhere: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class OptimizerEntry:
+    """A registered optimizer (`--optimizer NAME`): its factory(model, **hyperparameters,
+    binary=, init_sign=) -> CaseOptimizer, the hyperparameters it takes (in this order in
+    --help and compare's table), those a label shows, one line for --help, and whether it
+    trains latent real weights through the STE (its factory takes no `init_sign`) rather than
+    flipping signs. Calling the entry calls the factory."""
+
+    name: str
+    factory: Callable[..., CaseOptimizer]
+    hyperparameters: tuple[Hyperparameter, ...]
+    labelled: tuple[str, ...]
+    summary: str
+    latent: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hyperparameters)
+
+    def __call__(self, model: nn.Module, *args: Any, **kwargs: Any) -> CaseOptimizer:
+        return self.factory(model, *args, **kwargs)
+
+    def build(
+        self, model: nn.Module, values: dict[str, Any], kernels: Any, init_sign: bool
+    ) -> CaseOptimizer:
+        """The optimizer over `kernels` (a record, `binary=`) with `values` {name: value}."""
+        options = {"binary": kernels}
+        if not self.latent:
+            options["init_sign"] = init_sign
+        return self.factory(model, **values, **options)
+
+
+# every registered optimizer by name, in registration order (`register_optimizer`)
+OPTIMIZERS: dict[str, OptimizerEntry] = {}
+
+
+def register_optimizer(entry: OptimizerEntry) -> OptimizerEntry:
+    """Add `entry` to OPTIMIZERS: `bnnexport train`, `sweep`, `compare`, the trainer and
+    TrainConfig read its name and hyperparameters from there. ValueError for a name taken
+    already, and for a hyperparameter declared otherwise by another optimizer (config.json
+    holds one key per name)."""
+    if entry.name in OPTIMIZERS:
+        raise ValueError(f"optimizer {entry.name!r} is registered already")
+    known = all_hyperparameters()
+    for hyperparameter in entry.hyperparameters:
+        if known.get(hyperparameter.name, hyperparameter) != hyperparameter:
+            raise ValueError(f"{entry.name}: hyperparameter {hyperparameter.name!r} is declared "
+                             "otherwise by another optimizer")  # fmt: skip
+    unknown = set(entry.labelled) - set(entry.names)
+    if unknown:
+        raise ValueError(f"{entry.name}: labels name no hyperparameter of it: {sorted(unknown)}")
+    OPTIMIZERS[entry.name] = entry
+    return entry
+
+
+def all_hyperparameters() -> dict[str, Hyperparameter]:
+    """Every registered optimizer's hyperparameters by name, in one order that keeps each
+    optimizer's own (bop's γ, τ, lr and bop2's γ, τ, σ, lr give γ, τ, σ, lr).
+
+    Example:
+        >>> list(all_hyperparameters())
+        ['gamma', 'threshold', 'sigma', 'lr']
+    """
+    order: list[str] = []
+    found: dict[str, Hyperparameter] = {}
+    for entry in OPTIMIZERS.values():
+        names = entry.names
+        for index, hyperparameter in enumerate(entry.hyperparameters):
+            if hyperparameter.name in found:
+                continue
+            found[hyperparameter.name] = hyperparameter
+            after = next((n for n in names[index + 1 :] if n in order), None)
+            order.insert(order.index(after) if after else len(order), hyperparameter.name)
+    return {name: found[name] for name in order}
+
+
+def _declared(name: str, symbol: str, default: float, help: str, what: str, **kw: Any):
+    ok, rule = HYPERPARAMETER_RULES[name]
+    return Hyperparameter(name, symbol, default, help, what, ok, rule, **kw)
+
+
+GAMMA_OPTION = _declared(
+    "gamma", "γ", GAMMA, f"Bop adaptivity rate γ in (0, 1]: {SCHEDULE_FORMS}.",
+    "adaptivity rate",
+    refused_elsewhere=False,  # the latent baseline records γ and τ too (recipes set them)
+)  # fmt: skip
+THRESHOLD_OPTION = _declared(
+    "threshold", "τ", THRESHOLD, f"Bop flip threshold τ >= 0 (finite): {SCHEDULE_FORMS}.",
+    "flip threshold",
+    refused_elsewhere=False,
+)  # fmt: skip
+LR_OPTION = _declared(
+    "lr", "lr", LR,
+    "Adam learning rate >= 0 for real-valued parameters (and latent weights with "
+    f"adam-latent): {SCHEDULE_FORMS}.",
+    "learning rate",
+)  # fmt: skip
+SIGMA_OPTION = _declared(
+    "sigma", "σ", SIGMA,
+    "bop2's second-moment rate σ in (0, 1]: v <- v + σ(g² - v); a number or a schedule. "
+    "Refused with any other optimizer.",
+    "second-moment rate",
+)  # fmt: skip
+
+BOP = (GAMMA_OPTION, THRESHOLD_OPTION, LR_OPTION)
+BOP2 = (GAMMA_OPTION, THRESHOLD_OPTION, SIGMA_OPTION, LR_OPTION)
+for _entry in (
+    OptimizerEntry("bop", bop_with_adam, BOP, ("gamma", "threshold"),
+                   "Bop on binary kernels + Adam on real parameters"),
+    OptimizerEntry("adam-latent", latent_adam, (LR_OPTION,), ("lr",),
+                   "Adam on real latent weights binarized with the STE (the baseline; binary "
+                   "kernels start Glorot-uniform, a model of your own's too)", latent=True),
+    OptimizerEntry("bop2", bop2_with_adam, BOP2, ("gamma", "threshold", "sigma"),
+                   "Bop with a second-moment estimate v: flips where w·m / (sqrt(v) + ε) > τ"),
+    OptimizerEntry("bop-normalized", bop_normalized_with_adam, BOP, ("gamma", "threshold"),
+                   "Bop with τ relative to each layer's mean |m|"),
+):  # fmt: skip
+    register_optimizer(_entry)

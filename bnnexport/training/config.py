@@ -24,7 +24,12 @@ from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
-from bnnexport.training.bop import GAMMA, HYPERPARAMETER_RULES, LR, THRESHOLD
+from bnnexport.training.composite import (
+    GAMMA_OPTION,
+    LR_OPTION,
+    THRESHOLD_OPTION,
+    all_hyperparameters,
+)
 
 DEFAULT_EPOCHS = 5
 BN_EVAL = ("recalibrate", "moving")  # TrainConfig.bn_eval
@@ -50,10 +55,11 @@ class TrainConfig:
     # the binary kernels by parameter name or shell-style glob; empty: found by tracing the
     # model (bnnexport.nn.discover). The decision itself is the checkpoint's `binary_kernels`.
     binary: list[str] = field(default_factory=list)
-    # the optimizers' own defaults (bnnexport.training.bop: GAMMA, THRESHOLD, LR), one set for both
-    gamma: float | str = GAMMA
-    threshold: float | str = THRESHOLD
-    lr: float | str = LR
+    # every Bop variant's γ and τ and Adam's lr, as their optimizers declare them
+    # (bnnexport.training.composite: the registry), one set for all
+    gamma: float | str = GAMMA_OPTION.default
+    threshold: float | str = THRESHOLD_OPTION.default
+    lr: float | str = LR_OPTION.default
     epochs: int | None = DEFAULT_EPOCHS  # None: 5 for a new run, the saved value on resume
     batch_size: int = 50
     seed: int = 0
@@ -64,7 +70,9 @@ class TrainConfig:
     log_every: int = 0  # steps between step records; 0 = about 100 records per epoch
     eval_every: int = 0  # steps between test-accuracy records (kind "eval"); 0 = per epoch only
     metrics_csv: bool = False  # also write metrics.csv (every row of metrics.jsonl) each epoch
-    sigma: float | str = 1e-2  # bop2's σ (second-moment rate); other optimizers have none
+    # the hyperparameters besides γ, τ and lr that registered optimizers declare (bop2's
+    # sigma), each at its declared default unless given: config.json holds them flat, here
+    hyperparameters: dict[str, float | str] = field(default_factory=lambda: own_defaults())
     # L2 penalty λ·Σw² on the first and last weight layers (the paper's XNOR-Net recipe)
     l2_first_last: float = 0.0
     recipe: str | None = None  # the recipe this run started from (bnnexport.training.recipes)
@@ -87,7 +95,33 @@ class TrainConfig:
     float_layers: str = "float32"
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, with `hyperparameters` flat among them (config.json's form)."""
+        flat: dict[str, Any] = {}
+        for key, value in dataclasses.asdict(self).items():
+            flat.update(value if key == "hyperparameters" else {key: value})
+        return flat
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> TrainConfig:
+        """A TrainConfig from `to_json`'s form (or any part of it): a registered optimizer's
+        hyperparameter goes into `hyperparameters`. TypeError naming a key it has no place for."""
+        unknown = set(values) - set(config_keys())
+        if unknown:
+            raise TypeError(f"not TrainConfig fields: {', '.join(sorted(unknown))}")
+        own = {k: v for k, v in values.items() if k not in FIELDS}
+        fields = {k: v for k, v in values.items() if k in FIELDS}
+        return cls(**fields, hyperparameters={**own_defaults(), **own})
+
+    def value(self, name: str) -> Any:
+        """A field's value or a registered hyperparameter's (`config_keys`)."""
+        return getattr(self, name) if name in FIELDS else self.hyperparameters[name]
+
+    def set_value(self, name: str, value: Any) -> None:
+        """Set a field or a registered hyperparameter (a new dict: copies share the old)."""
+        if name in FIELDS:
+            setattr(self, name, value)
+        else:
+            self.hyperparameters = {**self.hyperparameters, name: value}
 
     @property
     def recalibration_batches(self) -> int:
@@ -96,11 +130,18 @@ class TrainConfig:
         return self.bn_recalibration_batches if self.bn_eval == "recalibrate" else 0
 
 
-# each scheduled hyperparameter: (its option, the test every value must pass, the rule in
-# words), the optimizers' own rules (bnnexport.training.bop.HYPERPARAMETER_RULES)
-HYPERPARAMETER_RANGES = {
-    key: (f"--{key}", ok, rule) for key, (ok, rule) in HYPERPARAMETER_RULES.items()
-}
+FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "hyperparameters")
+
+
+def own_defaults() -> dict[str, float | str]:
+    """{name: declared default} of every registered hyperparameter that is no field."""
+    return {k: h.default for k, h in all_hyperparameters().items() if k not in FIELDS}
+
+
+def config_keys() -> tuple[str, ...]:
+    """What a TrainConfig holds by name: its fields and every registered optimizer's
+    hyperparameters (config.json's keys, less the run's records)."""
+    return (*FIELDS, *own_defaults())
 
 
 def validate_config(config: TrainConfig) -> None:
@@ -152,12 +193,16 @@ def check_dataset_options(dataset: str, options: dict[str, Any]) -> None:
 
 def check_schedules(config: TrainConfig, steps: int | None = None) -> None:
     """ConfigError, in one line naming the option and the first step whose value leaves its
-    range, when a value of `lr`, `gamma`, `threshold` or `sigma` does at any of the run's
-    `steps` optimizer steps (None: over each schedule's own course, `horizon()`)."""
+    range, when a value of a registered optimizer's hyperparameter (`lr`, `gamma`, ...) does at
+    any of the run's `steps` optimizer steps (None: over each schedule's own course,
+    `horizon()`), or is a schedule where its optimizer takes a number only."""
     from bnnexport.training.schedules import as_schedule, first_step_outside, schedule_to_dict
 
-    for key, (option, ok, rule) in HYPERPARAMETER_RANGES.items():
-        value = getattr(config, key)
+    for key, hyperparameter in all_hyperparameters().items():
+        option, ok, rule = hyperparameter.flag, hyperparameter.ok, hyperparameter.rule
+        value = config.value(key)
+        if not hyperparameter.schedulable and not isinstance(value, (int, float)):
+            raise ConfigError(f"{option} {value}: a number (it takes no schedule)")
         try:
             schedule = as_schedule(value)
         except (ValueError, TypeError) as error:

@@ -32,7 +32,7 @@ from typing import Any
 from bnnexport.datasets.imagefolder import IMAGENET as IMAGENET_CROPS
 from bnnexport.errors import DataError
 from bnnexport.training import deviations
-from bnnexport.training.config import TrainConfig
+from bnnexport.training.config import TrainConfig, config_keys
 from bnnexport.training.schedules import (
     Constant,
     CosineDecay,
@@ -381,7 +381,7 @@ def recipe_config(name: str, steps_per_epoch: int | None = None, **overrides: An
     `dataset_options` apply on its own data set; `dataset_options` given add to them and win.
     """
     recipe = get_recipe(name)
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(overrides) - set(config_keys())
     if unknown:
         raise TypeError(f"not TrainConfig fields: {', '.join(sorted(unknown))}")
     settings: dict[str, Any] = {
@@ -408,7 +408,7 @@ def recipe_config(name: str, steps_per_epoch: int | None = None, **overrides: An
             settings[key] = resolve_schedule(getattr(recipe, key), steps_per_epoch, factor)
     # what the user changed (where to write and how to show progress are not the recipe's)
     changed = {k: v for k, v in given.items() if k not in RUN_PLACE and v != settings_of(recipe, k)}
-    return TrainConfig(**settings, recipe=recipe.name, recipe_overrides=changed)
+    return TrainConfig.from_json({**settings, "recipe": recipe.name, "recipe_overrides": changed})
 
 
 RUN_PLACE = ("out", "device", "precision", "num_workers", "log_every", "eval_every",

@@ -1,18 +1,17 @@
 """The resume rules: what a resumed run keeps, what it may change, and what Ctrl-C says.
 
 A resumed run takes its own configuration from the checkpoint; the options given on the command
-line that a resumed run may change (`RESUMABLE`) are applied and recorded, any other one that
+line that a resumed run may change (`resumable`) are applied and recorded, any other one that
 differs is refused naming it. An interrupted run's one line names its last checkpoint and the
 command that continues it.
 
 Example:
-    >>> "lr" in RESUMABLE and "model" not in RESUMABLE
-    True
+    >>> resumable("lr"), resumable("sigma"), resumable("model")
+    (True, True, False)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -23,13 +22,22 @@ from bnnexport.errors import CheckpointError, ConfigError, TrainingInterrupted
 from bnnexport.run import files
 from bnnexport.run.checkpoint import load_checkpoint
 from bnnexport.run.directory import RunDir
-from bnnexport.training.composite import CaseOptimizer
-from bnnexport.training.config import TrainConfig
+from bnnexport.training.composite import CaseOptimizer, all_hyperparameters
+from bnnexport.training.config import TrainConfig, config_keys
 
-# What a resumed run may change (recorded in config.json and metrics.jsonl); every other option
-# that differs from the run's own is refused by name rather than silently ignored.
-RESUMABLE = ("lr", "gamma", "threshold", "sigma", "batch_size", "epochs", "data_dir", "device",
-             "precision", "num_workers", "log_every", "eval_every", "metrics_csv")  # fmt: skip
+# What a resumed run may change besides its optimizer's schedules (`resumable`; recorded in
+# config.json and metrics.jsonl); every other option that differs from the run's own is
+# refused by name rather than silently ignored.
+RESUMABLE = ("batch_size", "epochs", "data_dir", "device", "precision", "num_workers",
+             "log_every", "eval_every", "metrics_csv")  # fmt: skip
+
+
+def resumable(name: str) -> bool:
+    """Whether a resumed run may change option `name`: one of RESUMABLE, or a registered
+    optimizer's hyperparameter that takes a schedule (`apply_schedules` sets it anew after
+    the optimizer's state is loaded; one that takes a number only stays in that state)."""
+    hyperparameter = all_hyperparameters().get(name)
+    return name in RESUMABLE or (hyperparameter is not None and hyperparameter.schedulable)
 
 
 def check_run(run: RunDir, resume: bool, force: bool) -> dict | None:
@@ -57,9 +65,9 @@ def resumed_config(
 ) -> tuple[TrainConfig, dict[str, list]]:
     """The run's own configuration with the options given explicitly applied, and the changes.
 
-    Options in RESUMABLE are applied (and returned as {name: [old, new]}); a different model,
-    data set, optimizer or seed is refused naming the option. `explicit=None` (library callers)
-    applies only `epochs` and `device`.
+    Options that are `resumable` are applied (and returned as {name: [old, new]}); a different
+    model, data set, optimizer or seed is refused naming the option. `explicit=None` (library
+    callers) applies only `epochs` and `device`.
     """
     saved_json = checkpoint.get("config")
     if not isinstance(saved_json, dict) or saved_json.get("initialised_only"):
@@ -72,14 +80,13 @@ def resumed_config(
         saved_json.setdefault("precision", "amp" if saved_json.pop("amp") else "float32")
     # runs from before the option computed BatchNorm statistics per process under torchrun
     saved_json.setdefault("sync_batchnorm", False)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(saved_json) - known)
+    unknown = sorted(set(saved_json) - set(config_keys()))
     if unknown:
         raise ConfigError(
             f"{source}: unknown configuration key(s) {', '.join(unknown)}: written by another "
             "version of bnnexport"
         )
-    saved = TrainConfig(**saved_json)
+    saved = TrainConfig.from_json(saved_json)
     if not checkpoint.get("global_batch"):  # batch_size was each process's then
         saved.batch_size *= _trained_world_size(source.parent)
     saved.dataset_options = recorded_options(saved.dataset, saved.dataset_options)
@@ -88,12 +95,12 @@ def resumed_config(
     names = {"epochs", "device"} if explicit is None else set(explicit) - {"out"} | {"device"}
     changes: dict[str, list] = {}
     for name in sorted(names):
-        new, old = getattr(config, name), getattr(saved, name)
+        new, old = config.value(name), saved.value(name)
         if name == "dataset_options":  # each option given is checked against the run's own
             new = {**old, **new}
         if new is None or new == old:
             continue
-        if name not in RESUMABLE:
+        if not resumable(name):
             option, new, old = _differing(name, new, old)
             raise ConfigError(
                 f"--{option.replace('_', '-')} {new} differs from the run's {old}: a resumed run "
@@ -105,7 +112,7 @@ def resumed_config(
             )
         if name != "device":  # where to train is not part of the run's record
             changes[name] = [old, new]
-        setattr(saved, name, new)
+        saved.set_value(name, new)
     return saved, changes
 
 
@@ -129,9 +136,9 @@ def _differing(name: str, new: Any, old: Any) -> tuple[str, Any, Any]:
 
 def apply_schedules(optimizer: CaseOptimizer, config: TrainConfig, changes: dict) -> None:
     """Loading the optimizer state restored the old schedules: put the changed ones back."""
-    for key in ("gamma", "threshold", "sigma", "lr"):
+    for key in all_hyperparameters():
         if key in changes:
-            optimizer.set_schedule(key, getattr(config, key))
+            optimizer.set_schedule(key, config.value(key))
 
 
 def file_identity(path: Path) -> tuple[int, int] | None:

@@ -94,6 +94,17 @@ class SweepReport(Report):
     seeds: int = 1
 
 
+def on_grid(optimizer: str) -> bool:
+    """Whether a sweep runs `optimizer` over its (γ, τ) grid: its registry entry declares
+    both; one that does not (adam-latent) runs once, with the base's other settings.
+
+    Example:
+        >>> on_grid("bop2"), on_grid("adam-latent")
+        (True, False)
+    """
+    return {"gamma", "threshold"} <= set(OPTIMIZERS[optimizer].names)
+
+
 def setting_dir(out: str | Path, gamma: float, threshold: float) -> Path:
     """OUT/gamma=G,threshold=T with numbers in their shortest form."""
     return Path(out) / f"gamma={gamma:g},threshold={threshold:g}"
@@ -181,11 +192,12 @@ def plan_runs(
     optimizers: list[str],
     seeds: int,
 ) -> dict[tuple[str, float | None, float | None], list[TrainConfig]]:
-    """{(optimizer, γ, τ): one config per seed}; adam-latent has one setting (γ = τ = None)."""
+    """{(optimizer, γ, τ): one config per seed}; an optimizer without γ or τ (adam-latent)
+    has one setting (γ = τ = None)."""
     plan: dict[tuple[str, float | None, float | None], list[TrainConfig]] = {}
     for optimizer in optimizers:
         prefix = f"optimizer={optimizer}" if len(optimizers) > 1 else ""
-        if optimizer == "adam-latent":
+        if not on_grid(optimizer):
             grid: list[tuple[float | None, float | None, Path]] = [
                 (None, None, out / f"optimizer={optimizer}")
             ]

@@ -112,10 +112,11 @@ def train(
     """Train, checkpointing every epoch; with `resume`, continue from the run's checkpoint.
 
     On resume the saved configuration is used; `explicit` names the options the user gave,
-    which are applied when a resumed run can take them (RESUMABLE) and refused otherwise (see
-    `resumed_config`). `force` replaces a finished run, deleting only bnnexport's own files,
-    and only once the configuration, the data and the model have been checked. The run
-    directory is locked for the whole run (`bnnexport.run.directory.lock_run`).
+    which are applied when a resumed run can take them (`resume.resumable`) and refused
+    otherwise (see `resumed_config`). `force` replaces a finished run, deleting only
+    bnnexport's own files, and only once the configuration, the data and the model have been
+    checked. The run directory is locked for the whole run
+    (`bnnexport.run.directory.lock_run`).
     `progress=None` shows progress bars only when stderr is a terminal; what the data set's
     loader chose for the user (imagefolder: the images' own size) is one `bnnexport: note:`
     line on stderr unless `progress=False`, and in the report's `notes`. `log` is called with

@@ -40,7 +40,7 @@ from bnnexport.nn.precision import resolve_precision
 from bnnexport.run.checkpoint import binary_record, build_model, save_checkpoint
 from bnnexport.run.directory import RunDir
 from bnnexport.run.records import append_jsonl
-from bnnexport.training.composite import OPTIMIZERS, CaseOptimizer
+from bnnexport.training.composite import OPTIMIZERS, CaseOptimizer, OptimizerEntry
 from bnnexport.training.config import TrainConfig
 from bnnexport.training.distributed import (
     DistributedContext,
@@ -111,15 +111,17 @@ def first_and_last_weights(model: nn.Module) -> list[torch.Tensor]:
 
 
 def _make_optimizer(model: nn.Module, config: TrainConfig, kernels: BinaryKernels) -> CaseOptimizer:
-    """The run's optimizer over the kernels its record names (Bop) and everything else (Adam)."""
+    """The run's optimizer over the kernels its record names (Bop) and everything else (Adam),
+    with the values of the hyperparameters its registry entry declares."""
+    entry = _entry(config)
+    values = {name: config.value(name) for name in entry.names}
+    return entry.build(model, values, kernels, init_sign=config.init_sign)
+
+
+def _entry(config: TrainConfig) -> OptimizerEntry:
     if config.optimizer not in OPTIMIZERS:
         raise DataError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
-    if config.optimizer == "adam-latent":
-        return OPTIMIZERS["adam-latent"](model, lr=config.lr, binary=kernels)
-    hyper = {"gamma": config.gamma, "threshold": config.threshold, "lr": config.lr}
-    if config.optimizer == "bop2":
-        hyper["sigma"] = config.sigma
-    return OPTIMIZERS[config.optimizer](model, **hyper, binary=kernels, init_sign=config.init_sign)
+    return OPTIMIZERS[config.optimizer]
 
 
 def decide_kernels(
@@ -313,7 +315,7 @@ class Trainer:
         # autocast computes on bf16 copies; the parameters themselves stay float32
         self.amp = self.precision == "amp"
         self.optimizer = _make_optimizer(self.model, config, self.kernels)
-        if config.optimizer == "adam-latent" and checkpoint is None:
+        if _entry(config).latent and checkpoint is None:
             init_latent_weights(self.model, kernels=self.optimizer.binary_kernels)
         self.start_epoch = self.step = 0
         self.resume_note: str | None = None
@@ -488,7 +490,7 @@ class Trainer:
                 "model": _binary_state(self.model, self.kernels.names),
                 # the record every later stage reads (bnnexport.nn.discover.BinaryKernels)
                 "binary_kernels": self.kernels.to_json(),
-                "latent": self.model.state_dict() if config.optimizer == "adam-latent" else None,
+                "latent": self.model.state_dict() if _entry(config).latent else None,
                 "optimizer": self.optimizer.state_dict(),
                 "epoch": epoch,
                 "step": self.step,

@@ -447,6 +447,7 @@ def check_int8(
     with the op census, the replay's numbers and the accuracy."""
     census = int8_census(translated.flatbuffer, quantized.report.int8_layers)
     census["int8_kernels_checked"] = check_int8_kernels(quantized.model, translated.flatbuffer)
+    census["binarizations_rewired_to_int8"] = translated.int8_binarizations_rewired
     stats = QuantizedCheck()
     checked = check_quantized(
         qdq_model=quantized.model, float_model=quantized.float_model, translated=translated,

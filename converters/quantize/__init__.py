@@ -102,35 +102,62 @@ def quantize(
     model's opset is older than 13; InputShapeError for samples of another shape."""
     float_model, carried = read_qdq(model)
     plan = find_units(OnnxGraph.folded(float_model), int8_outputs)
-    for unit in plan.units:  # a trained range after a pool or reshape holds before it too
-        if unit.chain and unit.start not in carried and unit.input in carried:
-            carried[unit.start] = carried[unit.input]
-    trained = {**(given or {}), **carried}
-    shared = plan.shared()
-    wanted = [t for t in plan.points() if t not in shared]  # chains take their start's point
-    missing = [t for t in wanted if t not in trained]
-    if missing and calibration is None:
-        raise ConverterError(f"no calibration samples for the int8 activation {missing[0]!r}")
-    ranges = activation_ranges(float_model, missing, calibration) if missing else {}
-    points = {t: trained[t] if t in trained else QuantPoint.of_range(*ranges[t]) for t in wanted}
+    carried = _carried_through_chains(plan, carried)
+    points, missing = _activation_points(
+        float_model, plan, {**(given or {}), **carried}, calibration
+    )
     # a range the model carries was trained with plain rounding: its signs stay as trained;
     # a calibrated one (now, or given by the conversion that calibrated it) gets exact signs
-    exact = {t for t in wanted if t not in carried}
+    exact = {t for t in points if t not in carried}
     # a model that carries its ranges was trained on plainly rounded kernels (`bnnexport.nn.int8`
     # fake-quantizes them so): they stay so; the others keep their windows' sums
     sums = set() if carried else {unit.layer for unit in plan.units}
     qdq, written = write_qdq(float_model, plan, points, exact_signs=exact, window_sums=sums)
+    if given:
+        ranges = "given"
+    else:
+        ranges = "trained" if carried else "calibrated"
     report = QuantizeReport(
-        ranges="given" if given else "trained" if carried else "calibrated",
+        ranges=ranges,
         calibration_samples=len(calibration) if missing and calibration is not None else 0,
         int8_layers=[u.layer for u in plan.units],
         float_layers=dict(plan.kept_float),
         points={name: point.to_json() for name, point in written.items()},
         calibrated_points=missing if carried else [],
-        unused_points=sorted(set(trained) - set(wanted)),
+        unused_points=sorted((set(given or {}) | set(carried)) - set(points)),
         tensor_points={t: p.to_json() for t, p in points.items()},
     )
     return Quantized(qdq, float_model, report, model if carried else float_model)
+
+
+def _carried_through_chains(
+    plan: UnitPlan, carried: dict[str, QuantPoint]
+) -> dict[str, QuantPoint]:
+    """The ranges the model carries, with a chain's start given its input's: a trained range
+    after a pool or reshape holds before it too."""
+    carried = dict(carried)
+    for unit in plan.units:
+        if unit.chain and unit.start not in carried and unit.input in carried:
+            carried[unit.start] = carried[unit.input]
+    return carried
+
+
+def _activation_points(
+    float_model: onnx.ModelProto,
+    plan: UnitPlan,
+    trained: dict[str, QuantPoint],
+    calibration: np.ndarray | None,
+) -> tuple[dict[str, QuantPoint], list[str]]:
+    """Every activation point the plan needs (a chain takes its start's), from `trained`
+    where it has one, else calibrated on `calibration`; and the calibrated ones' names."""
+    shared = plan.shared()
+    wanted = [t for t in plan.points() if t not in shared]
+    missing = [t for t in wanted if t not in trained]
+    if missing and calibration is None:
+        raise ConverterError(f"no calibration samples for the int8 activation {missing[0]!r}")
+    ranges = activation_ranges(float_model, missing, calibration) if missing else {}
+    points = {t: trained[t] if t in trained else QuantPoint.of_range(*ranges[t]) for t in wanted}
+    return points, missing
 
 
 __all__ = [

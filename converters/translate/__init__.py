@@ -24,10 +24,10 @@ the result is the gate's (`converters.gate`).
   plan: `plan_binary_groups`, which the gate reads too).
 
 May import: `converters.errors`, `converters.graph`, `converters.patterns`,
-`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`), `converters.flatbuffer`
-(the metadata declaring the input layout), and onnx, numpy,
-TensorFlow, LCE. Never the gate, the normaliser, `converters.lce` or `converters.batch`, which
-sit above it (`tests/test_imports.py`).
+`converters.layer_map`, `converters.runtimes` (TensorFlow through `tf`),
+`converters.flatbuffer` (LCE's flatbuffer read back, its int8 binarizations rewired, the
+metadata declaring the input layout), and onnx, numpy, TensorFlow, LCE. Never the gate, the
+normaliser, `converters.lce` or `converters.batch`, which sit above it (`tests/test_imports.py`).
 
 Example:
     >>> from converters.translate import translate

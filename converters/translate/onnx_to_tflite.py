@@ -23,7 +23,7 @@ from pathlib import Path
 
 import onnx
 
-from converters.flatbuffer import layout_metadata, with_metadata
+from converters.flatbuffer import binarize_int8_directly, layout_metadata, with_metadata
 from converters.runtimes import tf
 from converters.translate.onnx_to_tf import TranslationInfo
 
@@ -73,6 +73,9 @@ class Translated:
     # where the time went: "translate" (tracing the tf.function and saving the SavedModel),
     # "lce_converter", and "tflite_converter" when the float model was built
     seconds: dict[str, float] = field(default_factory=dict)
+    # the LceQuantize ops LCE's converter left reading a DEQUANTIZE of an int8 tensor, rewired
+    # to read the int8 tensor (`lce_flatbuffer`)
+    int8_binarizations_rewired: int = 0
 
     @property
     def input_layout(self) -> str | None:
@@ -89,13 +92,14 @@ def translate(
 ) -> Translated:
     """Translate `model` to a SavedModel (`converters.translate.onnx_to_tf`: its image inputs
     taken in `input_layout`, with every binarization's input and int8 activation as an extra
-    output when `witness`) and convert it with LCE (target "arm"), with `int8_io` also with int8
-    input and output types, and, with `float_model`, the stock TFLite converter. Every
-    flatbuffer declares its input layout in its metadata."""
+    output when `witness`) and convert it with LCE (target "arm"; every binarization of an int8
+    tensor reading it as int8: `lce_flatbuffer`), with `int8_io` also with int8 input and output
+    types, and, with `float_model`, the stock TFLite converter. Every flatbuffer declares its
+    input layout in its metadata."""
     from converters.translate.onnx_to_tf import save_saved_model
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
-    import larq_compute_engine as lce
+    import larq_compute_engine  # noqa: F401 (its import is no stage's time)
 
     size = model.ByteSize()
     clock = {"translate": -time.perf_counter()}
@@ -106,13 +110,10 @@ def translate(
         clock["translate"] += time.perf_counter()
         clock["lce_converter"] = -time.perf_counter()
         with releasing(size):
-            flatbuffer = lce.convert_saved_model(saved, target="arm")
+            flatbuffer, rewired = lce_flatbuffer(saved)
         int8_flatbuffer = None
         if int8_io:
-            int8 = tf().int8
-            int8_flatbuffer = lce.convert_saved_model(
-                saved, target="arm", inference_input_type=int8, inference_output_type=int8
-            )
+            int8_flatbuffer, _ = lce_flatbuffer(saved, int8_io=True)
         clock["lce_converter"] += time.perf_counter()
         float_flatbuffer = None
         if float_model:
@@ -124,7 +125,26 @@ def translate(
         with_metadata(f, declared) if f is not None and declared else f
         for f in (flatbuffer, float_flatbuffer, int8_flatbuffer)
     )
-    return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer, clock)
+    return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer, clock, rewired)
+
+
+def lce_flatbuffer(saved: str, int8_io: bool = False) -> tuple[bytes, int]:
+    """LCE's converter on a SavedModel (target "arm"; with `int8_io`, int8 input and output),
+    every binarization of an int8 tensor then reading it as int8: the flatbuffer and how many
+    `LceQuantize` ops were rewired so.
+
+    LCE's converter binarizes an int8 tensor as int8 when the binarization is its only reader;
+    when a float op reads it too (the residual ADD after Bi-Real-Net's and QuickNet's int8
+    stems and shortcut convs), it writes one DEQUANTIZE and has the `LceQuantize` read that
+    float copy, whose zero point LCE's ARM build makes a residue of about 1e-9 that may
+    binarize to -1 (docs/LCE_NOTES.md "int8 around binary layers", "int8 on ARM").
+    `binarize_int8_directly` rewires those `LceQuantize` ops to the int8 tensor, whose zero
+    point binarizes to +1 on every runtime."""
+    import larq_compute_engine as lce
+
+    types = {"inference_input_type": tf().int8, "inference_output_type": tf().int8}
+    converted = lce.convert_saved_model(saved, target="arm", **(types if int8_io else {}))
+    return binarize_int8_directly(converted)
 
 
 def _float_tflite(saved: str, model_bytes: int) -> bytes:

@@ -27,6 +27,8 @@ from converters.translate.values import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from onnx import NodeProto
 
 
@@ -58,15 +60,30 @@ def arithmetic(tr: TranslatorView, node: NodeProto, inputs: list[Value | None]) 
     channels = stored_channels(x)
     vec = per_channel(stored, channels) if channels is not None else None
     if vec is not None and x.is_affine:
-        ones, zeros = np.ones_like(vec), np.zeros_like(vec)
-        if node.op_type == "Add":
-            return channel_affine(x, ones, vec)
-        if node.op_type == "Sub":
-            return channel_affine(x, -ones if const_first else ones, vec if const_first else -vec)
-        if node.op_type == "Mul":
-            return channel_affine(x, vec, zeros)
-        if not const_first:
-            return channel_affine(x, 1.0 / vec, zeros)
+        folded = _fold_into_affine(node.op_type, x, vec, const_first)
+        if folded is not None:
+            return folded
+    return _with_constant(op, x, stored, vec, const_first)
+
+
+def _fold_into_affine(op_type: str, x: Value, vec: np.ndarray, const_first: bool) -> Value | None:
+    """`x op vec` (or `vec op x`) as the per-channel affine `x` carries, where it is one (a
+    constant divided by `x` is not)."""
+    ones, zeros = np.ones_like(vec), np.zeros_like(vec)
+    if op_type == "Add":
+        return channel_affine(x, ones, vec)
+    if op_type == "Sub":
+        return channel_affine(x, -ones if const_first else ones, vec if const_first else -vec)
+    if op_type == "Mul":
+        return channel_affine(x, vec, zeros)
+    return None if const_first else channel_affine(x, 1.0 / vec, zeros)
+
+
+def _with_constant(
+    op: Callable, x: Value, stored: np.ndarray, vec: np.ndarray | None, const_first: bool
+) -> Value:
+    """`x op stored` (or `stored op x`) as a TF op with the constant in the form LCE and
+    TFLite treat best."""
     t = x.tensor
     if stored.size == 1 and x.fan_in is None:
         # a scalar stays a scalar: TFLite folds a scalar Mul before a conv or dense layer into

@@ -1,6 +1,7 @@
 """The device runners behind one protocol: `@register_runner(name)`, `get_runner(name)`.
 
-A runner runs an LCE flatbuffer on a device reached over SSH (`deploy.ssh.SshClient`): it says
+A runner runs an LCE flatbuffer on a device reached by any transport (a
+`deploy.connection.Connection`: SSH, ADB): it says
 whether the device can run it, measures latency at a thread count, computes the outputs on test
 samples for accuracy, and says what else it gives (`profiles`: an op profile in its measurement;
 `batched_copy`: its outputs need the flatbuffer converted at batch N). Registry order (each
@@ -28,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from deploy.connection import Connection
 from deploy.errors import MissingBinaryError, UnknownRunnerError
 
 AUTO = "auto"  # not a runner: the first registered one the device can run
@@ -112,7 +114,7 @@ class DeviceRunner(Protocol):
     profiles: bool  # its measurement carries the op profile (`extra["ops"]`)
     batched_copy: bool  # its outputs need `Samples.copy`, the flatbuffer at batch N
 
-    def available(self, client: Any, settings: RunSettings) -> bool:
+    def available(self, client: Connection, settings: RunSettings) -> bool:
         """Whether the connected device can run it (asked by `auto` only)."""
         ...
 
@@ -121,13 +123,13 @@ class DeviceRunner(Protocol):
         ...
 
     def measure(
-        self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
+        self, client: Connection, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
         """Latency at `settings.threads` and, given samples, the outputs on them."""
         ...
 
     def latency(
-        self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
+        self, client: Connection, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
         """Latency at `settings.threads`; with outputs only where the same timing run yields
         them at no extra cost."""
@@ -196,7 +198,7 @@ def check_runner(name: str, profile: bool = False) -> None:
 
 
 def pick_runner(
-    name: str, client: Any, settings: RunSettings, profile: bool = False
+    name: str, client: Connection, settings: RunSettings, profile: bool = False
 ) -> DeviceRunner:
     """The runner `name` names; for `auto`, the first candidate the device can run."""
     if name != AUTO:

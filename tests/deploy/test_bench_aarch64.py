@@ -1,5 +1,6 @@
 """`bnnexport bench --device` end to end on the emulated aarch64 device (deploy/emulator.py, the
-`arm_device` fixture), the device `bnnexport device start` serves, and grouped binary convs
+`arm_device` fixture), over SSH and over ADB (`adb:SERIAL`, a fake `adb` whose device is that
+one: support/fake_adb.py), the device `bnnexport device start` serves, and grouped binary convs
 there.
 
 A trained, exported and converted run with its batch-32 copy; bench runs the LCE flatbuffer on
@@ -19,6 +20,7 @@ are made up. Each test prints which tool it ran.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -30,12 +32,15 @@ from support.aarch64_device import cache_dir
 from support.cli import invoke
 from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
 from support.device_runs import (
+    assert_float_device_is_the_hosts,
     assert_int8_device_follows_arm,
     assert_labelled,
     bench_on,
     emulated_device_args,
+    rows_of,
     tool,
 )
+from support.fake_adb import write_fake_adb
 from support.processes import processes_mentioning
 from support.stand_in import REAL_BINARY, write_stand_in
 
@@ -99,6 +104,33 @@ def test_bench_measures_accuracy_on_the_aarch64_device(copied_run, arm_device, t
     report = (copied_run / "report.md").read_text()
     assert "Accuracy on the device" in report and "| lce vs host lce |" in report
     assert "## Time by PyTorch layer on" in report and "bench_device_layers.png" in report
+    assert arm_device.leftovers() == []
+
+
+@pytest.mark.slow
+def test_bench_measures_accuracy_on_an_adb_device(copied_run, arm_device, tmp_path, monkeypatch):
+    """`--device adb:SERIAL`: the same bench through the ADB transport, with a fake `adb` whose
+    device is the emulated aarch64 one (each `adb shell` / `push` / `pull` run there through
+    its ssh): the tool and both flatbuffers pushed, the outputs pulled, the host LCE's
+    outputs computed on the device."""
+    binary, log = tool(tmp_path), tmp_path / "adb.log"
+    adb = write_fake_adb(tmp_path / "bin", {"arm64-1": arm_device.client().ssh_args()}, log)
+    monkeypatch.setenv("PATH", f"{adb.parent}{os.pathsep}{os.environ['PATH']}")
+    device = ["--device", "adb:arm64-1", "--remote-tmp", arm_device.remote_tmp, "--runner",
+              "lce_benchmark_model", "--benchmark-binary", binary]  # fmt: skip
+    result = bench_on(copied_run, device, SAMPLES, "--device-batch", str(BATCH))
+    rows = rows_of(result)
+    data = json.loads(result.stdout)
+    assert (data["device"]["destination"], data["device"]["machine"]) == ("adb:arm64-1", "aarch64")
+    assert rows[("lce", False)]["where"] == "adb:arm64-1"
+    assert rows[("lce", False)]["latency_ms"]["mean"] > 0
+    assert rows[("lce", False)]["extra"]["accuracy_invocations"] == 2
+    assert_float_device_is_the_hosts(rows, copied_run, SAMPLES)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {call[2] for call in calls} == {"shell", "push", "pull"}
+    pushed = sorted(os.path.basename(call[3]) for call in calls if call[2] == "push")
+    assert pushed == sorted([os.path.basename(binary), "model-arm64.tflite",
+                             f"model-arm64-b{BATCH}.tflite", "samples.f32"])  # fmt: skip
     assert arm_device.leftovers() == []
 
 

@@ -7,12 +7,12 @@ import subprocess
 
 import pytest
 
+from deploy.connection import emulation
 from deploy.errors import (
     DeviceAuthError,
     DeviceUnreachableError,
     RemoteCommandError,
 )
-from deploy.ssh import emulation
 
 
 def test_run_returns_the_remote_output(sshd):

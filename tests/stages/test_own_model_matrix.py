@@ -8,8 +8,9 @@ converted through `pipeline`, through `train` + `export` + `convert`, and throug
 model (tests/support/ties.py), so every `convert` of them replays at least one; a one-line
 translator bug is still refused.
 
-`make test` runs the mnist5k train+convert cells (with the planted ties; latent_detach_bnn's is
-tests/stages/test_own_model_ties.py), the convert_module cells and the flat-background
+`make test` runs the mnist5k train+convert and convert_module cells of the ReActNet-style and
+the DWNet models (latent_detach_bnn's planted tie is tests/stages/test_own_model_ties.py's, the
+±1 model goes through pipeline in tests/stages/test_own_model_chain.py) and the flat-background
 pipelines; the long tier runs the rest. Each cell prints how many
 samples each comparison replayed (`pytest -s`).
 """
@@ -53,11 +54,14 @@ def trained(tmp_path_factory):
     return run_of
 
 
-# latent_detach_bnn's cell is tests/stages/test_own_model_ties.py's, in make test; here long
-PLANTED = [pytest.param(MODELS[0], marks=pytest.mark.long), *MODELS[1:]]
+# make test trains two of the four here: latent_detach_bnn's planted tie is tests/stages/
+# test_own_model_ties.py's, and plus_minus_one_bnn goes all the way through pipeline in
+# tests/stages/test_own_model_chain.py; their cells here are long (about 2 minutes saved)
+IN_MAKE_TEST = ("reactnet_bnn", "dw_bnn")
+CELLS = [m if m in IN_MAKE_TEST else pytest.param(m, marks=pytest.mark.long) for m in MODELS]
 
 
-@pytest.mark.parametrize("model", PLANTED)
+@pytest.mark.parametrize("model", CELLS)
 def test_train_then_convert_replays_a_planted_tie(trained, model):
     run = trained(model)
     tie = plant_in_run(run, TieSite(*own_models.TIE_SITES[model]))
@@ -66,7 +70,7 @@ def test_train_then_convert_replays_a_planted_tie(trained, model):
     assert cell.replayed["LCE vs ONNX Runtime"] + cell.replayed["LCE vs PyTorch"] >= 1
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", CELLS)
 def test_convert_module_converts_the_trained_module(trained, model, tmp_path):
     assert_converted(
         module_cell(trained(model), SAMPLES, tmp_path / "m.tflite"), model, "convert_module"
@@ -107,7 +111,7 @@ def test_a_translator_bug_in_a_model_of_your_own_is_still_refused(trained, monke
     monkeypatch.setattr(
         tf_layers, "sign_kernel", lambda signs: real(np.ascontiguousarray(signs[::-1, ::-1]))
     )
-    run = trained("latent_detach_bnn")
+    run = trained("reactnet_bnn")  # 3x3 binary kernels: a rotation changes them
     (run / "model-arm64.tflite").unlink(missing_ok=True)
     result = run_in_process("convert", run, "--target", "arm64")
     assert_one_line_error(result, 1, "LCE vs ONNX Runtime disagree")

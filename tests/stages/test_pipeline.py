@@ -79,3 +79,17 @@ def test_an_unknown_device_fails_before_training_and_writes_nothing(tmp_path, mo
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no-such-host" in lines[0], result.stderr
     assert not run.exists()
+
+
+def test_a_misspelt_device_fails_before_training_and_writes_nothing(tmp_path, monkeypatch):
+    import bnnexport.pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started before the device was read")
+
+    monkeypatch.setattr(bnnexport.pipeline, "train", refuse)
+    run = tmp_path / "run"
+    result = invoke("pipeline", "--out", run, "--device", "adb:R58M12", "--port", "22")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "bnnexport: error: --port does not apply to adb:SERIAL (adb:R58M12)\n"
+    assert not run.exists()

@@ -74,17 +74,34 @@ def _run_samples(run: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> None:
-    """The float flatbuffer on the device: the host LCE's outputs within float rounding."""
+    """The float flatbuffer on the device: the host LCE's outputs within float rounding, or
+    PyTorch's on every sample. The second holds where a binarization's input lies within float
+    rounding of 0 (an initialised model on random inputs): LCE's ARM build applies a bconv's
+    output transform as one fused multiply-add, the x86 build rounds twice, and the sign may
+    differ (docs/LCE_NOTES.md "int8 on ARM"); the host's gate replayed that tie, the device's
+    outputs are then PyTorch's."""
     from converters.runtimes import run_lce
 
     inputs, _ = _run_samples(run, samples)
     host, device = rows[("lce", True)], rows[("lce", False)]
     versus = rows[("lce vs host lce", False)]
-    scale = max(1.0, float(np.abs(run_lce(run / "model-arm64.tflite", inputs)).max()))
-    assert versus["argmax_agreement"] == 1.0
-    assert versus["max_abs_diff"] <= FLOAT_TOLERANCE * scale, (versus["max_abs_diff"], scale)
-    assert (device["top1"], device["argmax_agreement"]) == (host["top1"], host["argmax_agreement"])
+    tolerance = FLOAT_TOLERANCE * max(
+        1.0, float(np.abs(run_lce(run / "model-arm64.tflite", inputs)).max())
+    )
     assert versus["extra"]["max_steps"] is None  # no int8 output, no steps
+    if versus["argmax_agreement"] == 1.0 and versus["max_abs_diff"] <= tolerance:
+        assert (device["top1"], device["argmax_agreement"]) == (
+            host["top1"],
+            host["argmax_agreement"],
+        )
+        return
+    # device vs PyTorch, on every sample
+    assert device["argmax_agreement"] == 1.0, (versus, device)
+    assert device["max_abs_diff"] <= tolerance, (
+        versus["max_abs_diff"],
+        device["max_abs_diff"],
+        tolerance,
+    )
 
 
 def _arm_outputs(copy: Path, inputs: np.ndarray, batch: int) -> np.ndarray:
@@ -103,10 +120,10 @@ def _arm_outputs(copy: Path, inputs: np.ndarray, batch: int) -> np.ndarray:
 
 def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: int) -> None:
     """The int8 flatbuffer on the device: what LCE's ARM build computes (the reference with
-    `rounding="arm"`), bench's steps from the host are those, and top-1 and argmax move only on
-    samples that differ. Float sums (MEAN) add in another order on ARM than in the reference:
-    a value near a tie may then round one step the other way, so steps may be one off and a
-    few samples more or fewer may differ."""
+    `rounding="arm"`), no binarization of it reads a dequantized tensor, bench's steps from the
+    host are those, and top-1 and argmax move only on samples that differ. Float sums (MEAN)
+    add in another order on ARM than in the reference: a value near a tie may then round one
+    step the other way, so steps may be one off and a few samples more or fewer may differ."""
     from converters.runtimes import run_lce
 
     inputs, labels = _run_samples(run, samples)
@@ -116,6 +133,8 @@ def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: i
     host, device = rows[("lce-int8", True)], rows[("lce-int8", False)]
     versus = rows[("lce-int8 vs host lce-int8", False)]
     step = lce_reference.int8_output_step(copy) if versus["extra"]["output_step"] else None
+    # the conversion binarizes every int8 tensor as int8, never ARM's DEQUANTIZE of it
+    assert versus["extra"]["binarized_dequantized"] == 0
     slack = max(1, samples // 10)
     agree = float((arm.argmax(1) == x86.argmax(1)).mean())
     assert abs(versus["argmax_agreement"] - agree) <= slack / samples

@@ -5,7 +5,7 @@ coreutils). `benchmark_runner` is the `DeviceRunner`: it turns the run settings 
 options and what the tool did into a `Measurement`. `benchmark_tool` runs the tool once
 (find or upload it, check its ELF architecture, build its argv) and parses what it prints.
 `chunked_accuracy` runs the benchmark and, with the flatbuffer's batch-N copy, the samples in
-N-sample chunks for their outputs. They may import `deploy.ssh`, `deploy.errors`,
+N-sample chunks for their outputs. They may import `deploy.connection`, `deploy.errors`,
 `deploy.runners.registry`, and each other downwards only: `benchmark_runner` ->
 `chunked_accuracy` -> `benchmark_tool`.
 

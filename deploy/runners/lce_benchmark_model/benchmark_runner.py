@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
+from deploy.connection import Connection
 from deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
 from deploy.runners.lce_benchmark_model.chunked_accuracy import (
     AccuracyJob,
@@ -39,7 +39,7 @@ class LceBenchmarkModel:
     profiles = True
     batched_copy = True
 
-    def available(self, client: Any, settings: RunSettings) -> bool:
+    def available(self, client: Connection, settings: RunSettings) -> bool:
         """Always: the tool is found on the device's PATH or uploaded when it runs, and a
         missing one is that run's one-line error (which names --benchmark-binary)."""
         return True
@@ -50,7 +50,7 @@ class LceBenchmarkModel:
             check_local_binary(settings.benchmark_binary, machine)
 
     def measure(
-        self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
+        self, client: Connection, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
         """Benchmark `flatbuffer` and, given samples with their batched copy, compute their
         outputs with the copy on the device."""
@@ -62,7 +62,7 @@ class LceBenchmarkModel:
         return measurement(run, job, settings.threads, self.name)  # type: ignore[attr-defined]
 
     def latency(
-        self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
+        self, client: Connection, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
         """The batch-1 benchmark alone: outputs would cost a pass per chunk."""
         return self.measure(client, flatbuffer, settings, None)

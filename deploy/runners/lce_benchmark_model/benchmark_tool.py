@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from deploy.connection import Connection
 from deploy.errors import BenchmarkOutputError, MissingBinaryError, WrongArchitectureError
 
 BINARY_NAME = "lce_benchmark_model"
@@ -340,7 +341,7 @@ def local_identity(binary: Path, remote_path: str) -> ToolIdentity:
     )
 
 
-def remote_identity(client: Any, remote_path: str) -> ToolIdentity:
+def remote_identity(client: Connection, remote_path: str) -> ToolIdentity:
     """The identity of the device's own binary at `remote_path` (coreutils od and sha256sum)."""
     quoted = shlex.quote(remote_path)
     header = client.run(f"od -An -tx1 -N128 {quoted}", timeout=60).stdout.split()
@@ -360,7 +361,7 @@ def check_local_binary(binary: str | Path, uname_m: str) -> Path:
 
 
 def device_binary(
-    client: Any, work: str, binary: Path | None, uname_m: str
+    client: Connection, work: str, binary: Path | None, uname_m: str
 ) -> tuple[str, ToolIdentity]:
     """The path of `lce_benchmark_model` on the device and its identity: `binary` uploaded into
     `work`, or the device's own from its PATH (its ELF architecture checked against `uname_m`)."""
@@ -394,7 +395,7 @@ class Staged:
 
 @contextlib.contextmanager
 def staged_graph(
-    client: Any, flatbuffer: str | Path, binary: str | Path | None
+    client: Connection, flatbuffer: str | Path, binary: str | Path | None
 ) -> Iterator[Staged]:
     """A fresh working directory on the device holding `flatbuffer` and the benchmark binary
     (`binary` uploaded after its architecture is checked, else the device's own); removed
@@ -410,7 +411,7 @@ def staged_graph(
 
 
 def run_lce_benchmark(
-    client: Any,
+    client: Connection,
     flatbuffer: str | Path,
     threads: int = 1,
     runs: int = 100,
@@ -422,8 +423,8 @@ def run_lce_benchmark(
 ) -> tuple[BenchmarkResult, str]:
     """Copy `flatbuffer` (and `binary` if given) to the device, benchmark, clean up.
 
-    `client` is a `deploy.ssh.SshClient`. Without `binary`, `lce_benchmark_model` must be on the
-    device's PATH. Returns the parsed result and the raw output.
+    `client` is a `deploy.connection.Connection`. Without `binary`, `lce_benchmark_model` must be
+    on the device's PATH. Returns the parsed result and the raw output.
     """
     with staged_graph(client, flatbuffer, binary) as staged:
         argv = benchmark_command(

@@ -37,10 +37,10 @@ import shlex
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from deploy.connection import Connection
 from deploy.errors import DeviceError, RemoteCommandError
 from deploy.runners.lce_benchmark_model.benchmark_tool import (
     BINARY_NAME,
@@ -170,7 +170,7 @@ def chunk_script(binary: str, graph: str, job: AccuracyJob, options: DeviceOptio
     )
 
 
-def supports_output_file(client: Any, remote_binary: str, timeout: float = 120.0) -> bool:
+def supports_output_file(client: Connection, remote_binary: str, timeout: float = 120.0) -> bool:
     """True when the binary's `--help` lists --output_filepath (LCE <= 0.7 does not)."""
     done = client.run(
         [remote_binary, "--help"],
@@ -183,7 +183,7 @@ def supports_output_file(client: Any, remote_binary: str, timeout: float = 120.0
 
 
 def _device_outputs(
-    client: Any, work: str, remote_binary: str, job: AccuracyJob, options: DeviceOptions
+    client: Connection, work: str, remote_binary: str, job: AccuracyJob, options: DeviceOptions
 ) -> np.ndarray:
     graph = f"{work}/{job.flatbuffer.name}"
     client.put(job.flatbuffer, graph)
@@ -213,7 +213,10 @@ def _device_outputs(
 
 
 def run_on_device(
-    client: Any, flatbuffer: str | Path, options: DeviceOptions, accuracy: AccuracyJob | None = None
+    client: Connection,
+    flatbuffer: str | Path,
+    options: DeviceOptions,
+    accuracy: AccuracyJob | None = None,
 ) -> DeviceRun:
     """Benchmark `flatbuffer` (batch 1) and, with `accuracy`, compute its outputs on the device.
 

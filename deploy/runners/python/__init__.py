@@ -2,7 +2,8 @@
 
 Both halves of the runner live here. `python_runner` runs on this machine: the `DeviceRunner`
 that copies the script, the model and the samples into a fresh directory on the device
-(`deploy.ssh`), runs the script and fetches its outputs; it may import `deploy.ssh`,
+(a `deploy.connection.Connection`), runs the script and fetches its outputs; it may import
+`deploy.connection`,
 `deploy.errors` and `deploy.runners.registry`. `device_script` is the script the device runs:
 it imports only the standard library, numpy and larq_compute_engine, because it is copied to the
 device by its path (`python_runner.DEVICE_SCRIPT`) and run there alone; this machine imports it only

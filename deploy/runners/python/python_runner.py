@@ -25,22 +25,22 @@ from typing import Any
 
 import numpy as np
 
+from deploy.connection import Connection
 from deploy.errors import DeviceError, MissingBinaryError
 from deploy.runners.registry import LATENCY_KEYS, Measurement, RunSettings, Samples, register_runner
-from deploy.ssh import SshClient
 
 # the script the device runs: stdlib, numpy and LCE only, copied over (by path) for each run
 DEVICE_SCRIPT = Path(__file__).with_name("device_script.py")
 
 
-def has_lce_python(client: SshClient, python: str = "python3") -> bool:
+def has_lce_python(client: Connection, python: str = "python3") -> bool:
     """True when `python` on the device can import LCE's interpreter."""
     probe = f"{shlex.quote(python)} -c 'import larq_compute_engine.tflite.python.interpreter'"
     return client.run(probe, timeout=120, check=False).returncode == 0
 
 
 def run_remote_runner(
-    client: SshClient,
+    client: Connection,
     flatbuffer: str | Path,
     samples: str | Path | None = None,
     runs: int = 100,
@@ -103,7 +103,7 @@ class PythonRunner:
     profiles = False
     batched_copy = False
 
-    def available(self, client: Any, settings: RunSettings) -> bool:
+    def available(self, client: Connection, settings: RunSettings) -> bool:
         """Whether the device's Python imports LCE's interpreter."""
         return has_lce_python(client, settings.remote_python)
 
@@ -111,7 +111,7 @@ class PythonRunner:
         """Nothing to check ahead: the run itself says when the device's Python has no LCE."""
 
     def measure(
-        self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
+        self, client: Connection, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
         """Copy the device script, the model and the samples to the device, run, fetch the
         outputs."""
@@ -141,7 +141,7 @@ class PythonRunner:
         return Measurement(latency, extra, outputs)
 
     def latency(
-        self, client: Any, flatbuffer: Path, settings: RunSettings, samples: Samples | None
+        self, client: Connection, flatbuffer: Path, settings: RunSettings, samples: Samples | None
     ) -> Measurement:
         """The same run as `measure`: its timing run computes the outputs too."""
         return self.measure(client, flatbuffer, settings, samples)

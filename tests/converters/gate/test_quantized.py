@@ -20,8 +20,9 @@ from converters.errors import (
     AccuracyDropError,
     ConversionMismatchError,
     FloatFallbackError,
+    InvalidModelError,
 )
-from converters.flatbuffer import flatbuffer_ops
+from converters.flatbuffer import binarize_int8_directly, flatbuffer_ops, read_flatbuffer
 from converters.gate.predicate import Witness
 from converters.gate.quantized import (
     CachedWitness,
@@ -220,15 +221,99 @@ def test_the_stem_s_kernel_in_the_flatbuffer_is_the_reference_s_taps_moved_inclu
     assert np.array_equal(found[0], stem.transpose(0, 2, 3, 1))  # OIHW -> OHWI
 
 
+@pytest.fixture(scope="module")
+def bireal_down(tmp_path_factory):
+    """BiRealDownsample converted with its float layers in int8 (one conversion)."""
+    return _convert(BiRealDownsample(), tmp_path_factory.mktemp("bireal-down"), twin=False)
+
+
 @pytest.mark.slow
-def test_a_bireal_block_s_float_shortcut_conv_runs_in_int8_from_the_stream(tmp_path):
-    result = _convert(BiRealDownsample(), tmp_path, twin=False)
+def test_a_bireal_block_s_float_shortcut_conv_runs_in_int8_from_the_stream(bireal_down):
+    result = bireal_down
     ops = _typed(result.output)
     layers = [op for op in ops if op[0] in INT8_LAYERS]
     assert len(layers) == 3 and all(op[1][0] == "INT8" for op in layers)
     assert result.lce_bconv2d == result.binary_layers == 2
     assert ("AVERAGE_POOL_2D", ["INT8"], ["INT8"]) in ops  # quantized before the pool
     assert result.gates[0].argmax_agreement == 1.0
+
+
+@pytest.mark.slow
+def test_a_binarization_of_an_int8_tensor_a_float_add_reads_too_reads_it_as_int8(bireal_down):
+    """The stem's int8 output is read by the first block's binarization and by the residual
+    ADD: LCE's converter binarizes its dequantized copy, whose zero point LCE's ARM build
+    makes a ~1e-9 residue of either sign; the conversion rewires the LceQuantize to the int8
+    tensor (docs/LCE_NOTES.md "int8 on ARM")."""
+    ops = flatbuffer_ops(bireal_down.output)
+    dequantized = {op.outputs[0]: op for op in ops if op.op_type == "DEQUANTIZE"}
+    binarizations = [op for op in ops if op.op_type == "LceQuantize"]
+    stem = dequantized[next(op.inputs[0] for op in ops if op.op_type == "ADD"
+                            and op.inputs[0] in dequantized)]  # fmt: skip
+    assert [op.inputs[0] for op in binarizations].count(stem.inputs[0]) == 1
+    assert [op for op in binarizations if op.inputs[0] in dequantized] == []
+    assert bireal_down.int8["binarizations_rewired_to_int8"] == 1
+    assert bireal_down.gates[0].argmax_agreement == 1.0
+
+
+def _binarizations_watched(flatbuffer, *, unrewire: bool) -> tuple[bytes, list[tuple]]:
+    """The flatbuffer through TF's `flatbuffer_utils` with every `LceQuantize`'s input and
+    output a model output, and each `LceQuantize`'s (input's zero point or None for a float
+    input); with `unrewire`, each one that reads an int8 tensor a `DEQUANTIZE` reads too put
+    back on that DEQUANTIZE's float output, as LCE's converter wrote it."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(read_flatbuffer(flatbuffer)))
+    graph = model.subgraphs[0]
+    kinds = [model.operatorCodes[op.opcodeIndex] for op in graph.operators]
+    dequantizing = {op.inputs[0]: op.outputs[0] for op, code in zip(graph.operators, kinds,
+                    strict=True) if code.builtinCode == DEQUANTIZE}  # fmt: skip
+    binarizations = [op for op, code in zip(graph.operators, kinds, strict=True)
+                     if code.customCode == b"LceQuantize"]  # fmt: skip
+    for op in binarizations if unrewire else []:
+        op.inputs[0] = dequantizing.get(op.inputs[0], op.inputs[0])
+    graph.outputs = np.array([i for op in binarizations for i in (op.inputs[0], op.outputs[0])],
+                             np.int32)  # fmt: skip
+    quantization = [graph.tensors[op.inputs[0]].quantization for op in binarizations]
+    zeros = [int(q.zeroPoint[0]) if q is not None and q.zeroPoint is not None else None
+             for q in quantization]  # fmt: skip
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model)), zeros
+
+
+DEQUANTIZE = 6  # TFLite's BuiltinOperator.DEQUANTIZE
+
+
+def _every_output(interpreter, x: np.ndarray) -> list[np.ndarray]:
+    """Each output of a many-output flatbuffer for the samples `x`, stacked over samples."""
+    per_sample = [interpreter.predict(sample[None]) for sample in x]
+    return [np.stack([np.asarray(s[k]) for s in per_sample]) for k in range(len(per_sample[0]))]
+
+
+def test_rewiring_the_binarizations_of_a_truncated_flatbuffer_is_refused():
+    with pytest.raises(InvalidModelError, match="truncated or corrupt flatbuffer"):
+        binarize_int8_directly(b"TFL3TFL3")
+
+
+@pytest.mark.slow
+def test_an_int8_binarization_takes_the_dequantized_tensor_s_signs_on_the_host(bireal_down):
+    """LCE's x86 interpreter binarizes the int8 stem tensor (`q < z` is -1) to exactly the
+    words it makes of the float copy the converter had the `LceQuantize` read (`x < 0`), values
+    at the zero point included: the rewire changes no sign where DEQUANTIZE maps the zero
+    point to 0 (docs/LCE_NOTES.md "int8 on ARM")."""
+    from converters.flatbuffer import input_layout, to_input_layout
+    from converters.runtimes import lce_interpreter
+
+    theirs, their_zeros = _binarizations_watched(bireal_down.output, unrewire=True)
+    ours, zeros = _binarizations_watched(bireal_down.output, unrewire=False)
+    assert binarize_int8_directly(theirs)[1] == 1 and binarize_int8_directly(ours)[1] == 0
+    assert their_zeros.count(None) == len(zeros) and zeros.count(None) == len(zeros) - 1
+    # NCHW samples in the layout the flatbuffer declares (NHWC: arm64's default)
+    x = to_input_layout(_samples(32, seed=1), input_layout(bireal_down.output))
+    found = [_every_output(lce_interpreter(f), x) for f in (theirs, ours)]
+    stem = next(k for k, zero in enumerate(zeros) if zero is not None)
+    assert (found[1][2 * stem] == zeros[stem]).sum() > 0  # where ARM's DEQUANTIZE differs
+    assert all(words.dtype == np.int32 for words in found[1][1::2])
+    for theirs_words, our_words in zip(found[0][1::2], found[1][1::2], strict=True):
+        assert np.array_equal(theirs_words, our_words)
 
 
 @pytest.mark.slow
