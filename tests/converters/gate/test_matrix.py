@@ -52,10 +52,10 @@ ODD = 65
 # DoReFa-Net at 64 stays in the long tier: it has no LceBconv2d (its k-bit activations stay
 # float, docs/LCE_NOTES.md "k-bit activations"), its conversion was make test's slowest (52 s),
 # and tests/converters/translate/test_k_bit.py converts the same k-bit pattern in seconds
-# BinaryDenseNet-45 and QuickNet-Large at 64 too (make test's two slowest conversions, 60-70 s
-# each on an idle machine): their blocks are BinaryDenseNet-28/37's and QuickNet-Small's, which
-# make test converts and holds to op parity
-LONG_AT_64 = {"dorefanet", "binary-densenet45", "quicknet-large"}
+# BinaryDenseNet-37/45 and QuickNet-Large at 64 too (make test's three slowest conversions, about
+# a minute each on an idle machine): their blocks are BinaryDenseNet-28's and QuickNet-Small's,
+# which make test converts and holds to op parity
+LONG_AT_64 = {"dorefanet", "binary-densenet37", "binary-densenet45", "quicknet-large"}
 FAST = {("birealnet18", 64, 0), *((name, 64, 0) for name in LARQ_ZOO if name not in LONG_AT_64)}
 SAMPLES = 200  # at 224x224: 50 (a 224x224 sample through four runtimes costs seconds)
 FAST_SAMPLES = 100  # Bi-Real-Net's `make test` case: under a minute on an idle machine
