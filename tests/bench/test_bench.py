@@ -399,7 +399,10 @@ def _tool_printing(tmp_path, text: str):
 @needs_real
 def test_profile_names_the_devices_time_by_pytorch_layer(converted_run, sshd, tmp_path):
     """The real tool's recorded profile of the demo's mnist-bnn flatbuffer, on this run's
-    mnist-bnn flatbuffer (the same 11 ops): every row lands on an mnist-bnn module."""
+    mnist-bnn flatbuffer converted as that one was, with NCHW input (the same 11 ops, the input's
+    TRANSPOSE among them): every row lands on an mnist-bnn module."""
+    converted = invoke("convert", converted_run, "--target", "arm64", "--input-layout", "nchw")
+    assert converted.exit_code == 0, converted.output
     real = (REAL / "profile_mnist_bnn.txt").read_text()
     args = _tool_printing(tmp_path, real)
     result = _cli(converted_run, *_device_args(sshd), *args, "--profile", "--json")
