@@ -166,8 +166,8 @@ def test_wrong_input_shape_aborts_and_cleans_up(arm_device, stand_in):
     job = AccuracyJob(graph, inputs, batch=4, outputs_per_sample=10)
     job.input_shape = lambda: "4,1,3,3"  # a shape that does not match the file's bytes
     expected = (
-        r"failed on .* computing outputs on chunk\.000000: "
-        r"ERROR: file chunk\.000000 has 96 bytes, the tensor 144"
+        r"failed on .* computing outputs on chunk\.aaaaaa: "
+        r"ERROR: file chunk\.aaaaaa has 96 bytes, the tensor 144"
     )
     with pytest.raises(RemoteCommandError, match=expected) as info:
         run_on_device(arm_device.client(), graph, DeviceOptions(binary=make()), job)

@@ -152,7 +152,9 @@ def chunk_script(binary: str, graph: str, job: AccuracyJob, options: DeviceOptio
     return "\n".join(
         [
             "set -e",
-            f"split -b {chunk_bytes} -d -a 6 samples.f32 chunk.",
+            # letter suffixes of a fixed length sort as the chunks were cut; no `-d`, which
+            # Android's toybox `split` lacks (docs/LCE_NOTES.md, ADB)
+            f"split -b {chunk_bytes} -a 6 samples.f32 chunk.",
             "rm samples.f32",
             ": > outputs.f32",
             "for c in chunk.*; do",
