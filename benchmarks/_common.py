@@ -2,7 +2,7 @@
 
 Timings on a shared machine are noisy, so every script measures its contenders interleaved in one
 process: `interleaved(calls, rounds, runs)` times each contender `runs` times per round
-(through `bnnexport.bench.host.time_calls`, the latency measurement the bench stage uses),
+(through `bnnexport.stages.bench.host.time_calls`, the latency measurement the bench stage uses),
 rotates the order of the contenders every round, and reports the median over rounds of each
 round's median. Ratios taken from those medians are what docs/BENCHMARKS.md reports.
 
@@ -38,7 +38,7 @@ def interleaved(
     Each round calls every contender `runs` times (after `warmup` untimed calls in the first
     round only) in an order rotated by one every round, so no contender always runs first.
     """
-    from bnnexport.bench.host import time_calls
+    from bnnexport.stages.bench.host import time_calls
 
     names = list(calls)
     medians: dict[str, list[float]] = {n: [] for n in names}
@@ -62,7 +62,7 @@ def interleaved(
 
 def machine() -> dict[str, Any]:
     """Where the numbers came from: uname, CPU model, cores, load average at the time."""
-    from bnnexport.bench.host import host_cpu
+    from bnnexport.stages.bench.host import host_cpu
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
@@ -322,13 +322,13 @@ def torch_pipeline(
 
     Export checks on `samples` uniform [-1, 1] images (`synthetic_dataset`), or with
     `grid_inputs` on the run's default samples (no data set: inputs on a 1/64 grid,
-    `bnnexport.export.run_test_samples`)."""
+    `bnnexport.stages.export.run_test_samples`)."""
     import time
 
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
-    from bnnexport.init import init_run
     from bnnexport.models import model_info
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
+    from bnnexport.stages.init import init_run
 
     info = model_info(model)
     shape = tuple(input_shape) if input_shape else info.input_shape

@@ -47,9 +47,9 @@ from typing import Any
 from _common import ROOT, emit, log, machine, parser, synthetic_dataset, table
 
 from bnnexport.errors import FidelityError
-from bnnexport.export import export_onnx
-from bnnexport.init import init_run
 from bnnexport.models import model_info
+from bnnexport.stages.export import export_onnx
+from bnnexport.stages.init import init_run
 
 DEFAULT = "mnist-bnn,binarynet@32,birealnet18@224"
 

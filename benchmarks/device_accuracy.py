@@ -43,11 +43,11 @@ MODELS = {  # name: (how the run is made, model, input shape for init, test samp
 def prepare(name: str, folder: Path, samples: int | None, epochs: int, batch: int) -> Path:
     """The run of `name`, exported with `samples` test samples (None: its own number) and
     converted to float and int8 with batch-N copies (N = `batch`, at most the samples)."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
-    from bnnexport.init import init_run
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
+    from bnnexport.stages.init import init_run
+    from bnnexport.stages.train import train
     from bnnexport.training.config import TrainConfig
-    from bnnexport.training.train import train
 
     how, model, shape, default_samples = MODELS[name]
     samples = samples or default_samples
@@ -74,8 +74,8 @@ def prepare(name: str, folder: Path, samples: int | None, epochs: int, batch: in
 def measure(run: Path, device: Any, binary: str, batch: int) -> dict[str, Any]:
     """`bench --device` of the run on the emulated device: its rows by name and the device's
     identity (what `bench.json` says)."""
-    from bnnexport.bench.bench import bench
-    from bnnexport.bench.options import BenchOptions, DeviceTarget
+    from bnnexport.stages.bench.measure import bench
+    from bnnexport.stages.bench.options import BenchOptions, DeviceTarget
 
     target = DeviceTarget(
         address=device.destination, port=device.port, ssh_key=str(device.key),

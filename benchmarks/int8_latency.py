@@ -103,8 +103,8 @@ def _float_layers(run: Path, into: Path) -> dict[str, str]:
 
 def prepare(keep: Path, epochs: int) -> dict[str, Any]:
     """Every run, flatbuffer and float layer alone, in `keep`; what was made (prepared.json)."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
 
     cases: dict[str, Any] = {}
     for int8 in (False, True):

@@ -83,7 +83,8 @@ def build_binarynet(
 
 
 def randomize_batchnorm(model, seed: int = 0) -> None:  # noqa: ANN001
-    """Non-trivial BatchNorm statistics, as `bnnexport.init.randomize_batchnorm` draws them."""
+    """Non-trivial BatchNorm statistics, as `bnnexport.stages.init.randomize_batchnorm` draws
+    them."""
     import numpy as np
     import tensorflow as tf
 

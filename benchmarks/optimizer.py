@@ -4,7 +4,7 @@ Question: on BinaryNet's binary kernels (`create_model("binarynet")`, 3x32x32,
 about 10.5 M binary weights), how long does one optimizer step take and how many bytes of
 optimizer state does each binary weight cost, for Bop (bnnexport's `bop_with_adam`, its Bop part)
 against the latent-weight baseline (`latent_adam`, its Adam-on-latent-weights part) -- and `bop2`
-when `bnnexport.training.composite.OPTIMIZERS` has it.
+when `bnnexport.optim.composite.OPTIMIZERS` has it.
 
 Gradients are synthetic (a few fixed standard-normal sets scaled by 1e-3, cycled), identical for
 every contender. Steps are timed interleaved in one process (see `_common.interleaved`); the
@@ -35,8 +35,8 @@ from torch import nn
 
 from bnnexport.models import create_model
 from bnnexport.nn.layers import binary_parameters
-from bnnexport.training.bop import Bop
-from bnnexport.training.composite import OPTIMIZERS, bop_with_adam, latent_adam
+from bnnexport.optim.bop import Bop
+from bnnexport.optim.composite import OPTIMIZERS, bop_with_adam, latent_adam
 
 # the paper's CIFAR-10 BinaryNet settings (docs/LCE_NOTES.md "Paper recipes")
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2

@@ -52,7 +52,7 @@ from _common import ROOT, emit, larq_env, larq_python, log, machine, parser, tab
 from bnnexport.models import create_model
 from bnnexport.nn.layers import bf16_counts, set_precision
 from bnnexport.nn.precision import resolve_precision
-from bnnexport.training.composite import bop_with_adam
+from bnnexport.optim.composite import bop_with_adam
 from bnnexport.training.flips import FlipCounter
 
 GAMMA, THRESHOLD, LR = 1e-4, 1e-8, 1e-2

@@ -5,7 +5,7 @@ Question: each zoo model at its native input (or `--input-size`), initialised
 directory (`export`, `convert --format tflite`), then timed at batch 1 with 1 thread in
 PyTorch (float, eager), ONNX Runtime, TFLite (float, stock interpreter) and LCE (LCE's
 interpreter, indirect BGEMM). The four backends are built exactly as `bnnexport bench` builds
-them (`bnnexport.bench`); a fifth, `lce-app`, is the flatbuffer in LCE's interpreter with the
+them (`bnnexport.stages.bench`); a fifth, `lce-app`, is the flatbuffer in LCE's interpreter with the
 settings `convert.json`'s `lce_settings` names (LCE's default kernels when it is empty: what a
 user's own app runs). They are timed interleaved, per model, and the medians over rounds are
 reported with each backend's speed-up over PyTorch. Also: parameters, binary MAC share (the
@@ -51,12 +51,12 @@ from _common import (
     torch_pipeline,
 )
 
-from bnnexport.bench.host import host_backends
 from bnnexport.models import list_models, model_info
 from bnnexport.run.checkpoint import load_model
 from bnnexport.run.directory import RunDir
 from bnnexport.run.samples import load_samples
-from bnnexport.summary import summarize
+from bnnexport.stages.bench.host import host_backends
+from bnnexport.stages.summary import summarize
 from converters.flatbuffer import input_layout, op_kinds
 from converters.runtimes import LceModel, lce_interpreter, open_model
 

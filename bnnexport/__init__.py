@@ -18,12 +18,12 @@ __version__ = "0.1.0"
 # Imported on first use: `python -m bnnexport` imports this package before its CLI can catch
 # a Ctrl-C, and importing torch here would take seconds of that time.
 _EXPORTS = {
-    "bnnexport.convert": ("ConvertReport",),
-    "bnnexport.convert_any": ("convert_module",),
+    "bnnexport.stages.convert": ("ConvertReport",),
+    "bnnexport.stages.convert_any": ("convert_module",),
     "bnnexport.nn.layers": ("BinaryConv2d", "BinaryLinear", "binary_layers", "binary_parameters"),
     "bnnexport.models": ("create_model", "list_models", "register_model"),
-    "bnnexport.training.bop": ("Bop",),
-    "bnnexport.training.composite": ("CaseOptimizer", "bop_with_adam", "latent_adam"),
+    "bnnexport.optim.bop": ("Bop",),
+    "bnnexport.optim.composite": ("CaseOptimizer", "bop_with_adam", "latent_adam"),
     "bnnexport.training.flips": ("flip_rate",),
     "bnnexport.nn.quantizers": ("get_quantizer", "list_quantizers"),
     "bnnexport.run.checkpoint": ("load_checkpoint", "load_model", "load_packed"),

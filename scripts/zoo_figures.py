@@ -1,7 +1,7 @@
 """Store the model zoo's figures with the package: bnnexport/models/zoo_figures.json.
 
 `bnnexport zoo list` prints each model's parameters, binary shares and binary layers from that
-file while the code they were computed from is unchanged (`bnnexport.zoo.fingerprint`), and
+file while the code they were computed from is unchanged (`bnnexport.stages.zoo.fingerprint`), and
 summarises a changed model afresh. Run this after changing a model, its layers, the discovery
 or the summary (tests/models/test_zoo.py says so when the file is stale); it builds and traces
 every model at its native size: a minute or two.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from bnnexport.zoo import FIGURES, write_figures
+from bnnexport.stages.zoo import FIGURES, write_figures
 
 
 def main() -> None:

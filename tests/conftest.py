@@ -28,8 +28,8 @@ def seeded() -> None:
 
 @pytest.fixture(scope="session")
 def _trained_run_template(tmp_path_factory) -> Path:
+    from bnnexport.stages.train import train
     from bnnexport.training.config import TrainConfig
-    from bnnexport.training.train import train
 
     out = tmp_path_factory.mktemp("trained") / "run"
     train(TrainConfig(epochs=1, batch_size=100, out=str(out)), progress=False)

@@ -20,7 +20,7 @@ from deploy.runners import candidates, runner_choices, runner_names
 from deploy.transports import device_help
 
 if TYPE_CHECKING:
-    from bnnexport.bench.options import BenchOptions, DeviceTarget
+    from bnnexport.stages.bench.options import BenchOptions, DeviceTarget
 
 
 @click.command("bench", short_help="Accuracy, agreement with PyTorch and latency of every backend.")
@@ -141,8 +141,8 @@ def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
     """
     from pathlib import Path
 
-    from bnnexport.bench.bench import bench
-    from bnnexport.bench.model_file import bench_model_file
+    from bnnexport.stages.bench.measure import bench
+    from bnnexport.stages.bench.model_file import bench_model_file
 
     samples_file = options.pop("samples_file")
     if options["profile"] and not options["device"]:
@@ -170,7 +170,7 @@ def bench_command(run_dir: str, as_json: bool, **options: Any) -> None:
 
 def bench_options(options: dict[str, Any]) -> BenchOptions:
     """The measuring options of `bench` and `pipeline` as one `BenchOptions`."""
-    from bnnexport.bench.options import BenchOptions
+    from bnnexport.stages.bench.options import BenchOptions
 
     return BenchOptions(
         runs=options["runs"],
@@ -185,7 +185,7 @@ def bench_options(options: dict[str, Any]) -> BenchOptions:
 def device_target(options: dict[str, Any]) -> DeviceTarget | None:
     """The --device options of `bench` and `pipeline` as one `DeviceTarget` (None without
     --device)."""
-    from bnnexport.bench.options import DeviceTarget
+    from bnnexport.stages.bench.options import DeviceTarget
 
     if not options["device"]:
         return None

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from bnnexport.errors import ConfigError, DependencyError, TrainingInterrupted
-from bnnexport.run.reports import Report
+from bnnexport.stages.report import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -262,7 +262,7 @@ def number_or_schedule(value: str) -> float | str:
     try:
         return float(value)
     except ValueError:
-        from bnnexport.training.schedules import parse_schedule
+        from bnnexport.optim.schedules import parse_schedule
 
         try:
             parse_schedule(value)

@@ -28,7 +28,7 @@ def compare_command(run_dirs: tuple[str, ...], out: str, as_json: bool) -> None:
     table, error bars in the figure (`bnnexport sweep --seeds N` makes such runs); a setting
     keeps the colour its sweep gave it.
     """
-    from bnnexport.training.compare import compare, format_table
+    from bnnexport.stages.compare import compare, format_table
 
     report = compare(list(run_dirs), out)
     if as_json:

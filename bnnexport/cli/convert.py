@@ -194,7 +194,7 @@ def convert_command(
     in front of a binary layer converts only when no exact 0 reaches it on the samples (else
     exit 1).
     """
-    from bnnexport.convert import convert_run
+    from bnnexport.stages.convert import convert_run
     from converters.normalize import REWRITES
 
     unknown = sorted(set(disabled) - set(REWRITES))

@@ -53,7 +53,7 @@ def export_command(
     decided differently never counts), or when more than 1 % of the predictions PyTorch is sure
     of (top-1 margin >= 5 % of the logit range; and more than one) differ before any replay.
     """
-    from bnnexport.export import export_onnx
+    from bnnexport.stages.export import export_onnx
 
     emit(
         export_onnx(

@@ -70,7 +70,7 @@ def init_command(
 ) -> None:
     """Write an initialised, untrained run (±1 kernels, randomised BatchNorm statistics, the
     record of its binary kernels), ready for summary, verify, pack, export, convert and bench."""
-    from bnnexport.init import init_run
+    from bnnexport.stages.init import init_run
 
     report = init_run(model, input_shape, num_classes, out, force, seed, dataset, data_dir)
     emit(report, as_json, title=f"initialised {report.model} -> {report.run_dir}")

@@ -23,7 +23,7 @@ def pack_command(run_dir: str, as_json: bool) -> None:
     packed file over the float32 weights) and binary_kernel_ratio (the binary kernels alone:
     1/32), and writes RUN_DIR/pack.json.
     """
-    from bnnexport.pack import pack
+    from bnnexport.stages.pack import pack
 
     report = pack(run_dir)
     emit(report, as_json, title=f"packed {report.model} -> {report.packed}")

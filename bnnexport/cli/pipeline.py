@@ -33,7 +33,7 @@ def _pipeline(**options: Any) -> None:
     Ends by printing the bench table and the path of RUN_DIR/report.md. The first stage that
     fails stops the chain with its own one-line error and exit code.
     """
-    from bnnexport.pipeline import pipeline
+    from bnnexport.stages.pipeline import pipeline
 
     as_json = options.pop("as_json")
     resume = options["resume"]  # `--resume RUN` is `--resume --out RUN`, as for train

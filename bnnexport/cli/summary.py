@@ -20,7 +20,7 @@ def summary_command(run_dir: str, as_json: bool) -> None:
     call of one forward pass is a layer, those of a model of your own included.
     """
     from bnnexport.run.checkpoint import open_model
-    from bnnexport.summary import summarize
+    from bnnexport.stages.summary import summarize
 
     loaded = open_model(run_dir)
     emit(summarize(loaded.model, kernels=loaded.kernels), as_json)

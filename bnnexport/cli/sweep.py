@@ -6,9 +6,9 @@ import click
 
 from bnnexport.cli.common import count_option, emit, given_options, handle_errors, json_option
 from bnnexport.cli.train import train_command, train_config
-from bnnexport.training.composite import OPTIMIZERS
+from bnnexport.optim.composite import OPTIMIZERS
+from bnnexport.stages.sweep import on_grid
 from bnnexport.training.config import TrainConfig
-from bnnexport.training.sweep import on_grid
 
 DEFAULTS = TrainConfig()
 
@@ -83,7 +83,7 @@ def sweep_command(gammas, thresholds, optimizers, seeds, out, force, as_json, **
     whether a higher γ and a lower τ gave more flips, as the paper says). Every option of
     `bnnexport train` but those a sweep sets itself applies to every run.
     """
-    from bnnexport.training.sweep import sweep
+    from bnnexport.stages.sweep import sweep
 
     values = {**options, "optimizer": optimizers[0], "optimizers": optimizers, "out": None,
               "gamma": str(DEFAULTS.gamma), "threshold": str(DEFAULTS.threshold),

@@ -26,7 +26,8 @@ from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
-from bnnexport.training.composite import OPTIMIZERS, Hyperparameter, all_hyperparameters
+from bnnexport.optim.composite import OPTIMIZERS, Hyperparameter, all_hyperparameters
+from bnnexport.stages.train import train
 from bnnexport.training.config import (
     BN_EVAL,
     DEFAULT_EPOCHS,
@@ -34,7 +35,6 @@ from bnnexport.training.config import (
     config_keys,
     default_out,
 )
-from bnnexport.training.train import train
 
 DEFAULTS = TrainConfig()
 

@@ -26,7 +26,7 @@ def verify_command(path: str, as_json: bool) -> None:
     name, how many values are off, a few of them with their indices); 2 for a missing,
     truncated or foreign file.
     """
-    from bnnexport.verify import verify
+    from bnnexport.stages.verify import verify
 
     report = verify(path)
     emit(report, as_json)

@@ -29,8 +29,8 @@ def list_command(pattern: str, as_json: bool) -> None:
     import sys
 
     from bnnexport.models import list_models
-    from bnnexport.run.progress import Steps
-    from bnnexport.zoo import matching, zoo_entries
+    from bnnexport.stages.progress import Steps
+    from bnnexport.stages.zoo import matching, zoo_entries
 
     if not matching(pattern):
         raise ConfigError(f"no model matches {pattern!r}; known: {', '.join(list_models())}")

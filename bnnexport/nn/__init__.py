@@ -9,11 +9,8 @@
   every float conv and dense layer) and the model `export` writes from it;
 - `sign_trace.py`: the activation binarizations of any `nn.Module` (`torch.sign`, comparisons
   with zero, STEs of its own, the detach trick), found in one traced forward pass and imposed
-  in another;
-- `torch_probe.py`: PyTorch as the conversion gate's sign probe (read and impose binarizations:
-  through bnnexport's `Quantizer` hooks, or a model of your own's traced ones; and a
-  quantization-aware model's int8 activations).
+  in another.
 
 In: an `nn.Module` (bnnexport's or yours). Out: its binary kernels, layers that compute them.
-It may import torch, numpy and `converters.gate` (the probe); never the rest of bnnexport.
+It may import torch, numpy; never the rest of bnnexport.
 """

@@ -1,6 +1,6 @@
 """Binary layers whose weight parameter IS the binary kernel: exactly ±1 at every moment.
 
-There are no latent weights: Bop (`bnnexport.training.bop.Bop`) flips entries of `weight` in place.
+There are no latent weights: Bop (`bnnexport.optim.bop.Bop`) flips entries of `weight` in place.
 For the latent-weight baseline, `set_latent(model, True)` makes the layers binarize a real-valued
 `weight` in the forward pass instead (straight-through estimator).
 

@@ -6,9 +6,9 @@
 - `packed.py`: model.safetensors, binary kernels at 1 bit;
 - `samples.py`: samples.npz, the test samples every later check uses;
 - `records.py`: metrics.jsonl and other JSON lines;
-- `files.py`, `provenance.py`: what bnnexport wrote (and may replace), and what it was made from;
-- `reports.py`: the report dataclasses' base and atomic writes; `refusals.py`: a gate refusal's
-  diagnostics file; `progress.py`: step lines on a terminal.
+- `files.py`, `provenance.py`: what bnnexport wrote (and may replace), its atomic writes, and
+  what it was made from;
+- `refusals.py`: a gate refusal's diagnostics file.
 
 In: paths. Out: artifacts written atomically, read back checked. It may import `bnnexport.nn`,
 `bnnexport.models` (to rebuild a model), `bnnexport.imports` and `converters` (a gate

@@ -29,8 +29,8 @@ from torch import nn
 
 from bnnexport.errors import CheckpointError
 from bnnexport.imports import changed_source
+from bnnexport.run.files import write_bytes_atomic
 from bnnexport.run.packed import PACKED_NAME, load_packed_state
-from bnnexport.run.reports import write_bytes_atomic
 
 if TYPE_CHECKING:
     from bnnexport.nn.discover import BinaryKernels

@@ -12,8 +12,8 @@ and raw tensor bytes, so loading it never unpickles anything.
   shape, and a SHA-256 content hash over the tensors and the rest of the metadata, so a
   tampered or corrupted file is refused.
 
-This module is the format only; `bnnexport.pack` is the stage that verifies and writes a run's
-file, and `bnnexport.run.checkpoint.load_packed` rebuilds the model from one.
+This module is the format only; `bnnexport.stages.pack` is the stage that verifies and writes a
+run's file, and `bnnexport.run.checkpoint.load_packed` rebuilds the model from one.
 
 Example:
     >>> import torch

@@ -24,7 +24,7 @@ from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
 from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
-from bnnexport.training.composite import (
+from bnnexport.optim.composite import (
     GAMMA_OPTION,
     LR_OPTION,
     THRESHOLD_OPTION,
@@ -40,7 +40,7 @@ class TrainConfig:
     """Everything that defines a training run (saved in config.json and the checkpoint).
 
     `gamma`, `threshold` and `lr` accept a number or a schedule in text form
-    (`bnnexport.training.schedules`, counted in optimizer steps).
+    (`bnnexport.optim.schedules`, counted in optimizer steps).
     """
 
     model: str = "mnist-bnn"
@@ -56,7 +56,7 @@ class TrainConfig:
     # model (bnnexport.nn.discover). The decision itself is the checkpoint's `binary_kernels`.
     binary: list[str] = field(default_factory=list)
     # every Bop variant's γ and τ and Adam's lr, as their optimizers declare them
-    # (bnnexport.training.composite: the registry), one set for all
+    # (bnnexport.optim.composite: the registry), one set for all
     gamma: float | str = GAMMA_OPTION.default
     threshold: float | str = THRESHOLD_OPTION.default
     lr: float | str = LR_OPTION.default
@@ -196,7 +196,7 @@ def check_schedules(config: TrainConfig, steps: int | None = None) -> None:
     range, when a value of a registered optimizer's hyperparameter (`lr`, `gamma`, ...) does at
     any of the run's `steps` optimizer steps (None: over each schedule's own course,
     `horizon()`), or is a schedule where its optimizer takes a number only."""
-    from bnnexport.training.schedules import as_schedule, first_step_outside, schedule_to_dict
+    from bnnexport.optim.schedules import as_schedule, first_step_outside, schedule_to_dict
 
     for key, hyperparameter in all_hyperparameters().items():
         option, ok, rule = hyperparameter.flag, hyperparameter.ok, hyperparameter.rule

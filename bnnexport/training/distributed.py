@@ -7,7 +7,7 @@ batch, as a recipe's is: each process takes batch-size / N (`process_batch_size`
 are all-reduced by DistributedDataParallel before the optimizer step, so Bop sees the same
 averaged gradient on every rank and flips the same weights: the binary weights stay identical
 everywhere. Only rank 0 writes the run directory and prints; the step rows' loss and
-accuracies are the global batch's (`bnnexport.training.trainer.BatchCounts`, all-reduced).
+accuracies are the global batch's (`bnnexport.training.loop.BatchCounts`, all-reduced).
 Backend: NCCL on GPUs, gloo on CPU.
 
 The same experiment as one process takes two more things, both here:

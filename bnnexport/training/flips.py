@@ -16,7 +16,7 @@ from torch import nn
 
 from bnnexport.nn.layers import BinaryLayer
 from bnnexport.nn.quantizers import binarize
-from bnnexport.training.composite import binary_kernels
+from bnnexport.optim.composite import binary_kernels
 
 
 def flip_rate(flips: int, total: int) -> float:

@@ -31,9 +31,7 @@ from typing import Any
 
 from bnnexport.datasets.imagefolder import IMAGENET as IMAGENET_CROPS
 from bnnexport.errors import DataError
-from bnnexport.training import deviations
-from bnnexport.training.config import TrainConfig, config_keys
-from bnnexport.training.schedules import (
+from bnnexport.optim.schedules import (
     Constant,
     CosineDecay,
     LinearDecay,
@@ -43,6 +41,8 @@ from bnnexport.training.schedules import (
     as_schedule,
     parse_schedule,
 )
+from bnnexport.training import deviations
+from bnnexport.training.config import TrainConfig, config_keys
 
 
 @dataclass(frozen=True)

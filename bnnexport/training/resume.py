@@ -19,10 +19,10 @@ from typing import Any
 
 from bnnexport.datasets import recorded_options
 from bnnexport.errors import CheckpointError, ConfigError, TrainingInterrupted
+from bnnexport.optim.composite import CaseOptimizer, all_hyperparameters
 from bnnexport.run import files
 from bnnexport.run.checkpoint import load_checkpoint
 from bnnexport.run.directory import RunDir
-from bnnexport.training.composite import CaseOptimizer, all_hyperparameters
 from bnnexport.training.config import TrainConfig, config_keys
 
 # What a resumed run may change besides its optimizer's schedules (`resumable`; recorded in

@@ -53,7 +53,8 @@ def _about_rounding(diagnostics: dict[str, Any], options: GateOptions) -> bool:
     exact 0 half a step, `converters.translate.values.tie_break_bias`), or the witness itself
     rounded the other way. Without a replay (no differing signs recorded, no sample refused by one)
     it cannot be told, so it may be. An int8 tensor refused (off its grid, or more than one
-    step away: `converters.gate.quantized`, `bnnexport.nn.torch_probe`) is no sign's rounding."""
+    step away: `converters.gate.quantized`, `bnnexport.stages.torch_probe`) is no sign's
+    rounding."""
     if diagnostics.get("int8_tensor") is not None:
         return False
     if not diagnostics.get("binarizations") and diagnostics.get("refused_sample") is None:

@@ -22,7 +22,7 @@ class OnnxProbe:
     gets inputs `tie_mask_k`, `tie_value_k` and feeds its binarizations `Where(mask, value, x)`;
     `x` itself becomes an output. It runs in `converters.runtimes.ort_session`, as `run_onnx` does.
     `extra` names tensors the witness also gives (by name): a QDQ model's int8 activations, for a
-    reference that imposes them (`bnnexport.nn.torch_probe.TorchProbe`).
+    reference that imposes them (`bnnexport.stages.torch_probe.TorchProbe`).
     """
 
     def __init__(self, onnx_path: str | Path | onnx.ModelProto, extra: Sequence[str] = ()):

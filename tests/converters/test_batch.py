@@ -120,8 +120,8 @@ def test_the_batched_copy_is_named_after_the_batch_1_file():
 
 @pytest.mark.slow
 def test_convert_run_writes_a_gated_batched_copy(trained_run):
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
     from converters.flatbuffer import input_layout
     from converters.runtimes import lce_interpreter, run_lce
 

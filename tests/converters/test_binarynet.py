@@ -143,7 +143,7 @@ def test_the_tie_break_mutant_is_refused_with_pytorch_as_arbiter(tmp_path, monke
     in ONNX Runtime) is one PyTorch, the arbiter, decides as ONNX Runtime does: the candidate's
     own rule, refused, though an arbiter that split from ONNX Runtime would excuse it."""
     import converters.translate.values
-    from bnnexport.nn.torch_probe import TorchProbe
+    from bnnexport.stages.torch_probe import TorchProbe
     from converters.errors import ConversionMismatchError
     from converters.gate.checks import Reference
     from converters.lce import convert_onnx

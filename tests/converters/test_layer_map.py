@@ -209,7 +209,7 @@ REDUCED = {"binarynet": (3, 16, 16), "birealnet18": (3, 32, 32), "mnist-bnn": (1
 @pytest.mark.long  # 20-40 s each on a loaded machine; the hand-written model is the fast variant
 @pytest.mark.parametrize("name", sorted(REDUCED))
 def test_zoo_models_name_every_conv_op_by_its_module(tmp_path, name):
-    from bnnexport.init import init_model
+    from bnnexport.stages.init import init_model
 
     model = init_model(name, REDUCED[name], num_classes=10).eval()
     onnx_path = tmp_path / "model.onnx"

@@ -164,8 +164,8 @@ def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
 
 def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
     import converters.runtimes
-    from bnnexport.bench.host import host_backends
     from bnnexport.run.directory import RunDir
+    from bnnexport.stages.bench.host import host_backends
 
     (tmp_path / "checkpoint.pt").write_bytes(b"")  # host_backends only checks it is there
     (tmp_path / "model.onnx").write_bytes(_model("N"))
@@ -192,8 +192,8 @@ def test_bench_opens_each_runtime_by_open_model_and_times_its_batch_one_call(
     from types import SimpleNamespace
 
     import converters.runtimes
-    from bnnexport.bench.host import host_backends
     from bnnexport.run.directory import RunDir
+    from bnnexport.stages.bench.host import host_backends
 
     class Opened:
         session = SimpleNamespace(get_inputs=lambda: [SimpleNamespace(name="x")])

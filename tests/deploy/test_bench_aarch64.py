@@ -53,8 +53,8 @@ BATCH = 32  # 2 chunks on the device, the last one padded
 
 @pytest.fixture(scope="module")
 def copied_run(_trained_run_template, tmp_path_factory):
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
 
     run = tmp_path_factory.mktemp("bench-arm") / "run"
     shutil.copytree(_trained_run_template, run)
@@ -137,7 +137,7 @@ def test_bench_measures_accuracy_on_an_adb_device(copied_run, arm_device, tmp_pa
 @pytest.fixture(scope="module")
 def int8_run(copied_run, tmp_path_factory):
     """The same run, also converted with its float layers in int8 (with its batch-32 copy)."""
-    from bnnexport.convert import convert_run
+    from bnnexport.stages.convert import convert_run
 
     run = tmp_path_factory.mktemp("bench-arm-int8") / "run"
     shutil.copytree(copied_run, run)

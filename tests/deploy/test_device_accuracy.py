@@ -35,9 +35,9 @@ BATCH = 8  # two chunks on the device
 def _prepared(folder: Path, model: str, shape: tuple[int, int, int]) -> Path:
     """`model` initialised, exported on SAMPLES samples, converted float and int8 with their
     batch-BATCH copies."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
-    from bnnexport.init import init_run
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
+    from bnnexport.stages.init import init_run
 
     run = folder / "run"
     init_run(model, input_shape=shape, out=run)

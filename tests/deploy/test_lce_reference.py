@@ -33,8 +33,8 @@ FLOAT_TOLERANCE = 1e-4
 @pytest.fixture(scope="module")
 def converted(_trained_run_template, tmp_path_factory):
     """The 1-epoch mnist-bnn run converted for arm64, float and int8; (run, inputs, labels)."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
 
     run = tmp_path_factory.mktemp("reference") / "run"
     shutil.copytree(_trained_run_template, run)
@@ -128,9 +128,9 @@ def test_an_op_the_interpreter_lacks_is_one_error_line_from_the_stand_in(convert
 def test_the_zoo_models_compute_what_lces_interpreter_computes(model, size, tmp_path):
     """BinaryNet, Bi-Real-Net-18 and QuickNet-Small (initialised, as `bnnexport init` makes
     them), float and int8: argmax equal, outputs within 1e-5 relative (float32 order)."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
-    from bnnexport.init import init_run
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
+    from bnnexport.stages.init import init_run
 
     run = tmp_path / model
     init_run(model, input_shape=(3, size, size), out=run)

@@ -1,4 +1,5 @@
-"""The device's op profile by PyTorch layer (bnnexport.bench.profile), and the real tool's output.
+"""The device's op profile by PyTorch layer (bnnexport.stages.bench.profile), and the real tool's
+output.
 
 `../shared/data/lce_benchmark_model/` holds what the real `lce_benchmark_model` (LCE 0.16.0,
 aarch64, under emulation) printed on the demo's mnist-bnn flatbuffer; the tests that read it
@@ -11,7 +12,7 @@ import dataclasses
 import pytest
 from support.recorded_outputs import REAL, needs_real
 
-from bnnexport.bench.profile import DeviceProfile, LayerTime, row_node, row_ops
+from bnnexport.stages.bench.profile import DeviceProfile, LayerTime, row_node, row_ops
 from deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 
 # the demo's mnist-bnn flatbuffer, op by op (what the recorded profile ran)

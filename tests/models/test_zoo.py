@@ -11,11 +11,11 @@ import pytest
 import torch
 from support.cli import invoke
 
-from bnnexport.init import init_model, init_run
 from bnnexport.models import create_model, model_info
 from bnnexport.nn.layers import binary_layers
 from bnnexport.nn.quantizers import Quantizer
 from bnnexport.run.checkpoint import load_checkpoint, load_model
+from bnnexport.stages.init import init_model, init_run
 from converters.gate import GateOptions
 
 # larq-zoo's models (issue 37): the gate matrix (tests/converters/gate/test_matrix.py) takes them
@@ -129,7 +129,7 @@ LARQ_ZOO_SUMMARIES = {
 @pytest.mark.slow  # a traced forward pass at 224x224: 1-4 s each
 @pytest.mark.parametrize("name", sorted(LARQ_ZOO_SUMMARIES))
 def test_summary_at_native_size_matches_larq_zoos_binary_parameters_and_macs(name):
-    from bnnexport.summary import summarize
+    from bnnexport.stages.summary import summarize
 
     report = summarize(create_model(name))
     assert (report.binary_parameters, report.binary_macs, report.float_macs) == (
@@ -274,7 +274,7 @@ def test_init_refuses_to_overwrite_without_force(tmp_path):
 
 
 def test_zoo_list_json_gives_the_summarys_binary_mac_share_and_the_published_top1():
-    from bnnexport.summary import summarize
+    from bnnexport.stages.summary import summarize
 
     result = invoke("zoo", "list", "binarynet", "--json")
     assert result.exit_code == 0, result.output
@@ -311,7 +311,7 @@ def test_zoo_list_shows_a_larq_zoo_model_with_larq_zoos_binary_mac_share():
 def test_every_zoo_model_names_the_paper_of_its_architecture():
     from bnnexport.models import list_models
     from bnnexport.models.papers import paper_of
-    from bnnexport.zoo import zoo_entry
+    from bnnexport.stages.zoo import zoo_entry
 
     own = {"mnist-bnn"}  # bnnexport's own: no paper
     assert all("arXiv:" in paper_of(name) for name in set(list_models()) - own)
@@ -375,8 +375,8 @@ def _native_through_both_gates(run, name: str, samples: int, input_shape=None):
     """init -> export -> convert at the native size (or `input_shape`), checking what every
     such run must show: both gates pass, every binary layer is an LceBconv2d. Returns the
     ConvertReport."""
-    from bnnexport.convert import convert_run
-    from bnnexport.export import export_onnx
+    from bnnexport.stages.convert import convert_run
+    from bnnexport.stages.export import export_onnx
 
     init_run(name, input_shape=input_shape, out=run)
     exported = export_onnx(run, samples=samples)
@@ -535,7 +535,7 @@ def test_binarynet_pool_first_takes_batchnorm_statistics_after_the_pool_in_train
 # while the code they came from is unchanged: they must be what the models compute now
 def test_the_stored_zoo_figures_were_made_from_the_current_code():
     from bnnexport.models import list_models
-    from bnnexport.zoo import fingerprint, stored_figures
+    from bnnexport.stages.zoo import fingerprint, stored_figures
 
     stored = stored_figures()
     stale = [n for n in list_models() if stored.get(n, {}).get("fingerprint") != fingerprint(n)]
@@ -547,19 +547,19 @@ def test_the_stored_zoo_figures_were_made_from_the_current_code():
                                           if n != "binarynet"]],
 )  # fmt: skip
 def test_the_stored_figures_are_what_the_model_computes(name):
-    from bnnexport.zoo import stored_figures, zoo_entry
+    from bnnexport.stages.zoo import stored_figures, zoo_entry
 
     assert stored_figures()[name]["entry"] == zoo_entry(name).to_json()
 
 
 def test_zoo_list_summarises_a_model_whose_code_changed_and_says_so(monkeypatch):
-    import bnnexport.zoo
+    import bnnexport.stages.zoo
 
-    real = bnnexport.zoo.fingerprint
-    monkeypatch.setattr(bnnexport.zoo, "fingerprint",
+    real = bnnexport.stages.zoo.fingerprint
+    monkeypatch.setattr(bnnexport.stages.zoo, "fingerprint",
                         lambda name: "changed" if name == "mnist-bnn" else real(name))  # fmt: skip
     summarised = []
-    monkeypatch.setattr(bnnexport.zoo, "zoo_entry",
+    monkeypatch.setattr(bnnexport.stages.zoo, "zoo_entry",
                         lambda name: summarised.append(name) or real_entry(name))  # fmt: skip
     result = invoke("zoo", "list", "mnist")
     assert result.exit_code == 0, result.output
@@ -569,7 +569,7 @@ def test_zoo_list_summarises_a_model_whose_code_changed_and_says_so(monkeypatch)
 
 
 def real_entry(name):
-    from bnnexport.zoo import ZooEntry, stored_figures
+    from bnnexport.stages.zoo import ZooEntry, stored_figures
 
     return ZooEntry(**stored_figures()[name]["entry"])
 

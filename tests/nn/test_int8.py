@@ -15,7 +15,7 @@ from bnnexport.nn.int8 import (
     for_export,
     prepare_int8,
 )
-from bnnexport.nn.torch_probe import activation_quantizers
+from bnnexport.stages.torch_probe import activation_quantizers
 
 BINARY = {"features.2.weight", "features.5.weight", "classifier.1.weight"}  # mnist-bnn's
 EXAMPLE = torch.zeros(1, 1, 28, 28)

@@ -17,7 +17,7 @@ from support.cli import invoke
 from bnnexport.models import create_model
 from bnnexport.nn.layers import BinaryConv2d, BinaryLinear, binary_parameters, set_precision
 from bnnexport.nn.precision import RETRY, cpu_has_bf16, exact_bound, resolve_precision
-from bnnexport.training.composite import bop_with_adam
+from bnnexport.optim.composite import bop_with_adam
 from bnnexport.training.flips import FlipCounter
 
 

@@ -518,12 +518,12 @@ def test_bench_labels_beyond_the_models_classes_are_one_line_before_timing(
 ):
     """mnist-bnn has 10 outputs: a label 10 (or 12) scored top-1 0.0 without a word. The check
     runs on the first backend's outputs, before anything is timed."""
-    import bnnexport.bench.host
+    import bnnexport.stages.bench.host
 
     def no_timing(*args, **kwargs):
         raise AssertionError("timed a backend before checking the labels")
 
-    monkeypatch.setattr(bnnexport.bench.host, "time_calls", no_timing)
+    monkeypatch.setattr(bnnexport.stages.bench.host, "time_calls", no_timing)
     _labelled_samples(trained_run, [3, 12, 10, -1])
     before = snapshot(trained_run)
     assert_one_line_error(

@@ -77,10 +77,10 @@ def _tiny_run(tmp_path: Path, *options: str) -> tuple[Path, list[str]]:
 
 
 def _interrupt_at(monkeypatch, name: str, calls: int = 1) -> None:
-    """Ctrl-C at the `calls`-th call of bnnexport.training.train's `name`."""
-    import bnnexport.training.train
+    """Ctrl-C at the `calls`-th call of bnnexport.stages.train's `name`."""
+    import bnnexport.stages.train
 
-    real, seen = getattr(bnnexport.training.train, name), []
+    real, seen = getattr(bnnexport.stages.train, name), []
 
     def interrupted(*args, **kwargs):
         seen.append(1)
@@ -88,18 +88,16 @@ def _interrupt_at(monkeypatch, name: str, calls: int = 1) -> None:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bnnexport.training.train, name, interrupted)
+    monkeypatch.setattr(bnnexport.stages.train, name, interrupted)
 
 
 def test_ctrl_c_after_a_checkpoint_on_a_gpu_names_the_device_in_the_resume_command(
     tmp_path, monkeypatch
 ):
-    import bnnexport.training.train
+    import bnnexport.stages.train
     from bnnexport.training.distributed import setup
 
-    monkeypatch.setattr(
-        bnnexport.training.train, "setup", lambda device: setup("cpu")
-    )  # no GPU here
+    monkeypatch.setattr(bnnexport.stages.train, "setup", lambda device: setup("cpu"))  # no GPU here
     _interrupt_at(monkeypatch, "_export_metrics", calls=2)  # epoch 2, saved just before
     out = tmp_path / "run"
     args = ["train", *tiny_training(tmp_path / "data"), "--epochs", "3", "--out", out]

@@ -245,7 +245,7 @@ def test_two_trains_on_one_out_do_not_both_run(tmp_path):
     args = ["train", *tiny_training(tmp_path / "data"), "--epochs", "1", "--out", str(out)]
     code = (
         "import pathlib, time\n"
-        "import bnnexport.training.train as train\n"
+        "import bnnexport.stages.train as train\n"
         "recalibrate = train.recalibrate_batchnorm\n"
         "def held(*args, **kwargs):\n"
         f"    release, deadline = pathlib.Path({str(release)!r}), time.monotonic() + 300\n"

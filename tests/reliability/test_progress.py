@@ -15,7 +15,7 @@ from support.image_folders import tiny_training, write_image_folder
 def test_train_progress_bar_keeps_its_width_at_60_columns():
     import io
 
-    from bnnexport.training.trainer import progress_bars
+    from bnnexport.training.loop import progress_bars
 
     stream = io.StringIO()
     bar, status = progress_bars(range(80), 0, 5, True, file=stream, ncols=60)
@@ -31,8 +31,8 @@ def test_train_progress_bar_keeps_its_width_at_60_columns():
 
 
 def test_bench_shows_progress_when_asked(trained_run, capsys):
-    from bnnexport.bench.bench import bench
-    from bnnexport.bench.options import BenchOptions
+    from bnnexport.stages.bench.measure import bench
+    from bnnexport.stages.bench.options import BenchOptions
 
     write_zero_samples(trained_run)
     bench(trained_run, BenchOptions(runs=1, warmup=0, samples=4), write_report=False, progress=True)
@@ -62,8 +62,8 @@ def test_train_json_keeps_one_object_on_stdout_and_the_epoch_lines_on_stderr(tmp
 
 
 def test_a_library_caller_passing_progress_false_gets_nothing_on_stderr(tmp_path, capfd):
+    from bnnexport.stages.train import train
     from bnnexport.training.config import TrainConfig
-    from bnnexport.training.train import train
 
     data = write_image_folder(tmp_path / "data")
     config = TrainConfig(dataset="imagefolder", data_dir=str(data), epochs=2, batch_size=4,

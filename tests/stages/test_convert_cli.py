@@ -15,7 +15,7 @@ from support.converter_nets import PlainSign, StemAndBinaryConv, binary_conv, ex
 from support.fresh_run import fresh_run
 from support.guarantees import assert_one_line_error
 
-from bnnexport.export import export_onnx
+from bnnexport.stages.export import export_onnx
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("seeded")]  # TensorFlow and LCE conversions
 
@@ -269,8 +269,9 @@ def test_signature_outputs_names_the_flatbuffer_outputs_in_order(converted):
 
 def test_training_modules_do_not_import_tensorflow():
     code = (
-        "import sys, bnnexport.cli, bnnexport.export, bnnexport.convert, converters.lce, "
-        "converters.patterns; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+        "import sys, bnnexport.cli, bnnexport.stages.export, bnnexport.stages.convert, "
+        "converters.lce, converters.patterns; "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -13,7 +13,7 @@ from support.cli import invoke
 from support.converter_nets import FloatStemBinaryBody
 from support.guarantees import assert_one_line_error, assert_refused_unchanged, snapshot
 
-from bnnexport.export import export_onnx
+from bnnexport.stages.export import export_onnx
 from converters.flatbuffer import flatbuffer_ops
 
 pytestmark = pytest.mark.slow  # TensorFlow and LCE conversions
@@ -147,8 +147,8 @@ def test_bench_puts_the_int8_flatbuffer_beside_the_float_one_on_the_host(convert
         inputs, labels = samples["inputs"][:50], samples["labels"][:50]
     mine = run_lce(run / "model-arm64-int8.tflite", inputs)
     assert int8["top1"] == pytest.approx(float(np.mean(mine.argmax(1) == labels)))
-    from bnnexport.export import torch_outputs
     from bnnexport.run.checkpoint import load_model
+    from bnnexport.stages.export import torch_outputs
 
     reference = torch_outputs(load_model(run), inputs)
     agreement = np.mean(mine.argmax(1) == reference.argmax(1))

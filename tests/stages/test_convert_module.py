@@ -150,7 +150,7 @@ def test_a_module_pytorch_cannot_be_probed_on_allows_one_changed_prediction_at_e
         raise RuntimeError("an op the trace cannot see")
 
     monkeypatch.setattr(OnnxProbe, "run", swapped)
-    monkeypatch.setattr("bnnexport.nn.torch_probe.trace_binarizations", untraceable)
+    monkeypatch.setattr("bnnexport.stages.torch_probe.trace_binarizations", untraceable)
     convert = lambda: convert_module(index_put(), torch.randn(1, 3, 16, 16),  # noqa: E731
                                      out=tmp_path / "n.tflite", samples=samples)  # fmt: skip
     if not refused:

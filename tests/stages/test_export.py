@@ -11,8 +11,8 @@ from support.cli import COMMAND, invoke, run_process
 from support.fresh_run import fresh_run
 
 from bnnexport.errors import FidelityError, NotBinaryError
-from bnnexport.export import export_onnx
 from bnnexport.run.checkpoint import load_checkpoint, save_checkpoint
+from bnnexport.stages.export import export_onnx
 from converters.patterns import SIGN_ADD_SIGN, find_binary_layers
 
 

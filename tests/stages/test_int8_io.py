@@ -71,7 +71,7 @@ def test_a_float_output_left_by_lces_converter_is_one_line_not_a_traceback(
 
 
 def test_the_report_counts_int8_convs_as_int8_and_says_what_its_replay_took(int8_io_run):
-    from bnnexport.convert import ConvertReport
+    from bnnexport.stages.convert import ConvertReport
 
     _run, report, _ranges = int8_io_run
     assert (report["float_conv2d"], report["int8_conv2d"]) == (0, 1)  # the stem, in int8

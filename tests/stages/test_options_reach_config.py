@@ -118,7 +118,7 @@ def test_the_deprecated_amp_flag_reaches_the_config_as_precision_amp(tmp_path):
 
 @pytest.mark.parametrize("spelling", ["--torch-device", "--train-device"])
 def test_pipeline_takes_trains_device_spelling_and_the_deprecated_one(spelling, monkeypatch):
-    import bnnexport.pipeline
+    import bnnexport.stages.pipeline
 
     seen = []
 
@@ -126,13 +126,13 @@ def test_pipeline_takes_trains_device_spelling_and_the_deprecated_one(spelling, 
         seen.append(config.device)
         raise SystemExit(0)
 
-    monkeypatch.setattr(bnnexport.pipeline, "pipeline", capture)
+    monkeypatch.setattr(bnnexport.stages.pipeline, "pipeline", capture)
     invoke("pipeline", spelling, "cuda:1")
     assert seen == ["cuda:1"]
 
 
 def test_pipeline_resume_takes_the_run_as_its_value_as_train_does(monkeypatch, tmp_path):
-    import bnnexport.pipeline
+    import bnnexport.stages.pipeline
 
     seen = []
 
@@ -140,7 +140,7 @@ def test_pipeline_resume_takes_the_run_as_its_value_as_train_does(monkeypatch, t
         seen.append((config.out, resume))
         raise SystemExit(0)
 
-    monkeypatch.setattr(bnnexport.pipeline, "pipeline", capture)
+    monkeypatch.setattr(bnnexport.stages.pipeline, "pipeline", capture)
     invoke("pipeline", "--resume", tmp_path / "run")
     invoke("pipeline", "--out", tmp_path / "other")
     assert seen == [(str(tmp_path / "run"), True), (str(tmp_path / "other"), False)]

@@ -115,8 +115,8 @@ def test_the_int8_export_gate_of_your_own_model_refuses_a_flipped_binary_kernel(
     import onnx
     from onnx import numpy_helper
 
-    from bnnexport.export import onnx_gate, torch_outputs
     from bnnexport.run.checkpoint import open_model
+    from bnnexport.stages.export import onnx_gate, torch_outputs
     from converters.errors import ConversionMismatchError
 
     run = own_int8_run[0]

@@ -138,7 +138,7 @@ def test_where_pytorch_cannot_be_traced_convert_proves_the_chain_through_onnx_ru
     def untraceable(*_args, **_kwargs):
         raise RuntimeError("an op the trace cannot see")
 
-    monkeypatch.setattr("bnnexport.nn.torch_probe.trace_binarizations", untraceable)
+    monkeypatch.setattr("bnnexport.stages.torch_probe.trace_binarizations", untraceable)
     report = cli_json("convert", run, "--target", "arm64")
     torch_check = next(c for c in report["checks"] if c["reference"] == "PyTorch")
     assert torch_check["through"].startswith("ONNX Runtime (tracing its forward pass failed")
@@ -148,7 +148,7 @@ def test_where_pytorch_cannot_be_traced_convert_proves_the_chain_through_onnx_ru
 def test_through_onnx_runtime_two_predictions_pytorch_and_onnx_runtime_part_on_are_refused(
     planted, monkeypatch
 ):
-    from bnnexport import export
+    from bnnexport.stages import export
 
     run = copy_of(planted[0], "untraced-apart")
     real = export.torch_outputs
@@ -162,7 +162,7 @@ def test_through_onnx_runtime_two_predictions_pytorch_and_onnx_runtime_part_on_a
     def untraceable(*_args, **_kwargs):
         raise RuntimeError("an op the trace cannot see")
 
-    monkeypatch.setattr("bnnexport.nn.torch_probe.trace_binarizations", untraceable)
+    monkeypatch.setattr("bnnexport.stages.torch_probe.trace_binarizations", untraceable)
     monkeypatch.setattr(export, "torch_outputs", two_moved)
     result = run_in_process("convert", run, "--target", "arm64")
     assert_one_line_error(result, 1, "2 predictions differ", "cannot be replayed: tracing")

@@ -15,8 +15,8 @@ from support.cli import run_in_process
 import bnnexport
 from bnnexport.datasets import load_dataset
 from bnnexport.errors import CheckpointError
-from bnnexport.pack import pack
 from bnnexport.run.checkpoint import load_checkpoint, load_model, load_packed, save_checkpoint
+from bnnexport.stages.pack import pack
 
 KERNELS = ("features.2.weight", "features.5.weight", "classifier.1.weight")
 
@@ -81,7 +81,7 @@ def test_binary_kernels_take_one_32nd_of_their_float32_bytes(trained_run):
 def test_the_pipeline_line_names_which_ratio_it_prints(trained_run):
     from types import SimpleNamespace
 
-    from bnnexport.pipeline import PipelineReport
+    from bnnexport.stages.pipeline import PipelineReport
 
     stage = pack(trained_run).to_json()
     no_bench = SimpleNamespace(to_table=lambda: "")

@@ -19,7 +19,7 @@ def _pipeline(run, *args):
 
 @pytest.mark.slow
 def test_pipeline_runs_every_stage_and_ends_with_the_bench_table(_trained_run_template, tmp_path):
-    from bnnexport.pipeline import STAGES
+    from bnnexport.stages.pipeline import STAGES
 
     run = tmp_path / "run"
     shutil.copytree(_trained_run_template, run)
@@ -49,7 +49,7 @@ def test_pipeline_runs_every_stage_and_ends_with_the_bench_table(_trained_run_te
 
 @pytest.mark.slow
 def test_pipeline_json_holds_every_stage(_trained_run_template, tmp_path):
-    from bnnexport.pipeline import STAGES
+    from bnnexport.stages.pipeline import STAGES
 
     run = tmp_path / "run"
     shutil.copytree(_trained_run_template, run)
@@ -67,12 +67,12 @@ def test_pipeline_stops_at_the_first_failing_stage(tmp_path):
 
 
 def test_an_unknown_device_fails_before_training_and_writes_nothing(tmp_path, monkeypatch):
-    import bnnexport.pipeline
+    import bnnexport.stages.pipeline
 
     def refuse(*args, **kwargs):
         raise AssertionError("training started before the device was reached")
 
-    monkeypatch.setattr(bnnexport.pipeline, "train", refuse)
+    monkeypatch.setattr(bnnexport.stages.pipeline, "train", refuse)
     run = tmp_path / "run"
     result = invoke("pipeline", "--out", run, "--device", "pi@no-such-host")
     assert result.exit_code == 2, result.output
@@ -82,12 +82,12 @@ def test_an_unknown_device_fails_before_training_and_writes_nothing(tmp_path, mo
 
 
 def test_a_misspelt_device_fails_before_training_and_writes_nothing(tmp_path, monkeypatch):
-    import bnnexport.pipeline
+    import bnnexport.stages.pipeline
 
     def refuse(*args, **kwargs):
         raise AssertionError("training started before the device was read")
 
-    monkeypatch.setattr(bnnexport.pipeline, "train", refuse)
+    monkeypatch.setattr(bnnexport.stages.pipeline, "train", refuse)
     run = tmp_path / "run"
     result = invoke("pipeline", "--out", run, "--device", "adb:R58M12", "--port", "22")
     assert result.exit_code == 2, result.output

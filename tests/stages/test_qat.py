@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow  # training, export and a TensorFlow conversion
 @pytest.fixture(scope="module")
 def qat_run(tmp_path_factory):
     """mnist-bnn trained 2 epochs with int8 float layers on 16x16 pictures, exported."""
-    from bnnexport.export import export_onnx
-    from bnnexport.training.train import train
+    from bnnexport.stages.export import export_onnx
+    from bnnexport.stages.train import train
 
     root = tmp_path_factory.mktemp("qat")
     data = write_image_folder(root / "data")
@@ -46,7 +46,7 @@ def converted(qat_run):
 
 
 def _learnt_scales(run) -> list[float]:
-    from bnnexport.nn.torch_probe import activation_quantizers
+    from bnnexport.stages.torch_probe import activation_quantizers
 
     return [float(q.scale) for q in activation_quantizers(load_model(run))]
 
@@ -95,7 +95,7 @@ def _mutant_export(monkeypatch, change) -> None:
     """export writes `change`d copies of the model: an exporter mistake PyTorch does not see."""
     import copy
 
-    import bnnexport.export as export
+    import bnnexport.stages.export as export
 
     real = export.onnx_export
 
@@ -127,7 +127,7 @@ def test_an_exported_activation_more_than_a_step_from_pytorch_s_is_refused(
 def test_an_exported_activation_on_another_grid_is_refused(qat_run, tmp_path, monkeypatch):
     """One activation written with 3 times its scale: within a (coarser) step of PyTorch's
     values in its own steps, but not PyTorch's grid."""
-    from bnnexport.nn.torch_probe import activation_quantizers
+    from bnnexport.stages.torch_probe import activation_quantizers
 
     _mutant_export(monkeypatch, lambda model: activation_quantizers(model)[1].scale.mul_(3.0))
     result = run_in_process("export", qat_run, "--out", tmp_path / "m.onnx")

@@ -12,7 +12,7 @@ from support.handwritten_bnn import hand_written_bnn
 
 from bnnexport.models import create_model
 from bnnexport.nn.discover import find_binary_kernels
-from bnnexport.summary import summarize
+from bnnexport.stages.summary import summarize
 
 
 def rows(report) -> dict:

@@ -15,7 +15,7 @@ from torch import nn
 from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
 from bnnexport.nn.quantizers import Quantizer
 from bnnexport.run.checkpoint import load_checkpoint, save_checkpoint
-from bnnexport.verify import verify, verify_model
+from bnnexport.stages.verify import verify, verify_model
 
 # (layer, index of the weight set off) in the default mnist-bnn
 OFF_LAYER, OFF_INDEX = "features.5", (3, 1, 2, 0)

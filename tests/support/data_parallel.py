@@ -43,8 +43,8 @@ def recipe_mnist(data_dir=None, augment=True):
 def _rank(rank: int, world_size: int, ports: list[int], configs: list[dict]) -> None:
     import torch
 
+    from bnnexport.stages.train import train
     from bnnexport.training.config import TrainConfig
-    from bnnexport.training.train import train
 
     torch.set_num_threads(1)
     for port, config in zip(ports, configs, strict=True):  # a new process group each time

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from bnnexport.init import save_untrained_checkpoint
 from bnnexport.models import create_model
+from bnnexport.stages.init import save_untrained_checkpoint
 from bnnexport.training.config import TrainConfig
 
 

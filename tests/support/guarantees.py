@@ -103,9 +103,9 @@ def benched(run: Path, shape: tuple[int, ...]) -> list[str]:
 
     import numpy as np
 
-    from bnnexport.bench.bench import bench
-    from bnnexport.bench.options import BenchOptions
     from bnnexport.run import files, provenance
+    from bnnexport.stages.bench.measure import bench
+    from bnnexport.stages.bench.options import BenchOptions
 
     before = set(snapshot(run))
     buffer = io.BytesIO()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bnnexport.nn.torch_probe import TracedProbe
+from bnnexport.stages.torch_probe import TracedProbe
 from converters.gate.checks import binarization_inputs
 from converters.graph import load_onnx
 from converters.normalize import normalize
@@ -101,7 +101,7 @@ def plant_tie(
 def _outputs_part(model: nn.Module, path: Path, inputs: np.ndarray, sample: int) -> bool:
     """Whether PyTorch's and ONNX Runtime's outputs on `sample` differ by more than the gate's
     tolerance (a tie the next layers absorb, behind a max-pool say, needs no replay)."""
-    from bnnexport.export import torch_outputs
+    from bnnexport.stages.export import torch_outputs
     from converters.gate import RTOL, compare
     from converters.runtimes import run_onnx
 
@@ -128,8 +128,8 @@ def plant_in_run(
     """`plant_tie` on a run's model at `at` (`own_models.TIE_SITES`), on the run's check samples
     (samples.npz, so `bnnexport export` once first); the shifted model goes back into
     checkpoint.pt, where export and convert read it."""
-    from bnnexport.export import onnx_export
     from bnnexport.run.checkpoint import load_checkpoint, open_model, save_checkpoint
+    from bnnexport.stages.export import onnx_export
 
     model = open_model(run).model.eval()
     with np.load(run / "samples.npz") as samples:

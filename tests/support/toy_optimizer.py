@@ -1,7 +1,7 @@
 """A toy optimizer in a module of its own, as a new optimizer is added: its class, its
 factory and one `register_optimizer` call, with one hyperparameter (β) nothing else in
 bnnexport names. `python -m support.toy_optimizer ARGS` is `bnnexport ARGS` with it
-registered (tests/training/test_optimizer_registry.py).
+registered (tests/optim/test_optimizer_registry.py).
 
 It registers on import, as any optimizer's module does: imported only in a process of its
 own (tests/conftest.py keeps --doctest-modules from importing it into pytest's).
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from bnnexport.training.bop import LR, ScheduledAdam, require_plus_minus_one
-from bnnexport.training.composite import (
+from bnnexport.optim.bop import LR, ScheduledAdam, require_plus_minus_one
+from bnnexport.optim.composite import (
     LR_OPTION,
     CaseOptimizer,
     Hyperparameter,

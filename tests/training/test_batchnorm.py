@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bnnexport.init import randomize_batchnorm
 from bnnexport.nn.layers import batch_norms
-from bnnexport.training.trainer import recalibrate_batchnorm
+from bnnexport.stages.init import randomize_batchnorm
+from bnnexport.training.loop import recalibrate_batchnorm
 
 
 def _model() -> nn.Module:

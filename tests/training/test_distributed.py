@@ -18,6 +18,7 @@ from bnnexport.errors import ConfigError
 from bnnexport.nn.layers import binary_parameters
 from bnnexport.run.checkpoint import load_model
 from bnnexport.run.records import read_jsonl
+from bnnexport.stages.train import train
 from bnnexport.training.config import TrainConfig
 from bnnexport.training.distributed import (
     AllReduceBatchNorm,
@@ -26,7 +27,6 @@ from bnnexport.training.distributed import (
     global_batchnorm,
     process_batch_size,
 )
-from bnnexport.training.train import train
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from support.guarantees import snapshot
 from support.image_folders import tiny_training, write_image_folder
 
 from bnnexport.run.records import read_jsonl
+from bnnexport.stages.train import train
 from bnnexport.training.config import TrainConfig
 from bnnexport.training.metrics import (
     NO_TENSORBOARD,
@@ -25,7 +26,6 @@ from bnnexport.training.metrics import (
     pi,
     tensorboard_available,
 )
-from bnnexport.training.train import train
 
 
 def _train(out: Path, **kwargs):
@@ -112,7 +112,7 @@ def test_tensorboard_comes_with_the_default_install():
 
 @pytest.mark.slow
 def test_a_run_without_tensorboard_says_so_in_one_line_and_in_its_notes(tmp_path, monkeypatch):
-    import bnnexport.training.train as train_module
+    import bnnexport.stages.train as train_module
 
     monkeypatch.setattr(train_module, "tensorboard_available", lambda: False)
     monkeypatch.setattr("bnnexport.training.metrics.tensorboard_available", lambda: False)

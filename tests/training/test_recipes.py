@@ -10,8 +10,8 @@ import pytest
 from support.cli import invoke
 
 from bnnexport.errors import DataError
+from bnnexport.optim.schedules import parse_schedule
 from bnnexport.training.recipes import RECIPES, SOURCED, compression_note, recipe_config
-from bnnexport.training.schedules import parse_schedule
 
 PAPER_RECIPES = [
     "paper-cifar10-bop", "paper-cifar10-latent", "paper-cifar10-sweep", "paper-imagenet-bop",
@@ -218,7 +218,7 @@ def test_l2_first_last_regularises_the_xnornet_float_first_conv_and_last_dense()
 
     from bnnexport.models import create_model
     from bnnexport.nn.layers import BinaryConv2d, BinaryLinear
-    from bnnexport.training.trainer import first_and_last_weights
+    from bnnexport.training.loop import first_and_last_weights
 
     model = create_model("xnornet", num_classes=10, input_shape=(3, 64, 64))
     first, last = first_and_last_weights(model)

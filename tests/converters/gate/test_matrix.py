@@ -33,14 +33,14 @@ from pathlib import Path
 
 import pytest
 
-from bnnexport.convert import convert_run
-from bnnexport.export import export_onnx
-from bnnexport.init import init_run
 from bnnexport.models import model_info
 from bnnexport.nn.layers import binary_layers
 from bnnexport.run.checkpoint import load_model
+from bnnexport.stages.convert import convert_run
+from bnnexport.stages.export import export_onnx
+from bnnexport.stages.init import init_run
+from bnnexport.stages.train import train
 from bnnexport.training.config import TrainConfig
-from bnnexport.training.train import train
 from converters.flatbuffer import kinds_beyond, op_kinds
 
 pytestmark = pytest.mark.slow

@@ -47,7 +47,7 @@ def exported(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("row", _params(ROWS, long=True))
 def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, exported):
-    from bnnexport.verify import verify_onnx
+    from bnnexport.stages.verify import verify_onnx
     from converters.lce import convert_onnx
 
     path, shape = exported(row)
@@ -70,7 +70,7 @@ def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, expo
 def test_verify_finds_the_binary_layers_convert_finds(row, exported):
     """verify and convert read the same normalised graph: the layers `convert` makes binary
     (`find_binary_layers_in` after `normalize`) are exactly those `verify` calls strict."""
-    from bnnexport.verify import verify_onnx
+    from bnnexport.stages.verify import verify_onnx
     from converters.graph import OnnxGraph, load_onnx
     from converters.normalize import normalize
     from converters.patterns import find_binary_layers_in

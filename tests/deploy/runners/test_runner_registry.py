@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bnnexport.bench.device import (
+from bnnexport.stages.bench.device import (
     Connected,
     Scoring,
     device_rows,
@@ -16,7 +16,7 @@ from bnnexport.bench.device import (
     needs_batched_copy,
     scaling_rows,
 )
-from bnnexport.bench.options import BenchOptions, DeviceTarget
+from bnnexport.stages.bench.options import BenchOptions, DeviceTarget
 from deploy.errors import UnknownRunnerError
 from deploy.runners import (
     Measurement,
