@@ -138,6 +138,21 @@ def tf() -> ModuleType:
     return tensorflow
 
 
+def has_quantize_nodes(model: str | Path | bytes) -> bool:
+    """Whether an ONNX file or serialized model holds a QuantizeLinear node (its op type is
+    written verbatim in the protobuf; a tensor merely named so only costs ORT's int8 fusions).
+
+    Example:
+        >>> has_quantize_nodes(b"...QuantizeLinear..."), has_quantize_nodes(b"...Conv...")
+        (True, False)
+    """
+    try:
+        payload = model if isinstance(model, bytes) else Path(model).read_bytes()
+    except OSError:  # ONNX Runtime says what is wrong with the path
+        return False
+    return b"QuantizeLinear" in payload
+
+
 def ort_session(
     model: str | Path | bytes, threads: int = 0, *, optimize: bool = True
 ) -> onnxruntime.InferenceSession:
@@ -150,7 +165,9 @@ def ort_session(
             written, as the normaliser's constant folding does).
 
     ORT's kernel-scaling fusions are always off (`SCALING_FUSIONS`), so ONNX Runtime computes
-    the binary layers exactly as PyTorch does. InvalidModelError when it cannot load the model.
+    the binary layers exactly as PyTorch does; a quantized (QDQ) model runs with the basic
+    optimizations only, as its Q/DQ nodes say, never ORT's fused int8 kernels (which saturate
+    on a CPU without VNNI). InvalidModelError when it cannot load the model.
     """
     import onnxruntime as ort
 
@@ -162,6 +179,10 @@ def ort_session(
     options.log_severity_level = 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    elif has_quantize_nodes(model):
+        # the QDQ model's own arithmetic, not ORT's fused int8 kernels: on a CPU without VNNI
+        # they saturate (docs/LCE_NOTES.md "ONNX Runtime's int8 kernels")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     label = "(in memory)" if isinstance(model, bytes) else model
     try:
         return ort.InferenceSession(

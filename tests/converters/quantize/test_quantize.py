@@ -109,6 +109,9 @@ def test_the_qdq_model_runs_in_onnx_runtime_close_to_the_float_model(tmp_path):
     )
     output_step = next(iter(quantized.report.points.values()))["scale"]
     assert output_step > 0
+    # the QDQ model's own arithmetic: ORT's fused int8 kernels, which saturate on a CPU
+    # without VNNI (10 % of the range apart on an AVX2-only EPYC), are not what runs
+    assert np.array_equal(ours, run_onnx(quantized.model.SerializeToString(), x, optimize=False))
     assert np.abs(ours - floats).max() < 0.05 * (floats.max() - floats.min())
     assert (ours.argmax(1) == floats.argmax(1)).mean() >= 0.9
 
