@@ -6,6 +6,8 @@ missing file, an unsupported op, an unreachable device).
 
 `converters.errors` and `deploy.errors` define their own types (those packages never import
 bnnexport); the CLI treats every exception that carries an integer `exit_code` the same way.
+One kind both raise is defined once, below them: `InputShapeError` (inputs of a shape the model
+does not take) is `converters.errors.InputShapeError`, handed on here.
 
 Example:
     >>> from bnnexport.errors import DataError
@@ -14,6 +16,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from converters.errors import InputShapeError as InputShapeError  # handed on (module doc)
 
 
 class BnnExportError(Exception):
@@ -38,10 +42,6 @@ class FidelityError(CheckFailedError):
 
 class DataError(BnnExportError):
     """A data set is missing, malformed or of the wrong shape."""
-
-
-class InputShapeError(DataError):
-    """A model cannot take the data's input (its channels, its size), found before training."""
 
 
 class ExporterError(BnnExportError):

@@ -13,21 +13,36 @@ Example:
     True
 """
 
-from converters.errors import (
-    ConversionMismatchError,
-    ConverterError,
-    FloatFallbackError,
-    InvalidModelError,
-    UnsupportedOpError,
-    ZeroSignError,
-)
-from converters.flatbuffer import op_histogram
-from converters.gate import GateOptions, GateReport, compare
-from converters.gate.checks import Reference
-from converters.lce import ConversionResult, ConvertOptions, convert_onnx
-from converters.normalize import NormalizeReport
-from converters.patterns import BinaryLayerMatch, find_binary_layers
-from converters.runtimes import RuntimeModel, open_model, run_lce, run_onnx, run_tflite
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported on first use: a module of converters/ (its errors, its choices) imported by
+# bnnexport's training commands must not pay for ONNX, the gate and the flatbuffer reader.
+_EXPORTS = {
+    "converters.errors": ("ConversionMismatchError", "ConverterError", "FloatFallbackError",
+                          "InvalidModelError", "UnsupportedOpError", "ZeroSignError"),
+    "converters.flatbuffer": ("op_histogram",),
+    "converters.gate": ("GateOptions", "GateReport", "compare"),
+    "converters.gate.checks": ("Reference",),
+    "converters.lce": ("ConversionResult", "ConvertOptions", "convert_onnx"),
+    "converters.normalize": ("NormalizeReport",),
+    "converters.patterns": ("BinaryLayerMatch", "find_binary_layers"),
+    "converters.runtimes": ("RuntimeModel", "open_model", "run_lce", "run_onnx", "run_tflite"),
+}  # fmt: skip
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'converters' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])
+
 
 __all__ = [
     "BinaryLayerMatch",

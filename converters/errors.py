@@ -96,7 +96,9 @@ class UnknownLayerError(ConverterError):
 
 
 class InputShapeError(ConverterError):
-    """Inputs given to a model do not have the shape the model takes."""
+    """Inputs given to a model do not have the shape the model takes: samples or calibration
+    data for a converted model, or a data set's images for a model about to be trained (the
+    one class for both; `bnnexport.errors` hands it on)."""
 
 
 class ZeroSignError(ConverterError):
