@@ -297,19 +297,13 @@ class Int8Imposer:
             )
 
     def _check(self, name: str, theirs: np.ndarray, mine: np.ndarray) -> None:
-        from converters.errors import ConversionMismatchError
-        from converters.gate.quantized import STEP_TOL
+        from converters.gate.quantized import refuse_beyond_one_step
 
-        scale = self.points[name][0]
-        apart = np.abs(theirs.astype(np.float64) - mine) / scale
-        if apart.max(initial=0.0) > STEP_TOL:
-            at = int(np.argmax(apart))
-            raise ConversionMismatchError(
-                f"int8 activation {name!r} of ONNX Runtime is {apart.reshape(-1)[at]:.3g} steps "
-                f"from PyTorch's at position {at} given the same values before it (at most one "
-                "step is rounding)",
-                {"int8_tensor": name, "position": at, "steps": float(apart.reshape(-1)[at])},
-            )
+        apart = np.abs(theirs.astype(np.float64) - mine) / self.points[name][0]
+        refuse_beyond_one_step(
+            name, apart, ("ONNX Runtime", "PyTorch's"),
+            "given the same values before it (at most one step is rounding)",
+        )  # fmt: skip
 
 
 def binarizing_quantizers(model: nn.Module) -> list[Quantizer]:

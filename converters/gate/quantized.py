@@ -221,15 +221,40 @@ class QuantProbe:
                 {"int8_tensor": point, "position": at, "scale": scale, "zero_point": zero},
             )
         apart = np.abs(steps - (np.asarray(mine, np.float64) / scale + zero))
-        if apart.max(initial=0.0) > STEP_TOL:
-            at = int(np.argmax(apart))
-            raise ConversionMismatchError(
-                f"int8 tensor {point!r} of the candidate is {apart.reshape(-1)[at]:.3g} steps "
-                f"from the reference's at position {at} given the same int8 inputs (at most one "
-                "step is rounding): the layer is computed otherwise",
-                {"int8_tensor": point, "position": at, "steps": float(apart.reshape(-1)[at])},
-            )
+        refuse_beyond_one_step(
+            point, apart, ("the candidate", "the reference's"),
+            "given the same int8 inputs (at most one step is rounding): the layer is computed "
+            "otherwise",
+        )  # fmt: skip
         self.stats.count(point, int((apart > GRID_TOL).sum()), int(apart.size))
+
+
+def refuse_beyond_one_step(
+    point: str, apart: np.ndarray, between: tuple[str, str], context: str
+) -> None:
+    """ConversionMismatchError when the int8 tensor `point` is more than one step (`STEP_TOL`)
+    from its reference anywhere: one step is rounding (module doc), more is another computation.
+    `apart` is the distance in steps, position by position; `between` names the two sides (the
+    one checked, the reference's), `context` ends the message. The one rule for int8 tensors,
+    here and in bnnexport's PyTorch probe.
+
+    Example:
+        >>> refuse_beyond_one_step("t", np.array([0.0, 1.0]), ("a", "b's"), "")
+        >>> try:
+        ...     refuse_beyond_one_step("t", np.array([0.0, 2.0]), ("a", "b's"), "(end)")
+        ... except ConversionMismatchError as refused:
+        ...     print(refused)
+        int8 tensor 't' of a is 2 steps from b's at position 1 (end)
+    """
+    if apart.max(initial=0.0) <= STEP_TOL:
+        return
+    at = int(np.argmax(apart))
+    steps = float(apart.reshape(-1)[at])
+    raise ConversionMismatchError(
+        f"int8 tensor {point!r} of {between[0]} is {steps:.3g} steps from {between[1]} at "
+        f"position {at} {context}",
+        {"int8_tensor": point, "position": at, "steps": steps},
+    )
 
 
 def tflite_quantize(
