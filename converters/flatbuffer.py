@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from converters.choices import INPUT_LAYOUTS
 from converters.errors import InputShapeError, InvalidModelError
 
 
@@ -500,7 +501,6 @@ def _text(value: str | bytes | None) -> str:
 # "nhwc" (channels last: TFLite's convention, what a device app feeds) or "nchw" (PyTorch's and
 # ONNX's layout, the samples' own); docs/LCE_NOTES.md "Input layout"
 LAYOUT_ENTRY = "input_layout"
-INPUT_LAYOUTS = ("nhwc", "nchw")
 
 
 def layout_metadata(layout: str | None) -> dict[str, bytes]:

@@ -42,9 +42,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from converters.choices import (
+    INPUT_LAYOUTS,
+    LAYER_PRECISIONS,
+    TARGETS,
+    InputLayout,
+    LayerPrecision,
+    Target,
+)
 from converters.errors import ConverterError
 from converters.flatbuffer import (
-    INPUT_LAYOUTS,
     flatbuffer_ops,
     input_layout,
     input_shapes,
@@ -67,11 +74,10 @@ from converters.gate.quantized import check_int8
 from converters.graph import OnnxGraph, load_onnx
 from converters.normalize import NormalizeReport, normalize, runnable_reference
 from converters.patterns import find_binary_layers_in
-from converters.quantize import FLOAT_LAYERS, QuantPoint, quantize
+from converters.quantize import QuantPoint, quantize
 from converters.runtimes import lce_kernel_settings, run_lce
 from converters.translate import first_unsupported, image_inputs, translate
 
-TARGETS = ("arm64", "arm32")
 # how an image input is taken when not asked: TFLite's convention, what an app on an ARM device
 # feeds (camera frames are HWC), on both targets: they are one LCE target, "arm", and the same
 # TFLite apps (docs/LCE_NOTES.md "Input layout")
@@ -92,7 +98,7 @@ class ConversionResult:
     exact-grid twin's."""
 
     output: Path
-    target: str
+    target: Target
     binary_layers: int
     lce_bconv2d: int
     float_conv2d: int  # CONV_2D and DEPTHWISE_CONV_2D reading float32
@@ -106,7 +112,7 @@ class ConversionResult:
     # how the flatbuffer takes its image input, as its metadata declares it ("nhwc", "nchw";
     # None: the model has no NCHW image input and is taken as the ONNX model takes it), and
     # its input shape in that layout
-    input_layout: str | None = None
+    input_layout: InputLayout | None = None
     input_shape: list[int] = field(default_factory=list)
     tflite_float_bytes: int | None = None  # None: no float model asked for, none built
     float_output: Path | None = None
@@ -180,7 +186,7 @@ class ConvertOptions:
     # "int8": the float layers run in int8, calibrated on `calibration` (default: the check
     # samples) unless the model carries its own ranges; the gate then compares with the int8
     # model in ONNX Runtime (`converters.quantize`, `converters.gate.quantized`)
-    float_layers: str = "float32"
+    float_layers: LayerPrecision = "float32"
     calibration: np.ndarray | None = field(default=None, compare=False)
     # int8: the activation points to use (`QuantizeReport.tensor_points` of another
     # conversion of the same model: a batch-N copy takes the batch-1 model's)
@@ -189,7 +195,7 @@ class ConvertOptions:
     # below the float model's (None: no limit)
     max_accuracy_drop: float | None = 1.0
     # int8: the flatbuffer's input and output types ("int8": no QUANTIZE / DEQUANTIZE at the ends)
-    io: str = "float32"
+    io: LayerPrecision = "float32"
     # entries added to the flatbuffer's metadata after every check (name -> bytes: what an
     # app on the device reads, e.g. bnnexport's class names); `converters.flatbuffer`
     metadata: dict[str, bytes] = field(default_factory=dict, compare=False)
@@ -206,7 +212,7 @@ class ConvertOptions:
 def convert_onnx(
     onnx_path: str | Path,
     output_path: str | Path,
-    target: str = "arm64",
+    target: Target = "arm64",
     write_float_tflite: str | Path | None = None,
     inputs: np.ndarray | None = None,
     options: ConvertOptions = ConvertOptions(),
@@ -377,12 +383,12 @@ FLOAT_CONVS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 
 def _check_int8_options(options: ConvertOptions, write_float_tflite: object) -> None:
     """ConverterError (exit 2) for int8 settings that cannot apply, and an unknown layout."""
-    if options.float_layers not in FLOAT_LAYERS:
+    if options.float_layers not in LAYER_PRECISIONS:
         raise ConverterError(
             f"unknown float layer precision {options.float_layers!r}; choose one of "
-            f"{', '.join(FLOAT_LAYERS)}"
+            f"{', '.join(LAYER_PRECISIONS)}"
         )
-    if options.io not in FLOAT_LAYERS:
+    if options.io not in LAYER_PRECISIONS:
         raise ConverterError(f"unknown io type {options.io!r}; choose one of float32, int8")
     if options.float_layers == "float32" and options.io == "int8":
         raise ConverterError("int8 input and output need the float layers in int8")

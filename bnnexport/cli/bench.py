@@ -16,6 +16,7 @@ from bnnexport.cli.common import (
     json_option,
     locks_run,
 )
+from converters.choices import TARGETS
 from deploy.runners import candidates, runner_choices, runner_names
 from deploy.transports import device_help
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 )
 @choice_option(
     "--target",
-    choices=["arm64", "arm32"],
+    choices=TARGETS,
     default="arm64",
     help="Which LCE flatbuffer: RUN_DIR/model-TARGET.tflite.",
 )

@@ -12,13 +12,14 @@ from bnnexport.cli.common import (
     json_option,
     locks_run,
 )
+from converters.choices import LAYER_PRECISIONS, TARGETS
 
 
 @click.command("convert")
 @click.argument("source", metavar="RUN_DIR|MODEL.onnx", type=click.Path())
 @choice_option(
     "--target",
-    choices=["arm64", "arm32"],
+    choices=TARGETS,
     default="arm64",
     help='Device the flatbuffer is for. Both use LCE\'s target "arm"; the file is '
     "named model-arm64.tflite or model-arm32.tflite.",
@@ -94,7 +95,7 @@ from bnnexport.cli.common import (
 @choice_option(
     "--float-layers",
     "float_layers",
-    choices=["float32", "int8"],
+    choices=LAYER_PRECISIONS,
     default=None,
     help="int8: run the float layers (conv, depthwise, dense) in int8, per output channel for "
     "kernels and per tensor for activations, every binary layer still an LceBconv2d; written "
@@ -113,7 +114,7 @@ from bnnexport.cli.common import (
 )
 @choice_option(
     "--io",
-    choices=["float32", "int8"],
+    choices=LAYER_PRECISIONS,
     default="float32",
     help="int8: the flatbuffer's input and output types (int8: no QUANTIZE / DEQUANTIZE at the "
     "ends; feed it inputs quantized with its input scale and zero point).",

@@ -24,7 +24,6 @@ from bnnexport.cli.common import (
 from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
-from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.optim.composite import OPTIMIZERS, Hyperparameter, all_hyperparameters
 from bnnexport.stages.train import train
@@ -35,6 +34,7 @@ from bnnexport.training.config import (
     config_keys,
     default_out,
 )
+from converters.choices import LAYER_PRECISIONS
 
 DEFAULTS = TrainConfig()
 
@@ -323,7 +323,7 @@ def _from_recipe(
 @click.option("--amp", is_flag=True, hidden=True, help="Deprecated spelling of --precision amp.")
 @choice_option(
     "--float-layers",
-    choices=FLOAT_LAYERS,
+    choices=LAYER_PRECISIONS,
     default=DEFAULTS.float_layers,
     help="int8: quantization-aware training of the float layers (stem, shortcut convs, head): "
     "PyTorch's fake quantization on their inputs, outputs and kernels (per output channel), "

@@ -43,7 +43,6 @@ import torch.nn.functional as F
 from torch import nn
 
 KERNEL_LIMIT = 127  # int8 kernels: symmetric, [-127, 127], zero point 0
-FLOAT_LAYERS = ("float32", "int8")  # how a run trains its float layers (`train --float-layers`)
 
 
 def fake_quantize_kernel(weight: torch.Tensor) -> torch.Tensor:

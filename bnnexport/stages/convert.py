@@ -37,6 +37,7 @@ from bnnexport.run.refusals import gate_refusal, refusal_path
 from bnnexport.run.samples import class_names_metadata, load_samples, sample_class_names
 from bnnexport.stages.progress import Steps
 from bnnexport.stages.report import Report, format_value, int8_lines
+from converters.choices import TARGETS
 from converters.gate import RTOL
 
 if TYPE_CHECKING:
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
     from converters.gate.checks import Reference
     from converters.gate.fallbacks import RecordedLayer
     from converters.lce import ConversionResult, ConvertOptions
-
-
-TARGETS = ("arm64", "arm32")
 
 
 FORMATS = ("lce", "tflite")

@@ -119,7 +119,7 @@ def int8_lines(int8: dict[str, Any] | None) -> list[str]:
     lines = [
         f"int8 ({source}, io {int8['io']}): {len(int8['int8_layers'])} layers in int8, "
         f"{int8['int8_ops']} int8 ops, {int8['float_ops']} float conv/dense ops",
-        *(f"  float: {layer} ({why})" for layer, why in int8["float_layers"].items()),
+        *(f"  float: {layer} ({why})" for layer, why in int8["kept_float"].items()),
         f"  int8 replay: {check['replayed_samples']} samples, {check['int8_tensors']} int8 "
         f"tensors, {check['one_step_positions']} of {check['positions']} positions one step "
         "apart (rounding)",

@@ -22,7 +22,6 @@ import torch
 
 from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
-from bnnexport.nn.int8 import FLOAT_LAYERS
 from bnnexport.nn.precision import PRECISIONS
 from bnnexport.optim.composite import (
     GAMMA_OPTION,
@@ -30,6 +29,7 @@ from bnnexport.optim.composite import (
     THRESHOLD_OPTION,
     all_hyperparameters,
 )
+from converters.choices import LAYER_PRECISIONS
 
 DEFAULT_EPOCHS = 5
 BN_EVAL = ("recalibrate", "moving")  # TrainConfig.bn_eval
@@ -157,9 +157,9 @@ def validate_config(config: TrainConfig) -> None:
         raise ConfigError(f"--precision {config.precision!r} is not one of {', '.join(PRECISIONS)}")
     if config.bn_eval not in BN_EVAL:
         raise ConfigError(f"--bn-eval {config.bn_eval!r} is not one of {', '.join(BN_EVAL)}")
-    if config.float_layers not in FLOAT_LAYERS:
+    if config.float_layers not in LAYER_PRECISIONS:
         raise ConfigError(
-            f"--float-layers {config.float_layers!r} is not one of {', '.join(FLOAT_LAYERS)}"
+            f"--float-layers {config.float_layers!r} is not one of {', '.join(LAYER_PRECISIONS)}"
         )
     if config.batch_size < 1 or (config.epochs is not None and config.epochs < 1):
         raise ConfigError("--batch-size and --epochs must be at least 1")

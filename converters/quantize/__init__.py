@@ -38,15 +38,13 @@ from converters.quantize.calibrate import activation_ranges
 from converters.quantize.qdq import QuantPoint, read_qdq, write_qdq
 from converters.quantize.units import Unit, UnitPlan, find_units
 
-FLOAT_LAYERS = ("float32", "int8")
-
 
 @dataclass
 class QuantizeReport:
     """How the float layers were quantized: `ranges` "calibrated" (post-training, on
     `calibration_samples` samples), "trained" (the model carried them: quantization-aware
-    training) or "given" (another conversion's); the int8 layers and the float layers kept
-    float with why, and every activation point (by the name of its dequantized tensor) with
+    training) or "given" (another conversion's); the int8 layers and, in `kept_float`, the layers
+    kept float with why, and every activation point (by the name of its dequantized tensor) with
     its scale and zero point.
     `calibrated_points` lists points a trained model had no range for (calibrated instead);
     `unused_points` trained ranges at tensors no int8 layer reads or writes."""
@@ -54,7 +52,7 @@ class QuantizeReport:
     ranges: str
     calibration_samples: int
     int8_layers: list[str] = field(default_factory=list)
-    float_layers: dict[str, str] = field(default_factory=dict)
+    kept_float: dict[str, str] = field(default_factory=dict)
     points: dict[str, dict[str, float | int]] = field(default_factory=dict)
     calibrated_points: list[str] = field(default_factory=list)
     unused_points: list[str] = field(default_factory=list)
@@ -121,7 +119,7 @@ def quantize(
         ranges=ranges,
         calibration_samples=len(calibration) if missing and calibration is not None else 0,
         int8_layers=[u.layer for u in plan.units],
-        float_layers=dict(plan.kept_float),
+        kept_float=dict(plan.kept_float),
         points={name: point.to_json() for name, point in written.items()},
         calibrated_points=missing if carried else [],
         unused_points=sorted((set(given or {}) | set(carried)) - set(points)),
@@ -161,7 +159,6 @@ def _activation_points(
 
 
 __all__ = [
-    "FLOAT_LAYERS",
     "QuantPoint",
     "QuantizeReport",
     "Quantized",

@@ -52,7 +52,7 @@ def test_the_stem_and_the_head_are_int8_ops_and_every_binary_layer_an_lce_bconv2
     run, report = converted
     int8 = report["int8"]
     assert int8["int8_layers"] == ["/features/features.0/Conv", "/classifier/classifier.3/Gemm"]
-    assert int8["int8_ops"] == 2 and int8["float_ops"] == 0 and int8["float_layers"] == {}
+    assert int8["int8_ops"] == 2 and int8["float_ops"] == 0 and int8["kept_float"] == {}
     assert report["lce_bconv2d"] == report["binary_layers"] == 3
     ops = flatbuffer_ops(run / "model-arm64-int8.tflite")
     assert [op.input_types[0] for op in ops if op.op_type == "CONV_2D"] == ["INT8", "INT8"]
