@@ -356,8 +356,7 @@ def lce_caller(flatbuffer: Path, threads: int = 1) -> Callable[[], Any]:
     """One batch-1 inference in LCE's interpreter (indirect BGEMM, docs/LCE_NOTES.md "Running
     flatbuffers"), random input."""
     import numpy as np
-
-    from converters.runtimes import open_model
+    from bnnexport.converters.runtimes import open_model
 
     model = open_model("lce", flatbuffer, threads)
     x = np.random.default_rng(0).uniform(-1, 1, model.input_shape).astype(np.float32)

@@ -39,9 +39,8 @@ from _common import (
     parser,
     table,
 )
+from bnnexport.converters.flatbuffer import op_kinds
 from convert_scaling import convert_child, prepare
-
-from converters.flatbuffer import op_kinds
 
 STAGES = ("export", "normalise", "translate", "lce_converter", "gate", "twin")
 

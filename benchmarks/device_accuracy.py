@@ -143,8 +143,8 @@ def arguments(argv: list[str] | None) -> Any:
         p.error("--benchmark-binary: give LCE's aarch64 lce_benchmark_model")
     if unknown := [n for n in args.names if n not in MODELS]:
         p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    from deploy.emulator import default_cache, ensure_rootfs
-    from deploy.errors import EmulatorUnavailableError
+    from bnnexport.deploy.emulator import default_cache, ensure_rootfs
+    from bnnexport.deploy.errors import EmulatorUnavailableError
 
     try:
         args.rootfs, _ = ensure_rootfs(default_cache(), log)
@@ -154,7 +154,7 @@ def arguments(argv: list[str] | None) -> Any:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from deploy.emulator import running_device
+    from bnnexport.deploy.emulator import running_device
 
     args = arguments(argv)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="device-accuracy-"))

@@ -69,7 +69,7 @@ class Block(nn.Module):
 def one_grouped_op() -> Iterator[None]:
     """The translator writes a grouped binary conv as one conv with the grouped filter, from
     which LCE's converter makes one grouped LceBconv2d (groups of a multiple of 32 channels)."""
-    from converters.translate import groups, tf_layers
+    from bnnexport.converters.translate import groups, tf_layers
 
     def plan(in_channels: int, count: int) -> groups.GroupPlan:
         return groups.GroupPlan("single", count)
@@ -82,9 +82,10 @@ def measure(
     channels: int, size: int, groups_list: list[int], rounds: int, runs: int,
     lce_grouped: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
+    from bnnexport.converters.flatbuffer import input_layout, to_input_layout
+    from bnnexport.converters.runtimes import lce_interpreter
+
     from bnnexport import convert_module
-    from converters.flatbuffer import input_layout, to_input_layout
-    from converters.runtimes import lce_interpreter
 
     contenders = [(binary, groups, False) for binary in (True, False) for groups in groups_list]
     if lce_grouped:

@@ -59,7 +59,7 @@ def _train(out: Path, epochs: int, int8: bool) -> None:
 
 
 def _top1(flatbuffer: Path, run: Path) -> float:
-    from converters.runtimes import run_lce
+    from bnnexport.converters.runtimes import run_lce
 
     with np.load(run / "samples.npz") as samples:
         inputs, labels = samples["inputs"], samples["labels"]
@@ -68,9 +68,10 @@ def _top1(flatbuffer: Path, run: Path) -> float:
 
 def _float_layers(run: Path, into: Path) -> dict[str, str]:
     """Each layer the int8 conversion took, converted alone (float) into `into`: {module: path}."""
+    from bnnexport.converters.layer_map import module_path_of_name
+
     from bnnexport import convert_module
     from bnnexport.run.checkpoint import load_model
-    from converters.layer_map import module_path_of_name
 
     report = json.loads((run / "convert-int8.json").read_text())
     names = [module_path_of_name(n) for n in report["int8"]["int8_layers"]]

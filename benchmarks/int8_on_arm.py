@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples_file = args.flatbuffer.parent / "samples.npz"
     if not args.flatbuffer.is_file() or not samples_file.is_file():
         p.error(f"{args.flatbuffer}: needs the flatbuffer and its run's samples.npz")
-    from converters.flatbuffer import input_layout, to_input_layout
-    from deploy.emulator import default_cache, ensure_rootfs, running_device
+    from bnnexport.converters.flatbuffer import input_layout, to_input_layout
+    from bnnexport.deploy.emulator import default_cache, ensure_rootfs, running_device
 
     with np.load(samples_file) as data:
         inputs = data["inputs"][[int(k) for k in args.samples.split(",")]]

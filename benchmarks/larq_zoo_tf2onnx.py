@@ -43,12 +43,11 @@ from typing import Any
 
 import numpy as np
 from _common import emit, interleaved, larq_json, larq_zoo_python, log, machine, parser, table
-
-from converters.errors import ConverterError
-from converters.flatbuffer import op_histogram
-from converters.gate import TIE_RTOL, GateOptions
-from converters.lce import ConvertOptions, convert_onnx
-from converters.runtimes import open_model, run_lce
+from bnnexport.converters.errors import ConverterError
+from bnnexport.converters.flatbuffer import op_histogram
+from bnnexport.converters.gate import TIE_RTOL, GateOptions
+from bnnexport.converters.lce import ConvertOptions, convert_onnx
+from bnnexport.converters.runtimes import open_model, run_lce
 
 DEFAULT_MODELS = "QuickNetSmall,QuickNet,BinaryAlexNet,BiRealNet,RealToBinaryNet"
 

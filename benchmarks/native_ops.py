@@ -44,8 +44,7 @@ from _common import (
     table,
     torch_pipeline,
 )
-
-from converters.flatbuffer import kinds_beyond, op_histogram, op_kinds
+from bnnexport.converters.flatbuffer import kinds_beyond, op_histogram, op_kinds
 
 DATA = ROOT / "benchmarks" / "data" / "native_ops.json"
 # the NCHW input's TRANSPOSE: issue 47's item 2 (the NHWC input), not a fold of this item

@@ -37,8 +37,7 @@ from _common import (
     table,
     torch_pipeline,
 )
-
-from converters.flatbuffer import op_histogram
+from bnnexport.converters.flatbuffer import op_histogram
 
 VARIANTS = {"full": ("binarynet", False), "convs": ("binarynet-convs", True)}
 

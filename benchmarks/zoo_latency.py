@@ -50,6 +50,8 @@ from _common import (
     table,
     torch_pipeline,
 )
+from bnnexport.converters.flatbuffer import input_layout, op_kinds
+from bnnexport.converters.runtimes import LceModel, lce_interpreter, open_model
 
 from bnnexport.models import list_models, model_info
 from bnnexport.run.checkpoint import load_model
@@ -57,8 +59,6 @@ from bnnexport.run.directory import RunDir
 from bnnexport.run.samples import load_samples
 from bnnexport.stages.bench.host import host_backends
 from bnnexport.stages.summary import summarize
-from converters.flatbuffer import input_layout, op_kinds
-from converters.runtimes import LceModel, lce_interpreter, open_model
 
 BACKENDS = ("pytorch", "onnxruntime", "tflite-float", "lce", "lce-app", "lce-native")
 

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from converters.errors import InputShapeError as InputShapeError  # handed on (module doc)
+from bnnexport.converters.errors import InputShapeError as InputShapeError  # handed on (module doc)
 
 
 class BnnExportError(Exception):

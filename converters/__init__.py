@@ -7,7 +7,7 @@ times a per-channel scale) once constants are folded; with `ConvertOptions(float
 TensorFlow and LCE are imported only inside the functions that need them.
 
 Example:
-    >>> from converters import convert_onnx, find_binary_layers
+    >>> from bnnexport.converters import convert_onnx, find_binary_layers
     >>> result = convert_onnx("model.onnx", "model-arm64.tflite")   # doctest: +SKIP
     >>> result.op_histogram["LceBconv2d"] == result.binary_layers   # doctest: +SKIP
     True
@@ -21,22 +21,24 @@ from typing import Any
 # Imported on first use: a module of converters/ (its errors, its choices) imported by
 # bnnexport's training commands must not pay for ONNX, the gate and the flatbuffer reader.
 _EXPORTS = {
-    "converters.errors": ("ConversionMismatchError", "ConverterError", "FloatFallbackError",
-                          "InvalidModelError", "UnsupportedOpError", "ZeroSignError"),
-    "converters.flatbuffer": ("op_histogram",),
-    "converters.gate": ("GateOptions", "GateReport", "compare"),
-    "converters.gate.checks": ("Reference",),
-    "converters.lce": ("ConversionResult", "ConvertOptions", "convert_onnx"),
-    "converters.normalize": ("NormalizeReport",),
-    "converters.patterns": ("BinaryLayerMatch", "find_binary_layers"),
-    "converters.runtimes": ("RuntimeModel", "open_model", "run_lce", "run_onnx", "run_tflite"),
+    "bnnexport.converters.errors": ("ConversionMismatchError", "ConverterError",
+                                    "FloatFallbackError", "InvalidModelError",
+                                    "UnsupportedOpError", "ZeroSignError"),
+    "bnnexport.converters.flatbuffer": ("op_histogram",),
+    "bnnexport.converters.gate": ("GateOptions", "GateReport", "compare"),
+    "bnnexport.converters.gate.checks": ("Reference",),
+    "bnnexport.converters.lce": ("ConversionResult", "ConvertOptions", "convert_onnx"),
+    "bnnexport.converters.normalize": ("NormalizeReport",),
+    "bnnexport.converters.patterns": ("BinaryLayerMatch", "find_binary_layers"),
+    "bnnexport.converters.runtimes": ("RuntimeModel", "open_model", "run_lce", "run_onnx",
+                                      "run_tflite"),
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _MODULE_OF:
-        raise AttributeError(f"module 'converters' has no attribute {name!r}")
+        raise AttributeError(f"module 'bnnexport.converters' has no attribute {name!r}")
     return getattr(importlib.import_module(_MODULE_OF[name]), name)
 
 

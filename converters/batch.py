@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from converters.errors import ConversionMismatchError, InvalidModelError
+from bnnexport.converters.errors import ConversionMismatchError, InvalidModelError
 
 if TYPE_CHECKING:
-    from converters.gate.checks import Reference
-    from converters.lce import ConversionResult, ConvertOptions
+    from bnnexport.converters.gate.checks import Reference
+    from bnnexport.converters.lce import ConversionResult, ConvertOptions
 
 
 class HardCodedBatchError(InvalidModelError):
@@ -165,8 +164,7 @@ def rebatch_onnx(
     copy must run and give the same outputs per sample, else HardCodedBatchError.
     """
     import onnx
-
-    from converters.runtimes import run_onnx
+    from bnnexport.converters.runtimes import run_onnx
 
     source, target = Path(source), Path(target)
     model = onnx.load(str(source))
@@ -199,7 +197,7 @@ def _as_converted(model: Any) -> Any:
 
 def _require_same_outputs(reference: np.ndarray, outputs: np.ndarray, what: str) -> None:
     """HardCodedBatchError unless `outputs` are `reference`'s, sample by sample (shape too)."""
-    from converters.gate import compare
+    from bnnexport.converters.gate import compare
 
     try:
         agreement = compare(reference, outputs)
@@ -229,7 +227,7 @@ def convert_batched(
     """Convert `onnx_path` at batch `batch` into the flatbuffer `output`: its copy at batch N
     (`rebatch_onnx`, checked with ONNX Runtime) through the whole gate, options and references
     of a batch-1 conversion (`converters.lce.convert_onnx`)."""
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-batched-") as tmp:
         copy_onnx = rebatch_onnx(onnx_path, Path(tmp) / f"model-b{batch}.onnx", batch, inputs)

@@ -4,7 +4,7 @@
 carries an integer `exit_code` into one line (1 = a check on the model failed, 2 = bad input).
 
 Example:
-    >>> from converters.errors import UnsupportedOpError
+    >>> from bnnexport.converters.errors import UnsupportedOpError
     >>> UnsupportedOpError("/head/Erf", "Erf", ["Conv", "Relu"]).exit_code
     2
 """

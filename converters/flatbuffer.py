@@ -13,7 +13,7 @@ ONNX's), and `to_input_layout` turns bnnexport's NCHW samples into it: the one p
 machine where samples meet a flatbuffer's layout (docs/LCE_NOTES.md "Input layout").
 
 Example:
-    >>> from converters.flatbuffer import op_histogram
+    >>> from bnnexport.converters.flatbuffer import op_histogram
     >>> op_histogram("model-arm64.tflite")["LceBconv2d"]              # doctest: +SKIP
     3
 """
@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from converters.choices import INPUT_LAYOUTS
-from converters.errors import InputShapeError, InvalidModelError
+from bnnexport.converters.choices import INPUT_LAYOUTS
+from bnnexport.converters.errors import InputShapeError, InvalidModelError
 
 
 def read_flatbuffer(path_or_bytes: str | Path | bytes) -> bytes:

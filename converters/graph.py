@@ -38,10 +38,9 @@ from typing import Any
 
 import numpy as np
 import onnx
+from bnnexport.converters.errors import InvalidModelError
+from bnnexport.converters.runtimes import ort_session
 from onnx import helper, numpy_helper
-
-from converters.errors import InvalidModelError
-from converters.runtimes import ort_session
 
 ONNX_DOMAINS = ("", "ai.onnx")
 QONNX_DOMAINS = ("qonnx.custom_op.general", "finn.custom_op.general")

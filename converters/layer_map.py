@@ -33,12 +33,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from converters.flatbuffer import FlatOp, flatbuffer_ops
+from bnnexport.converters.flatbuffer import FlatOp, flatbuffer_ops
 
 if TYPE_CHECKING:
     import onnx
-
-    from converters.graph import OnnxGraph
+    from bnnexport.converters.graph import OnnxGraph
 
 TOP = "top"  # the module path of nodes the model's own forward() made, outside any submodule
 INPUT_SCOPE, OUTPUT_SCOPE = "input", "output"  # the NCHW <-> NHWC transposes of serve()

@@ -24,7 +24,7 @@ The flatbuffer is written to a temporary file and renamed into place only at the
 failed conversion never leaves one behind.
 
 Example:
-    >>> from converters.lce import convert_onnx
+    >>> from bnnexport.converters.lce import convert_onnx
     >>> result = convert_onnx("run/model.onnx", "run/model-arm64.tflite")   # doctest: +SKIP
     >>> result.lce_bconv2d, result.binary_layers, result.gates[0].argmax_agreement  # doctest: +SKIP
     (4, 4, 1.0)
@@ -41,8 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-from converters.choices import (
+from bnnexport.converters.choices import (
     INPUT_LAYOUTS,
     LAYER_PRECISIONS,
     TARGETS,
@@ -50,17 +49,17 @@ from converters.choices import (
     LayerPrecision,
     Target,
 )
-from converters.errors import ConverterError
-from converters.flatbuffer import (
+from bnnexport.converters.errors import ConverterError
+from bnnexport.converters.flatbuffer import (
     flatbuffer_ops,
     input_layout,
     input_shapes,
     op_histogram,
     with_metadata,
 )
-from converters.gate import GateOptions, GateReport
-from converters.gate.checks import Reference, check_conversion
-from converters.gate.fallbacks import (
+from bnnexport.converters.gate import GateOptions, GateReport
+from bnnexport.converters.gate.checks import Reference, check_conversion
+from bnnexport.converters.gate.fallbacks import (
     RecordedLayer,
     fallback_reasons,
     grouped_refusals,
@@ -70,13 +69,13 @@ from converters.gate.fallbacks import (
     transposed_refusals,
     unrecognised_layers,
 )
-from converters.gate.quantized import check_int8
-from converters.graph import OnnxGraph, load_onnx
-from converters.normalize import NormalizeReport, normalize, runnable_reference
-from converters.patterns import find_binary_layers_in
-from converters.quantize import QuantPoint, quantize
-from converters.runtimes import lce_kernel_settings, run_lce
-from converters.translate import first_unsupported, image_inputs, translate
+from bnnexport.converters.gate.quantized import check_int8
+from bnnexport.converters.graph import OnnxGraph, load_onnx
+from bnnexport.converters.normalize import NormalizeReport, normalize, runnable_reference
+from bnnexport.converters.patterns import find_binary_layers_in
+from bnnexport.converters.quantize import QuantPoint, quantize
+from bnnexport.converters.runtimes import lce_kernel_settings, run_lce
+from bnnexport.converters.translate import first_unsupported, image_inputs, translate
 
 # how an image input is taken when not asked: TFLite's convention, what an app on an ARM device
 # feeds (camera frames are HWC), on both targets: they are one LCE target, "arm", and the same

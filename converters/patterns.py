@@ -19,7 +19,7 @@ Only onnx and numpy are used here (no TensorFlow): `bnnexport verify MODEL.onnx`
 
 Example:
     >>> import onnx
-    >>> from converters.patterns import find_binary_layers
+    >>> from bnnexport.converters.patterns import find_binary_layers
     >>> for layer in find_binary_layers(onnx.load("model.onnx")):   # doctest: +SKIP
     ...     print(layer.node_name, layer.op_type, layer.pattern, layer.strict)
     /conv2/Conv Conv sign-add-sign True
@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-
-from converters.graph import OnnxGraph, attributes
+from bnnexport.converters.graph import OnnxGraph, attributes
 
 SIGN_ADD_SIGN = "sign-add-sign"
 GREATER_OR_EQUAL_WHERE = "greaterorequal-where"

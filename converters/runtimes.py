@@ -64,9 +64,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-
-from converters.errors import InputShapeError, InvalidModelError
-from converters.flatbuffer import input_layout, nchw_shape, read_flatbuffer, to_input_layout
+from bnnexport.converters.errors import InputShapeError, InvalidModelError
+from bnnexport.converters.flatbuffer import (
+    input_layout,
+    nchw_shape,
+    read_flatbuffer,
+    to_input_layout,
+)
 
 if TYPE_CHECKING:
     import onnx

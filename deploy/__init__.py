@@ -13,9 +13,9 @@ the standard library, numpy and larq_compute_engine, because it is copied to the
 run there.
 
 Example:
-    >>> from deploy.connection import Reach
-    >>> from deploy.transports import open_device
-    >>> from deploy.runners.lce_benchmark_model import run_lce_benchmark
+    >>> from bnnexport.deploy.connection import Reach
+    >>> from bnnexport.deploy.transports import open_device
+    >>> from bnnexport.deploy.runners.lce_benchmark_model import run_lce_benchmark
     >>> client = open_device("adb:R58M12ABCDE", Reach())                # or "pi@raspberrypi.local"
     >>> result, _ = run_lce_benchmark(client, "model-arm64.tflite")     # doctest: +SKIP
 """

@@ -25,7 +25,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy.connection import (
+from bnnexport.deploy.connection import (
     DeviceIdentity,
     Reach,
     Transport,
@@ -40,7 +40,7 @@ from deploy.connection import (
     shell_script,
     temporary_workdir,
 )
-from deploy.errors import DeviceAuthError, DeviceError, DeviceUnreachableError
+from bnnexport.deploy.errors import DeviceAuthError, DeviceError, DeviceUnreachableError
 
 ANDROID_TMP = "/data/local/tmp"
 INSTALL = "install Debian's `adb` package (apt-get install adb) or Android's platform-tools"

@@ -27,7 +27,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from deploy.errors import BadDeviceError, DeviceError, DeviceTimeoutError, RemoteCommandError
+from bnnexport.deploy.errors import (
+    BadDeviceError,
+    DeviceError,
+    DeviceTimeoutError,
+    RemoteCommandError,
+)
 
 # exit codes of coreutils (and toybox) `timeout`: 124 when the limit hit, 137 when it had to
 # SIGKILL

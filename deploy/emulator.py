@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from deploy.errors import EmulatorStateError, EmulatorUnavailableError
+from bnnexport.deploy.errors import EmulatorStateError, EmulatorUnavailableError
 
 # bump when the recipe changes: a cached tree made by another recipe is rebuilt
 RECIPE = "bookworm-arm64-v1"
@@ -218,7 +218,7 @@ class EmulatedDevice:
     def client(self, **settings: Any) -> Any:
         """A `deploy.ssh.SshClient` for the device (everything runs under qemu: a 30 s connect
         timeout); `settings` override its keyword arguments."""
-        from deploy.ssh import SshClient
+        from bnnexport.deploy.ssh import SshClient
 
         arguments: dict[str, Any] = dict(
             port=self.port, identity_file=self.key, options=self.ssh_options,
@@ -413,9 +413,9 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m deploy.emulator SESSION CACHE [BINARY]`: serve until SIGTERM, printing nothing
-    but a failure's one line (exit 2). `bnnexport device start` runs it in the background: it
-    starts in seconds, without the CLI's imports."""
+    """`python -m bnnexport.deploy.emulator SESSION CACHE [BINARY]`: serve until SIGTERM, printing
+    nothing but a failure's one line (exit 2). `bnnexport device start` runs it in the background:
+    it starts in seconds, without the CLI's imports."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv

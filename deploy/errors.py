@@ -4,7 +4,7 @@
 `exit_code` into `bnnexport: error: MESSAGE` and that exit code.
 
 Example:
-    >>> from deploy.errors import DeviceUnreachableError
+    >>> from bnnexport.deploy.errors import DeviceUnreachableError
     >>> DeviceUnreachableError("cannot reach pi@raspberrypi: Connection refused").exit_code
     2
 """

@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy.connection import (
+from bnnexport.deploy.connection import (
     DeviceIdentity,
     Reach,
     Transport,
@@ -37,7 +37,7 @@ from deploy.connection import (
     shell_script,
     temporary_workdir,
 )
-from deploy.errors import DeviceAuthError, DeviceError, DeviceUnreachableError
+from bnnexport.deploy.errors import DeviceAuthError, DeviceError, DeviceUnreachableError
 
 _UNREACHABLE = (
     "connection refused",

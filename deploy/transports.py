@@ -12,7 +12,7 @@ Example:
     >>> transport_for("adbb:1234")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    deploy.errors.BadDeviceError: 'adbb:1234': no transport reads 'adbb:'; give USER@HOST or adb...
+    bnnexport.deploy.errors.BadDeviceError: 'adbb:1234': no transport reads 'adbb:'; give ...
     >>> open_device("adb:emulator-5554", Reach()).destination
     'adb:emulator-5554'
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from deploy import adb, ssh  # noqa: F401  (each registers its transport)
-from deploy.connection import REACH_FLAGS, Connection, Reach, Transport, forms, transports
-from deploy.errors import BadDeviceError
+from bnnexport.deploy import adb, ssh  # noqa: F401  (each registers its transport)
+from bnnexport.deploy.connection import REACH_FLAGS, Connection, Reach, Transport, forms, transports
+from bnnexport.deploy.errors import BadDeviceError
 
 # a URI-like scheme before the first ':' (not ssh's own `ssh://`, nor an IPv6 `fe80::1`)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(?![:/])")

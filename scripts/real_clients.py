@@ -27,11 +27,10 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import onnx
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import tf
     from support.client_nets import ROWS, export_onnx, sample_inputs
     from support.tf2onnx_nets import larq_like
-
-    from converters.lce import convert_onnx
-    from converters.runtimes import tf
 
     tf()  # TensorFlow's and LCE's import time is not the first row's conversion time
     import larq_compute_engine  # noqa: F401

@@ -8,6 +8,7 @@ rooms are tests/test_imports.py's.)"""
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -99,6 +100,39 @@ def test_every_stage_lives_in_stages_and_every_optimizer_in_optim():
     assert run_files.isdisjoint({"progress", "reports", "report"}), run_files
 
 
+def _installed_name(folder: Path) -> str:
+    """The package a folder of the tree installs as: converters/ and deploy/ under bnnexport."""
+    parts = folder.relative_to(ROOT).parts
+    return ".".join(parts if parts[0] == "bnnexport" else ("bnnexport", *parts))
+
+
+def test_every_package_installs_under_bnnexport_from_the_folder_it_lives_in():
+    """One import namespace: pyproject lists every package of the three folders, each under
+    `bnnexport.`, with converters/ and deploy/ mapped from the top of the repository."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tree = sorted(_installed_name(p.parent) for pkg in PACKAGES
+                  for p in (ROOT / pkg).rglob("__init__.py"))  # fmt: skip
+    assert sorted(setuptools["packages"]) == tree
+    assert setuptools["package-dir"] == {f"bnnexport.{p}": p for p in ("converters", "deploy")}
+
+
+def test_no_module_with_a_generic_name_is_importable_once_installed(tmp_path):
+    """What `pip install` put in site-packages, seen from a folder of no checkout: bnnexport,
+    and no `converters` or `deploy` beside a user's own modules of those names."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util as u; "
+            "print([n for n in ('converters', 'deploy', 'bnnexport.converters', "
+            "'bnnexport.deploy') if u.find_spec(n) is not None])")  # fmt: skip
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    found = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert found.strip() == "['bnnexport.converters', 'bnnexport.deploy']"
+
+
 def _is_translator(path: Path) -> bool:
     return path.stem in TRANSLATOR_NAMES or path.stem.startswith(TRANSLATOR_PREFIXES)
 
@@ -111,8 +145,8 @@ def test_the_translators_modules_live_only_in_converters_translate():
 
 
 def test_deploys_top_level_is_the_seam_a_module_per_transport_the_emulator_and_the_runners():
-    import deploy.transports  # noqa: F401  (registers every transport)
-    from deploy.connection import transports
+    import bnnexport.deploy.transports  # noqa: F401  (registers every transport)
+    from bnnexport.deploy.connection import transports
 
     modules = [f"{t.open.__module__.rpartition('.')[2]}.py" for t in transports()]
     assert _entries(ROOT / "deploy") == sorted(
@@ -123,8 +157,8 @@ def test_deploys_top_level_is_the_seam_a_module_per_transport_the_emulator_and_t
 
 
 def test_every_transport_implements_the_connection_protocol():
-    from deploy.connection import Connection, Reach, transports
-    from deploy.transports import open_device
+    from bnnexport.deploy.connection import Connection, Reach, transports
+    from bnnexport.deploy.transports import open_device
 
     for transport in transports():
         address = f"{transport.prefix}someone@somewhere" if transport.prefix else "pi@raspberrypi"
@@ -133,13 +167,15 @@ def test_every_transport_implements_the_connection_protocol():
 
 
 def test_deploy_runners_holds_the_registry_and_one_package_per_registered_runner():
-    from deploy.runners import get_runner, runner_names
+    from bnnexport.deploy.runners import get_runner, runner_names
 
     assert _entries(ROOT / "deploy" / "runners") == sorted(
         ["__init__.py", "registry.py", *(f"{name}/" for name in runner_names())]
     )
     for name in runner_names():  # each runner is defined in its own package
-        assert type(get_runner(name)).__module__.startswith(f"deploy.runners.{name}."), name
+        assert type(get_runner(name)).__module__.startswith(f"bnnexport.deploy.runners.{name}."), (
+            name
+        )
 
 
 def test_no_module_name_is_used_twice_in_the_three_packages():

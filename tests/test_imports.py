@@ -50,12 +50,22 @@ def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def folder_name(module: str) -> str:
+    """A module by the folder it lives in: `bnnexport.converters.X` (the name it installs as,
+    pyproject's package-dir) is `converters.X` here, as `bnnexport.deploy.X` is `deploy.X`."""
+    for folder in ("converters", "deploy"):
+        if module == f"bnnexport.{folder}" or module.startswith(f"bnnexport.{folder}."):
+            return module.removeprefix("bnnexport.")
+    return module
+
+
 def _qualified(module: str, path: Path) -> str:
-    """`module` as imported from `path`: a benchmark script's bare sibling gets its package."""
+    """`module` as imported from `path`, by its folder: a benchmark script's bare sibling gets
+    its package."""
     directory = path.parent.relative_to(ROOT)
     if str(directory) in SCRIPT_DIRS and (path.parent / f"{module.split('.')[0]}.py").is_file():
         return f"{directory}.{module}"
-    return module
+    return folder_name(module)
 
 
 def _imports(path: Path, type_checking: bool = False) -> list[tuple[str, list[str]]]:
@@ -220,7 +230,11 @@ def test_benchmark_scripts_imports_of_their_siblings_are_in_the_graph():
 
 
 # deploy/: what every runner may use; all else a runner imports is in its own package
-RUNNERS_SHARE = {"deploy.errors", "deploy.connection", "deploy.runners.registry"}
+RUNNERS_SHARE = {
+    "deploy.errors",
+    "deploy.connection",
+    "deploy.runners.registry",
+}
 
 
 def _runner_package(name: str) -> str | None:
@@ -242,10 +256,10 @@ def test_a_runner_package_imports_only_its_own_modules_and_what_runners_share():
 
 
 def _transport_modules() -> set[str]:
-    import deploy.transports  # noqa: F401  (registers every transport)
-    from deploy.connection import transports
+    import bnnexport.deploy.transports  # noqa: F401  (registers every transport)
+    from bnnexport.deploy.connection import transports
 
-    return {t.open.__module__ for t in transports()}
+    return {folder_name(t.open.__module__) for t in transports()}
 
 
 def test_only_deploy_transports_imports_a_transport():

@@ -16,9 +16,9 @@ from bnnexport.cli.common import (
     json_option,
     locks_run,
 )
-from converters.choices import TARGETS
-from deploy.runners import candidates, runner_choices, runner_names
-from deploy.transports import device_help
+from bnnexport.converters.choices import TARGETS
+from bnnexport.deploy.runners import candidates, runner_choices, runner_names
+from bnnexport.deploy.transports import device_help
 
 if TYPE_CHECKING:
     from bnnexport.stages.bench.options import BenchOptions, DeviceTarget

@@ -12,7 +12,7 @@ from bnnexport.cli.common import (
     json_option,
     locks_run,
 )
-from converters.choices import LAYER_PRECISIONS, TARGETS
+from bnnexport.converters.choices import LAYER_PRECISIONS, TARGETS
 
 
 @click.command("convert")
@@ -195,8 +195,8 @@ def convert_command(
     in front of a binary layer converts only when no exact 0 reaches it on the samples (else
     exit 1).
     """
+    from bnnexport.converters.normalize import REWRITES
     from bnnexport.stages.convert import convert_run
-    from converters.normalize import REWRITES
 
     unknown = sorted(set(disabled) - set(REWRITES))
     if unknown:

@@ -47,14 +47,14 @@ def _binary_option(func: Any) -> Any:
 
 
 def _session(session: str | None) -> Path:
-    from deploy.emulator import default_cache
+    from bnnexport.deploy.emulator import default_cache
 
     return (Path(session) if session else default_cache() / "device").resolve()
 
 
 def _checked_binary(binary: str | None) -> Path | None:
     """The benchmark binary, refused now (one line) unless it is built for aarch64."""
-    from deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
+    from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
 
     return None if binary is None else check_local_binary(binary, "aarch64").resolve()
 
@@ -64,7 +64,7 @@ def _announce(state: dict[str, Any], as_json: bool, serving: str | None = None) 
     line, or one JSON object): whoever reads that line has every note before it."""
     import shlex
 
-    from deploy.emulator import SUITE
+    from bnnexport.deploy.emulator import SUITE
 
     notes = [
         f"emulated aarch64 device (Debian {SUITE} arm64 under qemu-user) on "
@@ -106,7 +106,7 @@ def emulate_command(session: str | None, benchmark_binary: str | None, as_json: 
     system from Debian's mirror (mmdebstrap, about 240 MB) and caches it in $BNNEXPORT_CACHE
     (~/.cache/bnnexport); later starts take seconds.
     """
-    from deploy.emulator import Stopped, default_cache, serve
+    from bnnexport.deploy.emulator import Stopped, default_cache, serve
 
     binary = _checked_binary(benchmark_binary)
     progress = lambda line: click.echo(f"bnnexport: {line}", err=True)  # noqa: E731
@@ -129,22 +129,23 @@ def emulate_command(session: str | None, benchmark_binary: str | None, as_json: 
 @handle_errors
 def start_command(session: str | None, benchmark_binary: str | None, as_json: bool) -> None:
     """Start the emulated device in the background (what `emulate` serves, as `python -m
-    deploy.emulator`, its log in the folder's emulate.log) and return once it listens, printing
-    the `bench` options that reach it; `bnnexport device stop` stops it."""
-    from deploy import emulator
-    from deploy.emulator import default_cache, read_state
-    from deploy.errors import EmulatorStateError, EmulatorUnavailableError
+    bnnexport.deploy.emulator`, its log in the folder's emulate.log) and return once it listens,
+    printing the `bench` options that reach it; `bnnexport device stop` stops it."""
+    import bnnexport
+    from bnnexport.deploy.emulator import default_cache, read_state
+    from bnnexport.deploy.errors import EmulatorStateError, EmulatorUnavailableError
 
     folder = _session(session)
     _checked_binary(benchmark_binary)
     if read_state(folder) is not None:
         raise EmulatorStateError(f"an emulated device already serves from {folder}")
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "deploy.emulator", str(folder), str(default_cache())]
+    argv = [sys.executable, "-m", "bnnexport.deploy.emulator", str(folder), str(default_cache())]
     if benchmark_binary is not None:
         argv.append(str(Path(benchmark_binary).resolve()))
-    # the server imports the same deploy package as this process, wherever that came from
-    here = str(Path(emulator.__file__).resolve().parents[1])
+    # the server imports the same bnnexport (and so the same deploy) as this process, wherever
+    # that came from
+    here = str(Path(bnnexport.__file__).resolve().parents[1])
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
@@ -177,7 +178,7 @@ def start_command(session: str | None, benchmark_binary: str | None, as_json: bo
 def stop_command(session: str | None, as_json: bool) -> None:
     """Stop the emulated device serving from the folder, and wait until everything that ran on
     it (sshd, the benchmark tool, qemu) is gone."""
-    from deploy.emulator import stop
+    from bnnexport.deploy.emulator import stop
 
     state = stop(_session(session))
     if as_json:
@@ -195,7 +196,7 @@ def stop_command(session: str | None, as_json: bool) -> None:
 def status_command(session: str | None, as_json: bool) -> None:
     """Whether an emulated device serves from the folder, and the `bench` options that reach
     it."""
-    from deploy.emulator import read_state
+    from bnnexport.deploy.emulator import read_state
 
     folder = _session(session)
     state = read_state(folder)

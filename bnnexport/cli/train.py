@@ -21,6 +21,7 @@ from bnnexport.cli.common import (
     name_or_import_option,
     number_or_schedule,
 )
+from bnnexport.converters.choices import LAYER_PRECISIONS
 from bnnexport.datasets import list_datasets
 from bnnexport.errors import ConfigError
 from bnnexport.models import list_models
@@ -34,7 +35,6 @@ from bnnexport.training.config import (
     config_keys,
     default_out,
 )
-from converters.choices import LAYER_PRECISIONS
 
 DEFAULTS = TrainConfig()
 

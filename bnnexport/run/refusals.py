@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bnnexport.converters.gate import RTOL
 from bnnexport.errors import FidelityError
 from bnnexport.run import files
 from bnnexport.run.directory import RunDir
-from converters.gate import RTOL
 
 if TYPE_CHECKING:
-    from converters.errors import ConversionMismatchError
+    from bnnexport.converters.errors import ConversionMismatchError
 
 REFUSAL_FILE = "gate-refusal.json"
 
@@ -55,9 +55,9 @@ def explain_refusal(
 ) -> ConversionMismatchError:
     """`error`, or the InconclusiveCheckError that explains it (a degenerate model); `escape`
     replaces the advice's --trust-twin (export has no such option)."""
-    from converters.gate import TRUST_TWIN, GateOptions, OnnxProbe, inconclusive
-    from converters.graph import load_onnx
-    from converters.normalize import normalized_or_as_is
+    from bnnexport.converters.gate import TRUST_TWIN, GateOptions, OnnxProbe, inconclusive
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalized_or_as_is
 
     rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
     # as the normaliser writes it: where the probe finds a model of your own's binarizations

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bnnexport.converters.choices import TARGETS
+from bnnexport.converters.gate import RTOL
 from bnnexport.errors import CheckpointError, ConfigError, FidelityError
 from bnnexport.run import files, provenance
 from bnnexport.run.directory import RunDir
@@ -37,16 +39,14 @@ from bnnexport.run.refusals import gate_refusal, refusal_path
 from bnnexport.run.samples import class_names_metadata, load_samples, sample_class_names
 from bnnexport.stages.progress import Steps
 from bnnexport.stages.report import Report, format_value, int8_lines
-from converters.choices import TARGETS
-from converters.gate import RTOL
 
 if TYPE_CHECKING:
+    from bnnexport.converters.batch import BatchedResult
+    from bnnexport.converters.gate.checks import Reference
+    from bnnexport.converters.gate.fallbacks import RecordedLayer
+    from bnnexport.converters.lce import ConversionResult, ConvertOptions
     from bnnexport.nn.discover import BinaryKernels
     from bnnexport.run.checkpoint import LoadedModel
-    from converters.batch import BatchedResult
-    from converters.gate.checks import Reference
-    from converters.gate.fallbacks import RecordedLayer
-    from converters.lce import ConversionResult, ConvertOptions
 
 
 FORMATS = ("lce", "tflite")
@@ -207,7 +207,7 @@ def _locate(
     to OUT-STEM-float.tflite (MODEL-float.tflite by default). A flatbuffer converted at a batch
     other than 1 carries it in its default name (model-arm64-b8.tflite, the name
     `--batched-copy 8` gives the same model), so two batches never share one file."""
-    from converters.batch import batched_path
+    from bnnexport.converters.batch import batched_path
 
     if path.is_dir():
         if out is not None:
@@ -365,10 +365,10 @@ def convert_run(
     if int8:  # the int8 model is checked against its own quantized reference, not PyTorch's
         references = []
 
-    from converters.batch import convert_batched
-    from converters.errors import ConversionMismatchError
-    from converters.gate import GateOptions
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.batch import convert_batched
+    from bnnexport.converters.errors import ConversionMismatchError
+    from bnnexport.converters.gate import GateOptions
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     options = ConvertOptions(
         gate=GateOptions(rtol=RTOL), allow_float=tuple(allow_float),
@@ -483,8 +483,8 @@ def recorded_layers(kernels: BinaryKernels | None) -> tuple[RecordedLayer, ...]:
     """The recorded kernels that are binary layers LCE must run binary (their input binarized
     too), as the converter reads them (`ConvertOptions.recorded_layers`); none when there is
     no record, or for kernels named without a trace."""
-    from converters.gate.fallbacks import RecordedLayer
-    from converters.layer_map import TOP
+    from bnnexport.converters.gate.fallbacks import RecordedLayer
+    from bnnexport.converters.layer_map import TOP
 
     found = []
     for kernel in kernels if kernels is not None else []:
@@ -505,8 +505,8 @@ def _batched_copy(
     references: list[Reference],
 ) -> BatchedResult:
     """MODEL-TARGET-bN.tflite through the same gate; FidelityError (exit 1) if it fails."""
-    from converters.batch import BatchedResult, batched_path, convert_batched
-    from converters.errors import ConversionMismatchError
+    from bnnexport.converters.batch import BatchedResult, batched_path, convert_batched
+    from bnnexport.converters.errors import ConversionMismatchError
 
     options.step(f"batch-{batch} copy for the device")
     try:
@@ -526,10 +526,10 @@ def convert_batched_copy(
     `int8`, the int8 flatbuffer's (model-TARGET-int8-bN.tflite), quantized with the ranges its
     convert-int8.json records. Returns its path; FidelityError (exit 1) when the gate refuses
     it."""
-    from converters.batch import batched_path
-    from converters.flatbuffer import input_layout
-    from converters.gate import GateOptions
-    from converters.lce import ConvertOptions
+    from bnnexport.converters.batch import batched_path
+    from bnnexport.converters.flatbuffer import input_layout
+    from bnnexport.converters.gate import GateOptions
+    from bnnexport.converters.lce import ConvertOptions
 
     run = RunDir(run_dir)
     onnx_path, output, _float, _run = _locate(run.root, target, 1, int8=int8)
@@ -574,7 +574,7 @@ def _outputs(
 ) -> list[Path]:
     """Every file a conversion may write besides its folder's provenance.json (the manifest)
     and a refusal's diagnostics: the flatbuffer(s), the batched copy, a run's convert.json."""
-    from converters.batch import batched_path
+    from bnnexport.converters.batch import batched_path
 
     written = [output] + ([float_output] if float_output is not None else [])
     if batched_copy is not None:

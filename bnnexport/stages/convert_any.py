@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bnnexport.converters.gate import RTOL
 from bnnexport.errors import ConfigError, DataError
 from bnnexport.run import files, provenance
 from bnnexport.run.refusals import explain_refusal, gate_refusal, refusal_path
 from bnnexport.stages.progress import Steps
-from converters.gate import RTOL
 
 if TYPE_CHECKING:
     from bnnexport.nn.discover import BinaryKernels
@@ -90,10 +90,10 @@ def convert_module(
         FidelityError (exit 1) when the exported ONNX model or the flatbuffer disagree with
         PyTorch / ONNX Runtime; the converter's errors as for `convert_run`.
     """
+    from bnnexport.converters.flatbuffer import INPUT_LAYOUTS
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.runtimes import run_lce
     from bnnexport.stages.export import onnx_export, torch_outputs
-    from converters.flatbuffer import INPUT_LAYOUTS
-    from converters.gate import compare
-    from converters.runtimes import run_lce
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
@@ -120,9 +120,9 @@ def convert_module(
 
         files.write_bytes_atomic(onnx_path, onnx.load(str(exported)).SerializeToString())
     expected = torch_outputs(model, inputs)
-    from converters.errors import ConversionMismatchError, InconclusiveCheckError
-    from converters.gate import GateOptions
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.errors import ConversionMismatchError, InconclusiveCheckError
+    from bnnexport.converters.gate import GateOptions
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     trusted = None
     try:
@@ -181,8 +181,8 @@ def _export_check(model: Any, onnx_path: Path, inputs: np.ndarray, expected: np.
     where they cannot be traced). An InconclusiveCheckError instead when binarization inputs
     lie within rounding of zero by more than ties could explain
     (`converters.gate.inconclusive`)."""
+    from bnnexport.converters.errors import ConversionMismatchError
     from bnnexport.stages.export import onnx_gate
-    from converters.errors import ConversionMismatchError
 
     try:
         onnx_gate(model, onnx_path, inputs, expected)

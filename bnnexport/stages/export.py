@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from bnnexport.converters.gate import RTOL
+from bnnexport.converters.runtimes import fd_filtered
 from bnnexport.errors import ConfigError, DataError, ExporterError
 from bnnexport.nn.int8 import for_export
 from bnnexport.run import files, provenance
@@ -45,11 +47,9 @@ from bnnexport.run.directory import RunDir
 from bnnexport.run.files import write_bytes_atomic
 from bnnexport.stages.progress import Steps
 from bnnexport.stages.report import Report
-from converters.gate import RTOL
-from converters.runtimes import fd_filtered
 
 if TYPE_CHECKING:
-    from converters.gate import GateReport
+    from bnnexport.converters.gate import GateReport
 
 
 @dataclass
@@ -180,13 +180,13 @@ def onnx_gate(
     (`bnnexport.stages.torch_probe.TracedProbe`). Where those cannot be matched with the graph's,
     no replay is possible and predictions alone are judged, at most one differing
     (`GateOptions.unprobed_flips`); a refusal then says why."""
+    from bnnexport.converters.errors import ConversionMismatchError
+    from bnnexport.converters.gate import GateOptions, OnnxProbe, Replay, validate
+    from bnnexport.converters.gate.predicate import UNPROBED_FLIPS
+    from bnnexport.converters.gate.quantized import CachedWitness, activation_points
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalized_or_as_is
     from bnnexport.stages import torch_probe as probes
-    from converters.errors import ConversionMismatchError
-    from converters.gate import GateOptions, OnnxProbe, Replay, validate
-    from converters.gate.predicate import UNPROBED_FLIPS
-    from converters.gate.quantized import CachedWitness, activation_points
-    from converters.graph import load_onnx
-    from converters.normalize import normalized_or_as_is
 
     own = not probes.has_quantizers(model)
     # a model of your own: as the normaliser writes it (its sign idioms canonical)
@@ -246,8 +246,8 @@ def check_onnx(
     """`onnx_gate`, with a refusal as FidelityError (exit 1): one line naming `refusal`
     (default: gate-refusal.json beside `path`), where its diagnostics go; an inconclusive check
     (a degenerate model) says so."""
+    from bnnexport.converters.errors import ConversionMismatchError
     from bnnexport.run.refusals import REFUSAL_FILE, explain_refusal, gate_refusal
-    from converters.errors import ConversionMismatchError
 
     try:
         return onnx_gate(model, path, inputs, reference)
@@ -296,7 +296,7 @@ def export_onnx(
     _check_binary(run)
     inputs, labels, names = run_test_samples(checkpoint, samples)
 
-    from converters.patterns import find_binary_layers
+    from bnnexport.converters.patterns import find_binary_layers
 
     with tempfile.TemporaryDirectory(prefix="bnnexport-export-") as tmp:
         path = Path(tmp) / "model.onnx"

@@ -45,16 +45,16 @@ import onnx
 import torch
 from torch import nn
 
+from bnnexport.converters.gate import Witness
+from bnnexport.converters.gate.twin import grid_round, twin_initializers
+from bnnexport.converters.graph import OnnxGraph, load_onnx
+from bnnexport.converters.patterns import binarizations_in
 from bnnexport.errors import FidelityError
 from bnnexport.nn.quantizers import Quantizer
 from bnnexport.nn.sign_trace import SignReplay, trace_binarizations
-from converters.gate import Witness
-from converters.gate.twin import grid_round, twin_initializers
-from converters.graph import OnnxGraph, load_onnx
-from converters.patterns import binarizations_in
 
 if TYPE_CHECKING:
-    from converters.gate.checks import Reference
+    from bnnexport.converters.gate.checks import Reference
 
 
 class TorchProbe:
@@ -187,8 +187,8 @@ def _matched_sources(probe: TracedProbe, onnx_model: onnx.ModelProto, x: np.ndar
     match (MATCHED_FRACTION within VALUE_RTOL), PyTorch given ONNX Runtime's signs at the
     binarizations matched before it (so a tie upstream cannot part the two). UntraceableModel
     when one has no match."""
-    from converters.gate.checks import binarization_inputs
-    from converters.normalize import normalize
+    from bnnexport.converters.gate.checks import binarization_inputs
+    from bnnexport.converters.normalize import normalize
 
     traced = probe.traced
     if traced.unresolved:
@@ -256,7 +256,7 @@ class Int8Imposer:
         onnx_model: onnx.ModelProto,
         witness: Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]],
     ):
-        from converters.gate.quantized import activation_points
+        from bnnexport.converters.gate.quantized import activation_points
 
         self.points = activation_points(onnx_model)  # graph order: the forward pass's order
         self.quantizers = activation_quantizers(model)
@@ -285,7 +285,7 @@ class Int8Imposer:
     def _check_grid(self, name: str, quantizer: nn.Module) -> None:
         """ConversionMismatchError unless the pair `name` quantizes with the quantizer's own
         scale and zero point (a coarser grid would pass the one-step rule in its own steps)."""
-        from converters.errors import ConversionMismatchError
+        from bnnexport.converters.errors import ConversionMismatchError
 
         scale, zero = self.points[name][:2]
         mine = float(quantizer.scale.reshape(-1)[0]), int(quantizer.zero_point.reshape(-1)[0])
@@ -297,7 +297,7 @@ class Int8Imposer:
             )
 
     def _check(self, name: str, theirs: np.ndarray, mine: np.ndarray) -> None:
-        from converters.gate.quantized import refuse_beyond_one_step
+        from bnnexport.converters.gate.quantized import refuse_beyond_one_step
 
         apart = np.abs(theirs.astype(np.float64) - mine) / self.points[name][0]
         refuse_beyond_one_step(
@@ -384,7 +384,7 @@ def torch_reference(
     and exact-grid twin. A model of your own gets the probe of its traced binarizations, matched
     with the ONNX graph on `sample`, and no twin (its initializers are not its parameters);
     where they cannot be matched, it is checked through ONNX Runtime (`Reference.unprobed`)."""
-    from converters.gate.checks import Reference
+    from bnnexport.converters.gate.checks import Reference
 
     if has_quantizers(model):
         return Reference(

@@ -229,9 +229,9 @@ def verify_onnx(path: str | os.PathLike) -> VerifyReport:
     The graph is normalised first, exactly as `convert` does (weights binarized in the graph
     folded, each library's binarization mapped to the canonical one), so verify and convert
     find the same binary layers in the same file."""
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
-    from converters.patterns import find_binary_layers, sign_zeros
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.patterns import find_binary_layers, sign_zeros
 
     checks = []
     normalized, _ = normalize(load_onnx(path))

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bnnexport.converters.choices import LAYER_PRECISIONS
 from bnnexport.datasets.imagefolder import parse_image_size
 from bnnexport.errors import ConfigError
 from bnnexport.nn.precision import PRECISIONS
@@ -29,7 +30,6 @@ from bnnexport.optim.composite import (
     THRESHOLD_OPTION,
     all_hyperparameters,
 )
-from converters.choices import LAYER_PRECISIONS
 
 DEFAULT_EPOCHS = 5
 BN_EVAL = ("recalibrate", "moving")  # TrainConfig.bn_eval

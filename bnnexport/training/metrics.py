@@ -164,7 +164,7 @@ def tensorboard_events(records: Iterable[dict[str, Any]]) -> bytes:
     """The rows as TensorBoard scalars (one event file's bytes), by optimizer step: loss,
     top-1 and top-5 accuracy, flips and π_t per layer and over all weights, hyperparameters;
     train and test accuracy (top-1 and top-5)."""
-    from converters.runtimes import tf
+    from bnnexport.converters.runtimes import tf
 
     # torch's writer imports TensorFlow when it is installed (it is: the converter's), whose
     # native start-up lines would land on stderr beside train's own lines; `tf` imports it

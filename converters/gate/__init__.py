@@ -24,15 +24,15 @@ docs/ARCHITECTURE.md ("Conversion gate") gives the reasoning.
 
 Example:
     >>> import numpy as np
-    >>> from converters.gate import GateOptions, validate
+    >>> from bnnexport.converters.gate import GateOptions, validate
     >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
     >>> validate(ref, ref + 1e-6, np.zeros((2, 1)), GateOptions()).argmax_agreement
     1.0
 """
 
-from converters.gate.agreement import RTOL, Agreement, compare
-from converters.gate.inconclusive import TRUST_TWIN, inconclusive, near_zero_census
-from converters.gate.predicate import (
+from bnnexport.converters.gate.agreement import RTOL, Agreement, compare
+from bnnexport.converters.gate.inconclusive import TRUST_TWIN, inconclusive, near_zero_census
+from bnnexport.converters.gate.predicate import (
     TIE_RTOL,
     GateOptions,
     GateReport,
@@ -43,7 +43,7 @@ from converters.gate.predicate import (
     signbit_negative,
     validate,
 )
-from converters.gate.probe import OnnxProbe
+from bnnexport.converters.gate.probe import OnnxProbe
 
 __all__ = [
     "RTOL",

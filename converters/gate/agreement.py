@@ -2,7 +2,7 @@
 
 Example:
     >>> import numpy as np
-    >>> from converters.gate.agreement import compare
+    >>> from bnnexport.converters.gate.agreement import compare
     >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]])
     >>> result = compare(ref, ref + 1e-5)
     >>> result.argmax_agreement, result.passed
@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from converters.errors import ConversionMismatchError
+from bnnexport.converters.errors import ConversionMismatchError
 
 # The one tolerance: max |diff| as a fraction of the reference's logit range (at least 1), for
 # every comparison of a converted model with its reference.

@@ -14,7 +14,7 @@
 docs/ARCHITECTURE.md ("Conversion gate") gives the reasoning.
 
 Example:
-    >>> from converters.gate.checks import check_conversion
+    >>> from bnnexport.converters.gate.checks import check_conversion
     >>> checked = check_conversion(onnx_path=path, model=model, translated=translated,
     ...     inputs=x, references=(), options=ConvertOptions(), zero_sensitive={},
     ...     check_float=False)                                           # doctest: +SKIP
@@ -32,12 +32,11 @@ from typing import Protocol
 
 import numpy as np
 import onnx
-
-from converters.errors import ConversionMismatchError, ZeroSignError
-from converters.flatbuffer import input_layout, signature_outputs, to_input_layout
-from converters.gate.agreement import compare
-from converters.gate.inconclusive import inconclusive
-from converters.gate.predicate import (
+from bnnexport.converters.errors import ConversionMismatchError, ZeroSignError
+from bnnexport.converters.flatbuffer import input_layout, signature_outputs, to_input_layout
+from bnnexport.converters.gate.agreement import compare
+from bnnexport.converters.gate.inconclusive import inconclusive
+from bnnexport.converters.gate.predicate import (
     UNPROBED_FLIPS,
     GateOptions,
     GateReport,
@@ -47,9 +46,9 @@ from converters.gate.predicate import (
     signbit_negative,
     validate,
 )
-from converters.gate.probe import OnnxProbe
-from converters.gate.twin import exact_grid_twin, grid_inputs
-from converters.runtimes import (
+from bnnexport.converters.gate.probe import OnnxProbe
+from bnnexport.converters.gate.twin import exact_grid_twin, grid_inputs
+from bnnexport.converters.runtimes import (
     lce_batch_predict,
     lce_interpreter,
     probe_session,
@@ -58,7 +57,7 @@ from converters.runtimes import (
     run_tflite,
     tflite_interpreter,
 )
-from converters.translate import Translated, releasing, translate
+from bnnexport.converters.translate import Translated, releasing, translate
 
 FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check
 TWIN_SAMPLES = 16  # exact-grid twin: rounding-free, so a few samples show any translation bug

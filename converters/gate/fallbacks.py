@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-
-from converters.errors import FloatFallbackError, UnknownLayerError
-from converters.graph import OnnxGraph, attributes
-from converters.layer_map import TOP, nearest_module
-from converters.patterns import (
+from bnnexport.converters.errors import FloatFallbackError, UnknownLayerError
+from bnnexport.converters.graph import OnnxGraph, attributes
+from bnnexport.converters.layer_map import TOP, nearest_module
+from bnnexport.converters.patterns import (
     TO_LAYER,
     classify_kernel,
     find_binary_layers_in,
@@ -46,7 +45,7 @@ from converters.patterns import (
     sign_zeros,
     trace_binarized,
 )
-from converters.translate import plan_binary_groups
+from bnnexport.converters.translate import plan_binary_groups
 
 LCE_CONVERTER = "(LCE converter)"  # the fallback LCE's converter made, not the translator
 # the layers a record's kernel can be in the graph

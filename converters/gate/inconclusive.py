@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from converters.errors import ConversionMismatchError, InconclusiveCheckError
-from converters.gate.predicate import GateOptions, SignProbe
+from bnnexport.converters.errors import ConversionMismatchError, InconclusiveCheckError
+from bnnexport.converters.gate.predicate import GateOptions, SignProbe
 
 # the advice's last option, for the callers that have it (convert, convert_module)
 TRUST_TWIN = (

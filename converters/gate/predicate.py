@@ -49,7 +49,7 @@ gate").
 
 Example:
     >>> import numpy as np
-    >>> from converters.gate import GateOptions, validate
+    >>> from bnnexport.converters.gate import GateOptions, validate
     >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
     >>> report = validate(ref, ref + 1e-6, np.zeros((2, 1)), GateOptions(), names=("a", "b"))
     >>> report.plain_argmax_agreement, report.tie_samples
@@ -65,9 +65,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-
-from converters.errors import ConversionMismatchError
-from converters.gate.agreement import RTOL, compare
+from bnnexport.converters.errors import ConversionMismatchError
+from bnnexport.converters.gate.agreement import RTOL, compare
 
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
 TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...

@@ -8,11 +8,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-
-from converters.gate.predicate import Witness
-from converters.graph import OnnxGraph, load_onnx
-from converters.patterns import binarizations_in
-from converters.runtimes import check_input_shape, ort_session
+from bnnexport.converters.gate.predicate import Witness
+from bnnexport.converters.graph import OnnxGraph, load_onnx
+from bnnexport.converters.patterns import binarizations_in
+from bnnexport.converters.runtimes import check_input_shape, ort_session
 
 
 class OnnxProbe:

@@ -44,21 +44,20 @@ from typing import Any
 
 import numpy as np
 import onnx
-
-from converters.errors import (
+from bnnexport.converters.errors import (
     AccuracyDropError,
     ConversionMismatchError,
     ConverterError,
     FloatFallbackError,
 )
-from converters.flatbuffer import constant_tensors, flatbuffer_ops
-from converters.gate.checks import Checked, Checking, WitnessModels, check_twin
-from converters.gate.predicate import GateOptions, Replay, Witness, validate
-from converters.gate.probe import imposable, imposing_feed
-from converters.graph import OnnxGraph
-from converters.patterns import binarizations_in
-from converters.runtimes import open_model, ort_session, run_lce, run_onnx
-from converters.translate import Translated
+from bnnexport.converters.flatbuffer import constant_tensors, flatbuffer_ops
+from bnnexport.converters.gate.checks import Checked, Checking, WitnessModels, check_twin
+from bnnexport.converters.gate.predicate import GateOptions, Replay, Witness, validate
+from bnnexport.converters.gate.probe import imposable, imposing_feed
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.patterns import binarizations_in
+from bnnexport.converters.runtimes import open_model, ort_session, run_lce, run_onnx
+from bnnexport.converters.translate import Translated
 
 GRID_TOL = 1e-3  # of a step: float32 rounding of (q - z) * scale is ~1e-5 of one
 STEP_TOL = 1.0 + GRID_TOL  # one step, and the rounding of the two values compared

@@ -39,10 +39,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.patterns import BinaryLayerMatch, find_binary_layers_in
 from onnx import numpy_helper
-
-from converters.graph import OnnxGraph
-from converters.patterns import BinaryLayerMatch, find_binary_layers_in
 
 BITS = 4  # significant bits of a twin parameter
 # exact at 0 only (values 0.5, 0, 1, 0): the twin feeds them an exact 0 (`zeroed_feeds`)

@@ -42,10 +42,15 @@ Example:
 
 from __future__ import annotations
 
-from converters.graph import NormalizeReport, OnnxGraph
-from converters.normalize.exporter_idioms import runnable_reference
-from converters.normalize.fixpoint import PIPELINE, check_valid, normalize, normalized_or_as_is
-from converters.normalize.registry import REWRITES, SIGN_IDIOMS, STEPS, Pass, rewrite
+from bnnexport.converters.graph import NormalizeReport, OnnxGraph
+from bnnexport.converters.normalize.exporter_idioms import runnable_reference
+from bnnexport.converters.normalize.fixpoint import (
+    PIPELINE,
+    check_valid,
+    normalize,
+    normalized_or_as_is,
+)
+from bnnexport.converters.normalize.registry import REWRITES, SIGN_IDIOMS, STEPS, Pass, rewrite
 
 __all__ = [
     "PIPELINE",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.patterns import LAYER_OPS, TO_LAYER, Binarization, match_binarization
 from onnx import helper
-
-from converters.graph import OnnxGraph
-from converters.patterns import LAYER_OPS, TO_LAYER, Binarization, match_binarization
 
 
 def canonical_binarization(

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from bnnexport.converters.graph import QONNX_DOMAINS, OnnxGraph
+from bnnexport.converters.normalize.binarization import canonical_binarization
+from bnnexport.converters.normalize.registry import count_rewrites, rewrite
 from onnx import helper
-
-from converters.graph import QONNX_DOMAINS, OnnxGraph
-from converters.normalize.binarization import canonical_binarization
-from converters.normalize.registry import count_rewrites, rewrite
 
 
 @rewrite("qonnx-bipolar")

@@ -6,20 +6,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import onnx
-
-from converters.errors import InvalidModelError
-from converters.graph import NormalizeReport, OnnxGraph
+from bnnexport.converters.errors import InvalidModelError
+from bnnexport.converters.graph import NormalizeReport, OnnxGraph
 
 # the pass modules register their passes when imported
-from converters.normalize import (  # noqa: F401
+from bnnexport.converters.normalize import (  # noqa: F401
     exporter_idioms,
     folding,
     layout,
     sign_idioms,
     slicing,
 )
-from converters.normalize.registry import REWRITES, SIGN_IDIOMS, registered, step
-from converters.runtimes import ort_session
+from bnnexport.converters.normalize.registry import REWRITES, SIGN_IDIOMS, registered, step
+from bnnexport.converters.runtimes import ort_session
 
 # The order the steps run in, every round, until a round changes nothing: the one statement of
 # it (docs and docstrings point here). Every name is a pass users can disable (`REWRITES`) or a
@@ -75,7 +74,7 @@ def normalized_or_as_is(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` as `normalize` writes it, or `model` itself where the normaliser refuses it
     (a probe then reads what it can: a reader that must not fail on a graph convert would
     refuse, such as the export gate's)."""
-    from converters.errors import ConverterError
+    from bnnexport.converters.errors import ConverterError
 
     try:
         return normalize(model)[0]

@@ -17,12 +17,11 @@ When each runs: `converters.normalize.fixpoint.PIPELINE`.
 from __future__ import annotations
 
 import onnx
+from bnnexport.converters.errors import InvalidModelError
+from bnnexport.converters.graph import ONNX_DOMAINS, OnnxGraph, is_static
+from bnnexport.converters.normalize.registry import count_rewrites, rewrite
+from bnnexport.converters.patterns import LAYER_OPS
 from onnx import helper
-
-from converters.errors import InvalidModelError
-from converters.graph import ONNX_DOMAINS, OnnxGraph, is_static
-from converters.normalize.registry import count_rewrites, rewrite
-from converters.patterns import LAYER_OPS
 
 
 @rewrite("fix-batch")

@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
-
-from converters.graph import ONNX_DOMAINS, OnnxGraph, is_static
-from converters.normalize.binarization import (
+from bnnexport.converters.graph import ONNX_DOMAINS, OnnxGraph, is_static
+from bnnexport.converters.normalize.binarization import (
     binarized_source,
     canonical_binarization,
     feeds_layer,
     is_canonical,
 )
-from converters.normalize.registry import count_rewrites, rewrite
-from converters.patterns import LAYER_OPS
+from bnnexport.converters.normalize.registry import count_rewrites, rewrite
+from bnnexport.converters.patterns import LAYER_OPS
+from onnx import helper
 
 
 def _pad_spec(graph: OnnxGraph, node: onnx.NodeProto) -> list[int] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from converters.graph import OnnxGraph
+from bnnexport.converters.graph import OnnxGraph
 
 Pass = Callable[[OnnxGraph], int]
 REWRITES: dict[str, Pass] = {}

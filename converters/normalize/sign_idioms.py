@@ -23,16 +23,15 @@ from functools import partial
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
-
-from converters.graph import ONNX_DOMAINS, OnnxGraph
-from converters.normalize.binarization import (
+from bnnexport.converters.graph import ONNX_DOMAINS, OnnxGraph
+from bnnexport.converters.normalize.binarization import (
     binarization_at,
     canonical_binarization,
     feeds_layer,
     is_canonical,
 )
-from converters.normalize.registry import SIGN_IDIOMS, count_rewrites, rewrite, step
+from bnnexport.converters.normalize.registry import SIGN_IDIOMS, count_rewrites, rewrite, step
+from onnx import helper, numpy_helper
 
 # one value of each class a Sign/compare-with-0 function can tell apart (see module doc)
 PROBES = np.array([-3.0, -1.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 3.0], np.float32)

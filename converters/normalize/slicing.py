@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from bnnexport.converters.graph import ONNX_DOMAINS, OnnxGraph, attributes, is_static
+from bnnexport.converters.normalize.registry import count_rewrites, rewrite
 from onnx import helper
-
-from converters.graph import ONNX_DOMAINS, OnnxGraph, attributes, is_static
-from converters.normalize.registry import count_rewrites, rewrite
 
 _END = np.iinfo(np.int64).max  # an ONNX Slice end past any dimension
 

@@ -18,7 +18,7 @@ May import: `converters.errors`, `converters.graph`, `converters.patterns`,
 `converters.runtimes`, and onnx, numpy. Never the translator, the gate or `converters.lce`.
 
 Example:
-    >>> from converters.quantize import quantize
+    >>> from bnnexport.converters.quantize import quantize
     >>> quantized = quantize(model, calibration=samples)                # doctest: +SKIP
     >>> quantized.report.int8_layers                                    # doctest: +SKIP
     ['/features/0/Conv', '/classifier/3/Gemm']
@@ -31,12 +31,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-
-from converters.errors import ConverterError
-from converters.graph import OnnxGraph
-from converters.quantize.calibrate import activation_ranges
-from converters.quantize.qdq import QuantPoint, read_qdq, write_qdq
-from converters.quantize.units import Unit, UnitPlan, find_units
+from bnnexport.converters.errors import ConverterError
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.quantize.calibrate import activation_ranges
+from bnnexport.converters.quantize.qdq import QuantPoint, read_qdq, write_qdq
+from bnnexport.converters.quantize.units import Unit, UnitPlan, find_units
 
 
 @dataclass

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-
-from converters.errors import InputShapeError
-from converters.runtimes import probe_session
+from bnnexport.converters.errors import InputShapeError
+from bnnexport.converters.runtimes import probe_session
 
 
 def activation_ranges(

@@ -37,11 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from bnnexport.converters.errors import ConverterError
+from bnnexport.converters.graph import OnnxGraph, attributes
+from bnnexport.converters.quantize.units import Unit, UnitPlan
 from onnx import helper
-
-from converters.errors import ConverterError
-from converters.graph import OnnxGraph, attributes
-from converters.quantize.units import Unit, UnitPlan
 
 QMIN, QMAX = -128, 127  # int8 activations
 KERNEL_LIMIT = 127  # int8 kernels are symmetric: [-127, 127], zero point 0

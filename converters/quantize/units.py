@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import onnx
-
-from converters.graph import OnnxGraph, attributes
-from converters.patterns import SIGN_PRESERVING, binarizations_in, find_binary_layers_in
+from bnnexport.converters.graph import OnnxGraph, attributes
+from bnnexport.converters.patterns import SIGN_PRESERVING, binarizations_in, find_binary_layers_in
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
 

@@ -30,7 +30,7 @@ metadata declaring the input layout), and onnx, numpy, TensorFlow, LCE. Never th
 normaliser, `converters.lce` or `converters.batch`, which sit above it (`tests/test_imports.py`).
 
 Example:
-    >>> from converters.translate import translate
+    >>> from bnnexport.converters.translate import translate
     >>> translated = translate(model, float_model=True)                 # doctest: +SKIP
     >>> translated.info.binary_layers == len(translated.info.binary_emitted)  # doctest: +SKIP
     True
@@ -38,15 +38,20 @@ Example:
 
 from __future__ import annotations
 
-from converters.translate.coverage import SUPPORTED, first_unsupported
-from converters.translate.groups import GroupPlan, plan_binary_groups
-from converters.translate.onnx_to_tf import (
+from bnnexport.converters.translate.coverage import SUPPORTED, first_unsupported
+from bnnexport.converters.translate.groups import GroupPlan, plan_binary_groups
+from bnnexport.converters.translate.onnx_to_tf import (
     TranslationInfo,
     build_module,
     image_inputs,
     save_saved_model,
 )
-from converters.translate.onnx_to_tflite import Translated, release_memory, releasing, translate
+from bnnexport.converters.translate.onnx_to_tflite import (
+    Translated,
+    release_memory,
+    releasing,
+    translate,
+)
 
 __all__ = [
     "SUPPORTED",

@@ -15,12 +15,11 @@ Example:
 from __future__ import annotations
 
 import numpy as np
-
-from converters.errors import UnsupportedOpError
-from converters.graph import OnnxGraph, attributes
-from converters.layer_map import TOP, module_path, nearest_module
-from converters.patterns import binarizations_in
-from converters.translate import tf_elementwise, tf_layers, tf_quantized
+from bnnexport.converters.errors import UnsupportedOpError
+from bnnexport.converters.graph import OnnxGraph, attributes
+from bnnexport.converters.layer_map import TOP, module_path, nearest_module
+from bnnexport.converters.patterns import binarizations_in
+from bnnexport.converters.translate import tf_elementwise, tf_layers, tf_quantized
 
 HANDLERS = {**tf_elementwise.HANDLERS, **tf_layers.HANDLERS, **tf_quantized.HANDLERS}
 # op types that are only supported as part of a binarization pattern

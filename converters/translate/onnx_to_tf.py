@@ -11,7 +11,7 @@ tf2onnx writes a Keras model, or a flat one) is taken as the ONNX model takes it
 ONNX's layout (docs/LCE_NOTES.md "Input layout").
 
 Example:
-    >>> from converters.translate.onnx_to_tf import save_saved_model
+    >>> from bnnexport.converters.translate.onnx_to_tf import save_saved_model
     >>> info = save_saved_model(onnx.load("model.onnx"), "/tmp/saved")  # doctest: +SKIP
     >>> info.binary_layers                                               # doctest: +SKIP
     4
@@ -24,21 +24,32 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-from converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
-from converters.graph import OnnxGraph, attributes
-from converters.layer_map import INPUT_SCOPE, OUTPUT_SCOPE, ScopeEntry, nearest_module, scope_name
-from converters.patterns import (
+from bnnexport.converters.errors import ConverterError, InvalidModelError, UnsupportedOpError
+from bnnexport.converters.graph import OnnxGraph, attributes
+from bnnexport.converters.layer_map import (
+    INPUT_SCOPE,
+    OUTPUT_SCOPE,
+    ScopeEntry,
+    nearest_module,
+    scope_name,
+)
+from bnnexport.converters.patterns import (
     NUDGE_THROUGH,
     Binarization,
     BinaryLayerMatch,
     find_binary_layers_in,
     match_binarization,
 )
-from converters.translate import tf_layers
-from converters.translate.coverage import HANDLERS, described, first_unsupported
-from converters.translate.tf_ops import WeightStore, binarize, binarizing_in, storing_weights, tf
-from converters.translate.values import Layout, Value
+from bnnexport.converters.translate import tf_layers
+from bnnexport.converters.translate.coverage import HANDLERS, described, first_unsupported
+from bnnexport.converters.translate.tf_ops import (
+    WeightStore,
+    binarize,
+    binarizing_in,
+    storing_weights,
+    tf,
+)
+from bnnexport.converters.translate.values import Layout, Value
 
 
 class _TranslateFirst(Exception):  # noqa: N818 (control flow, not an error)

@@ -4,7 +4,7 @@ between the steps. Each flatbuffer declares its input layout in its metadata fro
 (`converters.flatbuffer.input_layout`), so whatever runs it, the gate first, feeds that layout.
 
 Example:
-    >>> from converters.translate import translate
+    >>> from bnnexport.converters.translate import translate
     >>> translated = translate(model, float_model=True)                 # doctest: +SKIP
     >>> len(translated.flatbuffer) < len(translated.float_flatbuffer)   # doctest: +SKIP
     True
@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
-
-from converters.flatbuffer import binarize_int8_directly, layout_metadata, with_metadata
-from converters.runtimes import tf
-from converters.translate.onnx_to_tf import TranslationInfo
+from bnnexport.converters.flatbuffer import binarize_int8_directly, layout_metadata, with_metadata
+from bnnexport.converters.runtimes import tf
+from bnnexport.converters.translate.onnx_to_tf import TranslationInfo
 
 # A full collection costs about half a second once TensorFlow is loaded; below this model size
 # the leftovers it would free are small too.
@@ -96,7 +95,7 @@ def translate(
     tensor reading it as int8: `lce_flatbuffer`), with `int8_io` also with int8 input and output
     types, and, with `float_model`, the stock TFLite converter. Every flatbuffer declares its
     input layout in its metadata."""
-    from converters.translate.onnx_to_tf import save_saved_model
+    from bnnexport.converters.translate.onnx_to_tf import save_saved_model
 
     tf()  # first, so TensorFlow's start-up log lines are discarded
     import larq_compute_engine  # noqa: F401 (its import is no stage's time)

@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from converters.graph import attributes
-from converters.translate.tf_ops import TranslatorView, pad_constant, tf, unsupported
-from converters.translate.values import (
+from bnnexport.converters.graph import attributes
+from bnnexport.converters.translate.tf_ops import TranslatorView, pad_constant, tf, unsupported
+from bnnexport.converters.translate.values import (
     Layout,
     Value,
     channel_affine,

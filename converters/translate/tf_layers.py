@@ -26,17 +26,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from converters.graph import attributes
-from converters.translate.groups import plan_binary_groups
-from converters.translate.padding import (
+from bnnexport.converters.graph import attributes
+from bnnexport.converters.translate.groups import plan_binary_groups
+from bnnexport.converters.translate.padding import (
     PaddingPlan,
     correction_map,
     effective_pads,
     padding_mode,
     plan_binary_padding,
 )
-from converters.translate.tf_ops import (
+from bnnexport.converters.translate.tf_ops import (
     TranslatorView,
     binarize,
     pad_constant,
@@ -47,12 +46,11 @@ from converters.translate.tf_ops import (
     unsupported,
     weight,
 )
-from converters.translate.values import Layout, Value, channel_affine
+from bnnexport.converters.translate.values import Layout, Value, channel_affine
 
 if TYPE_CHECKING:
+    from bnnexport.converters.patterns import BinaryLayerMatch
     from onnx import NodeProto
-
-    from converters.patterns import BinaryLayerMatch
 
 
 def _nhwc(tr, node, x: Value) -> Value:
@@ -75,7 +73,7 @@ def _conv_attrs(tr, node, kernel: np.ndarray, x: Value):
     auto_pad = attrs.get("auto_pad", "NOTSET")
     h, w = x.shape()[2:]
     if auto_pad == "SAME_UPPER":
-        from converters.translate.padding import same_pads
+        from bnnexport.converters.translate.padding import same_pads
 
         (t, b), (left, r) = (
             same_pads(h, kh, strides[0], dilations[0]),
@@ -192,7 +190,7 @@ def binary_layer(tr: TranslatorView, node: NodeProto, match: BinaryLayerMatch) -
 
 
 def _binarization(tr, match):
-    from converters.patterns import match_binarization
+    from bnnexport.converters.patterns import match_binarization
 
     return match_binarization(tr.graph, match.binarized)
 

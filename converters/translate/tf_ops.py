@@ -19,17 +19,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-
-from converters.errors import UnsupportedOpError
-from converters.runtimes import tf  # the translator modules take `tf` from here
-from converters.translate.padding import effective_pads, is_same
-from converters.translate.values import Value
+from bnnexport.converters.errors import UnsupportedOpError
+from bnnexport.converters.runtimes import tf  # the translator modules take `tf` from here
+from bnnexport.converters.translate.padding import effective_pads, is_same
+from bnnexport.converters.translate.values import Value
 
 if TYPE_CHECKING:
     import onnx
-
-    from converters.graph import OnnxGraph
-    from converters.patterns import Binarization, BinaryLayerMatch
+    from bnnexport.converters.graph import OnnxGraph
+    from bnnexport.converters.patterns import Binarization, BinaryLayerMatch
 
 
 # the name scope binarizations are emitted in, while a binary layer emits its own input's

@@ -21,11 +21,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from converters.graph import attributes
-from converters.translate import tf_layers
-from converters.translate.tf_ops import TranslatorView, tf, unsupported
-from converters.translate.values import Layout, Value
+from bnnexport.converters.graph import attributes
+from bnnexport.converters.translate import tf_layers
+from bnnexport.converters.translate.tf_ops import TranslatorView, tf, unsupported
+from bnnexport.converters.translate.values import Layout, Value
 
 if TYPE_CHECKING:
     from onnx import NodeProto

@@ -9,7 +9,7 @@ binarization of it can break exact ties the way torch does (sign(0) = +1, see `n
 
 Example:
     >>> import numpy as np
-    >>> from converters.translate.values import tie_break_bias
+    >>> from bnnexport.converters.translate.values import tie_break_bias
     >>> float(tie_break_bias(np.array([1.0], np.float32), np.array([-2.0], np.float32))[0])
     -1.5
 """
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from converters.runtimes import tf
+from bnnexport.converters.runtimes import tf
 
 
 class Layout(enum.Enum):

@@ -7,13 +7,13 @@ its runner on import (`@register_runner`) with its place in the order `auto` tri
 every registered name; bench calls only the protocol (`DeviceRunner`).
 
 Example:
-    >>> from deploy.runners import runner_choices
+    >>> from bnnexport.deploy.runners import runner_choices
     >>> runner_choices()
     ['auto', 'python', 'lce_benchmark_model']
 """
 
-from deploy.runners import lce_benchmark_model, python  # noqa: F401  (each registers its runner)
-from deploy.runners.registry import (
+from bnnexport.deploy.runners import lce_benchmark_model, python  # noqa: F401  (each registers its runner)
+from bnnexport.deploy.runners.registry import (
     AUTO,
     LATENCY_KEYS,
     DeviceRunner,

@@ -9,7 +9,7 @@ runner's `order`, lowest first) decides `auto`: the first runner the device can 
 that profile when a profile is asked for.
 
 Example:
-    >>> from deploy.runners import get_runner, runner_names
+    >>> from bnnexport.deploy.runners import get_runner, runner_names
     >>> runner_names()
     ['python', 'lce_benchmark_model']
     >>> get_runner("lce_benchmark_model").profiles
@@ -17,7 +17,7 @@ Example:
     >>> get_runner("tflite")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    deploy.errors.UnknownRunnerError: unknown runner 'tflite'; choose from auto, python, lce_be...
+    bnnexport.deploy.errors.UnknownRunnerError: unknown runner 'tflite'; choose from auto, ...
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
-
-from deploy.connection import Connection
-from deploy.errors import MissingBinaryError, UnknownRunnerError
+from bnnexport.deploy.connection import Connection
+from bnnexport.deploy.errors import MissingBinaryError, UnknownRunnerError
 
 AUTO = "auto"  # not a runner: the first registered one the device can run
 LATENCY_KEYS = ("min", "median", "p90", "mean", "std")

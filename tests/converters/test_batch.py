@@ -1,14 +1,14 @@
-"""converters.batch: the batched copy of an ONNX model (and, on a real run, of its flatbuffer)."""
+"""bnnexport.converters.batch: the batched copy of an ONNX model (and, on a real run, of its
+flatbuffer)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
+from bnnexport.converters.batch import HardCodedBatchError, batched_path, rebatch, rebatch_onnx
+from bnnexport.converters.runtimes import run_onnx
 from onnx import TensorProto, helper, numpy_helper
-
-from converters.batch import HardCodedBatchError, batched_path, rebatch, rebatch_onnx
-from converters.runtimes import run_onnx
 
 SHAPE = [1, 2, 3, 3]
 
@@ -120,10 +120,11 @@ def test_the_batched_copy_is_named_after_the_batch_1_file():
 
 @pytest.mark.slow
 def test_convert_run_writes_a_gated_batched_copy(trained_run):
+    from bnnexport.converters.flatbuffer import input_layout
+    from bnnexport.converters.runtimes import lce_interpreter, run_lce
+
     from bnnexport.stages.convert import convert_run
     from bnnexport.stages.export import export_onnx
-    from converters.flatbuffer import input_layout
-    from converters.runtimes import lce_interpreter, run_lce
 
     export_onnx(trained_run, samples=40)
     report = convert_run(trained_run, samples=40, batched_copy=16)
@@ -164,18 +165,17 @@ def _negate_a_binary_kernel_at_batch(batch: int, translate):
 def test_a_flatbuffer_wrong_only_at_batch_n_is_refused(tmp_path, monkeypatch):
     """`convert --batch N` runs the whole gate at batch N: a translation that is right at
     batch 1 and wrong at batch 2 writes nothing."""
+    import bnnexport.converters.lce
     from support.cli import invoke
     from support.converter_nets import StemAndBinaryConv, export
-
-    import converters.lce
 
     net, shape = StemAndBinaryConv(), (1, 2, 7, 7)
     onnx_path = export(net, shape, tmp_path / "dyn.onnx", dynamic_axes={"x": {0: "n"}},
                        input_names=["x"])  # fmt: skip
     assert invoke("convert", str(onnx_path), "--batch", "2").exit_code == 0
     (tmp_path / "dyn-arm64-b2.tflite").unlink()
-    broken = _negate_a_binary_kernel_at_batch(2, converters.lce.translate)
-    monkeypatch.setattr(converters.lce, "translate", broken)
+    broken = _negate_a_binary_kernel_at_batch(2, bnnexport.converters.lce.translate)
+    monkeypatch.setattr(bnnexport.converters.lce, "translate", broken)
     assert invoke("convert", str(onnx_path)).exit_code == 0  # batch 1 is untouched
     result = invoke("convert", str(onnx_path), "--batch", "2")
     assert result.exit_code == 1, result.output

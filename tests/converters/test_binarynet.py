@@ -51,9 +51,9 @@ class BinaryNet(nn.Module):
 
 @pytest.mark.long  # 1000 samples through LCE and torch: ~45 s
 def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
-    from converters.gate import compare
-    from converters.lce import convert_onnx
-    from converters.runtimes import run_lce
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import run_lce
 
     torch.manual_seed(0)
     net = BinaryNet().eval()
@@ -98,13 +98,13 @@ def test_binarynet_without_the_exact_zero_tie_break_is_refused(tmp_path, monkeyp
     diagnostics file the line names says where (the twin, exact, passes)."""
     import json
 
-    import converters.translate.values
+    import bnnexport.converters.translate.values
 
     torch.manual_seed(0)
     path = export(BinaryNet().eval(), (1, 3, 32, 32), tmp_path / "binarynet.onnx",
                   do_constant_folding=False)  # fmt: skip
     monkeypatch.setattr(
-        converters.translate.values, "tie_break_bias", lambda m, b: b.astype(np.float32)
+        bnnexport.converters.translate.values, "tie_break_bias", lambda m, b: b.astype(np.float32)
     )
     result = invoke("convert", str(path))
     assert result.exit_code == 1, result.output
@@ -142,11 +142,12 @@ def test_the_tie_break_mutant_is_refused_with_pytorch_as_arbiter(tmp_path, monke
     """The recurring value the mutant decides by its own rounding (exactly 0 in LCE, -9.1e-7
     in ONNX Runtime) is one PyTorch, the arbiter, decides as ONNX Runtime does: the candidate's
     own rule, refused, though an arbiter that split from ONNX Runtime would excuse it."""
-    import converters.translate.values
+    import bnnexport.converters.translate.values
+    from bnnexport.converters.errors import ConversionMismatchError
+    from bnnexport.converters.gate.checks import Reference
+    from bnnexport.converters.lce import convert_onnx
+
     from bnnexport.stages.torch_probe import TorchProbe
-    from converters.errors import ConversionMismatchError
-    from converters.gate.checks import Reference
-    from converters.lce import convert_onnx
 
     torch.manual_seed(0)
     net = QuantizedBinaryNet().eval()
@@ -159,7 +160,7 @@ def test_the_tie_break_mutant_is_refused_with_pytorch_as_arbiter(tmp_path, monke
 
     pytorch = Reference("PyTorch", outputs, probe=lambda: TorchProbe(net, path))
     monkeypatch.setattr(
-        converters.translate.values, "tie_break_bias", lambda m, b: b.astype(np.float32)
+        bnnexport.converters.translate.values, "tie_break_bias", lambda m, b: b.astype(np.float32)
     )
     with pytest.raises(ConversionMismatchError, match="no other reference decides it") as refused:
         convert_onnx(path, tmp_path / "binarynet.tflite", inputs=x, references=[pytorch])

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.normalize import PIPELINE, SIGN_IDIOMS, normalize
+from bnnexport.converters.normalize.registry import registered
 from onnx import TensorProto, helper
 from support.client_nets import ROWS, export_onnx
-
-from converters.graph import OnnxGraph
-from converters.normalize import PIPELINE, SIGN_IDIOMS, normalize
-from converters.normalize.registry import registered
 
 # one row per pass family a client's export exercises (the legacy exporter where it suffices:
 # it is the faster one)

@@ -12,6 +12,15 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
+from bnnexport.converters.flatbuffer import flatbuffer_ops
+from bnnexport.converters.layer_map import (
+    CONV_OPS,
+    TOP,
+    module_path,
+    module_path_of_name,
+    op_layers,
+    scope_name,
+)
 from support.converter_nets import (
     binary_conv,
     binary_linear,
@@ -19,16 +28,6 @@ from support.converter_nets import (
     sign,
     snap_to_grid,
     trained_bn,
-)
-
-from converters.flatbuffer import flatbuffer_ops
-from converters.layer_map import (
-    CONV_OPS,
-    TOP,
-    module_path,
-    module_path_of_name,
-    op_layers,
-    scope_name,
 )
 
 
@@ -99,7 +98,7 @@ SHAPE = (1, 2, 8, 8)
 def _convert(
     net: nn.Module, tmp_path: Path, dynamo: bool, input_layout: str | None = None
 ) -> tuple[Path, Path]:
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     onnx_path = tmp_path / "net.onnx"
     net = snap_to_grid(net).eval()
@@ -214,7 +213,7 @@ def test_zoo_models_name_every_conv_op_by_its_module(tmp_path, name):
     model = init_model(name, REDUCED[name], num_classes=10).eval()
     onnx_path = tmp_path / "model.onnx"
     torch.onnx.export(model, torch.zeros(1, *REDUCED[name]), str(onnx_path), dynamo=False)
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     result = convert_onnx(onnx_path, tmp_path / "model.tflite", options=ConvertOptions(twin=False))
     modules = dict(model.named_modules())

@@ -1,4 +1,4 @@
-"""converters.lce: torch BNNs -> ONNX -> LCE flatbuffer, every binary layer an LceBconv2d,
+"""bnnexport.converters.lce: torch BNNs -> ONNX -> LCE flatbuffer, every binary layer an LceBconv2d,
 outputs equal to PyTorch's (checked in LCE's interpreter against ONNX Runtime and torch)."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_max_pool_after_binary_conv_runs_on_packed_bits(tmp_path):
 
 def test_per_channel_scaled_kernel_from_folded_batchnorm(tmp_path):
     # the default export folds BatchNorm into the conv: kernels become ±1 x scale
-    from converters.patterns import find_binary_layers
+    from bnnexport.converters.patterns import find_binary_layers
 
     result, torch_check = convert_net(Stack("one", 1, (8, 8)), (1, 3, 8, 8), tmp_path)
     import onnx
@@ -314,19 +314,20 @@ def test_relu_then_batchnorm_after_a_binary_conv_quicknet_style(tmp_path):
 def test_the_exact_grid_twin_alone_catches_a_translation_bug(tmp_path, monkeypatch):
     """Zero-padded stride-2 binary convs need a correction map; with it zeroed the twin's LCE
     flatbuffer differs from ONNX Runtime's twin, whatever the real weights would show."""
+    import bnnexport.converters.translate.tf_layers
     import onnx
+    from bnnexport.converters.errors import ConversionMismatchError
+    from bnnexport.converters.gate import GateOptions
+    from bnnexport.converters.gate.checks import check_twin
     from support.converter_nets import export, grid_inputs
-
-    import converters.translate.tf_layers
-    from converters.errors import ConversionMismatchError
-    from converters.gate import GateOptions
-    from converters.gate.checks import check_twin
 
     path = export(Stack("zero", 2, (12, 12)), (1, 3, 12, 12), tmp_path / "net.onnx")
     model, x = onnx.load(str(path)), grid_inputs(8, (1, 3, 12, 12))
     assert all(r.max_abs_diff == 0.0 for r in check_twin(model, x, [], GateOptions()))
-    real = converters.translate.tf_layers.correction_map
-    monkeypatch.setattr(converters.translate.tf_layers, "correction_map", lambda *a: real(*a) * 0.0)
+    real = bnnexport.converters.translate.tf_layers.correction_map
+    monkeypatch.setattr(
+        bnnexport.converters.translate.tf_layers, "correction_map", lambda *a: real(*a) * 0.0
+    )
     with pytest.raises(ConversionMismatchError, match="LCE twin vs ONNX Runtime twin"):
         check_twin(model, x, [], GateOptions())
 
@@ -364,11 +365,10 @@ def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_e
     (docs/LCE_NOTES.md "Binary ops"). Such an affine map is applied after the bconv instead,
     and the channels that never fire come out as torch computes them: 1 + beta."""
     import numpy as np
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import run_lce
     from support.converter_nets import export
-
-    from converters.gate import compare
-    from converters.lce import convert_onnx
-    from converters.runtimes import run_lce
 
     net = DeadChannels().eval()
     path = export(net, (1, 3, 4, 4), tmp_path / "net.onnx")
@@ -386,16 +386,15 @@ def test_folding_the_dead_channels_batchnorm_into_lce_is_refused(tmp_path, monke
     """The mutant a refactor could bring back: every affine map folded into LCE's bconv,
     whatever K*|m|. LCE then rounds the dead channels' bias away (up to 2^-8 here), and the
     gate refuses the flatbuffer."""
+    import bnnexport.converters.translate.values
     import numpy as np
+    from bnnexport.converters.errors import ConversionMismatchError
+    from bnnexport.converters.lce import convert_onnx
     from support.converter_nets import export
-
-    import converters.translate.values
-    from converters.errors import ConversionMismatchError
-    from converters.lce import convert_onnx
 
     path = export(DeadChannels().eval(), (1, 3, 4, 4), tmp_path / "net.onnx")
     x = np.random.default_rng(0).standard_normal((16, 3, 4, 4)).astype(np.float32)
-    monkeypatch.setattr(converters.translate.values, "FOLD_LIMIT", float("inf"))
+    monkeypatch.setattr(bnnexport.converters.translate.values, "FOLD_LIMIT", float("inf"))
     with pytest.raises(ConversionMismatchError, match="LCE vs ONNX Runtime"):
         convert_onnx(path, tmp_path / "net.tflite", inputs=x)
     assert not (tmp_path / "net.tflite").exists()

@@ -1,4 +1,4 @@
-"""converters.patterns: which ONNX layers are binary, and what their kernels hold."""
+"""bnnexport.converters.patterns: which ONNX layers are binary, and what their kernels hold."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from bnnexport.converters.patterns import GREATER_OR_EQUAL_WHERE, SIGN_ADD_SIGN, find_binary_layers
 from support.converter_nets import binary_conv
-
-from converters.patterns import GREATER_OR_EQUAL_WHERE, SIGN_ADD_SIGN, find_binary_layers
 
 
 def _onnx_of(module: nn.Module, shape: tuple[int, ...], **kwargs) -> onnx.ModelProto:

@@ -1,4 +1,5 @@
-"""converters.runtimes: one set of ONNX Runtime options for every caller, one-line refusals."""
+"""bnnexport.converters.runtimes: one set of ONNX Runtime options for every caller, one-line
+refusals."""
 
 from __future__ import annotations
 
@@ -6,11 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-from converters.errors import InvalidModelError
-from converters.flatbuffer import read_flatbuffer
-from converters.runtimes import (
+from bnnexport.converters.errors import InvalidModelError
+from bnnexport.converters.flatbuffer import read_flatbuffer
+from bnnexport.converters.runtimes import (
     HARMLESS_LINES,
     RUNTIMES,
     open_model,
@@ -18,6 +17,7 @@ from converters.runtimes import (
     run_onnx,
     stderr_filtered,
 )
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _model(batch: int | str = 1) -> bytes:
@@ -90,7 +90,7 @@ def test_run_onnx_runs_a_batch_one_model_sample_by_sample():
 
 def _affine_flatbuffer(batch: int) -> bytes:
     """y = x * 2 + 1 on [batch, 3] as a float TFLite flatbuffer (LCE's interpreter runs it too)."""
-    from converters.runtimes import tf
+    from bnnexport.converters.runtimes import tf
 
     tensorflow = tf()
 
@@ -133,7 +133,7 @@ def test_run_one_is_one_call_on_a_batch_the_model_takes(kind):
 
 
 def test_a_batch_that_does_not_fit_the_model_is_one_line():
-    from converters.errors import InputShapeError
+    from bnnexport.converters.errors import InputShapeError
 
     with pytest.raises(InputShapeError, match=r"do not fit ONNX model \(in memory\)"):
         open_model("onnxruntime", _model(1)).run(np.zeros((2, 4), np.float32))
@@ -163,7 +163,8 @@ def test_read_flatbuffer_refuses_what_is_not_one(tmp_path):
 
 
 def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypatch):
-    import converters.runtimes
+    import bnnexport.converters.runtimes
+
     from bnnexport.run.directory import RunDir
     from bnnexport.stages.bench.host import host_backends
 
@@ -171,7 +172,7 @@ def test_bench_scores_with_the_onnx_runtime_session_it_times(tmp_path, monkeypat
     (tmp_path / "model.onnx").write_bytes(_model("N"))
     opened = []
     recorded = lambda *a, **k: opened.append((a, k)) or ort_session(*a, **k)  # noqa: E731
-    monkeypatch.setattr(converters.runtimes, "ort_session", recorded)
+    monkeypatch.setattr(bnnexport.converters.runtimes, "ort_session", recorded)
     factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=2)}
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     predict, call = factories["onnxruntime"](x[:1])
@@ -191,7 +192,8 @@ def test_bench_opens_each_runtime_by_open_model_and_times_its_batch_one_call(
 ):
     from types import SimpleNamespace
 
-    import converters.runtimes
+    import bnnexport.converters.runtimes
+
     from bnnexport.run.directory import RunDir
     from bnnexport.stages.bench.host import host_backends
 
@@ -213,7 +215,9 @@ def test_bench_opens_each_runtime_by_open_model_and_times_its_batch_one_call(
 
     opened = []
     monkeypatch.setattr(
-        converters.runtimes, "open_model", lambda *how: opened.append(Opened(*how)) or opened[-1]
+        bnnexport.converters.runtimes,
+        "open_model",
+        lambda *how: opened.append(Opened(*how)) or opened[-1],
     )
     (tmp_path / "checkpoint.pt").write_bytes(b"")  # host_backends only checks it is there
     factories = {name: f for name, _, f in host_backends(RunDir(tmp_path), "arm64", threads=3)}

@@ -27,22 +27,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
-
-from deploy.errors import (
+from bnnexport.deploy.errors import (
     DeviceAuthError,
     DeviceError,
     MissingBinaryError,
     RemoteCommandError,
     WrongArchitectureError,
 )
-from deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
-from deploy.runners.lce_benchmark_model.chunked_accuracy import (
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
+from bnnexport.deploy.runners.lce_benchmark_model.chunked_accuracy import (
     AccuracyJob,
     DeviceOptions,
     run_on_device,
 )
-from deploy.runners.python.python_runner import run_remote_runner
+from bnnexport.deploy.runners.python.python_runner import run_remote_runner
+from support.stand_in import REAL_BINARY, stand_in_outputs, write_stand_in
 
 
 @pytest.fixture
@@ -208,9 +207,8 @@ BATCH_MODEL = "tf.TensorSpec([1, 8, 8, 32]"
 def tiny_b4(tmp_path_factory) -> Path:
     """The tiny model of support/sshd_fixture.py converted at batch 4, declaring NHWC input as
     bnnexport's flatbuffers do (its C, 32, is not its H or W: a wrong layout is other bytes)."""
+    from bnnexport.converters.flatbuffer import layout_metadata, with_metadata
     from support.sshd_fixture import TINY_MODEL_SOURCE
-
-    from converters.flatbuffer import layout_metadata, with_metadata
 
     pytest.importorskip("larq_compute_engine")
     folder, batch = tmp_path_factory.mktemp("tiny-b4"), 4
@@ -231,12 +229,11 @@ def test_the_lce_benchmark_model_runner_feeds_an_nhwc_copy_nhwc_samples(arm_devi
     """bench's NCHW samples go up as the raw bytes of the layout the batched copy declares
     (`Samples.fed()`): the device's outputs are the host interpreter's on NHWC inputs. Run by
     the stand-in (the reference interpreter on the real flatbuffer) or the real tool."""
+    from bnnexport.converters.flatbuffer import input_layout
+    from bnnexport.converters.runtimes import run_lce
+    from bnnexport.deploy.runners import RunSettings, Samples
+    from bnnexport.deploy.runners.lce_benchmark_model.benchmark_runner import LceBenchmarkModel
     from support.device_runs import tool
-
-    from converters.flatbuffer import input_layout
-    from converters.runtimes import run_lce
-    from deploy.runners import RunSettings, Samples
-    from deploy.runners.lce_benchmark_model.benchmark_runner import LceBenchmarkModel
 
     nchw = np.random.default_rng(5).standard_normal((4, 32, 8, 8)).astype(np.float32)
     layout = input_layout(tiny_b4)
@@ -263,7 +260,7 @@ def test_real_binary_agrees_with_the_host_interpreter(arm_device, tiny_b4):
     print(f"\nlce_benchmark_model: the real binary {REAL_BINARY}")
     batch, flatbuffer = 4, tiny_b4
     inputs = np.random.default_rng(3).standard_normal((10, 8, 8, 32)).astype(np.float32)
-    from converters.runtimes import lce_batch_predict, lce_interpreter
+    from bnnexport.converters.runtimes import lce_batch_predict, lce_interpreter
 
     host = lce_batch_predict(lce_interpreter(flatbuffer))
     padded = np.concatenate([inputs, np.zeros((2, 8, 8, 32), np.float32)])

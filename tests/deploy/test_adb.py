@@ -1,25 +1,25 @@
-"""deploy.adb and deploy.transports: the ADB transport against a fake `adb` whose device is this
-machine's own shell (support/fake_adb.py), and `--device` addresses read or refused in one line.
-The whole bench on an ADB device, the emulated aarch64 one: tests/deploy/test_bench_aarch64.py."""
+"""bnnexport.deploy.adb and deploy.transports: the ADB transport against a fake `adb` whose device
+is this machine's own shell (support/fake_adb.py), and `--device` addresses read or refused in one
+line. The whole bench on an ADB device, the emulated aarch64 one:
+tests/deploy/test_bench_aarch64.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from support.cli import invoke
-from support.fake_adb import write_fake_adb
-
-from deploy.adb import AdbClient
-from deploy.connection import Connection, Reach, parse_identity
-from deploy.errors import (
+from bnnexport.deploy.adb import AdbClient
+from bnnexport.deploy.connection import Connection, Reach, parse_identity
+from bnnexport.deploy.errors import (
     BadDeviceError,
     DeviceError,
     DeviceTimeoutError,
     DeviceUnreachableError,
     RemoteCommandError,
 )
-from deploy.transports import open_device
+from bnnexport.deploy.transports import open_device
+from support.cli import invoke
+from support.fake_adb import write_fake_adb
 
 SERIAL = "emulator-5554"
 

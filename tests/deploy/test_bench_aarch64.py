@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from bnnexport.converters.flatbuffer import flatbuffer_ops
 from support.aarch64_device import cache_dir
 from support.cli import invoke
 from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
@@ -45,7 +46,6 @@ from support.processes import processes_mentioning
 from support.stand_in import REAL_BINARY, write_stand_in
 
 from bnnexport.run.checkpoint import load_model
-from converters.flatbuffer import flatbuffer_ops
 
 SAMPLES = 40
 BATCH = 32  # 2 chunks on the device, the last one padded

@@ -12,13 +12,12 @@ import subprocess
 import time
 
 import pytest
+from bnnexport.deploy import emulator
+from bnnexport.deploy.errors import EmulatorUnavailableError
 from support.aarch64_device import cache_dir
 from support.cli import COMMAND, invoke
 from support.guarantees import assert_one_line_error
 from support.processes import processes_mentioning
-
-from deploy import emulator
-from deploy.errors import EmulatorUnavailableError
 
 
 def test_missing_packages_are_named_with_how_to_install_them(monkeypatch):

@@ -19,11 +19,10 @@ import sys
 
 import numpy as np
 import pytest
+from bnnexport.converters.flatbuffer import input_layout, to_input_layout
+from bnnexport.converters.runtimes import run_lce
 from support import lce_reference
 from support.stand_in import write_stand_in
-
-from converters.flatbuffer import input_layout, to_input_layout
-from converters.runtimes import run_lce
 
 pytestmark = pytest.mark.slow  # a conversion to float and to int8 flatbuffers
 SAMPLES = 100

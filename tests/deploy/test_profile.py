@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 from support.recorded_outputs import REAL, needs_real
 
 from bnnexport.stages.bench.profile import DeviceProfile, LayerTime, row_node, row_ops
-from deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 
 # the demo's mnist-bnn flatbuffer, op by op (what the recorded profile ran)
 MNIST_OPS = ["RESHAPE", "CONV_2D", "LceQuantize", "LceBconv2d", "LceBMaxPool2d", "LceBconv2d",

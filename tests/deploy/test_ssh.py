@@ -1,4 +1,4 @@
-"""deploy.ssh against a real sshd on 127.0.0.1 (this machine = device)."""
+"""bnnexport.deploy.ssh against a real sshd on 127.0.0.1 (this machine = device)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import os
 import subprocess
 
 import pytest
-
-from deploy.connection import emulation
-from deploy.errors import (
+from bnnexport.deploy.connection import emulation
+from bnnexport.deploy.errors import (
     DeviceAuthError,
     DeviceUnreachableError,
     RemoteCommandError,

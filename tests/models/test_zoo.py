@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from bnnexport.converters.gate import GateOptions
 from support.cli import invoke
 
 from bnnexport.models import create_model, model_info
@@ -16,7 +17,6 @@ from bnnexport.nn.layers import binary_layers
 from bnnexport.nn.quantizers import Quantizer
 from bnnexport.run.checkpoint import load_checkpoint, load_model
 from bnnexport.stages.init import init_model, init_run
-from converters.gate import GateOptions
 
 # larq-zoo's models (issue 37): the gate matrix (tests/converters/gate/test_matrix.py) takes them
 # through init, export and convert at 64x64 and at their native size
@@ -349,9 +349,9 @@ def test_zoo_list_json_names_every_model_with_its_binary_shares():
     [pytest.param(n, marks=pytest.mark.long) if n in LONG_ZOO else n for n in ZOO],
 )
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
-    from converters.gate import compare
-    from converters.lce import convert_onnx
-    from converters.runtimes import run_lce
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import run_lce
 
     shape = REDUCED[name]
     model = init_model(name, shape, num_classes=10)
@@ -459,9 +459,9 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     """QuickNet at 224 with randomised BatchNorm meets more LCE sign ties per sample than the
     gate's search resolves (docs/BENCHMARKS.md "Conversion scaling"). On exact grids there are none
     to meet: the conversion itself must then be exact, at the native size."""
-    from converters.gate import compare
-    from converters.lce import convert_onnx
-    from converters.runtimes import run_lce
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import run_lce
 
     model = on_exact_grids(init_model("quicknet"))
     rng = np.random.default_rng(0)

@@ -490,14 +490,13 @@ def test_convert_at_a_batch_the_graph_hard_codes_away_is_one_line(tmp_path):
 def test_allow_float_naming_no_binary_layer_is_one_line_before_tensorflow(tmp_path, monkeypatch):
     """A misspelt --allow-float was allowed silently: now one line naming it and the model's
     binary layers, before any translation to TensorFlow (which would fail this test)."""
+    import bnnexport.converters.lce
     from support.converter_nets import StemAndBinaryConv, export
-
-    import converters.lce
 
     def no_tensorflow(*args, **kwargs):
         raise AssertionError("translated to TensorFlow before refusing the name")
 
-    monkeypatch.setattr(converters.lce, "translate", no_tensorflow)
+    monkeypatch.setattr(bnnexport.converters.lce, "translate", no_tensorflow)
     onnx_path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "net.onnx")
     before = snapshot(tmp_path)
     args = ("convert", onnx_path, "--allow-float", "/conv/Conv", "--allow-float", "/cnov/Conv")

@@ -453,9 +453,10 @@ def test_the_stand_in_prints_the_real_tools_profile_format(_converted_template, 
     import dataclasses
     import subprocess
 
+    from bnnexport.converters.flatbuffer import flatbuffer_ops
+    from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
+
     from bnnexport.stages.bench.profile import row_ops
-    from converters.flatbuffer import flatbuffer_ops
-    from deploy.runners.lce_benchmark_model.benchmark_tool import parse_benchmark_output
 
     flatbuffer = _converted_template / "model-arm64.tflite"
     stand_in = Path(__file__).parents[1] / "support" / "lce_benchmark_model_standin.py"

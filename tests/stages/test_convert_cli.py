@@ -71,8 +71,8 @@ def test_the_report_says_where_the_time_went_stage_by_stage(converted):
 
 
 def test_float_tflite_runs_in_the_stock_interpreter(converted):
-    from converters.gate import compare
-    from converters.runtimes import run_onnx, run_tflite
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.runtimes import run_onnx, run_tflite
 
     run, _ = converted
     with np.load(run / "samples.npz") as data:
@@ -82,7 +82,7 @@ def test_float_tflite_runs_in_the_stock_interpreter(converted):
 
 
 def test_the_arm64_flatbuffer_takes_nhwc_input_with_no_transpose(converted):
-    from converters.flatbuffer import input_layout, input_shapes
+    from bnnexport.converters.flatbuffer import input_layout, input_shapes
 
     run, report = converted
     assert (report["input_layout"], report["input_shape"]) == ("nhwc", [1, 28, 28, 1])
@@ -95,7 +95,7 @@ def test_the_arm64_flatbuffer_takes_nhwc_input_with_no_transpose(converted):
 
 
 def test_input_layout_nchw_keeps_the_onnx_input_and_one_transpose(tmp_path):
-    from converters.flatbuffer import input_layout, input_shapes
+    from bnnexport.converters.flatbuffer import input_layout, input_shapes
 
     path = export(StemAndBinaryConv(), (1, 2, 7, 7), tmp_path / "plain.onnx")
     result = invoke("convert", path, "--input-layout", "nchw", "--json")
@@ -111,7 +111,7 @@ def test_input_layout_nchw_keeps_the_onnx_input_and_one_transpose(tmp_path):
 def _input_transposes(flatbuffer) -> int:
     """The TRANSPOSE ops reading a tensor of the flatbuffer's input shape (the flatten at the
     end of StemAndBinaryConv has a TRANSPOSE of its own, to NCHW order)."""
-    from converters.flatbuffer import flatbuffer_ops, input_shapes
+    from bnnexport.converters.flatbuffer import flatbuffer_ops, input_shapes
 
     shape = input_shapes(flatbuffer)[0]
     ops = flatbuffer_ops(flatbuffer)
@@ -207,7 +207,7 @@ def test_unsupported_op_exits_2_naming_node_and_op_type(tmp_path):
 
 
 def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
-    import converters.gate.checks
+    import bnnexport.converters.gate.checks
 
     class Net(nn.Module):
         def __init__(self):
@@ -218,8 +218,10 @@ def test_gate_failure_exits_1_and_keeps_no_flatbuffer(tmp_path, monkeypatch):
             return self.conv(sign(x)).flatten(1)
 
     path = export(Net(), (1, 4, 5, 5), tmp_path / "net.onnx")
-    real = converters.gate.checks.run_lce
-    monkeypatch.setattr(converters.gate.checks, "run_lce", lambda p, x: real(p, x) * -1.0 + 0.5)
+    real = bnnexport.converters.gate.checks.run_lce
+    monkeypatch.setattr(
+        bnnexport.converters.gate.checks, "run_lce", lambda p, x: real(p, x) * -1.0 + 0.5
+    )
     result = invoke("convert", path)
     assert result.exit_code == 1
     assert "LCE vs ONNX Runtime disagree" in result.stderr and "no flatbuffer kept" in result.stderr
@@ -246,8 +248,8 @@ def test_run_without_model_onnx_exits_2_pointing_at_export(tmp_path):
 
 
 def test_op_histogram_rejects_a_truncated_flatbuffer(converted):
-    from converters.errors import InvalidModelError
-    from converters.flatbuffer import op_histogram
+    from bnnexport.converters.errors import InvalidModelError
+    from bnnexport.converters.flatbuffer import op_histogram
 
     run, _ = converted
     data = (run / "model-arm64.tflite").read_bytes()
@@ -256,8 +258,8 @@ def test_op_histogram_rejects_a_truncated_flatbuffer(converted):
 
 
 def test_signature_outputs_names_the_flatbuffer_outputs_in_order(converted):
-    from converters.errors import InvalidModelError
-    from converters.flatbuffer import signature_outputs
+    from bnnexport.converters.errors import InvalidModelError
+    from bnnexport.converters.flatbuffer import signature_outputs
 
     run, _ = converted
     data = (run / "model-arm64.tflite").read_bytes()
@@ -270,7 +272,7 @@ def test_signature_outputs_names_the_flatbuffer_outputs_in_order(converted):
 def test_training_modules_do_not_import_tensorflow():
     code = (
         "import sys, bnnexport.cli, bnnexport.stages.export, bnnexport.stages.convert, "
-        "converters.lce, converters.patterns; "
+        "bnnexport.converters.lce, bnnexport.converters.patterns; "
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from bnnexport.converters.flatbuffer import flatbuffer_ops
 from support.cli import invoke
 from support.converter_nets import FloatStemBinaryBody
 from support.guarantees import assert_one_line_error, assert_refused_unchanged, snapshot
 
 from bnnexport.stages.export import export_onnx
-from converters.flatbuffer import flatbuffer_ops
 
 pytestmark = pytest.mark.slow  # TensorFlow and LCE conversions
 
@@ -132,7 +132,7 @@ def test_bench_puts_the_int8_flatbuffer_beside_the_float_one_on_the_host(convert
     """Latency, size, top-1 and agreement with PyTorch for both flatbuffers, side by side."""
     import shutil
 
-    from converters.runtimes import run_lce
+    from bnnexport.converters.runtimes import run_lce
 
     run = tmp_path / "run"
     shutil.copytree(converted[0], run)

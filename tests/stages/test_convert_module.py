@@ -27,7 +27,7 @@ def test_dynamo_exporter_converts_a_plain_torch_bnn(tmp_path):
 
 @pytest.mark.slow
 def test_input_layout_nchw_keeps_the_modules_own_input_one_flag_away(tmp_path):
-    from converters.flatbuffer import input_layout
+    from bnnexport.converters.flatbuffer import input_layout
 
     report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
                             input_layout="nchw", samples=4)  # fmt: skip
@@ -54,18 +54,17 @@ def test_an_unknown_exporter_is_refused_before_exporting(tmp_path):
 def test_the_gate_runs_on_the_users_own_samples_and_says_they_were_not_random(
     tmp_path, monkeypatch
 ):
+    import bnnexport.converters.lce
     import numpy as np
 
-    import converters.lce
-
     seen = {}
-    real = converters.lce.convert_onnx
+    real = bnnexport.converters.lce.convert_onnx
 
     def spy(*args, **kwargs):
         seen["inputs"] = kwargs["inputs"]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(converters.lce, "convert_onnx", spy)
+    monkeypatch.setattr(bnnexport.converters.lce, "convert_onnx", spy)
     mine = torch.rand(5, 3, 16, 16) * 2 - 1  # e.g. images in [-1, 1]
     report = convert_module(index_put(), torch.randn(1, 3, 16, 16), out=tmp_path / "n.tflite",
                             samples=mine)  # fmt: skip
@@ -134,7 +133,7 @@ def test_a_module_pytorch_cannot_be_probed_on_allows_one_changed_prediction_at_e
     """Where a module's binarizations cannot be traced (here the trace is made to fail), no
     replay can explain a tie: the export check judges predictions only, one may change (a
     rounding tie); two are refused before any conversion, naming the count and why."""
-    from converters.gate.probe import OnnxProbe
+    from bnnexport.converters.gate.probe import OnnxProbe
 
     samples = np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32)
     real_run = OnnxProbe.run

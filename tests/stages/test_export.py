@@ -7,13 +7,13 @@ import json
 import numpy as np
 import onnx
 import pytest
+from bnnexport.converters.patterns import SIGN_ADD_SIGN, find_binary_layers
 from support.cli import COMMAND, invoke, run_process
 from support.fresh_run import fresh_run
 
 from bnnexport.errors import FidelityError, NotBinaryError
 from bnnexport.run.checkpoint import load_checkpoint, save_checkpoint
 from bnnexport.stages.export import export_onnx
-from converters.patterns import SIGN_ADD_SIGN, find_binary_layers
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_disagreement_exits_1_and_keeps_the_previous_onnx(tmp_path, monkeypatch)
     run = fresh_run(tmp_path / "run")
     export_onnx(run, samples=10)
     before = (run / "model.onnx").read_bytes()
-    from converters.gate import OnnxProbe
+    from bnnexport.converters.gate import OnnxProbe
 
     real = OnnxProbe.run
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from bnnexport.converters.runtimes import lce_interpreter
 from support.cli import invoke, run_in_process
 from support.guarantees import assert_one_line_error
 from support.image_folders import tiny_training
-
-from converters.runtimes import lce_interpreter
 
 pytestmark = pytest.mark.slow  # training, export and TensorFlow conversions
 
@@ -58,13 +57,13 @@ def test_a_float_output_left_by_lces_converter_is_one_line_not_a_traceback(
     int8_io_run, monkeypatch
 ):
     """Were the output point missing, LCE would leave the output float: refused saying so."""
-    import converters.lce
-    from converters.quantize import quantize
+    import bnnexport.converters.lce
+    from bnnexport.converters.quantize import quantize
 
     def without_output_point(model, calibration, given=None, int8_outputs=False):
         return quantize(model, calibration, given)
 
-    monkeypatch.setattr(converters.lce, "quantize", without_output_point)
+    monkeypatch.setattr(bnnexport.converters.lce, "quantize", without_output_point)
     run, _report, _ranges = int8_io_run
     result = invoke("convert", run, "--float-layers", "int8", "--io", "int8")
     assert_one_line_error(result, 2, "--io int8", "input or output float", "--io float32")

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bnnexport.converters.flatbuffer import metadata
+from bnnexport.converters.runtimes import run_lce, run_onnx
 from support.cli import COMMAND, run_in_process
 from support.guarantees import assert_one_line_error
 from support.image_folders import tiny_training
 
 from bnnexport.run.checkpoint import load_checkpoint
-from converters.flatbuffer import metadata
-from converters.runtimes import run_lce, run_onnx
 
 CLASSES = ["cat", "dog", "emu"]  # support.image_folders.write_image_folder's
 

@@ -75,9 +75,8 @@ def test_an_nhwc_flatbuffer_is_fed_the_nchw_samples_in_nhwc(converted, tmp_path)
     """The flatbuffer declares NHWC input (convert_module's default): bench feeds it the
     samples file's NCHW inputs transposed, so its outputs are ONNX Runtime's on the same
     samples and its top-1 the interpreter's own on NHWC inputs, computed here."""
+    from bnnexport.converters.flatbuffer import input_layout, input_shapes
     from larq_compute_engine.tflite.python.interpreter import Interpreter
-
-    from converters.flatbuffer import input_layout, input_shapes
 
     flatbuffer = converted / "net-arm64.tflite"
     assert (input_layout(flatbuffer), input_shapes(flatbuffer)) == ("nhwc", [[1, 7, 7, 2]])

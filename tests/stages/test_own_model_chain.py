@@ -113,11 +113,11 @@ def test_the_int8_export_gate_of_your_own_model_refuses_a_flipped_binary_kernel(
     """No signs to replay in a model of your own: the gate still imposes ONNX Runtime's int8
     activations and refuses at the first one a wrong binary kernel changed."""
     import onnx
+    from bnnexport.converters.errors import ConversionMismatchError
     from onnx import numpy_helper
 
     from bnnexport.run.checkpoint import open_model
     from bnnexport.stages.export import onnx_gate, torch_outputs
-    from converters.errors import ConversionMismatchError
 
     run = own_int8_run[0]
     exported = onnx.load(run / "model.onnx")
@@ -140,10 +140,9 @@ def test_the_emulated_device_computes_your_own_int8_model_as_lce_does(own_int8_r
     """What `bench --device` runs on the emulated device (tests/support/lce_reference.py) takes
     a papers-style model's int8 flatbuffer (its STE's leftovers: SUB, MUL, ADD, MEAN) and
     computes what LCE's host interpreter computes."""
+    from bnnexport.converters.flatbuffer import input_layout, to_input_layout
+    from bnnexport.converters.runtimes import run_lce
     from support import lce_reference
-
-    from converters.flatbuffer import input_layout, to_input_layout
-    from converters.runtimes import run_lce
 
     flatbuffer = own_int8_run[0] / "model-arm64-int8.tflite"
     with np.load(own_int8_run[0] / "samples.npz") as samples:

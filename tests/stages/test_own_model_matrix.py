@@ -103,9 +103,8 @@ def test_train_then_convert_and_convert_module_on_flat_backgrounds(model, tmp_pa
 def test_a_translator_bug_in_a_model_of_your_own_is_still_refused(trained, monkeypatch):
     """Every binary kernel rotated by 180 degrees (tests/converters/gate/test_mutants.py's
     mutant) in the translation of a trained own model: refused, no flatbuffer written."""
+    import bnnexport.converters.translate.tf_layers as tf_layers
     import numpy as np
-
-    import converters.translate.tf_layers as tf_layers
 
     real = tf_layers.sign_kernel
     monkeypatch.setattr(

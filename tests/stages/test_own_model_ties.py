@@ -37,9 +37,9 @@ def lce_side(run: Path):
     """LCE's value of the first binarization input, by (sample, flat position), on the run's
     check samples: its witness flatbuffer (the translation that also outputs every
     binarization's input), converted once."""
-    from converters.gate.checks import WitnessModels
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
+    from bnnexport.converters.gate.checks import WitnessModels
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalize
 
     model = normalize(load_onnx(run / "model.onnx"))[0]
     witness = WitnessModels(model, float_model=False).witness("LCE")

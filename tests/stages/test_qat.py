@@ -9,6 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from bnnexport.converters.flatbuffer import flatbuffer_ops
 from support.cli import invoke, run_in_process
 from support.guarantees import assert_one_line_error
 from support.image_folders import write_image_folder
@@ -16,7 +17,6 @@ from support.image_folders import write_image_folder
 from bnnexport.errors import ConfigError
 from bnnexport.run.checkpoint import load_checkpoint, load_model
 from bnnexport.training.config import TrainConfig, validate_config
-from converters.flatbuffer import flatbuffer_ops
 
 pytestmark = pytest.mark.slow  # training, export and a TensorFlow conversion
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from bnnexport.converters.gate import OnnxProbe
 from support.fresh_run import fresh_run
 
 from bnnexport.errors import FidelityError
 from bnnexport.run.checkpoint import load_model
 from bnnexport.stages.export import export_onnx
 from bnnexport.stages.torch_probe import TorchProbe
-from converters.gate import OnnxProbe
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +82,13 @@ def test_pytorchs_twin_takes_prelu_slopes_the_exporter_reshaped(tmp_path):
     initializer named after the Unsqueeze: the twin finds their parameter by its twin value,
     and PyTorch's twin then computes what ONNX Runtime's twin does."""
     import torch
+    from bnnexport.converters.gate.twin import exact_grid_twin, grid_inputs
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.runtimes import run_onnx
     from torch import nn
 
     from bnnexport.nn.layers import BinaryConv2d
     from bnnexport.stages.torch_probe import twin_model
-    from converters.gate.twin import exact_grid_twin, grid_inputs
-    from converters.normalize import normalize
-    from converters.runtimes import run_onnx
 
     # a float conv after the PReLU, so every slope shows in the outputs (a sign would hide it)
     model = nn.Sequential(BinaryConv2d(3, 8, 3), nn.PReLU(8), nn.Conv2d(8, 4, 3)).eval()

@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from bnnexport.converters.gate import OnnxProbe
+from bnnexport.converters.graph import load_onnx
+from bnnexport.converters.normalize import normalize
 from support import client_nets
 
 from bnnexport.stages.export import onnx_export
 from bnnexport.stages.torch_probe import TracedProbe, UntraceableModel
-from converters.gate import OnnxProbe
-from converters.graph import load_onnx
-from converters.normalize import normalize
 
 pytestmark = pytest.mark.slow  # an export per case: ~2 s each
 

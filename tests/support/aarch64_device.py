@@ -29,9 +29,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from bnnexport.deploy.emulator import ensure_rootfs, keygen, running_device
+from bnnexport.deploy.errors import EmulatorUnavailableError
 
-from deploy.emulator import ensure_rootfs, keygen, running_device
-from deploy.errors import EmulatorUnavailableError
 from support.sshd_fixture import LoopbackSsh
 from support.stand_in import REAL_BINARY
 

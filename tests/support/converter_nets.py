@@ -105,8 +105,7 @@ def lce_grouped_flatbuffer(path: Path, channels: int = 64, groups: int = 2, size
     import tempfile
 
     import larq_compute_engine as lce
-
-    from converters.runtimes import tf
+    from bnnexport.converters.runtimes import tf
 
     tensorflow = tf()
     rng = np.random.default_rng(0)
@@ -160,9 +159,9 @@ def grid_inputs(samples: int, shape: tuple[int, ...], seed: int = 1) -> np.ndarr
 def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples: int = 16, **kw):
     """Export, convert (gate on), and return (result, agreement of the flatbuffer with torch)
     on the same inputs. Parameters and inputs are snapped to a grid, see `snap_to_grid`."""
-    from converters.gate import compare
-    from converters.lce import convert_onnx
-    from converters.runtimes import run_lce
+    from bnnexport.converters.gate import compare
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import run_lce
 
     onnx_path = export(snap_to_grid(net), shape, tmp_path / "net.onnx", **kw)
     x = grid_inputs(samples, shape)

@@ -80,7 +80,7 @@ def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> Non
     output transform as one fused multiply-add, the x86 build rounds twice, and the sign may
     differ (docs/LCE_NOTES.md "int8 on ARM"); the host's gate replayed that tie, the device's
     outputs are then PyTorch's."""
-    from converters.runtimes import run_lce
+    from bnnexport.converters.runtimes import run_lce
 
     inputs, _ = _run_samples(run, samples)
     host, device = rows[("lce", True)], rows[("lce", False)]
@@ -107,7 +107,7 @@ def assert_float_device_is_the_hosts(rows: dict, run: Path, samples: int) -> Non
 def _arm_outputs(copy: Path, inputs: np.ndarray, batch: int) -> np.ndarray:
     """The batch-N copy run by the reference with ARM's rules, chunk by chunk as the device runs
     it (a constant of the copy may carry its batch: another batch would not broadcast)."""
-    from converters.flatbuffer import input_layout, to_input_layout
+    from bnnexport.converters.flatbuffer import input_layout, to_input_layout
 
     model = lce_reference.load(copy, rounding="arm")
     inputs = to_input_layout(inputs, input_layout(copy))  # as bench sends them up
@@ -124,7 +124,7 @@ def assert_int8_device_follows_arm(rows: dict, run: Path, samples: int, batch: i
     host are those, and top-1 and argmax move only on samples that differ. Float sums (MEAN)
     add in another order on ARM than in the reference: a value near a tie may then round one
     step the other way, so steps may be one off and a few samples more or fewer may differ."""
-    from converters.runtimes import run_lce
+    from bnnexport.converters.runtimes import run_lce
 
     inputs, labels = _run_samples(run, samples)
     copy = run / f"model-arm64-int8-b{batch}.tflite"

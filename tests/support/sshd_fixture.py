@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from deploy.emulator import free_port, keygen
+from bnnexport.deploy.emulator import free_port, keygen
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd")
 SFTP_CANDIDATES = (
@@ -50,7 +49,7 @@ class LoopbackSsh:
         ]
 
     def client(self, **kwargs):
-        from deploy.ssh import SshClient
+        from bnnexport.deploy.ssh import SshClient
 
         settings = dict(
             port=self.port,
@@ -198,7 +197,7 @@ def tiny_flatbuffer(tmp_path_factory) -> Path:
     """A tiny LCE flatbuffer (one LceBconv2d) taking NHWC input, as its metadata declares, as
     bnnexport's do (`converters.flatbuffer.input_layout`); converted in a subprocess, TF stays
     out of pytest."""
-    from converters.flatbuffer import layout_metadata, with_metadata
+    from bnnexport.converters.flatbuffer import layout_metadata, with_metadata
 
     pytest.importorskip("larq_compute_engine")
     root = tmp_path_factory.mktemp("tiny")

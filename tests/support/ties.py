@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bnnexport.converters.gate.checks import binarization_inputs
+from bnnexport.converters.graph import load_onnx
+from bnnexport.converters.normalize import normalize
 from torch import nn
 
 from bnnexport.stages.torch_probe import TracedProbe
-from converters.gate.checks import binarization_inputs
-from converters.graph import load_onnx
-from converters.normalize import normalize
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,10 @@ def plant_tie(
 def _outputs_part(model: nn.Module, path: Path, inputs: np.ndarray, sample: int) -> bool:
     """Whether PyTorch's and ONNX Runtime's outputs on `sample` differ by more than the gate's
     tolerance (a tie the next layers absorb, behind a max-pool say, needs no replay)."""
+    from bnnexport.converters.gate import RTOL, compare
+    from bnnexport.converters.runtimes import run_onnx
+
     from bnnexport.stages.export import torch_outputs
-    from converters.gate import RTOL, compare
-    from converters.runtimes import run_onnx
 
     ours, theirs = torch_outputs(model, inputs), run_onnx(path, inputs)
     tolerance = compare(ours, theirs, RTOL).tolerance

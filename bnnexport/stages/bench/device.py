@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bnnexport.converters.batch import batched_path
 from bnnexport.errors import CheckpointError
 from bnnexport.run.directory import RunDir
 from bnnexport.stages.bench.scoring import BackendResult, score
-from converters.batch import batched_path
 
 if TYPE_CHECKING:
+    from bnnexport.deploy.connection import Connection
+    from bnnexport.deploy.runners import DeviceRunner, Measurement, RunSettings, Samples
     from bnnexport.stages.bench.options import BenchOptions, DeviceTarget
-    from deploy.connection import Connection
-    from deploy.runners import DeviceRunner, Measurement, RunSettings, Samples
 
 DEFAULT_BATCH = 64
 FILE_NOTE = "latency only: accuracy on the device needs a run's batched copy (batch N)"
@@ -65,7 +65,7 @@ def connect(device: DeviceTarget, flatbuffer: Path) -> Connected:
     flatbuffer needs: a grouped LceBconv2d (another tool's flatbuffer; bnnexport writes one
     per group) fails to prepare with LCE's default kernels, so the runner is told to take
     indirect BGEMM, and a note says so (docs/LCE_NOTES.md "Grouped convolutions")."""
-    from converters.runtimes import lce_kernel_settings
+    from bnnexport.converters.runtimes import lce_kernel_settings
 
     needed = lce_kernel_settings(flatbuffer)
     if needed.flags:
@@ -97,7 +97,7 @@ def run_settings(
     """How the runner runs the flatbuffer: `options`' runs and threads (or `threads`), the
     device's timeout, benchmark binary and Python, and the LCE settings `lce` the flatbuffer
     needs (`Connected.lce_settings`)."""
-    from deploy.runners import RunSettings
+    from bnnexport.deploy.runners import RunSettings
 
     measured: dict[str, Any] = {"use_indirect_bgemm": (lce or {}).get("use_indirect_bgemm")}
     if options is not None:
@@ -115,7 +115,7 @@ def run_settings(
 def needs_batched_copy(device: DeviceTarget) -> bool:
     """Whether the device's runner may need the batched copy: its own runner, or for `auto`
     any runner it may pick (the device is not asked here)."""
-    from deploy.runners import candidates
+    from bnnexport.deploy.runners import candidates
 
     return any(runner.batched_copy for runner in candidates(device.runner, device.profile))
 
@@ -125,8 +125,8 @@ def reach_device(device: DeviceTarget) -> tuple[Connection, dict[str, Any], Devi
     identity, runner). A wrong host name or serial, a refused key or a benchmark binary of
     another architecture fails here in seconds, one line (DeviceError /
     WrongArchitectureError), before any long work."""
-    from deploy.runners import pick_runner
-    from deploy.transports import open_device
+    from bnnexport.deploy.runners import pick_runner
+    from bnnexport.deploy.transports import open_device
 
     client = open_device(device.address, device.reach())
     identity = {"destination": client.destination, **client.identity().to_json()}
@@ -155,7 +155,7 @@ def ensure_batched_copy(
 def _check_copy(copy: Path, inputs: np.ndarray, batch: int) -> None:
     """Raise CheckpointError unless the copy takes exactly `batch` samples of the inputs' shape
     (NCHW: an NHWC copy's shape is compared in NCHW)."""
-    from converters.flatbuffer import input_layout, input_shapes, nchw_shape
+    from bnnexport.converters.flatbuffer import input_layout, input_shapes, nchw_shape
 
     shape = nchw_shape(input_shapes(copy)[0], input_layout(copy))
     expected = [batch, *inputs.shape[1:]]
@@ -171,8 +171,8 @@ def _samples(
 ) -> tuple[Samples, str | None]:
     """The samples for the runner, with the batched copy where its outputs need one, and a
     note when that copy is missing."""
-    from converters.flatbuffer import input_layout
-    from deploy.runners import Samples
+    from bnnexport.converters.flatbuffer import input_layout
+    from bnnexport.deploy.runners import Samples
 
     per_sample = int(scoring.reference.shape[1])
     if not runner.batched_copy:
@@ -251,8 +251,8 @@ def _latency_row(
     threads: int,
 ) -> BackendResult:
     """The runner's latency at `threads`, with the samples it may score on the way."""
-    from converters.flatbuffer import input_layout
-    from deploy.runners import Samples
+    from bnnexport.converters.flatbuffer import input_layout
+    from bnnexport.deploy.runners import Samples
 
     per_sample, layout = int(scoring.reference.shape[1]), input_layout(connected.flatbuffer)
     samples = Samples(scoring.inputs, scoring.labels, per_sample, input_layout=layout)
@@ -280,7 +280,7 @@ def steps_apart(copy: Path, outputs: np.ndarray, host: np.ndarray) -> dict[str, 
         >>> steps_apart(Path("model-arm64-b40.tflite"), device, host)  # doctest: +SKIP
         {'output_step': 0.0421, 'max_steps': 3, 'samples_differing': 5, ...}
     """
-    from converters.flatbuffer import flatbuffer_ops, output_step
+    from bnnexport.converters.flatbuffer import flatbuffer_ops, output_step
 
     ops = flatbuffer_ops(copy)
     dequantized = {op.outputs[0] for op in ops if op.op_type == "DEQUANTIZE" and op.outputs}
@@ -347,8 +347,8 @@ def device_profile(
     """The op profile of the device's batch-1 latency run (the row `name`: same runs and
     threads), by PyTorch layer (`bnnexport.stages.bench.profile`), as JSON. A missing or unreadable
     profile is a note in it (and on stderr), never an error: the latency rows stand without it."""
+    from bnnexport.converters.errors import ConverterError
     from bnnexport.stages.bench.profile import DeviceProfile, profile_by_layer
-    from converters.errors import ConverterError
 
     row = next((r for r in rows if r.name == name and r.where != "host"), None)
     ops = row.extra.get("ops") if row is not None else None

@@ -37,7 +37,9 @@ def require(path: Path, hint: str) -> Path:
 
 def time_calls(call: Callable[[], Any], runs: int, warmup: int) -> dict[str, float]:
     """Call `call` `warmup` times untimed, then `runs` times timed; latency stats in ms."""
-    from deploy.runners.python.device_script import latency_stats  # the same as on the device
+    from bnnexport.deploy.runners.python.device_script import (
+        latency_stats,  # the same as on the device
+    )
 
     for _ in range(warmup):
         call()
@@ -97,8 +99,8 @@ def pytorch_backend(run: RunDir, threads: int, x1: np.ndarray) -> Factory:
 
 
 def onnxruntime_backend(onnx_path: Path, threads: int, x1: np.ndarray) -> Factory:
-    from converters.errors import InvalidModelError
-    from converters.runtimes import open_model
+    from bnnexport.converters.errors import InvalidModelError
+    from bnnexport.converters.runtimes import open_model
 
     model = open_model("onnxruntime", onnx_path, threads)
     inputs = model.session.get_inputs()
@@ -112,7 +114,7 @@ def onnxruntime_backend(onnx_path: Path, threads: int, x1: np.ndarray) -> Factor
 
 
 def tflite_float_backend(float_path: Path, threads: int, x1: np.ndarray) -> Factory:
-    from converters.runtimes import open_model
+    from bnnexport.converters.runtimes import open_model
 
     model = open_model("tflite", float_path, threads)
     x = model.feed(x1)  # in the input layout it declares, before the timing: an app feeds it so
@@ -120,7 +122,7 @@ def tflite_float_backend(float_path: Path, threads: int, x1: np.ndarray) -> Fact
 
 
 def lce_backend(lce_path: Path, threads: int, x1: np.ndarray) -> Factory:
-    from converters.runtimes import open_model
+    from bnnexport.converters.runtimes import open_model
 
     model = open_model("lce", lce_path, threads)  # run_one: one call, no per-sample loop
     x = model.feed(x1)  # in the input layout it declares (NHWC by default), before the timing
@@ -207,8 +209,8 @@ def host_identity() -> dict[str, str]:
 
 
 def require_flatbuffer(path: Path) -> None:
-    from converters.errors import InvalidModelError
-    from converters.flatbuffer import read_flatbuffer
+    from bnnexport.converters.errors import InvalidModelError
+    from bnnexport.converters.flatbuffer import read_flatbuffer
 
     try:
         read_flatbuffer(path)

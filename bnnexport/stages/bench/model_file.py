@@ -109,7 +109,7 @@ def bench_model_file(
     shape = _input_shape(onnx_path, flatbuffer)
     if samples_file is not None:
         inputs, labels = read_samples_file(samples_file, options.samples)
-        from converters.runtimes import check_input_shape
+        from bnnexport.converters.runtimes import check_input_shape
 
         check_input_shape(shape, inputs, str(path))
     else:
@@ -153,11 +153,11 @@ def _input_shape(onnx_path: Path | None, flatbuffer: Path | None) -> list[int]:
     samples are NCHW, and the flatbuffer is fed them in its layout), as it is where it declares
     no layout (another tool's: give samples in its own layout)."""
     if onnx_path is not None:
-        from converters.runtimes import ort_session
+        from bnnexport.converters.runtimes import ort_session
 
         return [
             d if isinstance(d, int) else 1 for d in ort_session(onnx_path).get_inputs()[0].shape
         ]
-    from converters.flatbuffer import input_layout, input_shapes, nchw_shape
+    from bnnexport.converters.flatbuffer import input_layout, input_shapes, nchw_shape
 
     return nchw_shape(input_shapes(flatbuffer)[0], input_layout(flatbuffer))

@@ -13,7 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from deploy.connection import Reach
+    from bnnexport.deploy.connection import Reach
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class DeviceTarget:
         >>> DeviceTarget("adb:R58M12ABCDE", port=2222)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        deploy.errors.BadDeviceError: --port does not apply to adb:SERIAL (adb:R58M12ABCDE)
+        bnnexport.deploy.errors.BadDeviceError: --port does not apply to adb:SERIAL ...
     """
 
     address: str  # `user@host` or an ~/.ssh/config alias (SSH), `adb:SERIAL` (ADB)
@@ -49,15 +49,15 @@ class DeviceTarget:
     profile: bool = False
 
     def __post_init__(self) -> None:
-        from deploy.runners import check_runner
-        from deploy.transports import open_device
+        from bnnexport.deploy.runners import check_runner
+        from bnnexport.deploy.transports import open_device
 
         open_device(self.address, self.reach())  # a bad address fails here, contacting nothing
         check_runner(self.runner, self.profile)
 
     def reach(self) -> Reach:
         """How to reach the device besides its address, for `deploy.transports.open_device`."""
-        from deploy.connection import Reach
+        from bnnexport.deploy.connection import Reach
 
         return Reach(self.remote_tmp, self.port, self.ssh_key, self.ssh_options)
 

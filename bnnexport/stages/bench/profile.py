@@ -114,7 +114,7 @@ def profile_by_layer(
 ) -> DeviceProfile:
     """The op profile `rows` (`OpTime` dicts, run order) of `flatbuffer` summed per source
     layer (`converters.layer_map.op_layers`, with the ONNX model it came from when known)."""
-    from converters.layer_map import op_layers
+    from bnnexport.converters.layer_map import op_layers
 
     mapped = op_layers(flatbuffer, onnx_model)
     indices, notes = row_ops(rows, [m.op_type for m in mapped])

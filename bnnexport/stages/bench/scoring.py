@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from converters.gate import compare
-from deploy.runners.python.device_script import topk_accuracy
+from bnnexport.converters.gate import compare
+from bnnexport.deploy.runners.python.device_script import topk_accuracy
 
 
 @dataclasses.dataclass

@@ -13,20 +13,21 @@ Importing the package registers the runner as `lce_benchmark_model` (order 20: `
 back to it).
 
 Example:
-    >>> from deploy.runners.lce_benchmark_model import LceBenchmarkModel, run_lce_benchmark
+    >>> from bnnexport.deploy.runners.lce_benchmark_model import (
+    ...     LceBenchmarkModel, run_lce_benchmark)
     >>> LceBenchmarkModel.profiles, LceBenchmarkModel.batched_copy
     (True, True)
     >>> result, _ = run_lce_benchmark(client, "model-arm64.tflite")  # doctest: +SKIP
 """
 
-from deploy.runners.lce_benchmark_model.benchmark_runner import LceBenchmarkModel
-from deploy.runners.lce_benchmark_model.benchmark_tool import (
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_runner import LceBenchmarkModel
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import (
     BenchmarkResult,
     OpTime,
     parse_benchmark_output,
     run_lce_benchmark,
 )
-from deploy.runners.lce_benchmark_model.chunked_accuracy import (
+from bnnexport.deploy.runners.lce_benchmark_model.chunked_accuracy import (
     AccuracyJob,
     DeviceOptions,
     DeviceRun,

@@ -7,7 +7,7 @@ accuracy from the flatbuffer converted at batch N (`Samples.copy`), run in N-sam
 it measures latency only and its note says why.
 
 Example:
-    >>> from deploy.runners import get_runner
+    >>> from bnnexport.deploy.runners import get_runner
     >>> runner = get_runner("lce_benchmark_model")
     >>> runner.profiles, runner.batched_copy
     (True, True)
@@ -20,15 +20,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from deploy.connection import Connection
-from deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
-from deploy.runners.lce_benchmark_model.chunked_accuracy import (
+from bnnexport.deploy.connection import Connection
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import check_local_binary
+from bnnexport.deploy.runners.lce_benchmark_model.chunked_accuracy import (
     AccuracyJob,
     DeviceOptions,
     DeviceRun,
     run_on_device,
 )
-from deploy.runners.registry import Measurement, RunSettings, Samples, register_runner
+from bnnexport.deploy.runners.registry import Measurement, RunSettings, Samples, register_runner
 
 
 # auto falls back to it: it needs no Python on the device, only the tool

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from deploy.connection import Connection
-from deploy.errors import BenchmarkOutputError, MissingBinaryError, WrongArchitectureError
+from bnnexport.deploy.connection import Connection
+from bnnexport.deploy.errors import BenchmarkOutputError, MissingBinaryError, WrongArchitectureError
 
 BINARY_NAME = "lce_benchmark_model"
 

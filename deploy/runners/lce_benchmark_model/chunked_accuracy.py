@@ -20,7 +20,7 @@ loads the model once: the cost is one model load per chunk. A binary without `--
 one temporary directory on the device, removed in every case.
 
 Example:
-    >>> from deploy.ssh import SshClient
+    >>> from bnnexport.deploy.ssh import SshClient
     >>> client = SshClient("pi@raspberrypi.local")                          # doctest: +SKIP
     >>> job = AccuracyJob(Path("model-arm64-b64.tflite"), inputs, batch=64,
     ...                   outputs_per_sample=10)                              # doctest: +SKIP
@@ -39,10 +39,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from deploy.connection import Connection
-from deploy.errors import DeviceError, RemoteCommandError
-from deploy.runners.lce_benchmark_model.benchmark_tool import (
+from bnnexport.deploy.connection import Connection
+from bnnexport.deploy.errors import DeviceError, RemoteCommandError
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import (
     BINARY_NAME,
     BenchmarkResult,
     ToolIdentity,

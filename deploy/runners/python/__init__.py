@@ -12,12 +12,16 @@ for the statistics both sides share (`latency_stats`, `topk_accuracy`).
 Importing the package registers the runner as `python` (order 10: `auto` tries it first).
 
 Example:
-    >>> from deploy.runners.python import PythonRunner, run_remote_runner
+    >>> from bnnexport.deploy.runners.python import PythonRunner, run_remote_runner
     >>> PythonRunner.profiles
     False
     >>> result, outputs = run_remote_runner(client, "model-arm64.tflite")  # doctest: +SKIP
 """
 
-from deploy.runners.python.python_runner import PythonRunner, has_lce_python, run_remote_runner
+from bnnexport.deploy.runners.python.python_runner import (
+    PythonRunner,
+    has_lce_python,
+    run_remote_runner,
+)
 
 __all__ = ["PythonRunner", "has_lce_python", "run_remote_runner"]

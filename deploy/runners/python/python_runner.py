@@ -7,7 +7,7 @@ model and the samples copied to a fresh directory on the device, the outputs fet
 every row it gives, at any thread count, is scored. It has no op profiler.
 
 Example:
-    >>> from deploy.runners import get_runner
+    >>> from bnnexport.deploy.runners import get_runner
     >>> runner = get_runner("python")
     >>> runner.profiles, runner.batched_copy
     (False, False)
@@ -24,10 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from deploy.connection import Connection
-from deploy.errors import DeviceError, MissingBinaryError
-from deploy.runners.registry import LATENCY_KEYS, Measurement, RunSettings, Samples, register_runner
+from bnnexport.deploy.connection import Connection
+from bnnexport.deploy.errors import DeviceError, MissingBinaryError
+from bnnexport.deploy.runners.registry import (
+    LATENCY_KEYS,
+    Measurement,
+    RunSettings,
+    Samples,
+    register_runner,
+)
 
 # the script the device runs: stdlib, numpy and LCE only, copied over (by path) for each run
 DEVICE_SCRIPT = Path(__file__).with_name("device_script.py")

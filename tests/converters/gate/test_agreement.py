@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from converters.errors import ConversionMismatchError
-from converters.gate import RTOL, GateOptions, compare, validate
+from bnnexport.converters.errors import ConversionMismatchError
+from bnnexport.converters.gate import RTOL, GateOptions, compare, validate
 
 REFERENCE = np.array([[0.0, 10.0, 2.0], [5.0, 1.0, 0.0]])  # logit range 10: tolerance 1e-3
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bnnexport.converters.flatbuffer import kinds_beyond, op_kinds
 
 from bnnexport.models import model_info
 from bnnexport.nn.layers import binary_layers
@@ -41,7 +42,6 @@ from bnnexport.stages.export import export_onnx
 from bnnexport.stages.init import init_run
 from bnnexport.stages.train import train
 from bnnexport.training.config import TrainConfig
-from converters.flatbuffer import kinds_beyond, op_kinds
 
 pytestmark = pytest.mark.slow
 ZOO = ["binarynet", "binary-alexnet", "xnornet", "birealnet18", "quicknet", "quicknet-small"]

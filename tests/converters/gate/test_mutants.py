@@ -12,10 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import bnnexport.converters.translate.onnx_to_tf as onnx_to_tf
+import bnnexport.converters.translate.tf_elementwise as tf_elementwise
+import bnnexport.converters.translate.tf_layers as tf_layers
+import bnnexport.converters.translate.tf_quantized as tf_quantized
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from bnnexport.converters.errors import ConversionMismatchError
+from bnnexport.converters.translate.values import Layout, Value
 from support.converter_nets import (
     BinaryBlock,
     FloatStemBinaryBody,
@@ -27,13 +33,6 @@ from support.converter_nets import (
     snap_to_grid,
     trained_bn,
 )
-
-import converters.translate.onnx_to_tf as onnx_to_tf
-import converters.translate.tf_elementwise as tf_elementwise
-import converters.translate.tf_layers as tf_layers
-import converters.translate.tf_quantized as tf_quantized
-from converters.errors import ConversionMismatchError
-from converters.translate.values import Layout, Value
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # two conversions each: ~15-30 s apiece
 SHAPE = (1, 3, 12, 12)  # square: a mutant swapping H and W keeps every shape
@@ -198,10 +197,10 @@ def _install(monkeypatch, where, name: str, mutation: Callable) -> None:
 
 def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     """The flatbuffer the translator writes now (the gate not run) on `x`."""
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
-    from converters.runtimes import run_lce
-    from converters.translate import translate
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.runtimes import run_lce
+    from bnnexport.converters.translate import translate
 
     model, _ = normalize(load_onnx(path))
     flatbuffer = translate(model, float_model=False).flatbuffer
@@ -210,8 +209,8 @@ def _mutant_outputs(path: Path, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_a_translator_mutant_changes_the_flatbuffer_and_is_refused(tmp_path, monkeypatch, mutant):
-    from converters.lce import convert_onnx
-    from converters.runtimes import run_onnx
+    from bnnexport.converters.lce import convert_onnx
+    from bnnexport.converters.runtimes import run_onnx
 
     net, where, name, mutation = MUTANTS[mutant]
     torch.manual_seed(0)
@@ -231,7 +230,7 @@ def test_a_translator_mutant_changes_the_flatbuffer_and_is_refused(tmp_path, mon
 
 @pytest.mark.parametrize("net", [Padded, Biased, Branches])
 def test_the_unmutated_models_convert_exactly(tmp_path, net):
-    from converters.lce import convert_onnx
+    from bnnexport.converters.lce import convert_onnx
 
     torch.manual_seed(0)
     path = export(snap_to_grid(net()), SHAPE, tmp_path / "net.onnx")
@@ -275,11 +274,11 @@ INT8_SHAPE = (1, 3, 8, 8)
 
 def _int8_outputs(path: Path, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the QDQ reference in ONNX Runtime, the flatbuffer the translator writes now) on `x`."""
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
-    from converters.quantize import quantize
-    from converters.runtimes import run_lce, run_onnx
-    from converters.translate import translate
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.quantize import quantize
+    from bnnexport.converters.runtimes import run_lce, run_onnx
+    from bnnexport.converters.translate import translate
 
     model, _ = normalize(load_onnx(path))
     quantized = quantize(model, x).model
@@ -291,7 +290,7 @@ def _int8_outputs(path: Path, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_an_int8_translator_mutant_changes_the_flatbuffer_and_is_refused(
     tmp_path, monkeypatch, mutant
 ):
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     where, name, mutation = INT8_MUTANTS[mutant]
     torch.manual_seed(0)

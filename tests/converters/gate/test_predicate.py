@@ -1,5 +1,5 @@
-"""converters.gate: a rounding tie explains a difference; an exact zero, a non-tie, too many ties
-or a changed prediction never does.
+"""bnnexport.converters.gate: a rounding tie explains a difference; an exact zero, a non-tie, too
+many ties or a changed prediction never does.
 
 The candidate runtimes here are controlled: ONNX Runtime with chosen signs (`OnnxProbe`),
 evaluated binarization by binarization to a fixed point, so a test decides exactly how the
@@ -14,6 +14,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from bnnexport.converters.errors import ConversionMismatchError
+from bnnexport.converters.gate import (
+    GateOptions,
+    OnnxProbe,
+    Replay,
+    Witness,
+    signbit_negative,
+    validate,
+)
+from bnnexport.converters.runtimes import run_onnx
 from support.converter_nets import (
     binary_conv,
     binary_linear,
@@ -22,10 +32,6 @@ from support.converter_nets import (
     torch_sign,
     trained_bn,
 )
-
-from converters.errors import ConversionMismatchError
-from converters.gate import GateOptions, OnnxProbe, Replay, Witness, signbit_negative, validate
-from converters.runtimes import run_onnx
 
 SHAPE = (1, 3, 12, 12)
 Rule = Callable[[int, np.ndarray], np.ndarray]  # (binarization, its input) -> signs ±1
@@ -357,7 +363,7 @@ def test_a_refusal_carries_diagnostics_naming_the_first_differing_binarization(t
 def test_a_model_with_exact_zeros_by_the_thousand_is_inconclusive_not_wrong(tmp_path):
     """ZeroNet's second binarization sees exact zeros at many positions: more than ties could
     explain, so a refusal on it is explained as a degenerate model, naming where and why."""
-    from converters.gate import inconclusive
+    from bnnexport.converters.gate import inconclusive
 
     torch.manual_seed(0)
     path = export(ZeroNet().eval(), (1, 16, 6, 6), tmp_path / "zero.onnx")
@@ -379,7 +385,7 @@ def test_a_model_with_exact_zeros_by_the_thousand_is_inconclusive_not_wrong(tmp_
 def test_a_sign_far_from_zero_is_wrong_even_in_a_degenerate_model(tmp_path):
     """Near-zero values by the thousand excuse only what rounding can do: a refusal whose
     differing signs lie far from zero keeps its own message."""
-    from converters.gate import inconclusive
+    from bnnexport.converters.gate import inconclusive
 
     torch.manual_seed(0)
     path = export(ZeroNet().eval(), (1, 16, 6, 6), tmp_path / "zero.onnx")

@@ -8,34 +8,33 @@ the flatbuffer's op list and tensor types."""
 
 from __future__ import annotations
 
+import bnnexport.converters.translate.onnx_to_tf as onnx_to_tf
+import bnnexport.converters.translate.tf_quantized as tf_quantized
 import numpy as np
 import onnx
 import pytest
 import torch
-from support.converter_nets import BiRealDownsample, FloatStemBinaryBody, export
-
-import converters.translate.onnx_to_tf as onnx_to_tf
-import converters.translate.tf_quantized as tf_quantized
-from converters.errors import (
+from bnnexport.converters.errors import (
     AccuracyDropError,
     ConversionMismatchError,
     FloatFallbackError,
     InvalidModelError,
 )
-from converters.flatbuffer import binarize_int8_directly, flatbuffer_ops, read_flatbuffer
-from converters.gate.predicate import Witness
-from converters.gate.quantized import (
+from bnnexport.converters.flatbuffer import binarize_int8_directly, flatbuffer_ops, read_flatbuffer
+from bnnexport.converters.gate.predicate import Witness
+from bnnexport.converters.gate.quantized import (
     CachedWitness,
     QuantizedCheck,
     QuantProbe,
     activation_points,
     refuse_accuracy_drop,
 )
-from converters.graph import OnnxGraph
-from converters.normalize import normalize
-from converters.quantize import QuantPoint, find_units, quantize
-from converters.quantize.qdq import write_qdq
-from converters.runtimes import ort_session
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.normalize import normalize
+from bnnexport.converters.quantize import QuantPoint, find_units, quantize
+from bnnexport.converters.quantize.qdq import write_qdq
+from bnnexport.converters.runtimes import ort_session
+from support.converter_nets import BiRealDownsample, FloatStemBinaryBody, export
 
 SHAPE = (1, 3, 8, 8)
 INT8_LAYERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
@@ -51,7 +50,7 @@ def _exported(net, tmp_path):
 
 
 def _convert(net, tmp_path, **options):
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     options = ConvertOptions(float_layers="int8", **options)
     path = _exported(net, tmp_path)
@@ -299,8 +298,8 @@ def test_an_int8_binarization_takes_the_dequantized_tensor_s_signs_on_the_host(b
     words it makes of the float copy the converter had the `LceQuantize` read (`x < 0`), values
     at the zero point included: the rewire changes no sign where DEQUANTIZE maps the zero
     point to 0 (docs/LCE_NOTES.md "int8 on ARM")."""
-    from converters.flatbuffer import input_layout, to_input_layout
-    from converters.runtimes import lce_interpreter
+    from bnnexport.converters.flatbuffer import input_layout, to_input_layout
+    from bnnexport.converters.runtimes import lce_interpreter
 
     theirs, their_zeros = _binarizations_watched(bireal_down.output, unrewire=True)
     ours, zeros = _binarizations_watched(bireal_down.output, unrewire=False)
@@ -318,7 +317,7 @@ def test_an_int8_binarization_takes_the_dequantized_tensor_s_signs_on_the_host(b
 
 @pytest.mark.slow
 def test_int8_io_takes_and_gives_int8(tmp_path):
-    from converters.runtimes import open_model
+    from bnnexport.converters.runtimes import open_model
 
     result = _convert(FloatStemBinaryBody(), tmp_path, io="int8", twin=False)
     ops = _typed(result.output)
@@ -385,8 +384,8 @@ def test_a_float_layer_left_float_in_the_flatbuffer_is_refused(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_an_int8_model_losing_accuracy_is_refused_in_one_line(tmp_path):
-    from converters.lce import ConvertOptions, convert_onnx
-    from converters.runtimes import run_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.runtimes import run_onnx
 
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
                               torch.nn.Linear(16 * 6 * 6, 10))  # fmt: skip
@@ -409,9 +408,8 @@ def test_the_gate_quantizes_a_float_input_exactly_as_lce_s_interpreter_does(tmp_
     the interpreter's own rounding of them (half to even), not half away from zero
     (docs/LCE_NOTES.md "int8 around binary layers")."""
     import tensorflow as tf
-
-    from converters.gate.quantized import tflite_quantize
-    from converters.runtimes import lce_interpreter
+    from bnnexport.converters.gate.quantized import tflite_quantize
+    from bnnexport.converters.runtimes import lce_interpreter
 
     @tf.function(input_signature=[tf.TensorSpec([1, 256], tf.float32)])
     def quantized(x):

@@ -10,14 +10,14 @@ import re
 
 import pytest
 import torch
+from bnnexport.converters.errors import FloatFallbackError
+from bnnexport.converters.lce import ConvertOptions, convert_onnx
 from support.cli import invoke
 from support.converter_nets import convert_net, export, grid_inputs, snap_to_grid
 from support.guarantees import assert_one_line_error
 from support.refused_models import SHUFFLE, SWAP, Padded, Permuting, Rounded, Upsampling
 
 from bnnexport import convert_module
-from converters.errors import FloatFallbackError
-from converters.lce import ConvertOptions, convert_onnx
 
 SHAPE = (1, 1, 8, 8)
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from bnnexport.converters.gate.twin import exact_grid_twin, zeroed_feeds
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.runtimes import ort_session
 from onnx import TensorProto, helper, numpy_helper
-
-from converters.gate.twin import exact_grid_twin, zeroed_feeds
-from converters.graph import OnnxGraph
-from converters.runtimes import ort_session
 
 
 def _batch_norm_model(eps: float, channels: int = 8, affine: bool = True) -> onnx.ModelProto:
@@ -169,15 +168,14 @@ def test_a_reference_twin_that_rounds_its_own_way_is_judged_by_replay_never_wave
     outgrow float32, as Bi-Real-Net's do at 224x224). A reference that is simply wrong still
     fails: the replay cannot make ONNX Runtime's twin compute its outputs."""
     import torch
+    from bnnexport.converters.errors import ConversionMismatchError
+    from bnnexport.converters.gate import OnnxProbe
+    from bnnexport.converters.gate.checks import Reference, check_twin
+    from bnnexport.converters.gate.predicate import GateOptions
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.runtimes import run_onnx
     from support.converter_nets import BinaryBlock, export
-
-    from converters.errors import ConversionMismatchError
-    from converters.gate import OnnxProbe
-    from converters.gate.checks import Reference, check_twin
-    from converters.gate.predicate import GateOptions
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
-    from converters.runtimes import run_onnx
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), BinaryBlock(32, 32))

@@ -1,5 +1,6 @@
-"""converters.normalize: each pass rewrites its idiom exactly (ONNX Runtime on random inputs,
-exact zeros included, gives the same outputs before and after), or leaves the graph alone."""
+"""bnnexport.converters.normalize: each pass rewrites its idiom exactly (ONNX Runtime on random
+inputs, exact zeros included, gives the same outputs before and after), or leaves the graph
+alone."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from bnnexport.converters.batch import rebatch
+from bnnexport.converters.normalize import REWRITES, normalize, rewrite, runnable_reference
+from bnnexport.converters.patterns import find_binary_layers
 from onnx import TensorProto, helper, numpy_helper
-
-from converters.batch import rebatch
-from converters.normalize import REWRITES, normalize, rewrite, runnable_reference
-from converters.patterns import find_binary_layers
 
 SHAPE = [1, 4, 5, 5]
 
@@ -62,7 +62,7 @@ def ops(m: onnx.ModelProto) -> list[str]:
 
 def convert(m: onnx.ModelProto, tmp_path, x: np.ndarray, disabled: tuple[str, ...] = ()):
     """`convert_onnx` of `m` (saved under tmp_path) with the gate on `x`, passes `disabled`."""
-    from converters.lce import ConvertOptions, convert_onnx
+    from bnnexport.converters.lce import ConvertOptions, convert_onnx
 
     path = tmp_path / "model.onnx"
     onnx.save(m, str(path))
@@ -402,7 +402,7 @@ def test_a_constant_pad_before_a_transpose_moves_below_it_with_its_pads_permuted
 
 @pytest.mark.slow
 def test_the_one_padded_tf2onnx_conv_converts_to_lce_bconv2d(tmp_path):
-    from converters.errors import FloatFallbackError
+    from bnnexport.converters.errors import FloatFallbackError
 
     x = inputs(shape=NHWC)
     result = convert(padded_conv(), tmp_path, x)
@@ -539,7 +539,7 @@ def test_alexnet_dense_layers_convert_to_lce_bconv2d(tmp_path):
     ids=["swaps-non-unit-axes", "merges-axes"],
 )
 def test_unit_perm_is_found_only_where_the_data_stays_in_order(source, target):
-    from converters.normalize.layout import unit_perm
+    from bnnexport.converters.normalize.layout import unit_perm
 
     assert unit_perm(list(source), list(target)) is None
     assert unit_perm([1, 1, 1, 9], [1, 9, 1, 1]) == [0, 3, 1, 2]
@@ -672,14 +672,14 @@ def test_a_plain_sign_of_a_hardtanh_is_checked_for_zeros_at_the_clamps_input():
 def test_the_pipeline_names_every_registered_pass_once():
     """PIPELINE is the one statement of order: every pass users can name (the classifier's
     labels run as its one step) and every other step is in it, once."""
-    from converters.normalize import PIPELINE, SIGN_IDIOMS, STEPS
+    from bnnexport.converters.normalize import PIPELINE, SIGN_IDIOMS, STEPS
 
     assert len(set(PIPELINE)) == len(PIPELINE)
     assert set(PIPELINE) == (set(REWRITES) - set(SIGN_IDIOMS)) | set(STEPS)
 
 
 def test_a_pass_that_builds_an_invalid_graph_is_named_in_one_line(monkeypatch):
-    from converters.errors import InvalidModelError
+    from bnnexport.converters.errors import InvalidModelError
 
     def broken(work) -> int:  # drops the node producing the graph's output
         if not any(n.op_type == "Conv" for n in work.nodes):

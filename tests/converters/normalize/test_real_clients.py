@@ -47,8 +47,9 @@ def exported(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("row", _params(ROWS, long=True))
 def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, exported):
+    from bnnexport.converters.lce import convert_onnx
+
     from bnnexport.stages.verify import verify_onnx
-    from converters.lce import convert_onnx
 
     path, shape = exported(row)
     result = convert_onnx(path, path.with_suffix(".tflite"), inputs=sample_inputs(shape))
@@ -70,10 +71,11 @@ def test_every_binary_layer_becomes_an_lce_bconv2d_and_the_gate_passes(row, expo
 def test_verify_finds_the_binary_layers_convert_finds(row, exported):
     """verify and convert read the same normalised graph: the layers `convert` makes binary
     (`find_binary_layers_in` after `normalize`) are exactly those `verify` calls strict."""
+    from bnnexport.converters.graph import OnnxGraph, load_onnx
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.patterns import find_binary_layers_in
+
     from bnnexport.stages.verify import verify_onnx
-    from converters.graph import OnnxGraph, load_onnx
-    from converters.normalize import normalize
-    from converters.patterns import find_binary_layers_in
 
     path, _ = exported(row)
     report = verify_onnx(path)
@@ -113,7 +115,7 @@ def larq_like(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 def test_tf2onnx_larq_graph_converts_at_the_batch_given(larq_like, batch):
-    from converters.batch import convert_batched
+    from bnnexport.converters.batch import convert_batched
 
     path, shape = larq_like
     out = path.with_name(f"larq-b{batch}.tflite")

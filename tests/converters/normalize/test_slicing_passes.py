@@ -1,5 +1,5 @@
-"""converters.normalize.slicing: `torch.split`, `chunk` and in-place channel updates, as both
-torch exporters write them, become static Slices and Concats, exactly (ONNX Runtime gives the
+"""bnnexport.converters.normalize.slicing: `torch.split`, `chunk` and in-place channel updates, as
+both torch exporters write them, become static Slices and Concats, exactly (ONNX Runtime gives the
 same outputs before and after), and what is not one channel range stays as it was."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-
-from converters.normalize import normalize
-from converters.runtimes import run_onnx
+from bnnexport.converters.normalize import normalize
+from bnnexport.converters.runtimes import run_onnx
 
 SHAPE = (1, 128, 4, 4)
 

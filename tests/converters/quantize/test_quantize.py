@@ -1,6 +1,6 @@
-"""converters.quantize: which float layers become int8 units, where activations are quantized,
-the QDQ model ONNX Runtime runs as the int8 reference, and ranges read back from a QDQ model.
-No TensorFlow here: the conversion itself is tests/converters/gate/test_quantized.py's."""
+"""bnnexport.converters.quantize: which float layers become int8 units, where activations are
+quantized, the QDQ model ONNX Runtime runs as the int8 reference, and ranges read back from a QDQ
+model. No TensorFlow here: the conversion itself is tests/converters/gate/test_quantized.py's."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
+from bnnexport.converters.errors import ConverterError, InputShapeError
+from bnnexport.converters.graph import OnnxGraph
+from bnnexport.converters.normalize import normalize
+from bnnexport.converters.quantize import QuantPoint, find_units, quantize, read_qdq
+from bnnexport.converters.quantize.qdq import kernel_integers
+from bnnexport.converters.runtimes import run_onnx
 from support.converter_nets import BiRealDownsample, FloatStemBinaryBody, export, sign
-
-from converters.errors import ConverterError, InputShapeError
-from converters.graph import OnnxGraph
-from converters.normalize import normalize
-from converters.quantize import QuantPoint, find_units, quantize, read_qdq
-from converters.quantize.qdq import kernel_integers
-from converters.runtimes import run_onnx
 
 SHAPE = (1, 3, 8, 8)
 

@@ -19,9 +19,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from bnnexport.converters.translate.groups import plan_binary_groups
 from support.converter_nets import binary_conv, lce_grouped_flatbuffer, sign, trained_bn
-
-from converters.translate.groups import plan_binary_groups
 
 pytestmark = pytest.mark.usefixtures("seeded")  # random ±1 kernels, the same every run
 
@@ -137,9 +136,8 @@ def test_a_grouped_flatbuffer_runs_in_an_interpreter_made_the_way_an_app_makes_i
     there as in the gate's interpreter (indirect BGEMM); the one grouped LceBconv2d LCE's own
     converter writes fails to prepare there, and runs only with indirect BGEMM."""
     import numpy as np
+    from bnnexport.converters.runtimes import lce_kernel_settings, stderr_filtered
     from larq_compute_engine.tflite.python.interpreter import Interpreter
-
-    from converters.runtimes import lce_kernel_settings, stderr_filtered
 
     _convert(GroupedBinary(64, 2, padding="one"), tmp_path, "legacy")
     ours = (tmp_path / "n.tflite").read_bytes()
@@ -181,7 +179,7 @@ def test_float_grouped_convs_around_a_channel_shuffle_convert(tmp_path, exporter
 
 
 def test_a_binary_depthwise_conv_is_refused_in_one_line_before_tensorflow(tmp_path):
-    from converters.errors import FloatFallbackError
+    from bnnexport.converters.errors import FloatFallbackError
 
     net = GroupedBinary(32, 32, padding="zero")
     with pytest.raises(FloatFallbackError) as error:

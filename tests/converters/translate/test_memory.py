@@ -1,6 +1,6 @@
-"""converters.translate (`onnx_to_tflite`) frees each conversion's TensorFlow state before the
-next converter runs (docs/LCE_NOTES.md "Conversion memory"): the traced graph of a large model
-sits in reference cycles that only a garbage collection frees, so without it every conversion
+"""bnnexport.converters.translate (`onnx_to_tflite`) frees each conversion's TensorFlow state
+before the next converter runs (docs/LCE_NOTES.md "Conversion memory"): the traced graph of a large
+model sits in reference cycles that only a garbage collection frees, so without it every conversion
 starts on top of the last one's."""
 
 from __future__ import annotations
@@ -8,10 +8,18 @@ from __future__ import annotations
 import gc
 import weakref
 
+import bnnexport.converters.translate.onnx_to_tf as onnx_to_tf
+import bnnexport.converters.translate.onnx_to_tflite as onnx_to_tflite
+import bnnexport.converters.translate.tf_layers as tf_layers
+import bnnexport.converters.translate.tf_ops as tf_ops
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from bnnexport.converters.graph import load_onnx
+from bnnexport.converters.normalize import normalize
+from bnnexport.converters.runtimes import run_lce, tf
+from bnnexport.converters.translate import release_memory
 from support.converter_nets import (
     BinaryBlock,
     binary_linear,
@@ -20,15 +28,6 @@ from support.converter_nets import (
     grid_inputs,
     sign,
 )
-
-import converters.translate.onnx_to_tf as onnx_to_tf
-import converters.translate.onnx_to_tflite as onnx_to_tflite
-import converters.translate.tf_layers as tf_layers
-import converters.translate.tf_ops as tf_ops
-from converters.graph import load_onnx
-from converters.normalize import normalize
-from converters.runtimes import run_lce, tf
-from converters.translate import release_memory
 
 
 class _Cycle:

@@ -1,5 +1,5 @@
-"""converters.translate.padding in NumPy: which of the four forms a binary conv's padding takes,
-and that each form's arithmetic is torch's (binarize, pad with the ONNX value, convolve).
+"""bnnexport.converters.translate.padding in NumPy: which of the four forms a binary conv's padding
+takes, and that each form's arithmetic is torch's (binarize, pad with the ONNX value, convolve).
 
 The emitters in converters.translate.tf_layers write each strategy as TensorFlow ops; here the same
 arithmetic is written with NumPy (pad, VALID cross-correlation, correction map) and compared
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bnnexport.converters.translate.padding import PaddingPlan, correction_map, plan_binary_padding
 from support.converter_nets import torch_sign
-
-from converters.translate.padding import PaddingPlan, correction_map, plan_binary_padding
 
 ROOT = Path(__file__).resolve().parents[3]
 NONE = (0, 0, 0, 0)

@@ -17,9 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from bnnexport.converters.translate.tf_layers import pool_windows
 from support.converter_nets import BinaryBlock, binary_conv, binary_linear, sign, trained_bn
-
-from converters.translate.tf_layers import pool_windows
 
 
 def _pooled(x: np.ndarray, windows_h, windows_w, reduce) -> np.ndarray:

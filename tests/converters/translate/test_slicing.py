@@ -90,11 +90,10 @@ def test_binarizations_of_sliced_binary_conv_outputs_break_exact_ties_as_torch_d
     its BatchNorm, through a slice before (`a[:, 32:]`) or after (`chunk`) the BatchNorm: the
     translator decides their signs from the tie-broken accumulator (`exact_sources`), not from
     a rounded float where torch's sign(0) = +1 could be lost."""
+    from bnnexport.converters.graph import load_onnx
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.translate import build_module
     from support.converter_nets import export
-
-    from converters.graph import load_onnx
-    from converters.normalize import normalize
-    from converters.translate import build_module
 
     path = export(SlicedBinary(), (1, 3, 4, 4), tmp_path / "sliced.onnx")
     _, info = build_module(normalize(load_onnx(path))[0])

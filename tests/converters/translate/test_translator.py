@@ -10,11 +10,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from bnnexport.converters.errors import UnsupportedOpError
+from bnnexport.converters.translate import SUPPORTED
+from bnnexport.converters.translate.onnx_to_tf import build_module
 from onnx import TensorProto, helper
-
-from converters.errors import UnsupportedOpError
-from converters.translate import SUPPORTED
-from converters.translate.onnx_to_tf import build_module
 
 
 def _chain(op_types: list[str]) -> onnx.ModelProto:
@@ -63,7 +62,7 @@ def test_a_handler_refusal_is_named_with_its_reason_and_the_supported_op_types()
 def test_the_first_unsupported_node_in_graph_order_is_named_before_tensorflow_runs(monkeypatch):
     """The translator walks back from the outputs and would meet the last Abs first; the scan
     before tracing names the first (a graph no torch exporter named: no PyTorch module)."""
-    import converters.translate.onnx_to_tf as onnx_to_tf
+    import bnnexport.converters.translate.onnx_to_tf as onnx_to_tf
 
     monkeypatch.setattr(onnx_to_tf, "tf", lambda: pytest.fail("TensorFlow was reached"))
     with pytest.raises(UnsupportedOpError) as caught:
@@ -99,9 +98,9 @@ class _Abs(torch.nn.Module):
 
 @pytest.mark.parametrize("exporter", ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)])
 def test_an_unsupported_node_is_named_with_its_module_and_the_spelling_that_converts(exporter):
-    from converters.graph import OnnxGraph
-    from converters.normalize import normalize
-    from converters.translate import first_unsupported
+    from bnnexport.converters.graph import OnnxGraph
+    from bnnexport.converters.normalize import normalize
+    from bnnexport.converters.translate import first_unsupported
 
     x = torch.randn(1, 4, 3, 3)
     if exporter == "dynamo":

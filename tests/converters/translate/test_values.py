@@ -1,14 +1,13 @@
-"""converters.translate.values in NumPy: the exact-zero tie-break keeps torch's signs for every
-integer accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule
+"""bnnexport.converters.translate.values in NumPy: the exact-zero tie-break keeps torch's signs for
+every integer accumulator and never leaves a value at exactly zero (where LCE's sign-bit rule
 decides)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from bnnexport.converters.translate.values import tie_break_bias
 from support.converter_nets import torch_sign
-
-from converters.translate.values import tie_break_bias
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,5 +1,6 @@
-"""deploy.runners: the registry (names, errors, a runner of one's own), what `auto` picks, and
-bench's device rows calling nothing but the protocol. No device: fake clients and runners."""
+"""bnnexport.deploy.runners: the registry (names, errors, a runner of one's own), what `auto`
+picks, and bench's device rows calling nothing but the protocol. No device: fake clients and
+runners."""
 
 from __future__ import annotations
 
@@ -7,18 +8,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from bnnexport.stages.bench.device import (
-    Connected,
-    Scoring,
-    device_rows,
-    file_device_rows,
-    needs_batched_copy,
-    scaling_rows,
-)
-from bnnexport.stages.bench.options import BenchOptions, DeviceTarget
-from deploy.errors import UnknownRunnerError
-from deploy.runners import (
+from bnnexport.deploy.errors import UnknownRunnerError
+from bnnexport.deploy.runners import (
     Measurement,
     RunSettings,
     candidates,
@@ -30,6 +21,16 @@ from deploy.runners import (
     runner_names,
     unregister_runner,
 )
+
+from bnnexport.stages.bench.device import (
+    Connected,
+    Scoring,
+    device_rows,
+    file_device_rows,
+    needs_batched_copy,
+    scaling_rows,
+)
+from bnnexport.stages.bench.options import BenchOptions, DeviceTarget
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""deploy.runners.lce_benchmark_model.benchmark_tool: parsing `lce_benchmark_model` output, the
+"""bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool: parsing `lce_benchmark_model` output, the
 architecture check, the argv."""
 # ruff: noqa: E501  (the sample outputs keep benchmark_model's own long lines)
 
@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.recorded_outputs import TAB_OUTPUT
-from support.stand_in import elf_header
-
-from deploy.errors import BenchmarkOutputError, WrongArchitectureError
-from deploy.runners.lce_benchmark_model.benchmark_tool import (
+from bnnexport.deploy.errors import BenchmarkOutputError, WrongArchitectureError
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import (
     benchmark_command,
     check_architecture,
     elf_architecture,
     file_format,
     parse_benchmark_output,
 )
+from support.recorded_outputs import TAB_OUTPUT
+from support.stand_in import elf_header
 
 # Newer TFLite: "INFO: " log prefixes, space-aligned tables, no [start] column, op names with
 # spaces (delegate kernels).
@@ -140,9 +139,12 @@ def test_benchmark_command_runs_exactly_n_times_with_profiling():
 def test_the_tool_runs_its_default_kernels_unless_the_settings_ask_for_indirect_bgemm():
     """A flatbuffer LCE's default bconv kernel refuses (a grouped LceBconv2d) is benchmarked
     and run for accuracy with `--use_indirect_bgemm=true`; any other with no kernel flag."""
-    from deploy.runners import RunSettings
-    from deploy.runners.lce_benchmark_model.benchmark_runner import tool_options
-    from deploy.runners.lce_benchmark_model.chunked_accuracy import AccuracyJob, accuracy_command
+    from bnnexport.deploy.runners import RunSettings
+    from bnnexport.deploy.runners.lce_benchmark_model.benchmark_runner import tool_options
+    from bnnexport.deploy.runners.lce_benchmark_model.chunked_accuracy import (
+        AccuracyJob,
+        accuracy_command,
+    )
 
     job = AccuracyJob(None, np.zeros((4, 3, 2, 2), np.float32), 4, 10)
     for asked, flags in ((None, []), (True, ["--use_indirect_bgemm=true"])):

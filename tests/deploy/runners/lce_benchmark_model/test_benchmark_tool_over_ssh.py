@@ -9,16 +9,15 @@ parse, clean-up); the parser itself is tested on full outputs in test_benchmark_
 from __future__ import annotations
 
 import pytest
-from support.processes import processes_mentioning
-from support.stand_in import AARCH64, elf_header
-
-from deploy.errors import (
+from bnnexport.deploy.errors import (
     DeviceTimeoutError,
     MissingBinaryError,
     RemoteCommandError,
     WrongArchitectureError,
 )
-from deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
+from bnnexport.deploy.runners.lce_benchmark_model.benchmark_tool import run_lce_benchmark
+from support.processes import processes_mentioning
+from support.stand_in import AARCH64, elf_header
 
 STAND_IN = """#!/bin/sh
 # stands in for lce_benchmark_model: needs --graph pointing at an existing file

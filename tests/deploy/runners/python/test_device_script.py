@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from deploy.runners.python import device_script
-from deploy.runners.python.python_runner import DEVICE_SCRIPT
+from bnnexport.deploy.runners.python import device_script
+from bnnexport.deploy.runners.python.python_runner import DEVICE_SCRIPT
 
 
 def test_device_script_imports_only_stdlib_numpy_and_lce():

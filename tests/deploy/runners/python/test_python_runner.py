@@ -8,11 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from bnnexport.deploy.errors import DeviceTimeoutError, MissingBinaryError
+from bnnexport.deploy.runners import RunSettings, Samples
+from bnnexport.deploy.runners.python.python_runner import PythonRunner, run_remote_runner
 from support.processes import processes_mentioning
-
-from deploy.errors import DeviceTimeoutError, MissingBinaryError
-from deploy.runners import RunSettings, Samples
-from deploy.runners.python.python_runner import PythonRunner, run_remote_runner
 
 
 @pytest.mark.slow
@@ -21,9 +20,8 @@ def test_the_python_runner_feeds_an_nhwc_flatbuffer_nhwc_samples_and_scores_them
 ):
     """bench's NCHW samples go to the device in the layout the flatbuffer declares (NHWC
     here, `Samples.fed()`): the device's outputs are the host interpreter's on NHWC inputs."""
+    from bnnexport.converters.flatbuffer import input_layout
     from larq_compute_engine.tflite.python.interpreter import Interpreter
-
-    from converters.flatbuffer import input_layout
 
     with np.load(tiny_samples) as data:
         inputs, labels = data["inputs"], data["labels"]
