@@ -57,9 +57,9 @@ from bnnexport.converters.flatbuffer import (
     op_histogram,
     with_metadata,
 )
-from bnnexport.converters.gate import GateOptions, GateReport
-from bnnexport.converters.gate.checks import Reference, check_conversion
-from bnnexport.converters.gate.fallbacks import (
+from converters.gate import GateOptions, GateReport
+from converters.gate.checks import Checked, Reference, check_conversion
+from converters.gate.fallbacks import (
     RecordedLayer,
     fallback_reasons,
     grouped_refusals,
@@ -69,13 +69,13 @@ from bnnexport.converters.gate.fallbacks import (
     transposed_refusals,
     unrecognised_layers,
 )
-from bnnexport.converters.gate.quantized import check_int8
-from bnnexport.converters.graph import OnnxGraph, load_onnx
-from bnnexport.converters.normalize import NormalizeReport, normalize, runnable_reference
-from bnnexport.converters.patterns import find_binary_layers_in
-from bnnexport.converters.quantize import QuantPoint, quantize
-from bnnexport.converters.runtimes import lce_kernel_settings, run_lce
-from bnnexport.converters.translate import first_unsupported, image_inputs, translate
+from converters.gate.quantized import check_int8
+from converters.graph import OnnxGraph, load_onnx
+from converters.normalize import NormalizeReport, normalize, runnable_reference
+from converters.patterns import find_binary_layers_in
+from converters.quantize import FLOAT_LAYERS, Quantized, QuantPoint, quantize
+from converters.runtimes import lce_kernel_settings, run_lce
+from converters.translate import Translated, first_unsupported, image_inputs, translate
 
 # how an image input is taken when not asked: TFLite's convention, what an app on an ARM device
 # feeds (camera frames are HWC), on both targets: they are one LCE target, "arm", and the same
@@ -244,6 +244,57 @@ def convert_onnx(
     _check_int8_options(options, write_float_tflite)
     start = time.perf_counter()
     onnx_path, output_path = Path(onnx_path), Path(output_path)
+    normal = _normalise(onnx_path, options, target)
+    samples = inputs if inputs is not None else random_inputs(_input_shape(normal.model))
+    job = _Job(onnx_path, target, write_float_tflite, samples, inputs is None, labels,
+               references, options, start)  # fmt: skip
+    quantized = _quantized(normal.model, job.inputs, options)
+    translated, stage_seconds = _translate(normal, quantized, job)
+    gated = _gated(normal, translated, quantized, job)
+    float_flatbuffer = translated.float_flatbuffer or b""
+    written = _write_all(output_path, gated.flatbuffer, write_float_tflite, float_flatbuffer)
+    # the gate: from the translator's end to the written flatbuffer, the twin apart
+    stage_seconds["gate"] = time.perf_counter() - start - sum(stage_seconds.values())
+    stage_seconds["gate"] -= gated.checked.twin_seconds
+    stage_seconds["twin"] = gated.checked.twin_seconds
+    return _result(job, normal, translated, gated, written, stage_seconds)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One `convert_onnx` call's arguments as its steps read them (`inputs`: the check
+    samples, drawn at random when none were given: `random_inputs`), and when it started."""
+
+    onnx_path: Path
+    target: str
+    write_float_tflite: str | Path | None
+    inputs: np.ndarray
+    random_inputs: bool
+    labels: np.ndarray | None
+    references: Sequence[Reference]
+    options: ConvertOptions
+    start: float
+
+
+@dataclass
+class _Normalised:
+    """The ONNX model as the translator takes it (`normalize`d) and what the later steps need
+    of it: the normaliser's report, the binary layers (node names), the layers that look
+    binary but would stay float (name: why; refused unless allowed float), the input layout,
+    and what ONNX Runtime runs as the reference (the original file, or the runnable copy
+    `runnable_reference` makes of it)."""
+
+    model: onnx.ModelProto
+    report: NormalizeReport
+    binary: list[str]
+    lookalikes: dict[str, str]
+    layout: str
+    reference: Path | bytes
+
+
+def _normalise(onnx_path: Path, options: ConvertOptions, target: str) -> _Normalised:
+    """Load and normalise the ONNX model; refuses, before TensorFlow, what `_binary_layers`
+    refuses and an input layout the model cannot take (`_input_layout`)."""
     options.step(f"normalise {onnx_path.name}")
     original = load_onnx(onnx_path)
     # everything below sees the normalised graph; ONNX Runtime runs the original file as the
@@ -251,95 +302,139 @@ def convert_onnx(
     # a dynamic batch becomes 1; another batch is `converters.batch.convert_batched`'s, which
     # fixes it in the ONNX file before this runs
     model, normalized = normalize(original, options.disabled_rewrites)
+    binary, lookalikes = _binary_layers(model, options, onnx_path)
+    layout = _input_layout(model, options.input_layout, target)
+    # the graph's folded constants and the original are each a copy of the weights: neither
+    # outlives this function (the graph, `_binary_layers`), so both are gone before the
+    # converters run (docs/LCE_NOTES.md "Conversion memory")
+    reference = runnable_reference(original)
+    reference_path = onnx_path if reference is None else reference.SerializeToString()
+    return _Normalised(model, normalized, binary, lookalikes, layout, reference_path)
+
+
+def _binary_layers(
+    model: onnx.ModelProto, options: ConvertOptions, onnx_path: Path
+) -> tuple[list[str], dict[str, str]]:
+    """The normalised graph's binary layers (node names) and its lookalikes (layer: why).
+    Refuses, before TensorFlow: a name in `allow_float` that is no such layer, a lookalike
+    not allowed float (`converters.gate.fallbacks`), the first unsupported op."""
     graph = OnnxGraph.folded(model)
     binary = [m.node_name for m in find_binary_layers_in(graph) if m.binary]
     lookalikes = {**lookalike_layers(graph), **grouped_refusals(graph)}
     lookalikes.update(transposed_refusals(graph))
     lookalikes.update(unrecognised_layers(graph, options.recorded_layers, binary))
     refuse_unknown_layers(options.allow_float, [*binary, *lookalikes], onnx_path)
-    refuse_fallbacks(lookalikes, options.allow_float)  # before TensorFlow
-    unsupported = first_unsupported(graph)  # the first in graph order, before TensorFlow too
+    refuse_fallbacks(lookalikes, options.allow_float)
+    unsupported = first_unsupported(graph)  # the first in graph order
     if unsupported is not None:
         raise unsupported
-    layout = _input_layout(model, options.input_layout, target)
-    # the graph's folded constants and the original are each a copy of the weights: drop both
-    # before the converters run (docs/LCE_NOTES.md "Conversion memory")
-    del graph
-    reference = runnable_reference(original)
-    del original
-    reference_path = onnx_path if reference is None else reference.SerializeToString()
-    is_random = inputs is None
-    if inputs is None:
-        inputs = random_inputs(_input_shape(model))
-    quantized = _quantized(model, inputs, options)
+    return binary, lookalikes
+
+
+def _translate(
+    normal: _Normalised, quantized: Quantized | None, job: _Job
+) -> tuple[Translated, dict[str, float]]:
+    """The translation and its LCE (and, when asked, stock TFLite) conversion, of the int8
+    model when the float layers run in int8; and `ConversionResult.stage_seconds` so far (the
+    normaliser's since `job.start`, the translator's)."""
     normalised = time.perf_counter()
-    float_model = write_float_tflite is not None  # built only when asked: a second converter
-    options.step(f"translate to TensorFlow, run the LCE{' and TFLite' * float_model} converter")
+    float_model = job.write_float_tflite is not None  # built only when asked: a second converter
+    job.options.step(f"translate to TensorFlow, run the LCE{' and TFLite' * float_model} converter")
     if quantized is not None:
-        translated = translate(quantized.model, float_model=False, int8_io=options.io == "int8",
-                               input_layout=layout)  # fmt: skip
+        translated = translate(quantized.model, float_model=False, input_layout=normal.layout,
+                               int8_io=job.options.io == "int8")  # fmt: skip
     else:
-        translated = translate(model, float_model=float_model, input_layout=layout)
-    stage_seconds = {"normalise": normalised - start, **translated.seconds}
+        translated = translate(normal.model, float_model=float_model, input_layout=normal.layout)
+    stage_seconds = {"normalise": normalised - job.start, **translated.seconds}
     # TensorFlow's and LCE's import on first use, before the translator's own clock
     stage_seconds["translate"] += (
         time.perf_counter() - normalised - sum(translated.seconds.values())
     )
-    float_bytes = len(translated.float_flatbuffer) if translated.float_flatbuffer else None
-    flatbuffer, float_flatbuffer = translated.flatbuffer, translated.float_flatbuffer or b""
-    histogram = op_histogram(flatbuffer)
+    return translated, stage_seconds
+
+
+@dataclass
+class _Gated:
+    """What passed the checks: the flatbuffer to write (the int8-io copy of an int8
+    conversion with int8 ends, with `ConvertOptions.metadata` added), the checks' reports,
+    the int8 part of the report (None: float layers in float32), the float fallbacks allowed
+    and what LCE's interpreter must be told to run it (`lce_kernel_settings`)."""
+
+    flatbuffer: bytes
+    checked: Checked
+    int8: dict | None
+    float_fallbacks: list[str]
+    lce_settings: dict[str, bool]
+
+
+def _gated(
+    normal: _Normalised, translated: Translated, quantized: Quantized | None, job: _Job
+) -> _Gated:
+    """Check the translation in the module doc's order: LCE's interpreter runs it, no binary
+    layer fell back to float unless allowed, then the gate (`check_conversion`, or
+    `check_int8` for an int8 conversion); raises the first refusal."""
+    options, inputs = job.options, job.inputs
+    flatbuffer, int8 = translated.flatbuffer, None
     kernels = lce_kernel_settings(flatbuffer)
+    emitted, histogram = translated.info.binary_emitted, op_histogram(flatbuffer)
     allowed = refuse_fallbacks(
-        fallback_reasons(lookalikes, binary, translated.info.binary_emitted, histogram),
-        options.allow_float,
+        fallback_reasons(normal.lookalikes, normal.binary, emitted, histogram), options.allow_float
     )
-    int8 = None
     if quantized is None:
         checked = check_conversion(
-            onnx_path=reference_path, model=model, translated=translated, inputs=inputs,
-            references=references, options=options, zero_sensitive=normalized.zero_sensitive,
-            check_float=write_float_tflite is not None,
+            onnx_path=normal.reference, model=normal.model, translated=translated,
+            inputs=inputs, references=job.references, options=options,
+            zero_sensitive=normal.report.zero_sensitive,
+            check_float=job.write_float_tflite is not None,
         )  # fmt: skip
     else:
-        checked, int8 = check_int8(quantized, translated, inputs, labels, options)
+        checked, int8 = check_int8(quantized, translated, inputs, job.labels, options)
         if translated.int8_io_flatbuffer is not None:  # what is written: the int8-io copy
             flatbuffer = translated.int8_io_flatbuffer
-            histogram = op_histogram(flatbuffer)
-    gates = checked.gates
     if options.metadata:
         flatbuffer = _with_metadata(flatbuffer, options.metadata, inputs)
+    return _Gated(flatbuffer, checked, int8, allowed, kernels.flags)
+
+
+def _result(
+    job: _Job,
+    normal: _Normalised,
+    translated: Translated,
+    gated: _Gated,
+    written: Path,
+    stage_seconds: dict[str, float],
+) -> ConversionResult:
+    """What `convert_onnx` wrote (`written`) and measured."""
+    flatbuffer, float_path, checked = gated.flatbuffer, job.write_float_tflite, gated.checked
+    histogram = op_histogram(flatbuffer)
     convs = _convs_by_input_type(flatbuffer)
-    written = _write_all(output_path, flatbuffer, write_float_tflite, float_flatbuffer)
-    # the gate: from the translator's end to the written flatbuffer, the twin apart
-    stage_seconds["gate"] = time.perf_counter() - start - sum(stage_seconds.values())
-    stage_seconds["gate"] -= checked.twin_seconds
-    stage_seconds["twin"] = checked.twin_seconds
+    float_flatbuffer = translated.float_flatbuffer
     return ConversionResult(
         output=written,
-        target=target,
-        binary_layers=len(binary),
+        target=job.target,
+        binary_layers=len(normal.binary),
         lce_bconv2d=histogram.get("LceBconv2d", 0),
         float_conv2d=convs["FLOAT32"],
         int8_conv2d=convs["INT8"],
         fully_connected=histogram.get("FULLY_CONNECTED", 0),
         op_histogram=histogram,
-        samples=len(inputs),
-        random_inputs=is_random,
+        samples=len(job.inputs),
+        random_inputs=job.random_inputs,
         batch=translated.info.input_shapes[0][0],
-        onnx_bytes=onnx_path.stat().st_size,
+        onnx_bytes=job.onnx_path.stat().st_size,
         lce_bytes=len(flatbuffer),
         input_layout=input_layout(flatbuffer),
         input_shape=input_shapes(flatbuffer)[0],
-        tflite_float_bytes=float_bytes,
-        float_output=Path(write_float_tflite) if write_float_tflite is not None else None,
-        seconds=time.perf_counter() - start,
-        gates=gates,
+        tflite_float_bytes=len(float_flatbuffer) if float_flatbuffer else None,
+        float_output=Path(float_path) if float_path is not None else None,
+        seconds=time.perf_counter() - job.start,
+        gates=checked.gates,
         twin=checked.twin,
-        float_fallbacks=allowed,
-        normalized=normalized,
+        float_fallbacks=gated.float_fallbacks,
+        normalized=normal.report,
         trusted_twin=checked.trusted_twin,
-        lce_settings=kernels.flags,
-        int8=int8,
+        lce_settings=gated.lce_settings,
+        int8=gated.int8,
         stage_seconds={k: round(v, 3) for k, v in stage_seconds.items()},
     )
 

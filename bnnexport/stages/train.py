@@ -159,6 +159,8 @@ def _train(
     explicit: set[str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> TrainReport:
+    """`train`'s work (on rank 0 inside the run directory's lock): check every input, make the
+    run directory ready, train the remaining epochs, report."""
     log = log if context.is_main else None  # under torchrun only rank 0 speaks
     run = RunDir(config.out)
     checkpoint = check_run(run, resume, force)
@@ -178,9 +180,7 @@ def _train(
     trainer = Trainer(config, run, checkpoint, context, changes)
     # every value the schedules take over the run's steps, now that the data fix their number
     check_schedules(config, trainer.steps_per_epoch * int(config.epochs))
-    for note in _notes(trainer):
-        if context.is_main and progress is not False:
-            print(f"bnnexport: note: {note}", file=sys.stderr)
+    _print_notes(trainer, context, progress)
     context.barrier()  # every rank has checked before rank 0 changes anything
     removed: list[str] = []
     if context.is_main:
@@ -204,16 +204,30 @@ def _train(
     report.resume_removed = removed
     report.rank_mismatched_weights = mismatched
     if context.is_main:
-        from bnnexport.stages.plots import plot_training
-        from bnnexport.stages.verify import require_strict, verify_run
-
-        # no non-binary model leaves training silently: recorded in train.json, then raised
-        verified = verify_run(run.root)
-        report.strict = verified.strict
-        plot_training(run)
-        report.save(run.train_report)
-        require_strict(verified)
+        _save_verified(run, report)
     return report
+
+
+def _print_notes(trainer: Trainer, context: DistributedContext, progress: bool | None) -> None:
+    """The run's `_notes`, one `bnnexport: note:` line each on stderr (rank 0, unless
+    `progress=False`)."""
+    for note in _notes(trainer):
+        if context.is_main and progress is not False:
+            print(f"bnnexport: note: {note}", file=sys.stderr)
+
+
+def _save_verified(run: RunDir, report: TrainReport) -> None:
+    """Rank 0, once training ends: train.json (saying whether the saved checkpoint verified
+    strictly binary) and the plots, then `NotBinaryError` for a model that did not."""
+    from bnnexport.stages.plots import plot_training
+    from bnnexport.stages.verify import require_strict, verify_run
+
+    # no non-binary model leaves training silently: recorded in train.json, then raised
+    verified = verify_run(run.root)
+    report.strict = verified.strict
+    plot_training(run)
+    report.save(run.train_report)
+    require_strict(verified)
 
 
 def _finished_report(

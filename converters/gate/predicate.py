@@ -427,11 +427,28 @@ def validate(
     `diagnostics` say which samples, which binarization first differs, how many positions and
     how far from zero (`mismatch_diagnostics`).
     """
-    what = f"{names[1]} vs {names[0]}"
     if len(reference) == 0 or len(candidate) == 0:
-        raise ConversionMismatchError(f"{what}: no samples were compared")
+        raise ConversionMismatchError(f"{names[1]} vs {names[0]}: no samples were compared")
     ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
     out = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    report = _plain_report(ref, out, options, names)
+    failing = [r for r in range(len(ref)) if not _matches(ref[r], out[r], report.tolerance)]
+    if not failing:
+        return report
+    if replay is None:
+        _without_replay(report, ref, out, failing, options)
+        return report
+    resolved = _replay_failing(report, ref, out, inputs, failing, replay, options)
+    after = compare(resolved, out, options.rtol)
+    report.argmax_agreement, report.max_abs_diff = after.argmax_agreement, after.max_abs_diff
+    return report
+
+
+def _plain_report(
+    ref: np.ndarray, out: np.ndarray, options: GateOptions, names: tuple[str, str]
+) -> GateReport:
+    """The report of the plain comparison, before any replay: its numbers are also the
+    resolved ones until a replay resolves a sample."""
     plain = compare(ref, out, options.rtol)
     report = GateReport(
         reference=names[0], candidate=names[1], samples=plain.samples,
@@ -441,16 +458,24 @@ def validate(
     )  # fmt: skip
     sure, flips = _confident_flips(ref, out, plain.tolerance, options.confident_margin)
     report.sure_predictions, report.sure_changed = sure, flips
-    failing = [r for r in range(len(ref)) if not _matches(ref[r], out[r], plain.tolerance)]
-    if not failing:
-        return report
+    return report
+
+
+def _replay_failing(
+    report: GateReport,
+    ref: np.ndarray,
+    out: np.ndarray,
+    inputs: np.ndarray,
+    failing: list[int],
+    replay: Replay,
+    options: GateOptions,
+) -> np.ndarray:
+    """The reference's logits with each `failing` sample replaced by its replay's, the ties
+    counted in `report`; ConversionMismatchError at the first sample no replay resolves."""
     numbers = (
-        f"plain argmax agreement {plain.argmax_agreement:.2%} on {plain.samples} samples, "
-        f"max |diff| {plain.max_abs_diff:.3g} (tolerance {plain.tolerance:.3g})"
+        f"plain argmax agreement {report.plain_argmax_agreement:.2%} on {report.samples} "
+        f"samples, max |diff| {report.plain_max_abs_diff:.3g} (tolerance {report.tolerance:.3g})"
     )
-    if replay is None:
-        _without_replay(report, ref, out, failing, options)
-        return report
     resolved = ref.copy()
     sign_probe, recurrence = replay.probe(), _Recurrence(replay)
     for row in failing:
@@ -461,7 +486,7 @@ def validate(
                 replay.witness,
                 sample,
                 out[row],
-                plain.tolerance,
+                report.tolerance,
                 options,
                 replay.judged,
             )
@@ -469,15 +494,15 @@ def validate(
         except _Mismatch as why:
             details = mismatch_diagnostics(report, failing, row, str(why), why.diffs)
             raise ConversionMismatchError(
-                f"{what} disagree on sample {row} ({why}); {numbers}", details
+                f"{report.candidate} vs {report.reference} disagree on sample {row} ({why}); "
+                f"{numbers}",
+                details,
             ) from None
         resolved[row] = logits.reshape(-1)
         report.tie_samples.append(row)
         report.tie_positions += sum(d.positions for d in diffs)
         report.tie_largest = max([report.tie_largest, *(d.largest for d in diffs)])
-    after = compare(resolved, out, options.rtol)
-    report.argmax_agreement, report.max_abs_diff = after.argmax_agreement, after.max_abs_diff
-    return report
+    return resolved
 
 
 def mismatch_diagnostics(

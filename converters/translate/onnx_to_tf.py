@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -299,73 +300,121 @@ def build_module(  # noqa: ANN201
         raise unsupported
     tensorflow = tf()
     layers = find_binary_layers_in(graph)
-    shapes = [_static_shape(graph, i) for i in graph.inputs]
-    names = [i.name for i in graph.inputs]
-    images = image_inputs(graph)
-    layouts = [input_layout if name in images else None for name in names]
-    outputs = [o.name for o in graph.outputs]
-    emitted: list[str] = []
-    witnessed: list[str] = []
-    exact: list[str] = []
-    scopes: list[ScopeEntry] = []
-    errors: list[BaseException] = []
-    weights = WeightStore()
-
-    def serve(*args):
-        weights.restart()
-        translator = Translator(graph, layers)
-        with tensorflow.name_scope(INPUT_SCOPE + "/"):
-            for name, arg, layout in zip(names, args, layouts, strict=True):
-                translator.values[name] = _input_value(arg, layout)
-        try:
-            values = [translator.value(o) for o in outputs]
-            with tensorflow.name_scope(OUTPUT_SCOPE + "/"):
-                result = {f"output_{k}": v.logical() for k, v in enumerate(values)}
-            if witness:
-                for k, value in enumerate(translator.witnessed.values()):
-                    result[f"witness_{k:03d}"] = value.logical()
-                witnessed[:] = translator.witnessed
-        except Exception as error:  # tf.function may wrap it; keep ours to re-raise as is
-            if isinstance(error, UnsupportedOpError):
-                described(graph, error)  # handlers name the node; module, hint, list added here
-            errors.append(error)
-            raise
-        emitted[:] = translator.binary_emitted
-        exact[:] = translator.exact_sources
-        scopes[:] = translator.scopes.values()
-        return result
-
-    specs = [
-        tensorflow.TensorSpec(
-            _nhwc(shape) if layout == "nhwc" else shape, tensorflow.float32, name=f"input_{k}"
-        )
-        for k, (shape, layout) in enumerate(zip(shapes, layouts, strict=True))
-    ]
+    signature = _Signature.of(graph, input_layout)
+    traced, weights = _Traced(), WeightStore()
+    serve = _serving(graph, layers, signature, witness, weights, traced)
     module = tensorflow.Module()
     # the function itself is not the module's: saving would trace it again for the attribute,
     # where the signature (`concrete`) is all the converters read
-    function = tensorflow.function(serve, input_signature=specs, autograph=False)
+    function = tensorflow.function(serve, input_signature=signature.specs(), autograph=False)
     try:
         with storing_weights(weights):  # large float kernels as variables (WeightStore)
             concrete = function.get_concrete_function()
     except Exception:
-        if errors:
-            raise errors[0] from None
+        if traced.errors:
+            raise traced.errors[0] from None
         raise
     module.weights = weights.variables  # tracked, so the SavedModel saves them
     module.concrete = concrete
     info = TranslationInfo(
         binary_layers=len(layers),
-        binary_emitted=list(emitted),
-        input_names=names,
-        input_shapes=shapes,
-        output_names=outputs,
-        input_layout=input_layout if images else None,
-        witness_sources=list(witnessed),
-        scopes=list(scopes),
-        exact_sources=list(exact),
+        binary_emitted=list(traced.emitted),
+        input_names=signature.names,
+        input_shapes=signature.shapes,
+        output_names=signature.outputs,
+        input_layout=signature.image_layout,
+        witness_sources=list(traced.witnessed),
+        scopes=list(traced.scopes),
+        exact_sources=list(traced.exact),
     )
     return module, info
+
+
+@dataclass(frozen=True)
+class _Signature:
+    """The traced function's inputs (the ONNX graph's: names, static shapes, and each one's
+    layout, None for an input that is no image input) and its outputs' ONNX names."""
+
+    names: list[str]
+    shapes: list[list[int]]
+    layouts: list[str | None]
+    outputs: list[str]
+
+    @classmethod
+    def of(cls, graph: OnnxGraph, input_layout: str) -> _Signature:
+        """The signature of `graph` with its image inputs (`image_inputs`) in `input_layout`."""
+        shapes = [_static_shape(graph, i) for i in graph.inputs]
+        names = [i.name for i in graph.inputs]
+        images = image_inputs(graph)
+        layouts = [input_layout if name in images else None for name in names]
+        return cls(names, shapes, layouts, [o.name for o in graph.outputs])
+
+    @property
+    def image_layout(self) -> str | None:
+        """How the image inputs are taken (None: the graph has none)."""
+        return next((layout for layout in self.layouts if layout is not None), None)
+
+    def specs(self) -> list:
+        """The `tf.TensorSpec` of each input, `input_K`: NHWC for an image input taken so."""
+        tensorflow = tf()
+        return [
+            tensorflow.TensorSpec(
+                _nhwc(shape) if layout == "nhwc" else shape, tensorflow.float32, name=f"input_{k}"
+            )
+            for k, (shape, layout) in enumerate(zip(self.shapes, self.layouts, strict=True))
+        ]
+
+
+@dataclass
+class _Traced:
+    """What the translator emitted while the function was traced (`TranslationInfo`'s lists),
+    and the error it raised: tf.function may wrap it, and it is re-raised as it is."""
+
+    emitted: list[str] = field(default_factory=list)
+    witnessed: list[str] = field(default_factory=list)
+    exact: list[str] = field(default_factory=list)
+    scopes: list[ScopeEntry] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+
+
+def _serving(
+    graph: OnnxGraph,
+    layers: list[BinaryLayerMatch],
+    signature: _Signature,
+    witness: bool,
+    weights: WeightStore,
+    traced: _Traced,
+) -> Callable[..., dict]:
+    """The Python function `build_module` traces: one fresh `Translator` computes the graph's
+    outputs (`output_K`, then with `witness` every binarization's input, `witness_NNN`) from
+    the inputs of `signature`, and records what it emitted in `traced`."""
+    tensorflow = tf()
+
+    def serve(*args):
+        weights.restart()
+        translator = Translator(graph, layers)
+        with tensorflow.name_scope(INPUT_SCOPE + "/"):
+            for name, arg, layout in zip(signature.names, args, signature.layouts, strict=True):
+                translator.values[name] = _input_value(arg, layout)
+        try:
+            values = [translator.value(o) for o in signature.outputs]
+            with tensorflow.name_scope(OUTPUT_SCOPE + "/"):
+                result = {f"output_{k}": v.logical() for k, v in enumerate(values)}
+            if witness:
+                for k, value in enumerate(translator.witnessed.values()):
+                    result[f"witness_{k:03d}"] = value.logical()
+                traced.witnessed[:] = translator.witnessed
+        except Exception as error:  # tf.function may wrap it; keep ours to re-raise as is
+            if isinstance(error, UnsupportedOpError):
+                described(graph, error)  # handlers name the node; module, hint, list added here
+            traced.errors.append(error)
+            raise
+        traced.emitted[:] = translator.binary_emitted
+        traced.exact[:] = translator.exact_sources
+        traced.scopes[:] = translator.scopes.values()
+        return result
+
+    return serve
 
 
 def save_saved_model(

@@ -214,11 +214,9 @@ def bench(
     inputs, labels = _bench_inputs(run, options.samples)
     target, threads = options.target, options.threads
     backends, skipped = usable_backends(run, host_backends(run, target, threads), target)
-    int8 = run.flatbuffer(target, int8=True) if any(b[0] == INT8 for b in backends) else None
-    int8_only = int8 is not None and not run.flatbuffer(target).is_file()
-    on, connected = OnDevice(target, int8, int8_only), None
+    on, connected = OnDevice.of(run, target, backends), None
     if device is not None:
-        connected = _connect(device, run, target, int8_only)
+        connected = _connect(device, run, target, on.int8_only)
         _prepare_copies(run, connected, device, on, len(inputs), progress)
     # PyTorch comes first: the reference for every other backend
     results, host_outputs = measure_host(backends, inputs, labels, options, progress, run.samples)
@@ -246,11 +244,15 @@ def bench(
         int8_profile=int8_profile,
         binary_parameters=open_model(run.root).kernels.parameters,
     )
-    logs = []
-    if raw is not None:
-        logs.append(write_bytes_atomic(run.root / "bench_device.log", raw.encode()))
-    save_results(report, run.root / "bench.json", write_report, companions=logs)
+    save_results(report, run.root / "bench.json", write_report, companions=_device_log(run, raw))
     return report
+
+
+def _device_log(run: RunDir, raw: str | None) -> list[Path]:
+    """RUN_DIR/bench_device.log with the device runner's raw log, when it wrote one."""
+    if raw is None:
+        return []
+    return [write_bytes_atomic(run.root / "bench_device.log", raw.encode())]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +263,13 @@ class OnDevice:
     target: str
     int8: Path | None
     int8_only: bool
+
+    @classmethod
+    def of(cls, run: RunDir, target: str, backends: list[tuple[str, Any, Any]]) -> OnDevice:
+        """What goes to the device of `run`, given the host `backends` found usable: the int8
+        flatbuffer when one of them is it, alone when the run has no float one."""
+        int8 = run.flatbuffer(target, int8=True) if any(b[0] == INT8 for b in backends) else None
+        return cls(target, int8, int8 is not None and not run.flatbuffer(target).is_file())
 
 
 def _prepare_copies(

@@ -85,37 +85,14 @@ def bench_model_file(
     op profile and peak memory only, since accuracy there needs a run's batched copy (batch N).
     Writes MODEL-bench.json and (with `write_report`) MODEL-report.md and MODEL-bench_*.png
     next to the file."""
-    from bnnexport.run.samples import read_samples_file
-
-    path = Path(path)
-    if path.is_file() and path.suffix not in MODEL_SUFFIXES:
-        raise CheckpointError(
-            f"{path} is {_what_file(path)}; bench takes a run directory, an LCE flatbuffer "
-            "(.tflite) or an ONNX model (.onnx)"
-        )
-    if path.suffix not in MODEL_SUFFIXES or not path.is_file():
-        raise CheckpointError(f"no such run directory, flatbuffer or ONNX file: {path}")
+    path = _require_model_file(Path(path))
     outputs_of = _file_outputs(path)
     for written in outputs_of.values():
         files.require_replaceable(written)
     onnx_path, flatbuffer = model_family(path, options.target)
-    backends = [(name, p, factory) for name, p, factory in (
-        ("onnxruntime", onnx_path,
-         functools.partial(onnxruntime_backend, onnx_path, options.threads)),
-        ("lce", flatbuffer, functools.partial(lce_backend, flatbuffer, options.threads)),
-    ) if p is not None]  # fmt: skip
-    if flatbuffer is not None:
-        require_flatbuffer(flatbuffer)
+    backends = _file_backends(onnx_path, flatbuffer, options.threads)
     shape = _input_shape(onnx_path, flatbuffer)
-    if samples_file is not None:
-        inputs, labels = read_samples_file(samples_file, options.samples)
-        from bnnexport.converters.runtimes import check_input_shape
-
-        check_input_shape(shape, inputs, str(path))
-    else:
-        rng = np.random.default_rng(0)
-        inputs = rng.standard_normal((options.samples or 100, *shape[1:])).astype(np.float32)
-        labels = np.full(len(inputs), -1, np.int64)
+    inputs, labels = _file_inputs(path, shape, samples_file, options.samples)
     connected = None
     if device is not None:
         if flatbuffer is None:
@@ -137,6 +114,51 @@ def bench_model_file(
     )  # fmt: skip
     save_results(report, outputs_of["json"], write_report, prefix=f"{path.stem}-")
     return report
+
+
+def _require_model_file(path: Path) -> Path:
+    """`path`, once it is known to be a model file bench takes: CheckpointError naming what
+    it is otherwise (`_what_file`), or that it is not there."""
+    if path.is_file() and path.suffix not in MODEL_SUFFIXES:
+        raise CheckpointError(
+            f"{path} is {_what_file(path)}; bench takes a run directory, an LCE flatbuffer "
+            "(.tflite) or an ONNX model (.onnx)"
+        )
+    if path.suffix not in MODEL_SUFFIXES or not path.is_file():
+        raise CheckpointError(f"no such run directory, flatbuffer or ONNX file: {path}")
+    return path
+
+
+def _file_backends(
+    onnx_path: Path | None, flatbuffer: Path | None, threads: int
+) -> list[tuple[str, Path, functools.partial]]:
+    """The host backends of a model family, ONNX Runtime (the reference) first: (name, model
+    file, factory) for each file there is. InvalidModelError for a flatbuffer that is none."""
+    backends = [(name, p, factory) for name, p, factory in (
+        ("onnxruntime", onnx_path, functools.partial(onnxruntime_backend, onnx_path, threads)),
+        ("lce", flatbuffer, functools.partial(lce_backend, flatbuffer, threads)),
+    ) if p is not None]  # fmt: skip
+    if flatbuffer is not None:
+        require_flatbuffer(flatbuffer)
+    return backends
+
+
+def _file_inputs(
+    path: Path, shape: list[int], samples_file: str | Path | None, samples: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The samples to feed the model `path` of input `shape` and their labels: those of
+    `samples_file` (checked of that shape), else `samples` (default 100) standard-normal
+    inputs, unlabelled (-1)."""
+    if samples_file is not None:
+        from bnnexport.run.samples import read_samples_file
+        from converters.runtimes import check_input_shape
+
+        inputs, labels = read_samples_file(samples_file, samples)
+        check_input_shape(shape, inputs, str(path))
+        return inputs, labels
+    rng = np.random.default_rng(0)
+    inputs = rng.standard_normal((samples or 100, *shape[1:])).astype(np.float32)
+    return inputs, np.full(len(inputs), -1, np.int64)
 
 
 def _file_outputs(path: Path) -> dict[str, Path]:
