@@ -57,9 +57,9 @@ from bnnexport.converters.flatbuffer import (
     op_histogram,
     with_metadata,
 )
-from converters.gate import GateOptions, GateReport
-from converters.gate.checks import Checked, Reference, check_conversion
-from converters.gate.fallbacks import (
+from bnnexport.converters.gate import GateOptions, GateReport
+from bnnexport.converters.gate.checks import Checked, Reference, check_conversion
+from bnnexport.converters.gate.fallbacks import (
     RecordedLayer,
     fallback_reasons,
     grouped_refusals,
@@ -69,13 +69,13 @@ from converters.gate.fallbacks import (
     transposed_refusals,
     unrecognised_layers,
 )
-from converters.gate.quantized import check_int8
-from converters.graph import OnnxGraph, load_onnx
-from converters.normalize import NormalizeReport, normalize, runnable_reference
-from converters.patterns import find_binary_layers_in
-from converters.quantize import FLOAT_LAYERS, Quantized, QuantPoint, quantize
-from converters.runtimes import lce_kernel_settings, run_lce
-from converters.translate import Translated, first_unsupported, image_inputs, translate
+from bnnexport.converters.gate.quantized import check_int8
+from bnnexport.converters.graph import OnnxGraph, load_onnx
+from bnnexport.converters.normalize import NormalizeReport, normalize, runnable_reference
+from bnnexport.converters.patterns import find_binary_layers_in
+from bnnexport.converters.quantize import Quantized, QuantPoint, quantize
+from bnnexport.converters.runtimes import lce_kernel_settings, run_lce
+from bnnexport.converters.translate import Translated, first_unsupported, image_inputs, translate
 
 # how an image input is taken when not asked: TFLite's convention, what an app on an ARM device
 # feeds (camera frames are HWC), on both targets: they are one LCE target, "arm", and the same
@@ -200,7 +200,7 @@ class ConvertOptions:
     metadata: dict[str, bytes] = field(default_factory=dict, compare=False)
     # how an image input is taken: "nhwc" or "nchw" (`INPUT_LAYOUTS`); None: the target's
     # (`DEFAULT_INPUT_LAYOUT`). Given for a model with no NCHW image input: refused
-    input_layout: str | None = None
+    input_layout: InputLayout | None = None
 
     def step(self, line: str) -> None:
         """Report that the step `line` starts (to `on_step`, when there is one)."""
@@ -266,7 +266,7 @@ class _Job:
     samples, drawn at random when none were given: `random_inputs`), and when it started."""
 
     onnx_path: Path
-    target: str
+    target: Target
     write_float_tflite: str | Path | None
     inputs: np.ndarray
     random_inputs: bool

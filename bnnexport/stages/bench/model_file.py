@@ -150,8 +150,8 @@ def _file_inputs(
     `samples_file` (checked of that shape), else `samples` (default 100) standard-normal
     inputs, unlabelled (-1)."""
     if samples_file is not None:
+        from bnnexport.converters.runtimes import check_input_shape
         from bnnexport.run.samples import read_samples_file
-        from converters.runtimes import check_input_shape
 
         inputs, labels = read_samples_file(samples_file, samples)
         check_input_shape(shape, inputs, str(path))
