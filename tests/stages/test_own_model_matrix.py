@@ -113,5 +113,7 @@ def test_a_translator_bug_in_a_model_of_your_own_is_still_refused(trained, monke
     run = trained("reactnet_bnn")  # 3x3 binary kernels: a rotation changes them
     (run / "model-arm64.tflite").unlink(missing_ok=True)
     result = run_in_process("convert", run, "--target", "arm64")
-    assert_one_line_error(result, 1, "LCE vs ONNX Runtime disagree")
+    # which check speaks first (LCE vs ONNX Runtime, vs PyTorch, or the twins) depends on the
+    # trained weights, which differ between CPUs (AVX2 vs AVX-512 sums): each is a refusal
+    assert_one_line_error(result, 1, "LCE", " disagree ", "no flatbuffer kept")
     assert not (run / "model-arm64.tflite").exists()
