@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from bnnexport.cli.common import (
@@ -66,7 +68,7 @@ from bnnexport.converters.choices import LAYER_PRECISIONS, TARGETS
 )
 @click.option(
     "--disable-rewrite",
-    "disabled",
+    "disabled_rewrites",
     multiple=True,
     metavar="PASS",
     help="Skip one pass of the normalising front end (e.g. bitorch-sign); repeatable. "
@@ -145,24 +147,7 @@ from bnnexport.converters.choices import LAYER_PRECISIONS, TARGETS
 @json_option
 @handle_errors
 @locks_run("source")
-def convert_command(
-    source: str,
-    target: str,
-    fmt: str,
-    samples: int | None,
-    allow_float: tuple[str, ...],
-    batched_copy: int | None,
-    batch: int,
-    disabled: tuple[str, ...],
-    trust_twin: bool,
-    out: str | None,
-    float_layers: str | None,
-    calibration_samples: str | None,
-    io: str,
-    input_layout: str | None,
-    max_accuracy_drop: float,
-    as_json: bool,
-) -> None:
+def convert_command(source: str, as_json: bool, **options: Any) -> None:
     """Convert RUN_DIR/model.onnx (or any MODEL.onnx) to a Larq Compute Engine flatbuffer.
 
     RUN_DIR is a run directory after `bnnexport export` (checkpoint.pt, model.onnx,
@@ -198,28 +183,12 @@ def convert_command(
     from bnnexport.converters.normalize import REWRITES
     from bnnexport.stages.convert import convert_run
 
-    unknown = sorted(set(disabled) - set(REWRITES))
+    unknown = sorted(set(options["disabled_rewrites"]) - set(REWRITES))
     if unknown:
         raise click.BadParameter(
             f"unknown pass {unknown[0]!r}; passes: {', '.join(REWRITES)}",
             param_hint="--disable-rewrite",
         )
-    report = convert_run(
-        source,
-        target=target,
-        fmt=fmt,
-        samples=samples,
-        allow_float=allow_float,
-        batched_copy=batched_copy,
-        batch=batch,
-        disabled_rewrites=disabled,
-        trust_twin=trust_twin,
-        progress=False if as_json else None,
-        out=out,
-        float_layers=float_layers,
-        calibration_samples=calibration_samples,
-        io=io,
-        max_accuracy_drop=max_accuracy_drop,
-        input_layout=input_layout,
-    )
+    # every option is convert_run's argument of the same name
+    report = convert_run(source, progress=False if as_json else None, **options)
     emit(report, as_json, title=None if as_json else f"converted -> {report.output}")

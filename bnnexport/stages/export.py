@@ -295,6 +295,57 @@ def export_onnx(
     checkpoint, model = loaded.checkpoint, for_export(loaded.model)
     _check_binary(run)
     inputs, labels, names = run_test_samples(checkpoint, samples)
+    exported = _export_checked(model, inputs, opset, batch, refusal, steps)
+    if destination == run.onnx:
+        provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
+        _save_samples(run, inputs, labels, names)  # only now: a refused model leaves none
+        write_bytes_atomic(run.onnx, exported.payload)
+        provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
+        provenance.record(run.root, "samples.npz", ["checkpoint.pt"])
+    else:
+        write_bytes_atomic(destination, exported.payload)
+    report = ExportReport(
+        onnx=str(destination), opset=opset, batch=batch, samples=len(inputs),
+        binary_layers=exported.binary_layers, binary_parameters=loaded.kernels.parameters,
+        **_gate_numbers(exported.gate), **exported.accuracies(labels),
+        onnx_bytes=len(exported.payload), seconds=time.perf_counter() - start,
+    )  # fmt: skip
+    if destination == run.onnx:
+        report.save(run.root / "export.json")
+    return report
+
+
+@dataclass(frozen=True)
+class _Exported:
+    """A model exported to ONNX and passed by the gate: the file's bytes, what it holds, and
+    both runtimes' outputs on the samples."""
+
+    payload: bytes  # the ONNX file
+    binary_layers: int  # in the exported graph (`converters.patterns`)
+    reference: np.ndarray  # PyTorch's outputs
+    candidate: np.ndarray  # ONNX Runtime's
+    gate: GateReport
+
+    def accuracies(self, labels: np.ndarray) -> dict[str, float]:
+        """The report's top-1 accuracies of PyTorch and ONNX Runtime on `labels`."""
+        return {
+            "torch_accuracy": float(np.mean(self.reference.argmax(axis=1) == labels)),
+            "onnx_accuracy": float(np.mean(self.candidate.argmax(axis=1) == labels)),
+        }
+
+
+def _export_checked(
+    model: torch.nn.Module,
+    inputs: np.ndarray,
+    opset: int,
+    batch: int,
+    refusal: Path,
+    steps: Steps,
+) -> _Exported:
+    """`model` exported at `opset` and `batch` to a temporary file and checked in ONNX Runtime
+    against PyTorch on `inputs` (`check_onnx`: a refusal is FidelityError, its diagnostics at
+    `refusal`); nothing is written where the model goes."""
+    import onnx
 
     from bnnexport.converters.patterns import find_binary_layers
 
@@ -309,41 +360,22 @@ def export_onnx(
         steps(f"check in ONNX Runtime against PyTorch on {len(inputs)} samples")
         reference = torch_outputs(model, inputs)
         candidate, gate = check_onnx(model, path, inputs, reference, refusal)
-        import onnx
-
         binary = len(find_binary_layers(onnx.load(str(path))))
-        payload = path.read_bytes()
-    if destination == run.onnx:
-        provenance.remove_derived(run.root, "model.onnx")  # flatbuffers of the old model.onnx
-        _save_samples(run, inputs, labels, names)  # only now: a refused model leaves none
-        write_bytes_atomic(run.onnx, payload)
-        provenance.record(run.root, "model.onnx", ["checkpoint.pt"])
-        provenance.record(run.root, "samples.npz", ["checkpoint.pt"])
-    else:
-        write_bytes_atomic(destination, payload)
-    report = ExportReport(
-        onnx=str(destination),
-        opset=opset,
-        batch=batch,
-        samples=len(inputs),
-        binary_layers=binary,
-        binary_parameters=loaded.kernels.parameters,
-        argmax_agreement=gate.plain_argmax_agreement,
-        max_abs_diff=gate.plain_max_abs_diff,
-        tolerance=gate.tolerance,
-        resolved_argmax_agreement=gate.argmax_agreement,
-        resolved_max_abs_diff=gate.max_abs_diff,
-        tie_samples=gate.tie_samples,
-        tie_positions=gate.tie_positions,
-        tie_largest=gate.tie_largest,
-        torch_accuracy=float(np.mean(reference.argmax(axis=1) == labels)),
-        onnx_accuracy=float(np.mean(candidate.argmax(axis=1) == labels)),
-        onnx_bytes=len(payload),
-        seconds=time.perf_counter() - start,
-    )
-    if destination == run.onnx:
-        report.save(run.root / "export.json")
-    return report
+        return _Exported(path.read_bytes(), binary, reference, candidate, gate)
+
+
+def _gate_numbers(gate: GateReport) -> dict[str, Any]:
+    """The report's numbers of the gate: plain (before any sign-tie replay) and resolved."""
+    return {
+        "argmax_agreement": gate.plain_argmax_agreement,
+        "max_abs_diff": gate.plain_max_abs_diff,
+        "tolerance": gate.tolerance,
+        "resolved_argmax_agreement": gate.argmax_agreement,
+        "resolved_max_abs_diff": gate.max_abs_diff,
+        "tie_samples": gate.tie_samples,
+        "tie_positions": gate.tie_positions,
+        "tie_largest": gate.tie_largest,
+    }
 
 
 def _destination(run: RunDir, out: str | Path | None) -> tuple[Path, Path]:

@@ -92,48 +92,63 @@ def pipeline(
     from bnnexport.stages.pack import pack
     from bnnexport.stages.verify import require_strict, verify_run
 
-    say = log or (lambda line: None)
     run_dir = config.out
     samples = 1000 if options.samples is None else options.samples  # export writes this many
-    stages: dict[str, dict[str, Any]] = {}
-    seconds: dict[str, float] = {}
-
-    def stage(name: str, call: Callable[[], Report]) -> Any:
-        say(f"[{len(seconds) + 1}/{len(STAGES)}] {name} {run_dir}")
-        start = time.perf_counter()
-        report = call()
-        seconds[name] = time.perf_counter() - start
-        stages[name] = report.to_json()
-        return report
-
+    chain = _Chain(str(run_dir), log or (lambda line: None))
     if device is not None:  # an unreachable device fails now, not after training
         reach_device(device)
     with lock_run(run_dir, create=True):  # one writer for the whole chain
-        stage(
+        chain.stage(
             "train",
             lambda: train(
                 config, resume=resume, force=force, progress=progress, explicit=explicit, log=log
             ),
         )
         # a model that is not strictly binary stops here (exit 1), before anything is exported
-        stage("verify", lambda: require_strict(verify_run(run_dir)))
-        stage("pack", lambda: pack(run_dir))
-        stage("export", lambda: export_onnx(run_dir, samples=samples))
+        chain.stage("verify", lambda: require_strict(verify_run(run_dir)))
+        chain.stage("pack", lambda: pack(run_dir))
+        chain.stage("export", lambda: export_onnx(run_dir, samples=samples))
         copy = None
         if device is not None and needs_batched_copy(device):
             copy = copy_batch(samples, device.batch)
         target = options.target
         # a run trained with int8 float layers converts to its int8 flatbuffer alone
         fmt = "lce" if config.float_layers == "int8" else "tflite"
-        stage("convert", lambda: convert_run(run_dir, target=target, fmt=fmt, batched_copy=copy))
-        result = stage("bench", lambda: bench(run_dir, options, device=device))
-    return PipelineReport(
-        run_dir=str(run_dir),
-        stages=stages,
-        seconds=seconds,
-        bench=result,
-        report_md=result.report_md,
-    )
+        chain.stage(
+            "convert", lambda: convert_run(run_dir, target=target, fmt=fmt, batched_copy=copy)
+        )
+        result = chain.stage("bench", lambda: bench(run_dir, options, device=device))
+    return chain.report(result)
+
+
+class _Chain:
+    """The stages of one pipeline run so far: each one's report and seconds, its line said as
+    it starts."""
+
+    def __init__(self, run_dir: str, say: Callable[[str], None]) -> None:
+        self.run_dir = run_dir
+        self.say = say
+        self.stages: dict[str, dict[str, Any]] = {}
+        self.seconds: dict[str, float] = {}
+
+    def stage(self, name: str, call: Callable[[], Report]) -> Any:
+        """Run the stage `name` (`call`), recording its report and seconds; returns its report."""
+        self.say(f"[{len(self.seconds) + 1}/{len(STAGES)}] {name} {self.run_dir}")
+        start = time.perf_counter()
+        report = call()
+        self.seconds[name] = time.perf_counter() - start
+        self.stages[name] = report.to_json()
+        return report
+
+    def report(self, bench: BenchReport) -> PipelineReport:
+        """Every stage's report, with `bench`'s results and the path of its report.md."""
+        return PipelineReport(
+            run_dir=self.run_dir,
+            stages=self.stages,
+            seconds=self.seconds,
+            bench=bench,
+            report_md=bench.report_md,
+        )
 
 
 STAGES = ("train", "verify", "pack", "export", "convert", "bench")

@@ -144,6 +144,7 @@ def test_raw_onnx_without_dataset_is_checked_on_random_inputs(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["random_inputs"] and report["lce_bconv2d"] == 1
+    assert report["binary_parameters"] is None  # no record of its binary kernels, unlike a run's
     assert report["input_layout"] == "nhwc" and report["input_shape"] == [1, 7, 7, 2]
     assert _input_transposes(tmp_path / "plain-arm32.tflite") == 0  # (flatten keeps its own)
     assert report["output"] == str(tmp_path / "plain-arm32.tflite")

@@ -26,6 +26,14 @@ def test_dynamo_exporter_converts_a_plain_torch_bnn(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_float_module_counts_zero_binary_parameters_its_tracing_decided(tmp_path):
+    # a record that says "none" (0), not a missing record (None: an ONNX file of unknown origin)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten())
+    report = convert_module(net, torch.randn(1, 3, 8, 8), out=tmp_path / "f.tflite", samples=4)
+    assert report.binary_parameters == 0 and report.binary_layers == report.lce_bconv2d == 0
+
+
+@pytest.mark.slow
 def test_input_layout_nchw_keeps_the_modules_own_input_one_flag_away(tmp_path):
     from bnnexport.converters.flatbuffer import input_layout
 
