@@ -133,6 +133,26 @@ def test_no_module_with_a_generic_name_is_importable_once_installed(tmp_path):
     assert found.strip() == "['bnnexport.converters', 'bnnexport.deploy']"
 
 
+MAX_FUNCTION_LINES = 60
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_function_is_over_60_lines(package):
+    """A function reads at once: none of the three packages' functions (methods and nested
+    ones included, docstring included) is longer than 60 lines. (Complexity: ruff's C901,
+    `max-complexity = 20` in pyproject.toml.)"""
+    import ast
+
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in _modules(package)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
 def _is_translator(path: Path) -> bool:
     return path.stem in TRANSLATOR_NAMES or path.stem.startswith(TRANSLATOR_PREFIXES)
 

@@ -4,6 +4,7 @@
   `convert.py` (`convert_run`), `bench/` (host and device rows; a room of its own),
   `summary.py`, `init.py` (a run from a model of yours or the zoo), `zoo.py`;
 - `convert_any.py`: `convert_module`, any `nn.Module` to a flatbuffer in one call;
+  `convert_report.py`: what the two convert paths share (`ConvertSettings`, `ConvertReport`);
 - `pipeline.py`: train -> verify -> pack -> export -> convert -> bench, the demo;
 - `sweep.py`, `compare.py`, `plots.py`: the paper's γ/τ studies, runs side by side, the
   training curves;

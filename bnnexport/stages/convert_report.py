@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bnnexport.converters.choices import InputLayout, LayerPrecision
 from bnnexport.converters.gate import RTOL
 from bnnexport.run.samples import class_names_metadata
 from bnnexport.stages.report import Report, format_value, int8_lines
@@ -41,7 +42,7 @@ class ConvertSettings:
 
     # "int8": the float layers (conv, depthwise, dense) run in int8, every binary layer still
     # an `LceBconv2d` (`converters.quantize`)
-    float_layers: str = "float32"
+    float_layers: LayerPrecision = "float32"
     # binary layers (ONNX node names, or "all") allowed to stay float: the report's
     # `float_fallbacks`
     allow_float: tuple[str, ...] = ()
@@ -53,14 +54,15 @@ class ConvertSettings:
     # int8: the inputs the activation ranges are calibrated on (None: the check samples); a
     # model trained with int8 carries its ranges and needs none
     calibration: np.ndarray | None = field(default=None, compare=False)
-    io: str = "float32"  # int8: "int8" for int8 input and output (no QUANTIZE / DEQUANTIZE)
+    # int8: "int8" for int8 input and output (no QUANTIZE / DEQUANTIZE)
+    io: LayerPrecision = "float32"
     # int8: refuse (exit 1) a model whose top-1 on the labelled samples is more than this many
     # points below the float model's; None: no limit
     max_accuracy_drop: float | None = 1.0
     # how the flatbuffer takes the image input: "nhwc" (what an app on the device feeds) or
     # "nchw" (PyTorch's layout); None: the target's, NHWC for both
     # (`converters.lce.DEFAULT_INPUT_LAYOUT`). The flatbuffer's metadata says which
-    input_layout: str | None = None
+    input_layout: InputLayout | None = None
     # the model's record of binary kernels: a run's, or `convert_module`'s tracing (empty for
     # a module it finds none in); None: no record, an ONNX file of unknown origin
     kernels: BinaryKernels | None = None
