@@ -197,10 +197,10 @@ def _as_converted(model: Any) -> Any:
 
 def _require_same_outputs(reference: np.ndarray, outputs: np.ndarray, what: str) -> None:
     """HardCodedBatchError unless `outputs` are `reference`'s, sample by sample (shape too)."""
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
 
     try:
-        agreement = compare(reference, outputs)
+        agreement = compare_outputs(reference, outputs)
     except ConversionMismatchError as error:  # another shape: samples were mixed or merged
         raise HardCodedBatchError(
             f"{what} gives outputs of another shape than at batch 1 ({error}): the graph mixes "

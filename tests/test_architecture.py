@@ -133,6 +133,32 @@ def test_no_module_with_a_generic_name_is_importable_once_installed(tmp_path):
     assert found.strip() == "['bnnexport.converters', 'bnnexport.deploy']"
 
 
+# entry points, which every package that runs a process of its own may have
+ENTRY_POINTS = {"main", "run"}
+
+
+def _public_definitions(path: Path) -> set[str]:
+    import ast
+
+    return {
+        node.name
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_")
+    }
+
+
+def test_no_public_name_is_defined_in_two_of_the_three_packages():
+    """A name says which thing it is: a public function or class defined at the top of a module
+    of one package (bnnexport, converters, deploy) is not defined in another (the two
+    `InputShapeError`s, `compare`s and `open_model`s were each one name for two things)."""
+    where: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in _modules(package):
+            for name in _public_definitions(path) - ENTRY_POINTS:
+                where.setdefault(name, set()).add(package)
+    assert {name: sorted(p) for name, p in where.items() if len(p) > 1} == {}
+
+
 MAX_FUNCTION_LINES = 60
 
 

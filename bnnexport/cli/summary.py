@@ -19,8 +19,8 @@ def summary_command(run_dir: str, as_json: bool) -> None:
     binary is the run's own record (written by train or init); every conv, linear and matmul
     call of one forward pass is a layer, those of a model of your own included.
     """
-    from bnnexport.run.checkpoint import open_model
+    from bnnexport.run.checkpoint import open_run_model
     from bnnexport.stages.summary import summarize
 
-    loaded = open_model(run_dir)
+    loaded = open_run_model(run_dir)
     emit(summarize(loaded.model, kernels=loaded.kernels), as_json)

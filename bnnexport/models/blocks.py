@@ -8,7 +8,7 @@ Example:
     56
     >>> scale_free_bn(64).weight.requires_grad
     False
-    >>> same_pads(224, kernel=3, stride=2)
+    >>> keras_same_pads(224, kernel=3, stride=2)
     (0, 1)
     >>> same_max_pool(112, 112, kernel=3, stride=2)[1]
     (56, 56)
@@ -161,7 +161,7 @@ def require_size(model: str, size: int, minimum: int, what: str) -> None:
         )
 
 
-def same_pads(size: int, kernel: int, stride: int = 1) -> tuple[int, int]:
+def keras_same_pads(size: int, kernel: int, stride: int = 1) -> tuple[int, int]:
     """(before, after) zero padding of TensorFlow/Keras ``padding="same"`` on one axis."""
     out = -(-size // stride)
     total = max((out - 1) * stride + kernel - size, 0)
@@ -182,8 +182,8 @@ def same_conv(conv: nn.Conv2d, height: int, width: int) -> tuple[nn.Module, tupl
     (kh, kw), (sh, sw) = conv.kernel_size, conv.stride
     if conv.padding not in ((0, 0), 0, "valid"):
         raise ValueError("same_conv wraps a conv built with padding=0")
-    top, bottom = same_pads(height, kh, sh)
-    left, right = same_pads(width, kw, sw)
+    top, bottom = keras_same_pads(height, kh, sh)
+    left, right = keras_same_pads(width, kw, sw)
     out = (-(-height // sh), -(-width // sw))
     if not (top or bottom or left or right):
         return conv, out
@@ -217,7 +217,8 @@ def strided_binary_conv(
         raise ValueError(f"padding_style must be one of {PADDING_STYLES}, got {padding_style!r}")
     padding: int | tuple[int, int, int, int] = 1
     if padding_style == "keras":
-        (top, bottom), (left, right) = same_pads(size[0], 3, 2), same_pads(size[1], 3, 2)
+        (top, bottom) = keras_same_pads(size[0], 3, 2)
+        (left, right) = keras_same_pads(size[1], 3, 2)
         symmetric = top == bottom == left == right
         padding = top if symmetric else (left, right, top, bottom)
     return BinaryConv2d(
@@ -231,10 +232,10 @@ def same_max_pool(
 ) -> tuple[nn.MaxPool2d, tuple[int, int]]:
     """A max-pool with Keras' ``padding="same"`` windows, and its output (height, width).
 
-    Keras pads (before, after) with after = before or before + 1 (`same_pads`); torch's
+    Keras pads (before, after) with after = before or before + 1 (`keras_same_pads`); torch's
     `padding=before` with `ceil_mode=True` gives exactly those windows (the extra end row or
     column counts as -inf, as Keras' padding does), whatever the sign of the values.
     """
-    pads = (same_pads(height, kernel, stride)[0], same_pads(width, kernel, stride)[0])
+    pads = (keras_same_pads(height, kernel, stride)[0], keras_same_pads(width, kernel, stride)[0])
     out = (-(-height // stride), -(-width // stride))
     return nn.MaxPool2d(kernel, stride, padding=pads, ceil_mode=True), out

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bnnexport.models.blocks import same_conv, same_pads
+from bnnexport.models.blocks import keras_same_pads, same_conv
 from bnnexport.models.registry import register_model
 from bnnexport.nn.layers import BinaryConv2d
 
@@ -81,7 +81,7 @@ class Transition(nn.Module):
         if min(height, width) < 1:
             raise ValueError("quicknet: input too small for the transition blocks")
         self.pool = nn.MaxPool2d(2, 1)
-        self.blur = BlurPool(cin, (*same_pads(width, 3, 2), *same_pads(height, 3, 2)))
+        self.blur = BlurPool(cin, (*keras_same_pads(width, 3, 2), *keras_same_pads(height, 3, 2)))
         self.conv = nn.Conv2d(cin, cout, 1, bias=False)
         self.bn = nn.BatchNorm2d(cout)
         self.out_size = (-(-height // 2), -(-width // 2))

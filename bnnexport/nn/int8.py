@@ -209,12 +209,3 @@ def fake_quantization(model: nn.Module, enabled: bool) -> Iterator[None]:
             quantizer.fake_quant_enabled[0] = state
         for layer in layers:
             del layer.int8_enabled  # back to the class's default (on)
-
-
-def activation_points(model: nn.Module) -> list[tuple[float, int]]:
-    """(scale, zero point) of each activation quantizer of `model`, in module order."""
-    return [
-        (float(m.scale.reshape(-1)[0]), int(m.zero_point.reshape(-1)[0]))
-        for m in model.modules()
-        if hasattr(m, "fake_quant_enabled")
-    ]

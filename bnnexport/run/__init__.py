@@ -1,7 +1,7 @@
 """The run directory: the hand-off between stages, and every file format in it.
 
 - `directory.py`: `RunDir` (the paths of one run's artifacts), one writer at a time (`lock_run`);
-- `checkpoint.py`: checkpoint.pt, and `open_model`: a model read back with its record of
+- `checkpoint.py`: checkpoint.pt, and `open_run_model`: a model read back with its record of
   binary kernels, from a checkpoint or a packed file;
 - `packed.py`: model.safetensors, binary kernels at 1 bit;
 - `samples.py`: samples.npz, the test samples every later check uses;

@@ -3,12 +3,12 @@ of binary kernels.
 
 Checkpoints are written atomically (temporary file, fsync, rename), so a crash or a kill during
 a write leaves the previous checkpoint intact, and they load with `torch.load(weights_only=True)`:
-a checkpoint never runs code. `open_model` is how every stage reads a model: the module, the
+a checkpoint never runs code. `open_run_model` is how every stage reads a model: the module, the
 record of its binary kernels (`bnnexport.nn.discover.BinaryKernels`) and the checkpoint.
 
 Example:
-    >>> from bnnexport.run.checkpoint import open_model
-    >>> loaded = open_model("runs/demo")                        # doctest: +SKIP
+    >>> from bnnexport.run.checkpoint import open_run_model
+    >>> loaded = open_run_model("runs/demo")                        # doctest: +SKIP
     >>> loaded.kernels.parameters                                # doctest: +SKIP
     456704
 """
@@ -217,7 +217,7 @@ class LoadedModel:
     source: str
 
 
-def open_model(path: str | os.PathLike) -> LoadedModel:
+def open_run_model(path: str | os.PathLike) -> LoadedModel:
     """The model in a run directory, checkpoint file or packed `.safetensors`, with its record
     of binary kernels (`binary_record`)."""
     path = Path(path)

@@ -349,9 +349,9 @@ def _model_of(run: RunDir | None) -> LoadedModel | None:
     without its checkpoint)."""
     if run is None or not run.checkpoint.is_file():
         return None
-    from bnnexport.run.checkpoint import open_model
+    from bnnexport.run.checkpoint import open_run_model
 
-    return open_model(run.root)
+    return open_run_model(run.root)
 
 
 class _Checks(NamedTuple):

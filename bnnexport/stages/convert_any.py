@@ -204,7 +204,7 @@ def _convert_exported(
     recorded in its folder's manifest, and its report: LCE against ONNX Runtime as the gate
     judged it, and against PyTorch's own outputs."""
     from bnnexport.converters.errors import ConversionMismatchError
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
     from bnnexport.converters.lce import convert_onnx
     from bnnexport.converters.runtimes import run_lce
 
@@ -216,7 +216,7 @@ def _convert_exported(
         raise gate_refusal(error, job.refusal, "no flatbuffer kept") from None
     provenance.record(job.out.parent, job.out.name, [job.onnx_path.name])
     seconds = time.perf_counter() - exported.checked
-    lce_vs_torch = compare(exported.expected, run_lce(result.output, exported.inputs), RTOL)
+    lce_vs_torch = compare_outputs(exported.expected, run_lce(result.output, exported.inputs), RTOL)
     return ConvertReport.from_result(
         result, settings, "lce", seconds, torch_argmax_agreement=lce_vs_torch.argmax_agreement,
         torch_max_abs_diff=lce_vs_torch.max_abs_diff, random_inputs=exported.random_inputs,

@@ -42,7 +42,7 @@ from bnnexport.converters.runtimes import fd_filtered
 from bnnexport.errors import ConfigError, DataError, ExporterError
 from bnnexport.nn.int8 import for_export
 from bnnexport.run import files, provenance
-from bnnexport.run.checkpoint import open_model
+from bnnexport.run.checkpoint import open_run_model
 from bnnexport.run.directory import RunDir
 from bnnexport.run.files import write_bytes_atomic
 from bnnexport.stages.progress import Steps
@@ -290,7 +290,7 @@ def export_onnx(
     steps = Steps("export", progress)
     run = RunDir(run_dir).require()
     destination, refusal = _destination(run, out)
-    loaded = open_model(run.root)
+    loaded = open_run_model(run.root)
     # a model trained with int8 float layers: its kernels as constants on their int8 grid
     checkpoint, model = loaded.checkpoint, for_export(loaded.model)
     _check_binary(run)

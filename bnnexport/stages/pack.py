@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from bnnexport.run.checkpoint import open_model
+from bnnexport.run.checkpoint import open_run_model
 from bnnexport.run.directory import RunDir
 from bnnexport.run.files import write_bytes_atomic
 from bnnexport.run.packed import PACKED_NAME, pack_model
@@ -64,7 +64,7 @@ def pack(run_dir: str | os.PathLike) -> PackReport:
     """
     start = time.perf_counter()
     run = RunDir(run_dir).require()
-    loaded = open_model(run.root)
+    loaded = open_run_model(run.root)
     checkpoint = loaded.checkpoint
     # verify the very object being packed, by the record it carries, and leave the verdict
     verified = verify_model(loaded.model, str(run.root), "checkpoint", loaded.kernels)

@@ -41,7 +41,7 @@ from typing import Any
 
 from bnnexport.errors import ConfigError
 from bnnexport.optim.composite import OPTIMIZERS
-from bnnexport.run.checkpoint import open_model
+from bnnexport.run.checkpoint import open_run_model
 from bnnexport.run.directory import RunDir, lock_run
 from bnnexport.run.records import read_jsonl
 from bnnexport.stages.report import Report
@@ -112,7 +112,7 @@ def setting_dir(out: str | Path, gamma: float, threshold: float) -> Path:
 
 def _run_flip_rate(run: RunDir) -> float:
     """π over the whole run, all binary weights: every flip over weights x steps."""
-    weights = open_model(run.root).kernels.parameters  # every binary weight of the record
+    weights = open_run_model(run.root).kernels.parameters  # every binary weight of the record
     rows = step_rows(read_jsonl(run.metrics))
     flips = sum(sum(r["flips"].values()) for r in rows)
     return pi(flips / (weights * max(sum(int(r["steps"]) for r in rows), 1)))

@@ -43,7 +43,7 @@ from bnnexport.errors import NotBinaryError
 from bnnexport.nn.discover import BinaryKernel, BinaryKernels, find_binary_kernels
 from bnnexport.nn.layers import BinaryLayer, binary_layers
 from bnnexport.nn.quantizers import Quantizer, get_quantizer, list_quantizers
-from bnnexport.run.checkpoint import open_model
+from bnnexport.run.checkpoint import open_run_model
 from bnnexport.run.directory import RunDir
 from bnnexport.stages.report import Report
 
@@ -276,7 +276,7 @@ def verify(path: str | os.PathLike) -> VerifyReport:
         return verify_run(path)
     if path.suffix.lower() == ".onnx":
         return verify_onnx(path)
-    loaded = open_model(path)
+    loaded = open_run_model(path)
     kind = "packed" if path.suffix.lower() == ".safetensors" else "checkpoint"
     return verify_model(loaded.model, str(path), kind, loaded.kernels)
 
@@ -284,7 +284,7 @@ def verify(path: str | os.PathLike) -> VerifyReport:
 def verify_run(run_dir: str | os.PathLike) -> VerifyReport:
     """Verify a run directory's checkpoint and write RUN_DIR/verify.json."""
     run = RunDir(run_dir).require()
-    loaded = open_model(run.root)
+    loaded = open_run_model(run.root)
     report = verify_model(loaded.model, str(run.root), "checkpoint", loaded.kernels)
     report.save(run.root / "verify.json")
     return report

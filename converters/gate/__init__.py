@@ -2,7 +2,7 @@
 
 - `predicate`: `validate`, the one fidelity predicate (plain comparison, sign-tie replay,
   recurring values), with `GateOptions`, `GateReport`, `Replay`, `Witness`, `SignProbe`;
-- `agreement`: the plain comparison (`compare`, `Agreement`, `RTOL`);
+- `agreement`: the plain comparison (`compare_outputs`, `Agreement`, `RTOL`);
 - `probe`: ONNX Runtime as a `SignProbe` (`OnnxProbe`);
 - `inconclusive`: telling a degenerate model from a wrong conversion;
 - `twin`: the exact-grid twin, the rounding-free copy of a graph;
@@ -30,7 +30,7 @@ Example:
     1.0
 """
 
-from bnnexport.converters.gate.agreement import RTOL, Agreement, compare
+from bnnexport.converters.gate.agreement import RTOL, Agreement, compare_outputs
 from bnnexport.converters.gate.inconclusive import TRUST_TWIN, inconclusive, near_zero_census
 from bnnexport.converters.gate.predicate import (
     TIE_RTOL,
@@ -56,7 +56,7 @@ __all__ = [
     "Replay",
     "SignProbe",
     "Witness",
-    "compare",
+    "compare_outputs",
     "inconclusive",
     "mismatch_diagnostics",
     "near_zero_census",

@@ -2,9 +2,9 @@
 
 Example:
     >>> import numpy as np
-    >>> from bnnexport.converters.gate.agreement import compare
+    >>> from bnnexport.converters.gate.agreement import compare_outputs
     >>> ref = np.array([[1.0, 0.0], [0.0, 2.0]])
-    >>> result = compare(ref, ref + 1e-5)
+    >>> result = compare_outputs(ref, ref + 1e-5)
     >>> result.argmax_agreement, result.passed
     (1.0, True)
 """
@@ -37,7 +37,7 @@ class Agreement:
         return self.argmax_agreement >= 1.0 and self.max_abs_diff <= self.tolerance
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray, rtol: float = RTOL) -> Agreement:
+def compare_outputs(reference: np.ndarray, candidate: np.ndarray, rtol: float = RTOL) -> Agreement:
     """Max |diff| and argmax agreement; tolerance = rtol x the reference's value range."""
     ref, out = (np.asarray(a, np.float64) for a in (reference, candidate))
     ref, out = (a.reshape(len(a), -1 if len(a) else 0) for a in (ref, out))  # 0 samples: 0 x 0

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from bnnexport.converters.errors import ConversionMismatchError, ZeroSignError
 from bnnexport.converters.flatbuffer import input_layout, signature_outputs, to_input_layout
-from bnnexport.converters.gate.agreement import compare
+from bnnexport.converters.gate.agreement import compare_outputs
 from bnnexport.converters.gate.inconclusive import inconclusive
 from bnnexport.converters.gate.predicate import (
     UNPROBED_FLIPS,
@@ -422,8 +422,8 @@ def through_onnx(
             f"{error} ({ref.name}'s signs cannot be replayed: {ref.unprobed})",
             {**error.diagnostics, "unprobed": ref.unprobed},
         ) from None
-    direct = compare(found, lce_outputs, options.rtol)
-    onnx_vs_lce = compare(onnx_outputs, lce_outputs, options.rtol)
+    direct = compare_outputs(found, lce_outputs, options.rtol)
+    onnx_vs_lce = compare_outputs(onnx_outputs, lce_outputs, options.rtol)
     return GateReport(
         reference=ref.name, candidate="LCE", samples=direct.samples,
         tolerance=direct.tolerance, plain_argmax_agreement=direct.argmax_agreement,

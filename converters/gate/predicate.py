@@ -66,7 +66,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from bnnexport.converters.errors import ConversionMismatchError
-from bnnexport.converters.gate.agreement import RTOL, compare
+from bnnexport.converters.gate.agreement import RTOL, compare_outputs
 
 TIE_RTOL = 1e-5  # a tie: |x| <= TIE_RTOL x the largest |x| of that binarization's input
 TIE_FRACTION = 1e-3  # at most this fraction of a binarization's activations may tie ...
@@ -439,7 +439,7 @@ def validate(
         _without_replay(report, ref, out, failing, options)
         return report
     resolved = _replay_failing(report, ref, out, inputs, failing, replay, options)
-    after = compare(resolved, out, options.rtol)
+    after = compare_outputs(resolved, out, options.rtol)
     report.argmax_agreement, report.max_abs_diff = after.argmax_agreement, after.max_abs_diff
     return report
 
@@ -449,7 +449,7 @@ def _plain_report(
 ) -> GateReport:
     """The report of the plain comparison, before any replay: its numbers are also the
     resolved ones until a replay resolves a sample."""
-    plain = compare(ref, out, options.rtol)
+    plain = compare_outputs(ref, out, options.rtol)
     report = GateReport(
         reference=names[0], candidate=names[1], samples=plain.samples,
         tolerance=plain.tolerance, plain_argmax_agreement=plain.argmax_agreement,

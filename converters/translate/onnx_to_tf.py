@@ -45,8 +45,8 @@ from bnnexport.converters.translate import tf_layers
 from bnnexport.converters.translate.coverage import HANDLERS, described, first_unsupported
 from bnnexport.converters.translate.tf_ops import (
     WeightStore,
-    binarize,
     binarizing_in,
+    lce_binarize,
     storing_weights,
     tf,
 )
@@ -165,7 +165,7 @@ class Translator:
         found = match_binarization(self.graph, node.output[0])
         if found is not None:
             src = self.binarized_source(found)
-            return Value(binarize(src.tensor), src.layout, src.perm)
+            return Value(lce_binarize(src.tensor), src.layout, src.perm)
         handler = HANDLERS.get(node.op_type)
         if handler is None:  # e.g. a node a binarization pattern reads, read by another node too
             raise UnsupportedOpError(name, node.op_type)

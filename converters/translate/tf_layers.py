@@ -11,7 +11,7 @@ ops"); a conv's form is chosen by `converters.translate.padding.plan_binary_padd
   constant correction map for the zero-padded positions, subtracted behind a reshape. This
   sidesteps LCE bug 1 (Pad + strided VALID conv rewritten to SAME) and bug 2 (spatial constant
   fused into the bias);
-- dense (MatMul/Gemm): reshape to [N, 1, 1, C], binarize, 1x1 conv.
+- dense (MatMul/Gemm): reshape to [N, 1, 1, C], lce_binarize, 1x1 conv.
 
 The kernel is emitted as exact ±1; a per-channel scale, the bias and a following BatchNorm stay
 a pending affine map on the `Value` (LCE fuses them into the bconv's post-multiplier and bias).
@@ -37,7 +37,7 @@ from bnnexport.converters.translate.padding import (
 )
 from bnnexport.converters.translate.tf_ops import (
     TranslatorView,
-    binarize,
+    lce_binarize,
     pad_constant,
     pool_pads,
     sign_kernel,
@@ -298,21 +298,21 @@ class _BinaryConv:
 
 
 def _emit_valid(x, plan: PaddingPlan, conv: _BinaryConv):
-    return conv(binarize(x), "VALID"), None
+    return conv(lce_binarize(x), "VALID"), None
 
 
 def _emit_one_padded(x, plan: PaddingPlan, conv: _BinaryConv):
     inner = plan.inner
     pads = [[0, 0], [inner[0], inner[2]], [inner[1], inner[3]], [0, 0]]
-    return conv(tf().pad(binarize(x), pads, constant_values=plan.fill), "VALID"), None
+    return conv(tf().pad(lce_binarize(x), pads, constant_values=plan.fill), "VALID"), None
 
 
 def _emit_same(x, plan: PaddingPlan, conv: _BinaryConv):
-    return conv(binarize(x), "SAME"), None
+    return conv(lce_binarize(x), "SAME"), None
 
 
 def _emit_corrected(x, plan: PaddingPlan, conv: _BinaryConv):
-    """Pad the float tensor (with `plan.fill` inside, +1 outside), binarize, VALID binary conv.
+    """Pad the float tensor (with `plan.fill` inside, +1 outside), lce_binarize, VALID binary conv.
 
     Padding before the sign, with concat, keeps LCE from seeing a Pad + VALID conv that bug 1
     would rewrite to SAME (docs/LCE_NOTES.md "Binary ops"); the +1s that stand for torch's zeros are
@@ -321,7 +321,7 @@ def _emit_corrected(x, plan: PaddingPlan, conv: _BinaryConv):
     padded = pad_constant(x, [(inner[0], inner[2]), (inner[1], inner[3])], plan.fill)
     padded = pad_constant(padded, [(outer[0], outer[2]), (outer[1], outer[3])], 1.0)
     mask = plan.zero_mask(_hw(x))
-    y = conv(binarize(padded), "VALID")
+    y = conv(lce_binarize(padded), "VALID")
     correction = correction_map(mask, conv.k_hwio.astype(np.float64), conv.strides, conv.dilations)
     return y, (correction if np.any(correction) else None)
 
@@ -371,7 +371,7 @@ def _binary_dense(tr, node, match, chain, src: Value) -> Value | None:
         else tf().reshape(src.tensor, [n, 1, 1, features])
     )
     k = sign_kernel(signs.reshape(1, 1, *signs.shape))
-    y = tf().nn.conv2d(binarize(x4), k, [1, 1, 1, 1], "VALID")
+    y = tf().nn.conv2d(lce_binarize(x4), k, [1, 1, 1, 1], "VALID")
     bias = np.zeros(len(scale), np.float32)
     if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
         c = tr.const(node.input[2])

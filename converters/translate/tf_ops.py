@@ -1,12 +1,12 @@
 """TensorFlow building blocks the translator emits, written in the exact forms LCE recognises:
-binarizations (`binarize`, LceQuantize), ±1 kernels stored as int8 (`sign_kernel`), constant
+binarizations (`lce_binarize`, LceQuantize), ±1 kernels stored as int8 (`sign_kernel`), constant
 padding that LCE cannot rewrite (`pad_constant`, `pool_pads`, `subtract_spatial`), and what a
 handler may use of the translator (`TranslatorView`). Translated tensors are
 `converters.translate.values.Value`s.
 
 Example:
     >>> import tensorflow as tf                                   # doctest: +SKIP
-    >>> binarize(tf.constant([-0.5, 0.0, 2.0])).numpy()           # doctest: +SKIP
+    >>> lce_binarize(tf.constant([-0.5, 0.0, 2.0])).numpy()           # doctest: +SKIP
     array([-1.,  1.,  1.], dtype=float32)
 """
 
@@ -38,7 +38,7 @@ _BINARIZE_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def binarizing_in(scope: str | None) -> Iterator[None]:
-    """Name the ops of every `binarize` inside the block after `scope` (the binarization's
+    """Name the ops of every `lce_binarize` inside the block after `scope` (the binarization's
     ONNX node), not after the layer being translated (converters.layer_map)."""
     token = _BINARIZE_SCOPE.set(scope)
     try:
@@ -47,7 +47,7 @@ def binarizing_in(scope: str | None) -> Iterator[None]:
         _BINARIZE_SCOPE.reset(token)
 
 
-def binarize(x: Any) -> Any:
+def lce_binarize(x: Any) -> Any:
     """sign(x) with sign(0) = +1, in the docs/LCE_NOTES.md "Binary ops" form LCE turns into
     `LceQuantize`."""
     scope = _BINARIZE_SCOPE.get()

@@ -51,7 +51,7 @@ class BinaryNet(nn.Module):
 
 @pytest.mark.long  # 1000 samples through LCE and torch: ~45 s
 def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
     from bnnexport.converters.lce import convert_onnx
     from bnnexport.converters.runtimes import run_lce
 
@@ -75,7 +75,7 @@ def test_binarynet_layout_is_fully_binary_exact_and_20x_smaller(tmp_path):
     assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0 and result.samples == 1000
     with torch.no_grad():
         expected = torch.cat([net(torch.from_numpy(x[k : k + 250])) for k in range(0, 1000, 250)])
-    versus_torch = compare(expected.numpy(), run_lce(result.output, x))
+    versus_torch = compare_outputs(expected.numpy(), run_lce(result.output, x))
     assert versus_torch.argmax_agreement == 1.0
     assert versus_torch.max_abs_diff <= 1e-4 * versus_torch.logit_range
     assert result.tflite_float_bytes >= 20 * result.lce_bytes

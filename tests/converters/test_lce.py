@@ -365,7 +365,7 @@ def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_e
     (docs/LCE_NOTES.md "Binary ops"). Such an affine map is applied after the bconv instead,
     and the channels that never fire come out as torch computes them: 1 + beta."""
     import numpy as np
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
     from bnnexport.converters.lce import convert_onnx
     from bnnexport.converters.runtimes import run_lce
     from support.converter_nets import export
@@ -377,7 +377,7 @@ def test_a_batchnorm_with_zero_variance_after_a_relu_of_a_binary_conv_converts_e
         expected = net(torch.from_numpy(x)).numpy()
     result = convert_onnx(path, tmp_path / "net.tflite", inputs=x)
     got = run_lce(result.output, x)
-    _assert_exact_binary(result, compare(expected, got), 1)
+    _assert_exact_binary(result, compare_outputs(expected, got), 1)
     dead = np.abs(got - expected)[:, DeadChannels.DEAD]
     assert dead.max() <= 1e-6, dead.max(axis=0)
 

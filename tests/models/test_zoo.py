@@ -349,7 +349,7 @@ def test_zoo_list_json_names_every_model_with_its_binary_shares():
     [pytest.param(n, marks=pytest.mark.long) if n in LONG_ZOO else n for n in ZOO],
 )
 def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_path, name):
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
     from bnnexport.converters.lce import convert_onnx
     from bnnexport.converters.runtimes import run_lce
 
@@ -366,7 +366,7 @@ def test_every_binary_layer_converts_to_lce_bconv2d_and_agrees_with_torch(tmp_pa
     assert result.gate("ONNX Runtime").plain_argmax_agreement == 1.0
     with torch.no_grad():
         expected = model(torch.from_numpy(inputs)).numpy()
-    versus_torch = compare(expected, run_lce(result.output, inputs))
+    versus_torch = compare_outputs(expected, run_lce(result.output, inputs))
     assert versus_torch.argmax_agreement == 1.0
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
 
@@ -459,7 +459,7 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     """QuickNet at 224 with randomised BatchNorm meets more LCE sign ties per sample than the
     gate's search resolves (docs/BENCHMARKS.md "Conversion scaling"). On exact grids there are none
     to meet: the conversion itself must then be exact, at the native size."""
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
     from bnnexport.converters.lce import convert_onnx
     from bnnexport.converters.runtimes import run_lce
 
@@ -477,7 +477,7 @@ def test_quicknet_at_native_224_converts_exactly_when_arithmetic_is_exact(tmp_pa
     assert result.gate("ONNX Runtime").tie_samples == []
     with torch.no_grad():
         expected = model(torch.from_numpy(inputs)).numpy()
-    versus_torch = compare(expected, run_lce(result.output, inputs))
+    versus_torch = compare_outputs(expected, run_lce(result.output, inputs))
     assert versus_torch.argmax_agreement == 1.0
     assert versus_torch.max_abs_diff <= 1e-4 * max(versus_torch.logit_range, 1.0)
 

@@ -116,7 +116,7 @@ def test_the_int8_export_gate_of_your_own_model_refuses_a_flipped_binary_kernel(
     from bnnexport.converters.errors import ConversionMismatchError
     from onnx import numpy_helper
 
-    from bnnexport.run.checkpoint import open_model
+    from bnnexport.run.checkpoint import open_run_model
     from bnnexport.stages.export import onnx_gate, torch_outputs
 
     run = own_int8_run[0]
@@ -126,7 +126,7 @@ def test_the_int8_export_gate_of_your_own_model_refuses_a_flipped_binary_kernel(
     flipped[0] = -flipped[0]  # one output channel's signs: what a translator slip would do
     kernel.CopyFrom(numpy_helper.from_array(flipped, kernel.name))
     onnx.save(exported, run.parent / "flipped.onnx")
-    model = open_model(run).model.eval()
+    model = open_run_model(run).model.eval()
     with np.load(run / "samples.npz") as samples:
         inputs = samples["inputs"][:20]
     reference = torch_outputs(model, inputs)

@@ -159,7 +159,7 @@ def grid_inputs(samples: int, shape: tuple[int, ...], seed: int = 1) -> np.ndarr
 def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples: int = 16, **kw):
     """Export, convert (gate on), and return (result, agreement of the flatbuffer with torch)
     on the same inputs. Parameters and inputs are snapped to a grid, see `snap_to_grid`."""
-    from bnnexport.converters.gate import compare
+    from bnnexport.converters.gate import compare_outputs
     from bnnexport.converters.lce import convert_onnx
     from bnnexport.converters.runtimes import run_lce
 
@@ -168,7 +168,7 @@ def convert_net(net: nn.Module, shape: tuple[int, ...], tmp_path: Path, samples:
     result = convert_onnx(onnx_path, tmp_path / "net.tflite", inputs=x)
     with torch.no_grad():
         expected = net(torch.from_numpy(x)).numpy()
-    versus_torch = compare(expected, run_lce(result.output, x))
+    versus_torch = compare_outputs(expected, run_lce(result.output, x))
     return result, versus_torch
 
 

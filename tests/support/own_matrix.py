@@ -103,9 +103,9 @@ def module_cell(run: Path, samples: int, out: Path) -> Cell:
 
     from bnnexport import convert_module
     from bnnexport.errors import BnnExportError
-    from bnnexport.run.checkpoint import open_model
+    from bnnexport.run.checkpoint import open_run_model
 
-    model = open_model(run).model.eval()
+    model = open_run_model(run).model.eval()
     with np.load(run / "samples.npz") as data:
         inputs = data["inputs"][:samples]
     try:

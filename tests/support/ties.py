@@ -101,13 +101,13 @@ def plant_tie(
 def _outputs_part(model: nn.Module, path: Path, inputs: np.ndarray, sample: int) -> bool:
     """Whether PyTorch's and ONNX Runtime's outputs on `sample` differ by more than the gate's
     tolerance (a tie the next layers absorb, behind a max-pool say, needs no replay)."""
-    from bnnexport.converters.gate import RTOL, compare
+    from bnnexport.converters.gate import RTOL, compare_outputs
     from bnnexport.converters.runtimes import run_onnx
 
     from bnnexport.stages.export import torch_outputs
 
     ours, theirs = torch_outputs(model, inputs), run_onnx(path, inputs)
-    tolerance = compare(ours, theirs, RTOL).tolerance
+    tolerance = compare_outputs(ours, theirs, RTOL).tolerance
     return float(np.abs(ours[sample] - theirs[sample]).max()) > tolerance
 
 
@@ -129,10 +129,10 @@ def plant_in_run(
     """`plant_tie` on a run's model at `at` (`own_models.TIE_SITES`), on the run's check samples
     (samples.npz, so `bnnexport export` once first); the shifted model goes back into
     checkpoint.pt, where export and convert read it."""
-    from bnnexport.run.checkpoint import load_checkpoint, open_model, save_checkpoint
+    from bnnexport.run.checkpoint import load_checkpoint, open_run_model, save_checkpoint
     from bnnexport.stages.export import onnx_export
 
-    model = open_model(run).model.eval()
+    model = open_run_model(run).model.eval()
     with np.load(run / "samples.npz") as samples:
         inputs = samples["inputs"]
     path = run.parent / f"{run.name}-planting.onnx"

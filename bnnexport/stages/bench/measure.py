@@ -25,7 +25,7 @@ import numpy as np
 
 from bnnexport.errors import DataError
 from bnnexport.run import files, provenance
-from bnnexport.run.checkpoint import open_model
+from bnnexport.run.checkpoint import open_run_model
 from bnnexport.run.directory import EXPORT_HINT, RunDir
 from bnnexport.run.files import write_bytes_atomic
 from bnnexport.run.samples import load_samples
@@ -242,7 +242,7 @@ def bench(
         skipped=skipped,
         profile=profile,
         int8_profile=int8_profile,
-        binary_parameters=open_model(run.root).kernels.parameters,
+        binary_parameters=open_run_model(run.root).kernels.parameters,
     )
     save_results(report, run.root / "bench.json", write_report, companions=_device_log(run, raw))
     return report

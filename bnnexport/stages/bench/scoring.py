@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bnnexport.converters.gate import compare
+from bnnexport.converters.gate import compare_outputs
 from bnnexport.deploy.runners.python.device_script import topk_accuracy
 
 
@@ -58,7 +58,7 @@ def score(
         top1 = topk_accuracy(outputs, labels, 1)
         top5 = topk_accuracy(outputs, labels, 5) if outputs.shape[1] > 5 else None
         if reference is not None:
-            agreement = compare(reference, outputs)
+            agreement = compare_outputs(reference, outputs)
             agree, diff = agreement.argmax_agreement, agreement.max_abs_diff
     return BackendResult(
         name=name,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from bnnexport.converters.errors import ConversionMismatchError
-from bnnexport.converters.gate import RTOL, GateOptions, compare, validate
+from bnnexport.converters.gate import RTOL, GateOptions, compare_outputs, validate
 
 REFERENCE = np.array([[0.0, 10.0, 2.0], [5.0, 1.0, 0.0]])  # logit range 10: tolerance 1e-3
 
 
 def test_tolerance_is_rtol_times_the_logit_range():
-    assert compare(REFERENCE, REFERENCE).tolerance == pytest.approx(RTOL * 10)
+    assert compare_outputs(REFERENCE, REFERENCE).tolerance == pytest.approx(RTOL * 10)
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ def test_tolerance_is_rtol_times_the_logit_range():
 def test_passed_is_within_the_tolerance_everywhere(delta, passed):
     candidate = REFERENCE.copy()
     candidate[1, 2] += delta
-    assert compare(REFERENCE, candidate).passed is passed
+    assert compare_outputs(REFERENCE, candidate).passed is passed
 
 
 def test_a_changed_top_class_fails_even_within_the_tolerance():
@@ -30,7 +30,7 @@ def test_a_changed_top_class_fails_even_within_the_tolerance():
     reference scores 1.5e-3 below its own: more than a tie, so it fails."""
     reference = np.array([[0.0, 10.0, 10.0 - 1.5e-3]])
     candidate = np.array([[0.0, 10.0 - 0.9e-3, 10.0 - 0.6e-3]])
-    agreement = compare(reference, candidate)
+    agreement = compare_outputs(reference, candidate)
     assert agreement.max_abs_diff <= agreement.tolerance
     assert agreement.argmax_agreement == 0.0 and not agreement.passed
 
