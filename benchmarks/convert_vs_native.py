@@ -8,14 +8,17 @@ Then, in `--rounds` interleaved rounds (the order of the two swapped every round
 converted by
 - bnnexport: `bnnexport convert RUN --target arm64 --json` in a child process
   (`convert_scaling.convert_child`), its gate included; the report's `stage_seconds` say where
-  the time went (normalise, translate, lce_converter, gate, twin: `converters.lce.STAGES`);
+  the time went (load, normalise, import, translate, lce_converter, gate, twin:
+  `converters.lce.STAGES`);
 - native: larq-zoo's Keras model at the same size through LCE's `convert_keras_model` in the
   larq venv (`larq_side.py native`), timed around that call alone (model building and
-  TensorFlow's import left out, as bnnexport's child's import is).
+  TensorFlow's import left out; bnnexport's report has its import as a stage of its own).
 
-"convert / native" is the ratio of the medians; "export + convert / native" adds the export,
-which a user of the native path does not run. Run heavy models under `nice`, and read the load
-(both JSON `machine` entries): the ratio is side by side, the absolute times are the load's.
+"convert / native" is the ratio of the medians; "(without import)" leaves TensorFlow's and LCE's
+import out of ours, as the native side is timed after it; "export + convert / native" adds
+the export, which a user of the native path does not run. Run heavy models under `nice`, and
+read the load (both JSON `machine` entries): the ratio is side by side, the absolute times the
+load's.
 
 Run (from the repository root, with the main venv):
     .venv/bin/python benchmarks/convert_vs_native.py --models dorefanet --rounds 3
@@ -42,7 +45,7 @@ from _common import (
 from bnnexport.converters.flatbuffer import op_kinds
 from convert_scaling import convert_child, prepare
 
-STAGES = ("export", "normalise", "translate", "lce_converter", "gate", "twin")
+STAGES = ("export", "load", "normalise", "import", "translate", "lce_converter", "gate", "twin")
 
 
 def one_round(name: str, size: int, run: Path, python: Path, ours_first: bool) -> dict:
@@ -66,20 +69,28 @@ def summary(name: str, size: int, rounds: list[dict], export: dict) -> dict[str,
     """Medians over rounds: native seconds, ours, ratios, and ours per stage."""
     native = [r["native"]["seconds"] for r in rounds if "seconds" in r["native"]]
     ours = [r["ours"]["convert_seconds"] for r in rounds if r["ours"]["convert_seconds"]]
+    # the native side is timed after TensorFlow's import: ours without it too, beside the whole
+    bare = [
+        r["ours"]["convert_seconds"] - r["ours"]["stage_seconds"].get("import", 0.0)
+        for r in rounds
+        if r["ours"]["convert_seconds"]
+    ]
     stages: dict[str, list[float]] = {}
     for r in rounds:
         for stage, seconds in (r["ours"].get("stage_seconds") or {}).items():
             stages.setdefault(stage, []).append(seconds)
     median = {k: statistics.median(v) for k, v in stages.items()}
     median["export"] = export["export_seconds"]
-    n, o = (statistics.median(v) if v else None for v in (native, ours))
+    n, o, b = (statistics.median(v) if v else None for v in (native, ours, bare))
     return {
         "model": name,
         "size": size,
         "native_seconds": n,
         "convert_seconds": o,
+        "convert_seconds_without_import": b,
         "export_seconds": export["export_seconds"],
         "convert_over_native": o / n if n and o else None,
+        "convert_without_import_over_native": b / n if n and b else None,
         "export_and_convert_over_native": (o + export["export_seconds"]) / n if n and o else None,
         "stage_seconds": median,
         "rounds": rounds,
@@ -92,7 +103,8 @@ def summary(name: str, size: int, rounds: list[dict], export: dict) -> dict[str,
 
 def text_report(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
     head = ["model", "size", "native s", "convert s", "export s", "convert / native",
-            "export + convert / native", *(f"{s} s" for s in STAGES[1:])]  # fmt: skip
+            "(without import)", "export + convert / native",
+            *(f"{s} s" for s in STAGES[1:])]  # fmt: skip
     cells = [
         [
             r["model"],
@@ -101,6 +113,7 @@ def text_report(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
             r["convert_seconds"],
             r["export_seconds"],
             r["convert_over_native"],
+            r["convert_without_import_over_native"],
             r["export_and_convert_over_native"],
             *(r["stage_seconds"].get(s) for s in STAGES[1:]),
         ]  # fmt: skip

@@ -270,7 +270,7 @@ def _convert(job: _Job, settings: ConvertSettings, checks: _Checks, steps: Steps
     kept only when the gate passes, recorded in its folder's manifest; the report, saved as a
     run's convert.json."""
     options = settings.converter_options(steps)
-    loaded = time.perf_counter()  # the model, the samples and TensorFlow's import: "load"
+    loaded = time.perf_counter()  # the model and the samples: "load"
     result = _gated(job, options, checks)
     copied = time.perf_counter()
     copy = _copy_of(job, options, checks, result)

@@ -175,7 +175,7 @@ class ConvertReport(Report):
     # the classes' names in the order of the outputs, as the flatbuffer's metadata holds them
     class_names: list[str] | None = None
     # where the time went: "export", the export command's own seconds (RUN_DIR/export.json),
-    # which `seconds` does not include; "load" (the model, the samples, TensorFlow's import);
+    # which `seconds` does not include; "load" (the model and the samples);
     # the converter's stages (`converters.lce.STAGES`); "batched_copy" with --batched-copy
     stage_seconds: dict[str, float] = field(default_factory=dict)
 

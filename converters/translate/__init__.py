@@ -48,6 +48,7 @@ from bnnexport.converters.translate.onnx_to_tf import (
 )
 from bnnexport.converters.translate.onnx_to_tflite import (
     Translated,
+    import_tensorflow_and_lce,
     release_memory,
     releasing,
     translate,
@@ -61,6 +62,7 @@ __all__ = [
     "build_module",
     "first_unsupported",
     "image_inputs",
+    "import_tensorflow_and_lce",
     "plan_binary_groups",
     "release_memory",
     "releasing",

@@ -97,9 +97,7 @@ def translate(
     input layout in its metadata."""
     from bnnexport.converters.translate.onnx_to_tf import save_saved_model
 
-    tf()  # first, so TensorFlow's start-up log lines are discarded
-    import larq_compute_engine  # noqa: F401 (its import is no stage's time)
-
+    import_tensorflow_and_lce()  # its time is no stage of the translation's
     size = model.ByteSize()
     clock = {"translate": -time.perf_counter()}
     with tempfile.TemporaryDirectory(prefix="bnnexport-saved-") as tmp:
@@ -125,6 +123,14 @@ def translate(
         for f in (flatbuffer, float_flatbuffer, int8_flatbuffer)
     )
     return Translated(flatbuffer, float_flatbuffer, info, int8_flatbuffer, clock, rewired)
+
+
+def import_tensorflow_and_lce() -> None:
+    """Import TensorFlow (through `tf`, so its start-up log lines are discarded) and LCE's
+    converter: seconds on first use, nothing after (`ConversionResult.stage_seconds`'s
+    "import")."""
+    tf()
+    import larq_compute_engine  # noqa: F401
 
 
 def lce_flatbuffer(saved: str, int8_io: bool = False) -> tuple[bytes, int]:

@@ -59,10 +59,11 @@ def test_report_is_written_to_convert_json_with_file_sizes(converted):
 def test_the_report_says_where_the_time_went_stage_by_stage(converted):
     run, report = converted
     stages = report["stage_seconds"]
-    assert list(stages) == ["export", "load", "normalise", "translate", "lce_converter",
+    assert list(stages) == ["export", "load", "normalise", "import", "translate", "lce_converter",
                             "tflite_converter", "gate", "twin"]  # fmt: skip
     assert stages["export"] == round(json.loads((run / "export.json").read_text())["seconds"], 3)
-    assert all(seconds > 0 for seconds in stages.values()), stages
+    # the import is 0 where an earlier test imported TensorFlow in this process
+    assert stages["import"] >= 0 and all(v > 0 for k, v in stages.items() if k != "import"), stages
     inside = sum(v for k, v in stages.items() if k != "export")  # convert's own stages
     assert 0.95 * report["seconds"] < inside <= report["seconds"] + 0.01, (
         inside,
