@@ -16,8 +16,11 @@ own Keras model at the same size converted by LCE's `convert_keras_model` in the
 (`larq_side.py native`, docs/BENCHMARKS.md "The larq virtual environment"; the flatbuffer comes
 back as a file), run with exactly `lce`'s interpreter settings (LCE's interpreter, 1 thread,
 indirect BGEMM, batch 1, an NHWC copy of the same sample) in the same interleaved rounds; the
-table adds its time and `lce/native`. `--backends` keeps only some contenders (e.g.
-`lce,lce-native`), which saves the other backends' conversions and rounds.
+table adds its time and `lce/native`. `lce-again`, the control, is bnnexport's flatbuffer
+opened a second time and timed as one more contender: `lce/again` is what the measurement
+cannot tell apart (two identical models), the yardstick for `lce/native`. `--backends` keeps
+only some contenders (e.g. `lce,lce-native,lce-again`), which saves the other backends'
+conversions and rounds.
 
 Run:
     .venv/bin/python benchmarks/zoo_latency.py                       # every zoo model
@@ -25,7 +28,8 @@ Run:
     .venv/bin/python benchmarks/zoo_latency.py --rounds 20 --runs 20 --json
     .venv/bin/python benchmarks/zoo_latency.py --models birealnet18,quicknet --across-models
     .venv/bin/python benchmarks/zoo_latency.py --models dorefanet --grid-inputs --json
-    .venv/bin/python benchmarks/zoo_latency.py --native --backends lce,lce-native --input-size 64
+    .venv/bin/python benchmarks/zoo_latency.py --native --backends lce,lce-native,lce-again \
+        --input-size 64
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from bnnexport.run.samples import load_samples
 from bnnexport.stages.bench.host import host_backends
 from bnnexport.stages.summary import summarize
 
-BACKENDS = ("pytorch", "onnxruntime", "tflite-float", "lce", "lce-app", "lce-native")
+BACKENDS = ("pytorch", "onnxruntime", "tflite-float", "lce", "lce-app", "lce-native", "lce-again")
 
 
 def app_lce_call(flatbuffer: Path, settings: dict[str, bool], x1: np.ndarray) -> Any:
@@ -114,6 +118,8 @@ def measure(
             _, call = factory(x1)
             calls[name] = call
             sizes[name] = path.stat().st_size if path is not None else None
+            if name == "lce" and "lce-again" in args.backends:  # the control: a second opening
+                calls["lce-again"] = factory(x1)[1]
         calls["lce-app"] = app_lce_call(run.flatbuffer("arm64"), convert.lce_settings, x1)
         lce_calls[model], lce_calls[f"{model} (app)"] = calls["lce"], calls["lce-app"]
         native = None
@@ -177,6 +183,7 @@ def model_row(model: str, r: dict[str, Any]) -> list[Any]:
         _ratio(lat.get("tflite-float"), lat.get("lce")),
         lat.get("lce-native"),
         _ratio(lat.get("lce"), lat.get("lce-native")),
+        _ratio(lat.get("lce"), lat.get("lce-again")),
         f"{r['lce_bconv2d']}/{r['binary_layers']}",
         r["parameters"] / 1e6,
         r["binary_mac_share"],
@@ -191,7 +198,8 @@ def model_row(model: str, r: dict[str, Any]) -> list[Any]:
 
 HEAD = [
     "model", "input", "pytorch ms", "ort ms", "tflite ms", "lce ms", "lce-app ms",
-    "app settings", "pytorch/lce", "tflite/lce", "native ms", "lce/native", "bconv/binary",
+    "app settings", "pytorch/lce", "tflite/lce", "native ms", "lce/native", "lce/again",
+    "bconv/binary",
     "params M", "binary MACs", "convert s", "native convert s", "onnx MB", "tflite MB", "lce MB",
     "native MB",
 ]  # fmt: skip

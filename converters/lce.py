@@ -58,7 +58,13 @@ from bnnexport.converters.flatbuffer import (
     with_metadata,
 )
 from bnnexport.converters.gate import GateOptions, GateReport
-from bnnexport.converters.gate.checks import Checked, Reference, check_conversion
+from bnnexport.converters.gate.checks import (
+    Checked,
+    Reference,
+    StartedTwin,
+    check_conversion,
+    start_twin,
+)
 from bnnexport.converters.gate.fallbacks import (
     RecordedLayer,
     fallback_reasons,
@@ -82,6 +88,7 @@ from bnnexport.converters.translate import (
     import_tensorflow_and_lce,
     translate,
 )
+from bnnexport.converters.translate.worker import TranslationWorker, shared_worker, worthwhile
 
 # how an image input is taken when not asked: TFLite's convention, what an app on an ARM device
 # feeds (camera frames are HWC), on both targets: they are one LCE target, "arm", and the same
@@ -178,6 +185,10 @@ class ConvertOptions:
     gate: GateOptions = GateOptions()
     allow_float: tuple[str, ...] = ()
     twin: bool = True
+    # translate the twin in a second process while the model itself is translated and checked
+    # (`converters.translate.worker`); None: where it pays (`worker.worthwhile`: the model's
+    # size, a second core, the memory); the result is the same either way, only sooner
+    twin_worker: bool | None = None
     disabled_rewrites: tuple[str, ...] = ()
     # convert a model the real-weight check cannot decide (InconclusiveCheckError) when the
     # exact-grid twin passes; the result's `trusted_twin` records it
@@ -251,13 +262,19 @@ def convert_onnx(
     _check_int8_options(options, write_float_tflite)
     start = time.perf_counter()
     onnx_path, output_path = Path(onnx_path), Path(output_path)
+    worker = _twin_worker(onnx_path, options)  # started first: it imports while we normalise
     normal = _normalise(onnx_path, options, target)
     samples = inputs if inputs is not None else random_inputs(_input_shape(normal.model))
     job = _Job(onnx_path, target, write_float_tflite, samples, inputs is None, labels,
                references, options, start)  # fmt: skip
     quantized = _quantized(normal.model, job.inputs, options)
-    translated, stage_seconds = _translate(normal, quantized, job)
-    gated = _gated(normal, translated, quantized, job)
+    started = start_twin(normal.model, normal.layout, worker) if worker else None
+    try:
+        translated, stage_seconds = _translate(normal, quantized, job)
+        gated = _gated(normal, translated, quantized, job, started)
+    finally:
+        if started is not None:  # a refusal before the twin: the worker's work is not wanted
+            started.translation.cancel()
     float_flatbuffer = translated.float_flatbuffer or b""
     written = _write_all(output_path, gated.flatbuffer, write_float_tflite, float_flatbuffer)
     # the gate: from the translator's end to the written flatbuffer, the twin apart
@@ -297,6 +314,21 @@ class _Normalised:
     lookalikes: dict[str, str]
     layout: str
     reference: Path | bytes
+
+
+def _twin_worker(onnx_path: Path, options: ConvertOptions) -> TranslationWorker | None:
+    """The worker that translates the exact-grid twin (`ConvertOptions.twin_worker`), for a
+    float-layer conversion that checks the twin; None: the twin is translated here."""
+    if not options.twin or options.float_layers != "float32" or options.twin_worker is False:
+        return None
+    if options.twin_worker is None:
+        try:
+            size = onnx_path.stat().st_size
+        except OSError:  # the normaliser says what is wrong with the path
+            return None
+        if not worthwhile(size):
+            return None
+    return shared_worker()
 
 
 def _normalise(onnx_path: Path, options: ConvertOptions, target: str) -> _Normalised:
@@ -376,11 +408,15 @@ class _Gated:
 
 
 def _gated(
-    normal: _Normalised, translated: Translated, quantized: Quantized | None, job: _Job
+    normal: _Normalised,
+    translated: Translated,
+    quantized: Quantized | None,
+    job: _Job,
+    started: StartedTwin | None = None,
 ) -> _Gated:
     """Check the translation in the module doc's order: LCE's interpreter runs it, no binary
-    layer fell back to float unless allowed, then the gate (`check_conversion`, or
-    `check_int8` for an int8 conversion); raises the first refusal."""
+    layer fell back to float unless allowed, then the gate (`check_conversion`, with the twin
+    `started` early, or `check_int8` for an int8 conversion); raises the first refusal."""
     options, inputs = job.options, job.inputs
     flatbuffer, int8 = translated.flatbuffer, None
     kernels = lce_kernel_settings(flatbuffer)
@@ -393,7 +429,7 @@ def _gated(
             onnx_path=normal.reference, model=normal.model, translated=translated,
             inputs=inputs, references=job.references, options=options,
             zero_sensitive=normal.report.zero_sensitive,
-            check_float=job.write_float_tflite is not None,
+            check_float=job.write_float_tflite is not None, started_twin=started,
         )  # fmt: skip
     else:
         checked, int8 = check_int8(quantized, translated, inputs, job.labels, options)

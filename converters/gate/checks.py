@@ -58,6 +58,7 @@ from bnnexport.converters.runtimes import (
     tflite_interpreter,
 )
 from bnnexport.converters.translate import Translated, releasing, translate
+from bnnexport.converters.translate.worker import Pending, TranslationWorker, in_background
 
 FLOAT_CHECK_SAMPLES = 100  # the float TFLite model is a side product: a quicker check
 TWIN_SAMPLES = 16  # exact-grid twin: rounding-free, so a few samples show any translation bug
@@ -90,6 +91,26 @@ class Checked:
     twin_seconds: float = 0.0  # the twin's translation, conversion and comparison
 
 
+@dataclass
+class StartedTwin:
+    """The exact-grid twin of a model (`converters.gate.twin`) with its translation started
+    before the model's own (`start_twin`), for the image input layout it was started for."""
+
+    model: onnx.ModelProto
+    input_layout: str
+    translation: Pending
+
+
+def start_twin(
+    model: onnx.ModelProto, input_layout: str, worker: TranslationWorker | None
+) -> StartedTwin:
+    """Build the exact-grid twin of the normalised `model` and start its translation and LCE
+    conversion in `worker` (`converters.translate.worker`; None: translated when checked)."""
+    twin = exact_grid_twin(model)
+    pending = in_background(twin, worker, float_model=False, input_layout=input_layout)
+    return StartedTwin(twin, input_layout, pending)
+
+
 def check_conversion(
     *,
     onnx_path: Path | bytes,
@@ -100,10 +121,12 @@ def check_conversion(
     options: Checking,
     zero_sensitive: dict[str, float],
     check_float: bool,
+    started_twin: StartedTwin | None = None,
 ) -> Checked:
     """Run the checks in order (module doc) on the normalised `model` and its `translated`
-    flatbuffers; `onnx_path` is what ONNX Runtime runs as the reference. Raises the first
-    refusal: ZeroSignError, ConversionMismatchError or InconclusiveCheckError."""
+    flatbuffers; `onnx_path` is what ONNX Runtime runs as the reference; `started_twin`, the
+    twin whose translation `start_twin` started. Raises the first refusal: ZeroSignError,
+    ConversionMismatchError or InconclusiveCheckError."""
     options.step(f"gate: LCE against {len(references) + 1} reference(s) on {len(inputs)} samples")
     check_zero_free(model, zero_sensitive, inputs, "check sample")
     layout = translated.input_layout or "nchw"  # the twin is translated as the flatbuffer is
@@ -114,11 +137,13 @@ def check_conversion(
             gates = run_gates(onnx_path, model, translated, inputs, references, options.gate,
                               check_float)  # fmt: skip
         except ConversionMismatchError as error:
-            gates, twin, trusted = _refused(error, model, inputs, references, options, layout)
+            gates, twin, trusted = _refused(
+                error, model, inputs, references, options, (layout, started_twin)
+            )
     start = time.perf_counter()
     if options.twin and twin is None:
         options.step("exact-grid twin: convert and compare")
-        twin = check_twin(model, inputs, references, options.gate, layout)
+        twin = check_twin(model, inputs, references, options.gate, layout, started_twin)
     return Checked(gates, twin or [], trusted, time.perf_counter() - start)
 
 
@@ -252,17 +277,22 @@ def check_twin(
     references: Sequence[Reference],
     options: GateOptions,
     input_layout: str = "nchw",
+    started: StartedTwin | None = None,
 ) -> list[GateReport]:
     """Convert the exact-grid twin of `model` (its image input in `input_layout`, as the
-    flatbuffer it stands for) and require LCE to agree with ONNX Runtime and
+    flatbuffer it stands for; `started`'s translation where it was started for that layout)
+    and require LCE to agree with ONNX Runtime and
     each reference's own twin with no tie at all (`converters.gate.twin`). The twin's inputs of
     binarizations made from a plain Sign are not required to be zero-free: the twin is built
     from the normalised graph, where both runtimes map 0 to +1 there, so its (common) exact
     zeros test how the translator breaks them; whether the real model meets a zero is shown
     on the real samples (`check_zero_free`)."""
-    twin = exact_grid_twin(model)
+    if started is not None and started.input_layout == input_layout:
+        twin, flatbuffer = started.model, started.translation.result().flatbuffer
+    else:
+        twin = exact_grid_twin(model)
+        flatbuffer = translate(twin, float_model=False, input_layout=input_layout).flatbuffer
     x = grid_inputs(inputs[:TWIN_SAMPLES])
-    flatbuffer = translate(twin, float_model=False, input_layout=input_layout).flatbuffer
     lce_out = run_lce(flatbuffer, x)
     strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
     ort_out = run_onnx(twin.SerializeToString(), x)
@@ -309,13 +339,14 @@ def twin_verdict(
     references: Sequence[Reference],
     options: Checking,
     input_layout: str = "nchw",
+    started: StartedTwin | None = None,
 ) -> tuple[list[GateReport] | None, str]:
     """(the twin's reports, or None when it failed or did not run; what it said, in words)."""
     if not options.twin:
         return None, "not run (twin check disabled)"
     options.step("exact-grid twin: convert and compare")
     try:
-        reports = check_twin(model, inputs, references, options.gate, input_layout)
+        reports = check_twin(model, inputs, references, options.gate, input_layout, started)
     except ConversionMismatchError as error:
         return None, f"failed: {error}"
     worst = max(r.max_abs_diff for r in reports)
@@ -328,13 +359,14 @@ def _refused(
     inputs: np.ndarray,
     references: Sequence[Reference],
     options: Checking,
-    input_layout: str,
+    twin_for: tuple[str, StartedTwin | None],
 ) -> tuple[list[GateReport], list[GateReport] | None, dict]:
-    """After the real-weight gate refused: run the twin and raise `error`, with the twin's
+    """After the real-weight gate refused: run the twin (`twin_for`: the input layout, the
+    started twin) and raise `error`, with the twin's
     verdict in its diagnostics, or the InconclusiveCheckError that explains it (a degenerate
     model, `converters.gate.inconclusive`). With `options.trust_twin`, an inconclusive model
     whose twin passes is accepted: returns (no gate reports, the twin's, the record)."""
-    twin, said = twin_verdict(model, inputs, references, options, input_layout)
+    twin, said = twin_verdict(model, inputs, references, options, *twin_for)
     rows = error.diagnostics.get("failing_samples") or list(range(len(inputs)))
     found = inconclusive(error, OnnxProbe(model), inputs, rows, options.gate, said)
     if found is None:

@@ -9,6 +9,8 @@ the result is the gate's (`converters.gate`).
 
 - `onnx_to_tflite`: `translate`, the whole room in one call, TensorFlow's memory released
   between its steps (`releasing`, `release_memory`);
+- `worker`: a translation in a second process (`in_background`, `TranslationWorker`), which
+  the gate starts for the exact-grid twin while the model itself is translated;
 - `onnx_to_tf`: ONNX -> a `tf.Module` in NHWC, saved as a SavedModel (`save_saved_model`,
   `build_module`);
 - `coverage`: the ops it takes (`SUPPORTED`), and for a graph with one it does not, the first
