@@ -140,7 +140,7 @@ class OnnxGraph:
         a stored weight) folded into `constants` by `fold` and gone from `nodes`. `model`
         itself is left unchanged."""
         graph = cls(model)
-        graph._infer_types(graph._assemble())
+        graph._infer_types(graph._assemble(for_inference=True))
         graph.fold(keep=lambda node: node.op_type not in READER_FOLDS)
         return graph
 
@@ -274,13 +274,20 @@ class OnnxGraph:
         self.dead_code()
         return self._assemble(keep_types)
 
-    def _assemble(self, keep_types: bool = False) -> onnx.ModelProto:
+    def _assemble(self, keep_types: bool = False, for_inference: bool = False) -> onnx.ModelProto:
+        """The model; `for_inference`: large initializers as typed inputs (`_infer_types`),
+        never serialized (a copy of every weight, per inference, on a model of 100 MB)."""
         used = {n for node in self._nodes for n in node.input} | {o.name for o in self.outputs}
-        inits = [
-            numpy_helper.from_array(v, k)
+        stored = [
+            (k, v)
             for k, v in self.constants.items()
             if k in used and k not in self.constant_nodes and k not in self.aliases
         ]
+        typed = []
+        if for_inference:
+            typed = [(k, v) for k, v in stored if v.size > LARGE_CONSTANT]
+            stored = [(k, v) for k, v in stored if v.size <= LARGE_CONSTANT]
+        inits = [numpy_helper.from_array(v, k) for k, v in stored]
         nodes = [
             helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v, k))
             for k, v in self.constants.items()
@@ -293,7 +300,11 @@ class OnnxGraph:
                 nodes.append(helper.make_node("Constant", [], [out.name], value=value))
                 inits = [i for i in inits if i.name != out.name]
         infos = [helper.make_value_info(k, v) for k, v in self.types.items()] if keep_types else []
-        graph = helper.make_graph(nodes, self.model.graph.name or "graph", self.inputs,
+        inputs = list(self.inputs) + [
+            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            for k, v in typed
+        ]
+        graph = helper.make_graph(nodes, self.model.graph.name or "graph", inputs,
                                   self.outputs, inits, value_info=infos)  # fmt: skip
         model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
         model.ir_version = self.model.ir_version
@@ -301,7 +312,8 @@ class OnnxGraph:
 
     def infer(self) -> None:
         """Refresh value types and shapes with ONNX shape inference (a help, never required)."""
-        self._infer_types(self.build())
+        self.dead_code()
+        self._infer_types(self._assemble(for_inference=True))
 
     def _infer_types(self, model: onnx.ModelProto) -> None:
         """Types and shapes of `model` (one built here, changed in place) into `types`."""

@@ -14,7 +14,8 @@ worker's, or, where there is no worker or it failed in any way (died, answered w
 `translate`'s in this process, which raises the error itself. The answer is the same either way
 (the translation is deterministic: tests/converters/translate/test_worker.py compares them);
 only when it is ready differs. One request is in flight at a time; a `Pending` given up before
-its result was read (`cancel`) ends the worker, and the next request starts a fresh one.
+its result was read (`cancel`) ends the worker, and the next request starts a fresh one. The
+child ignores Ctrl-C (its parent ends it) and ends when its stdin closes.
 
 Example:
     >>> worker = TranslationWorker()                                  # doctest: +SKIP
@@ -61,10 +62,11 @@ class TranslationWorker:
         )
         self._sending: threading.Thread | None = None
         self.busy = False
+        self._closed = False
 
     def alive(self) -> bool:
-        """Whether the child still runs."""
-        return self._child.poll() is None
+        """Whether the child still runs and takes requests."""
+        return not self._closed and self._child.poll() is None
 
     def submit(self, model: bytes, kwargs: dict[str, Any]) -> Callable[[], Translated | None]:
         """Send one request (written by a thread: the child may still be importing) and return
@@ -92,11 +94,20 @@ class TranslationWorker:
         self.busy = False
         return value if status == "ok" else None
 
+    def wait(self, timeout: float) -> int | None:
+        """The child's exit code once it has ended, within `timeout` seconds (None: it runs)."""
+        try:
+            return self._child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def close(self) -> None:
-        """End the child (it also ends by itself when this process closes its stdin)."""
-        if self.alive():
-            self._child.kill()
-        self._child.wait()
+        """End the child without waiting for it: SIGTERM, on which it removes its temporary
+        SavedModel and exits as soon as the converter call it may be in returns (it also ends
+        by itself when this process ends and its stdin closes)."""
+        if not self._closed and self._child.poll() is None:
+            self._child.terminate()
+        self._closed = True
 
 
 _shared: list[TranslationWorker] = []  # the process's one worker, started on first use
@@ -179,6 +190,7 @@ def in_background(
 def main() -> None:
     """The child: import TensorFlow and LCE, then answer requests until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's Ctrl-C is the parent's to end
+    signal.signal(signal.SIGTERM, _exit_cleanly)  # `close`: leave no temporary SavedModel
     requests, answers = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # nothing but answers reaches the answers' pipe
     import_tensorflow_and_lce()
@@ -193,6 +205,10 @@ def main() -> None:
             answer = ("error", f"{type(error).__name__}: {error}")
         pickle.dump(answer, answers, protocol=pickle.HIGHEST_PROTOCOL)
         answers.flush()
+
+
+def _exit_cleanly(_signum: int, _frame: Any) -> None:
+    raise SystemExit(0)  # unwinds through `translate`'s temporary directory, which removes it
 
 
 if __name__ == "__main__":

@@ -130,3 +130,24 @@ def test_a_translation_the_worker_refuses_raises_its_error_here(worker):
     with pytest.raises(UnsupportedOpError, match="'n0' of op type Erf"):
         in_background(model, worker, float_model=False).result()
     assert worker.alive() and not worker.busy  # it answered, and takes the next request
+
+
+def test_a_worker_ended_mid_translation_leaves_no_temporary_saved_model(
+    twin, tmp_path, monkeypatch
+):
+    """`close` while the child writes its SavedModel: SIGTERM unwinds it through the temporary
+    directory, which is removed (a SIGKILL would leave hundreds of MB in /tmp per conversion)."""
+    import time
+
+    from bnnexport.converters.translate.worker import TranslationWorker, in_background
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the child's temporary directories go here
+    worker = TranslationWorker()
+    in_background(twin, worker, float_model=False)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("bnnexport-saved-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(tmp_path.glob("bnnexport-saved-*")), "the child never started translating"
+    worker.close()
+    assert worker.wait(120) == 0
+    assert not list(tmp_path.glob("bnnexport-saved-*"))
