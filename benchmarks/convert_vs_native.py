@@ -102,6 +102,12 @@ def summary(name: str, size: int, rounds: list[dict], export: dict) -> dict[str,
 
 
 def text_report(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
+    failed = [f"\n{r['model']}: FAILED: {r['error'][:300]}" for r in rows if "rounds" not in r]
+    rows = [r for r in rows if "rounds" in r]
+    return _table(rows, result) + "".join(failed)
+
+
+def _table(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
     head = ["model", "size", "native s", "convert s", "export s", "convert / native",
             "(without import)", "export + convert / native",
             *(f"{s} s" for s in STAGES[1:])]  # fmt: skip
@@ -145,7 +151,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in [m.strip() for m in args.models.split(",") if m.strip()]:
             run = Path(tmp) / name / "run"
             log(f"{name}@{args.size}: init + export")
-            prepared = prepare(name, (3, args.size, args.size), run, args.samples)
+            try:
+                prepared = prepare(name, (3, args.size, args.size), run, args.samples)
+            except Exception as error:  # noqa: BLE001 - one model's export must not end the rest
+                log(f"{name}@{args.size}: FAILED before converting: {error}")
+                result["models"].append({"model": name, "size": args.size, "error": str(error)})
+                continue
             rounds = []
             for r in range(args.rounds):
                 log(f"{name}@{args.size}: round {r + 1}/{args.rounds}, ours and native")
