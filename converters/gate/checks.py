@@ -287,11 +287,9 @@ def check_twin(
     from the normalised graph, where both runtimes map 0 to +1 there, so its (common) exact
     zeros test how the translator breaks them; whether the real model meets a zero is shown
     on the real samples (`check_zero_free`)."""
-    if started is not None and started.input_layout == input_layout:
-        twin, flatbuffer = started.model, started.translation.result().flatbuffer
-    else:
-        twin = exact_grid_twin(model)
-        flatbuffer = translate(twin, float_model=False, input_layout=input_layout).flatbuffer
+    if started is None or started.input_layout != input_layout:
+        started = start_twin(model, input_layout, None)  # translated here, on `result()`
+    twin, flatbuffer = started.model, started.translation.result().flatbuffer
     x = grid_inputs(inputs[:TWIN_SAMPLES])
     lce_out = run_lce(flatbuffer, x)
     strict = GateOptions(rtol=min(options.rtol, TWIN_RTOL))  # no probe: no replay, no tie
